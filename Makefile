@@ -1,0 +1,40 @@
+# Two commands do all the set-up: `make run` (the pipeline on the embedded corpus) and `make test`.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STORE ?= artifacts
+
+export PREFECT_HOME ?= $(CURDIR)/.prefect
+export PREFECT_SERVER_ANALYTICS_ENABLED := false
+export DO_NOT_TRACK := 1
+export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
+export PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT := false
+export PREFECT_LOGGING_EXTRA_LOGGERS := lexiflow
+
+.PHONY: install run test lint bench clean
+
+install: $(VENV)/.installed
+
+# torch first: the CPU wheel (or a GPU machine's own CUDA build) must already satisfy
+# the project's torch requirement, or pip pulls several GB of CUDA packages.
+$(VENV)/.installed: pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e ".[dev,bench]"
+	@touch $@
+
+run: install
+	$(VENV)/bin/lexiflow run --store $(STORE)
+
+test: install
+	$(PY) -m pytest -q
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+bench: install
+	$(PY) -m benchmarks all
+
+clean:
+	rm -rf $(STORE) .prefect

@@ -1,0 +1,5 @@
+import sys
+
+from benchmarks.harness import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The NLP itself: pure Python/numpy/torch, usable without Prefect or the artifact store."""

@@ -1,0 +1,84 @@
+"""CoNLL-U reading and writing (https://universaldependencies.org/format.html).
+
+Only what lexiflow needs: word forms, UPOS (column 4) and XPOS (column 5) per sentence.
+Multi-word token lines (IDs like `3-4`) and empty nodes (`5.1`) are skipped; comment lines start
+with `#`. Malformed lines raise `InputError` naming the file and line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from models.errors import InputError
+
+
+@dataclass
+class Sentence:
+    words: list[str] = field(default_factory=list)
+    upos: list[str] = field(default_factory=list)
+    xpos: list[str] = field(default_factory=list)
+    sent_id: str = ""
+    text: str = ""
+    line: int = 0  # line number of the sentence's first line, for error messages
+
+
+def parse_lines(lines: Iterable[str], source: str = "<conllu>") -> Iterator[Sentence]:
+    """Yield sentences from CoNLL-U lines (with or without trailing newlines)."""
+    sent = Sentence()
+    expected_id = 1
+    for line_no, raw in enumerate(lines, start=1):
+        line = raw.rstrip("\r\n")
+        if not line.strip():
+            if sent.words:
+                yield sent
+            sent, expected_id = Sentence(), 1
+            continue
+        if not sent.line:
+            sent.line = line_no
+        if line.startswith("#"):
+            key, _, value = line[1:].partition("=")
+            if key.strip() == "sent_id":
+                sent.sent_id = value.strip()
+            elif key.strip() == "text":
+                sent.text = value.strip()
+            continue
+        cols = line.split("\t")
+        if len(cols) != 10:
+            raise InputError(
+                f"{source}:{line_no}: expected 10 tab-separated CoNLL-U columns, found {len(cols)}; "
+                "fix the line or remove the file from the sources"
+            )
+        token_id = cols[0]
+        if "-" in token_id or "." in token_id:
+            continue  # multi-word token or empty node: its words appear on their own lines
+        if not token_id.isdigit() or int(token_id) != expected_id:
+            raise InputError(
+                f"{source}:{line_no}: token ID {token_id!r} is not the expected integer {expected_id}; "
+                "fix the line or remove the file from the sources"
+            )
+        expected_id += 1
+        sent.words.append(cols[1])
+        sent.upos.append(cols[3])
+        sent.xpos.append(cols[4])
+    if sent.words:
+        yield sent
+
+
+def read_conllu(path: str | Path) -> Iterator[Sentence]:
+    """Sentences of a UTF-8 CoNLL-U file."""
+    path = Path(path)
+    with path.open(encoding="utf-8") as f:
+        yield from parse_lines(f, source=str(path))
+
+
+def format_sentence(sent: Sentence) -> str:
+    """A minimal CoNLL-U block: ID, FORM, UPOS, XPOS filled, other columns `_`."""
+    lines = []
+    if sent.sent_id:
+        lines.append(f"# sent_id = {sent.sent_id}")
+    lines.append(f"# text = {sent.text or ' '.join(sent.words)}")
+    for i, (w, u, x) in enumerate(zip(sent.words, sent.upos, sent.xpos, strict=True), start=1):
+        lines.append(f"{i}\t{w}\t_\t{u}\t{x}\t_\t_\t_\t_\t_")
+    return "\n".join(lines) + "\n\n"

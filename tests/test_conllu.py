@@ -1,0 +1,48 @@
+import pytest
+
+from models.conllu import format_sentence, parse_lines, read_conllu
+from models.errors import InputError
+
+SAMPLE = """# sent_id = s1
+# text = I can't go.
+1\tI\tI\tPRON\tPRP\t_\t3\tnsubj\t_\t_
+2-3\tcan't\t_\t_\t_\t_\t_\t_\t_\t_
+2\tca\tcan\tAUX\tMD\t_\t4\taux\t_\t_
+3\tn't\tnot\tPART\tRB\t_\t4\tadvmod\t_\t_
+3.1\tgo\tgo\tVERB\tVB\t_\t_\t_\t_\t_
+4\tgo\tgo\tVERB\tVB\t_\t0\troot\t_\t_
+5\t.\t.\tPUNCT\t.\t_\t4\tpunct\t_\t_
+
+1\tHi\thi\tINTJ\tUH\t_\t0\troot\t_\t_
+"""
+
+
+def test_parse_skips_multiword_and_empty_nodes():
+    sents = list(parse_lines(SAMPLE.splitlines(), "x.conllu"))
+    assert [s.words for s in sents] == [["I", "ca", "n't", "go", "."], ["Hi"]]
+    assert sents[0].upos == ["PRON", "AUX", "PART", "VERB", "PUNCT"]
+    assert sents[0].xpos == ["PRP", "MD", "RB", "VB", "."]
+    assert sents[0].sent_id == "s1" and sents[0].text == "I can't go."
+    assert sents[1].line == 11
+
+
+def test_round_trip_through_format():
+    sents = list(parse_lines(SAMPLE.splitlines()))
+    again = list(parse_lines("".join(format_sentence(s) for s in sents).splitlines()))
+    assert [(s.words, s.upos, s.xpos) for s in again] == [(s.words, s.upos, s.xpos) for s in sents]
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [("1\tI\tI\tPRON\n", "bad.conllu:1: expected 10 tab-separated"),
+     ("x\tI\tI\tPRON\tPRP\t_\t0\troot\t_\t_\n", "bad.conllu:1: token ID 'x'")],
+)
+def test_malformed_line_names_file_and_line(bad, message):
+    with pytest.raises(InputError, match=message):
+        list(parse_lines(bad.splitlines(), "bad.conllu"))
+
+
+def test_reads_real_ewt(shared_data):
+    sents = list(read_conllu(shared_data / "ud-english-ewt" / "en_ewt-ud-dev.conllu"))
+    assert len(sents) == 2001
+    assert all(len(s.words) == len(s.upos) == len(s.xpos) for s in sents)
