@@ -3,7 +3,8 @@
 A benchmark is a module `benchmarks/<name>.py` with `run(quick: bool) -> list[Row]`. Each row
 compares our figure with a peer's measured in the same run (`ratio = ours / peer`) and may state
 a target. Rows are appended, with machine info and git revision, to
-`benchmarks/results/results.parquet`; `benchmarks/results/results.md` is regenerated from it.
+`benchmarks/results/<name>.parquet`; `benchmarks/results/<name>.md` is regenerated from it.
+`--quick` runs write to a scratch folder instead, so smoke runs never mix with real figures.
 """
 
 from __future__ import annotations
@@ -71,15 +72,16 @@ def git_revision() -> str:
 def record(name: str, rows: list[Row], results_dir: Path = RESULTS_DIR) -> pl.DataFrame:
     """Append rows to the results table and rewrite its markdown view."""
     results_dir.mkdir(parents=True, exist_ok=True)
-    stamp = {"benchmark_run": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "revision": git_revision()}
+    stamp = {"benchmark_run": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+             "revision": git_revision()}
     new = pl.DataFrame(
         [{**asdict(r), "ratio": r.ratio, **stamp, **machine_info()} for r in rows],
         schema_overrides={"peer": pl.Float64, "ratio": pl.Float64, "met": pl.Boolean, "ours": pl.Float64},
     )
-    path = results_dir / "results.parquet"
+    path = results_dir / f"{name}.parquet"
     table = pl.concat([pl.read_parquet(path), new], how="diagonal_relaxed") if path.exists() else new
     table.write_parquet(path)
-    (results_dir / "results.md").write_text(to_markdown(table))
+    (results_dir / f"{name}.md").write_text(to_markdown(table))
     return new
 
 
@@ -112,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("name", help=f"a benchmark ({', '.join(available())}), 'all' or 'list'")
     parser.add_argument("--quick", action="store_true", help="small sizes, to check the benchmark runs")
-    parser.add_argument("--results", type=Path, default=RESULTS_DIR, help="results folder")
+    parser.add_argument("--results", type=Path, default=None,
+                        help=f"results folder (default {RESULTS_DIR}, or a scratch folder with --quick)")
     args = parser.parse_args(argv)
+    results = args.results or (RESULTS_DIR / "quick" if args.quick else RESULTS_DIR)
     if args.name == "list":
         print("\n".join(available()))
         return 0
@@ -123,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"unknown benchmark {name!r}; choose from {', '.join(available())}")
         module = importlib.import_module(f"benchmarks.{name}")
         rows = module.run(quick=args.quick)
-        new = record(name, rows, args.results)
+        new = record(name, rows, results)
         print(to_markdown(new).split("\n", 4)[-1], flush=True)
     return 0
 
