@@ -9,8 +9,9 @@ wherever it is seen. The rules:
 - sentences: a break after `.`, `!` or `?` (and any closing quotes/brackets) followed by space and
   an uppercase letter, a digit or an opening quote/bracket; not after common abbreviations
   (Mr., Dr., e.g., ...) or a single capital initial (J. Smith). Sentences are joined by `\n`.
-- words (`WORD_PATTERN`): numbers with inner `.`/`,` (3.14, 1,000), words with inner
-  apostrophes or hyphens (don't, well-known), and every other non-space character on its own.
+- words (`WORD_PATTERN`): the special tokens `<unk> <s> </s> <pad>` whole (corpora such as
+  WikiText mark rare words with `<unk>`), numbers with inner `.`/`,` (3.14, 1,000), words with
+  inner apostrophes or hyphens (don't, well-known), and every other non-space character alone.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import Iterable
 
 import polars as pl
 
-WORD_PATTERN = r"\d+(?:[.,]\d+)+|\w+(?:['’-]\w+)*|[^\w\s]"
+WORD_PATTERN = r"</?(?:unk|s|pad)>|\d+(?:[.,]\d+)+|\w+(?:['’-]\w+)*|[^\w\s]"
 
 _ABBREVIATION = r"\b(Mr|Mrs|Ms|Dr|Prof|Sr|Jr|St|Mt|Gen|Col|Lt|Sgt|Rev|vs|etc|approx|Inc|Ltd|Co|Corp|No|Fig|Vol|[A-Z])\."
 _PROTECT = "\x00"  # stands in for a non-final period while sentences are split

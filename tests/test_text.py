@@ -26,4 +26,5 @@ def test_pretokenizer_keeps_numbers_contractions_and_hyphenated_words():
         "Don't", "stop-me", "now", ",", "it", "costs", "$", "1,000.50", "@", "-", "@", "café",
     ]
     assert pretokenize_many(["a b", ""]) == [["a", "b"], []]
+    assert pretokenize("a <unk> b<s>") == ["a", "<unk>", "b", "<s>"]
     assert WORD_PATTERN  # documented constant shared with the tokenizers

@@ -1,0 +1,65 @@
+"""Word-level vocabulary: counting, pruning and id encoding, vectorized with polars.
+
+Ids 0..3 are the special tokens `<unk> <s> </s> <pad>`; words follow by descending count, ties
+broken by the word's code points (so the same counts always give the same ids). Words below
+`min_count`, or beyond `max_size`, map to `<unk>`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+
+from models.errors import ParameterError
+
+SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
+UNK_ID, BOS_ID, EOS_ID, PAD_ID = range(4)
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """Tokens by id and their training counts (specials count 0)."""
+
+    frame: pl.DataFrame  # id: UInt32, token: String, count: UInt64
+
+    @classmethod
+    def from_counts(cls, counts: pl.DataFrame, min_count: int = 1, max_size: int | None = None) -> Vocabulary:
+        """`counts` has columns token, count. max_size counts words only, not the specials."""
+        if min_count < 1:
+            raise ParameterError(f"min_count={min_count}: must be at least 1")
+        if max_size is not None and max_size < 1:
+            raise ParameterError(f"max_size={max_size}: must be at least 1 (or None for no limit)")
+        words = (
+            counts.filter(pl.col("count") >= min_count, ~pl.col("token").is_in(list(SPECIALS)))
+            .sort(["count", "token"], descending=[True, False])
+            .head(max_size if max_size is not None else counts.height)
+        )
+        specials = pl.DataFrame({"token": list(SPECIALS), "count": [0] * len(SPECIALS)})
+        frame = pl.concat([specials.cast({"count": pl.UInt64}), words.select("token", pl.col("count").cast(pl.UInt64))])
+        return cls(frame.with_row_index("id").cast({"id": pl.UInt32}))
+
+    @classmethod
+    def count(cls, token_lists: pl.Series, min_count: int = 1, max_size: int | None = None) -> Vocabulary:
+        """Build from a Series of token lists."""
+        counts = token_lists.explode().drop_nulls().value_counts(name="count").rename({token_lists.name: "token"})
+        return cls.from_counts(counts, min_count, max_size)
+
+    def __len__(self) -> int:
+        return self.frame.height
+
+    @property
+    def tokens(self) -> list[str]:
+        return self.frame["token"].to_list()
+
+    @property
+    def counts(self) -> np.ndarray:
+        return self.frame["count"].to_numpy()
+
+    def encode(self, token_lists: pl.Series) -> pl.Series:
+        """Token lists -> id lists (UInt32), unknown words -> `<unk>`."""
+        mapping = dict(zip(self.frame["token"], self.frame["id"], strict=True))
+        return token_lists.list.eval(
+            pl.element().replace_strict(mapping, default=UNK_ID, return_dtype=pl.UInt32)
+        ).alias("ids")
