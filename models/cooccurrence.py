@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Literal
 
 import numpy as np
+import polars as pl
 import scipy.sparse as sp
 
 from models.errors import ParameterError
@@ -100,3 +101,14 @@ def term_document_matrix(ids: np.ndarray, doc_offsets: np.ndarray, vocab_size: i
     data = np.ones(len(ids), dtype=np.float64)
     shape = (vocab_size, len(doc_offsets) - 1)
     return sp.csr_matrix((data, (np.asarray(ids, dtype=np.int64), docs)), shape=shape)
+
+
+def id_stream(id_lists: pl.Series, min_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Flatten id lists (one per sentence) into (ids, offsets), dropping ids below `min_id`
+    (the special tokens) and closing the gaps they leave, as word2vec and GloVe do."""
+    lengths = id_lists.list.len().fill_null(0).to_numpy()
+    flat = id_lists.explode().drop_nulls().to_numpy()
+    keep = flat >= min_id
+    sentence_of = np.repeat(np.arange(len(lengths)), lengths)
+    kept_lengths = np.bincount(sentence_of[keep], minlength=len(lengths))
+    return flat[keep], np.concatenate(([0], np.cumsum(kept_lengths)))

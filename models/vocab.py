@@ -63,3 +63,16 @@ class Vocabulary:
         return token_lists.list.eval(
             pl.element().replace_strict(mapping, default=UNK_ID, return_dtype=pl.UInt32)
         ).alias("ids")
+
+
+def sentence_tokens(documents: pl.DataFrame) -> pl.DataFrame:
+    """Corpus documents -> one row per sentence: doc_index, sentence, split, words (pre-tokenized)."""
+    from models.text import pretokenize_expr
+
+    return (
+        documents.with_row_index("doc_index")
+        .select("doc_index", "split", pl.col("text").str.split("\n").alias("text"))
+        .explode("text")
+        .with_columns(sentence=pl.int_range(pl.len()).over("doc_index").cast(pl.UInt32))
+        .select("doc_index", "sentence", "split", pretokenize_expr(pl.col("text")).alias("words"))
+    )

@@ -1,0 +1,48 @@
+"""The pipeline's parameter form: one nested section per stage (see tasks/params.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, ValidationError
+
+from models.errors import ParameterError
+from tasks.params import (
+    CooccurrenceParams,
+    CorpusParams,
+    EvaluationParams,
+    Params,
+    PPMIParams,
+    SVDParams,
+    VocabularyParams,
+)
+
+
+class PipelineParams(Params):
+    store: str = Field("artifacts", min_length=1, description="Artifact store: a folder or an fsspec URL.")
+    corpus: CorpusParams = CorpusParams()
+    vocabulary: VocabularyParams = VocabularyParams()
+    cooccurrence: CooccurrenceParams = CooccurrenceParams()
+    ppmi: PPMIParams = PPMIParams()
+    svd: SVDParams = SVDParams()
+    evaluation: EvaluationParams = EvaluationParams()
+
+
+def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """tree["a"]["b"] = value for dotted "a.b"."""
+    *parents, leaf = dotted.split(".")
+    for name in parents:
+        node = tree.setdefault(name, {})
+        if not isinstance(node, dict):
+            raise ParameterError(f"--set {dotted}: {name!r} is a value, not a section")
+        tree = node
+    tree[leaf] = value
+
+
+def validate(tree: dict[str, Any]) -> PipelineParams:
+    """PipelineParams from nested values; errors name the dotted parameter and what is wrong."""
+    try:
+        return PipelineParams.model_validate(tree)
+    except ValidationError as exc:
+        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        raise ParameterError(f"invalid pipeline parameters: {problems}") from None

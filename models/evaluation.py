@@ -1,0 +1,145 @@
+"""Intrinsic evaluation of word vectors: similarity, analogies, nearest neighbours.
+
+- Word similarity: Spearman ρ between cosine similarity and human judgements on WordSim-353 and
+  SimLex-999, over the pairs whose words are both in the vocabulary; the OOV rate says how many
+  pairs were left out (gensim's `evaluate_word_pairs`, so figures compare with published ones).
+- Analogies (Mikolov et al. 2013, the Google set): a : b :: c : ? answered by
+  3CosAdd  argmax_x cos(x, b) − cos(x, a) + cos(x, c)   and
+  3CosMul  argmax_x cos'(x, b) · cos'(x, c) / (cos'(x, a) + ε),  cos' = (cos + 1) / 2, ε = 1e-3
+  (Levy & Goldberg 2014), over the `restrict_vocab` most frequent words, excluding a, b, c.
+  Accuracy counts the questions whose four words are all in that vocabulary; coverage is their
+  share of all questions. Vectorized in batches (gensim loops per question).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import polars as pl
+from gensim.models import KeyedVectors
+from gensim.test.utils import datapath
+
+SIMILARITY_SETS = {"ws353": "wordsim353.tsv", "simlex999": "simlex999.txt"}
+ANALOGY_SET = "questions-words.txt"
+DEFAULT_PROBES = ("king", "france", "computer", "music", "war", "city", "water", "science", "red", "good")
+
+
+@dataclass
+class AnalogyResult:
+    add_accuracy: float
+    mul_accuracy: float
+    coverage: float
+    questions: int
+    covered: int
+    sections: pl.DataFrame  # section, questions, covered, add_accuracy, mul_accuracy
+
+
+def word_similarity(kv: KeyedVectors, dataset: str) -> dict[str, float]:
+    path = datapath(SIMILARITY_SETS.get(dataset, dataset))
+    pearson, spearman, oov = kv.evaluate_word_pairs(path, restrict_vocab=len(kv), case_insensitive=True)
+    return {"spearman": float(spearman.statistic), "pearson": float(pearson.statistic), "oov_rate": oov / 100}
+
+
+def read_analogies(path: str | None = None) -> pl.DataFrame:
+    """The Google analogy file as (section, a, b, c, d), lowercased."""
+    rows, section = [], ""
+    with open(path or datapath(ANALOGY_SET), encoding="utf-8") as f:
+        for line in f:
+            if line.startswith(":"):
+                section = line[1:].strip()
+            elif line.strip():
+                rows.append([section, *line.lower().split()])
+    return pl.DataFrame(rows, schema=["section", "a", "b", "c", "d"], orient="row")
+
+
+def analogies(kv: KeyedVectors, restrict_vocab: int = 30_000, questions: pl.DataFrame | None = None,
+              batch: int = 256) -> AnalogyResult:
+    questions = read_analogies() if questions is None else questions
+    words = kv.index_to_key[:restrict_vocab]
+    index = {w.lower(): i for i, w in reversed(list(enumerate(words)))}  # first (most frequent) wins
+    unit = kv.get_normed_vectors()[: len(words)]
+    ids = np.array([[index.get(w, -1) for w in (a, b, c, d)]
+                    for a, b, c, d in questions.select("a", "b", "c", "d").iter_rows()], dtype=np.int64)
+    covered = np.flatnonzero((ids >= 0).all(axis=1)) if len(ids) else np.empty(0, np.int64)
+    add_ok = np.zeros(len(ids), bool)
+    mul_ok = np.zeros(len(ids), bool)
+    for start in range(0, len(covered), batch):
+        q = ids[covered[start:start + batch]]
+        cos_a, cos_b, cos_c = (unit[q[:, k]] @ unit.T for k in range(3))  # (B, V) each
+        add = cos_b - cos_a + cos_c
+        mul = ((cos_b + 1) / 2) * ((cos_c + 1) / 2) / ((cos_a + 1) / 2 + 1e-3)
+        rows = np.arange(len(q))[:, None]
+        for scores, ok in ((add, add_ok), (mul, mul_ok)):
+            scores[rows, q[:, :3]] = -np.inf
+            ok[covered[start:start + batch]] = scores.argmax(axis=1) == q[:, 3]
+    is_cov = np.zeros(len(ids), bool)
+    is_cov[covered] = True
+    per = questions.with_columns(covered=pl.Series(is_cov), add=pl.Series(add_ok), mul=pl.Series(mul_ok))
+    sections = per.group_by("section", maintain_order=True).agg(
+        questions=pl.len(), covered=pl.col("covered").sum(),
+        add_accuracy=pl.col("add").sum() / pl.col("covered").sum(),
+        mul_accuracy=pl.col("mul").sum() / pl.col("covered").sum(),
+    )
+    n_cov = max(len(covered), 1)
+    return AnalogyResult(
+        add_accuracy=float(add_ok.sum() / n_cov), mul_accuracy=float(mul_ok.sum() / n_cov),
+        coverage=len(covered) / max(len(ids), 1), questions=len(ids), covered=len(covered), sections=sections,
+    )
+
+
+def nearest_neighbours(kv: KeyedVectors, probes: tuple[str, ...] | list[str] = DEFAULT_PROBES,
+                       k: int = 8) -> pl.DataFrame:
+    """Top-k neighbours by cosine of each probe word found in the vocabulary."""
+    rows = []
+    for probe in probes:
+        if probe in kv.key_to_index:
+            for rank, (word, sim) in enumerate(kv.most_similar(probe, topn=k), start=1):
+                rows.append({"probe": probe, "rank": rank, "neighbour": word, "cosine": float(sim)})
+    schema = {"probe": pl.String, "rank": pl.Int64, "neighbour": pl.String, "cosine": pl.Float64}
+    return pl.DataFrame(rows, schema=schema)
+
+
+def evaluate(kv: KeyedVectors, restrict_vocab: int = 30_000, probes=DEFAULT_PROBES) -> dict:
+    """All intrinsic metrics of one set of vectors, as flat metrics plus tables."""
+    ws = word_similarity(kv, "ws353")
+    sl = word_similarity(kv, "simlex999")
+    an = analogies(kv, restrict_vocab)
+    metrics = {
+        "ws353_spearman": ws["spearman"], "ws353_oov_rate": ws["oov_rate"],
+        "simlex999_spearman": sl["spearman"], "simlex999_oov_rate": sl["oov_rate"],
+        "analogy_add_accuracy": an.add_accuracy, "analogy_mul_accuracy": an.mul_accuracy,
+        "analogy_coverage": an.coverage, "analogy_questions_covered": an.covered,
+        "vocabulary": len(kv),
+    }
+    return {"metrics": metrics, "analogy_sections": an.sections, "neighbours": nearest_neighbours(kv, probes)}
+
+
+def report_markdown(title: str, results: dict[str, dict]) -> str:
+    """A markdown report comparing several embeddings (name -> `evaluate` output)."""
+    cols = [("ws353_spearman", "WS353 ρ"), ("ws353_oov_rate", "WS353 OOV"),
+            ("simlex999_spearman", "SimLex ρ"), ("simlex999_oov_rate", "SimLex OOV"),
+            ("analogy_add_accuracy", "analogy 3CosAdd"), ("analogy_mul_accuracy", "analogy 3CosMul"),
+            ("analogy_coverage", "analogy coverage"), ("vocabulary", "vocabulary")]
+    lines = [f"# {title}", "", "| embeddings | " + " | ".join(c[1] for c in cols) + " |",
+             "|---|" + "---|" * len(cols)]
+    for name, res in results.items():
+        m = res["metrics"]
+        lines.append(f"| {name} | " + " | ".join(_fmt(m[c[0]]) for c in cols) + " |")
+    for name, res in results.items():
+        lines += ["", f"## Nearest neighbours — {name}", ""]
+        for probe, group in res["neighbours"].group_by("probe", maintain_order=True):
+            words = ", ".join(f"{w} ({c:.2f})" for w, c in group.select("neighbour", "cosine").iter_rows())
+            lines.append(f"- **{probe[0]}**: {words}")
+        lines += ["", f"## Analogy sections — {name}", "", "| section | covered/questions | 3CosAdd | 3CosMul |",
+                  "|---|---|---|---|"]
+        for row in res["analogy_sections"].iter_rows(named=True):
+            lines.append(f"| {row['section']} | {row['covered']}/{row['questions']} | "
+                         f"{_fmt(row['add_accuracy'])} | {_fmt(row['mul_accuracy'])} |")
+    return "\n".join(lines) + "\n"
+
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return "–"
+    return f"{v:.3f}" if isinstance(v, float) else str(v)

@@ -1,0 +1,337 @@
+"""Corpus ingestion: read sources of many formats into clean documents with a stable split.
+
+Sources are files, directories (read recursively, sorted) or glob patterns, plus the built-in
+`builtin:enwiki` (gensim's bundled Wikipedia dump excerpt, the default corpus) and `builtin:lee`.
+The format follows the name, after an optional `.gz`/`.bz2`:
+
+| ending | format | a document is |
+| --- | --- | --- |
+| `.txt`, anything else | UTF-8 plain text | a line (default), a blank-line paragraph, or the file (`text_unit`) |
+| `.jsonl`, `.ndjson` | JSON lines | the `text_field` of each object |
+| `.parquet` | Parquet | the `text_column` of each row |
+| `.conllu` | CoNLL-U | a sentence (its words; tags go to the tagged corpus) |
+| `.xml` or `<mediawiki` content | MediaWiki XML dump | an article (namespace 0, no redirects, markup stripped) |
+
+Text is cleaned by `models.text.clean_expr` (NFC, whitespace, sentence split, optional
+lowercase). Exact duplicates (after cleaning) are dropped, keeping the first. Each document's id is
+the SHA-1 of its cleaned text (16 hex digits); its split comes from that id (so a document keeps
+its split across rebuilds), except for files named like `*-train.*`, `*-dev.*`/`*-valid.*`,
+`*-test.*`, whose split is the file's (UD treebanks, WikiText).
+
+Policy on bad input: a missing source, a binary file, or invalid UTF-8 raises `InputError`
+naming the file (and line); an empty file is skipped and counted in `skipped`; a corpus with
+no document at all raises `InputError`.
+"""
+
+from __future__ import annotations
+
+import bz2
+import glob
+import gzip
+import hashlib
+import io
+import json
+import os
+import re
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import polars as pl
+import pyarrow.parquet as pq
+
+from models.conllu import parse_lines
+from models.errors import InputError, ParameterError
+from models.progress import Progress
+from models.text import clean_expr, pretokenize_expr
+
+BUILTIN = {
+    "builtin:enwiki": "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2",
+    "builtin:lee": "lee_background.cor",
+}
+SPLITS = ("train", "valid", "test")
+_FILE_SPLIT = re.compile(r"[-_.](train|dev|valid|test)(?=[-_.])", re.IGNORECASE)
+_BINARY_SNIFF = 8192
+_WIKI_QUOTES = re.compile(r"'{2,}")
+
+
+@dataclass(frozen=True)
+class IngestOptions:
+    lowercase: bool = True
+    split_sentences: bool = True
+    text_unit: Literal["line", "paragraph", "file"] = "line"
+    dedupe: bool = True
+    valid_fraction: float = 0.05
+    test_fraction: float = 0.05
+    text_field: str = "text"
+    max_file_bytes: int = 4 << 30  # decompressed; protects against decompression bombs
+
+    def __post_init__(self) -> None:
+        for name in ("valid_fraction", "test_fraction"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ParameterError(f"{name}={getattr(self, name)}: must be in [0, 1)")
+        if self.valid_fraction + self.test_fraction >= 1:
+            raise ParameterError("valid_fraction + test_fraction must leave a training split (< 1)")
+
+
+@dataclass
+class Corpus:
+    documents: pl.DataFrame  # doc_id, source, split, text (sentences joined by "\n")
+    stats: dict = field(default_factory=dict)
+
+
+# ---- sources -------------------------------------------------------------------------------
+def resolve_sources(sources: list[str]) -> list[Path]:
+    """Expand built-ins, directories and globs into a sorted, de-duplicated list of files."""
+    if not sources:
+        raise ParameterError("corpus.sources is empty: name at least one file, directory, glob or builtin:enwiki")
+    files: list[Path] = []
+    for source in sources:
+        if source in BUILTIN:
+            from gensim.test.utils import datapath
+
+            files.append(Path(datapath(BUILTIN[source])))
+        elif source.startswith("builtin:"):
+            raise ParameterError(f"unknown built-in corpus {source!r}; choose from {', '.join(BUILTIN)}")
+        elif os.path.isdir(source):
+            found = sorted(p for p in Path(source).rglob("*") if p.is_file() and not p.name.startswith("."))
+            if not found:
+                raise InputError(f"{source}: directory holds no files")
+            files.extend(found)
+        elif any(c in source for c in "*?["):
+            found = sorted(Path(p) for p in glob.glob(source, recursive=True) if os.path.isfile(p))
+            if not found:
+                raise InputError(f"{source}: no file matches this pattern")
+            files.extend(found)
+        elif os.path.isfile(source):
+            files.append(Path(source))
+        else:
+            raise InputError(f"{source}: no such file or directory; check the path in corpus.sources")
+    return list(dict.fromkeys(p.resolve() for p in files))
+
+
+def fingerprint(files: list[Path], hash_limit: int = 1 << 30) -> list[dict]:
+    """What the corpus version depends on: each file's SHA-256, or for files over `hash_limit`
+    bytes its size and modification time (hashing 100 GB on every run costs more than it saves)."""
+    out = []
+    for path in files:
+        stat = path.stat()
+        entry = {"name": path.name, "size": stat.st_size}
+        if stat.st_size > hash_limit:
+            entry.update(mtime_ns=stat.st_mtime_ns, path=str(path))
+        else:
+            digest = hashlib.sha256()
+            with path.open("rb") as f:
+                for block in iter(lambda: f.read(1 << 20), b""):
+                    digest.update(block)
+            entry["sha256"] = digest.hexdigest()
+        out.append(entry)
+    return out
+
+
+def _format_of(path: Path) -> tuple[str, str | None]:
+    name = path.name.lower()
+    compression = next((c for c in ("gz", "bz2") if name.endswith("." + c)), None)
+    if compression:
+        name = name[: -len(compression) - 1]
+    for suffix, fmt in ((".jsonl", "jsonl"), (".ndjson", "jsonl"), (".parquet", "parquet"),
+                        (".conllu", "conllu"), (".xml", "wiki")):
+        if name.endswith(suffix):
+            return fmt, compression
+    return "text", compression
+
+
+def _read_bytes(path: Path, compression: str | None, limit: int) -> bytes:
+    opener = {"gz": gzip.open, "bz2": bz2.open, None: open}[compression]
+    try:
+        with opener(path, "rb") as f:
+            data = f.read(limit + 1)
+    except (OSError, EOFError, ValueError) as exc:  # truncated or corrupt archives
+        kind = compression or "plain"
+        raise InputError(f"{path}: cannot read ({exc}); the file is damaged or not {kind} data") from None
+    if len(data) > limit:
+        raise InputError(f"{path}: more than {limit} bytes once decompressed; raise corpus.max_file_bytes if intended")
+    return data
+
+
+def _decode(path: Path, data: bytes) -> str:
+    if b"\x00" in data[:_BINARY_SNIFF]:
+        raise InputError(f"{path}: looks like a binary file (NUL bytes); remove it from the sources")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise InputError(
+            f"{path}:{line}: invalid UTF-8 (byte {exc.start}); re-encode the file as UTF-8"
+        ) from None
+
+
+# ---- readers: each yields raw document texts of one file ------------------------------------
+def _text_documents(path: Path, text: str, unit: str) -> list[str]:
+    if unit == "file":
+        return [text]
+    if unit == "paragraph":
+        return re.split(r"\n[ \t]*\n", text)
+    return text.splitlines()
+
+
+def _jsonl_documents(path: Path, text: str, field_name: str) -> list[str]:
+    docs = []
+    for line_no, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{path}:{line_no}: invalid JSON ({exc.msg}); fix or remove the line") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get(field_name), str):
+            raise InputError(f"{path}:{line_no}: no string field {field_name!r}; set corpus.text_field")
+        docs.append(obj[field_name])
+    return docs
+
+
+def _parquet_documents(path: Path, data: bytes, column: str) -> list[str]:
+    try:
+        table = pq.read_table(io.BytesIO(data))
+    except Exception as exc:  # pyarrow raises several types for damaged files
+        raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
+    if column not in table.column_names:
+        columns = ", ".join(table.column_names)
+        raise InputError(f"{path}: no column {column!r} (columns: {columns}); set corpus.text_field")
+    return [t for t in table.column(column).to_pylist() if isinstance(t, str)]
+
+
+def _wiki_documents(path: Path, data: bytes) -> list[str]:
+    from gensim.corpora.wikicorpus import extract_pages, filter_wiki
+
+    docs = []
+    try:
+        for _title, text, _pid in extract_pages(io.BytesIO(data), filter_namespaces=("0",)):
+            if text and not text.lstrip().lower().startswith("#redirect"):
+                docs.append(_WIKI_QUOTES.sub("", filter_wiki(text)))  # filter_wiki keeps ''bold''/''italic'' quotes
+    except Exception as exc:  # ElementTree.ParseError and friends
+        raise InputError(f"{path}: not a well-formed MediaWiki XML dump ({exc})") from None
+    return docs
+
+
+def _file_split(path: Path) -> str | None:
+    match = _FILE_SPLIT.search(path.name)
+    if not match:
+        return None
+    return {"dev": "valid"}.get(match.group(1).lower(), match.group(1).lower())
+
+
+def read_file(path: Path, options: IngestOptions) -> tuple[list[str], pl.DataFrame | None]:
+    """Raw document texts of one file, and its tagged sentences if it is CoNLL-U."""
+    fmt, compression = _format_of(path)
+    data = _read_bytes(path, compression, options.max_file_bytes)
+    if fmt == "text" and data[:512].lstrip().startswith(b"<mediawiki"):
+        fmt = "wiki"  # dumps are often named *.xml-p<range>.bz2
+    if fmt == "parquet":
+        return _parquet_documents(path, data, options.text_field), None
+    if fmt == "wiki":
+        return _wiki_documents(path, data), None
+    text = _decode(path, data)
+    if fmt == "jsonl":
+        return _jsonl_documents(path, text, options.text_field), None
+    if fmt == "conllu":
+        sents = list(parse_lines(text.splitlines(), source=str(path)))
+        tagged = pl.DataFrame(
+            {
+                "sent_id": [s.sent_id or f"{path.name}:{s.line}" for s in sents],
+                "words": [s.words for s in sents],
+                "upos": [s.upos for s in sents],
+                "xpos": [s.xpos for s in sents],
+            },
+            schema={"sent_id": pl.String, "words": pl.List(pl.String), "upos": pl.List(pl.String),
+                    "xpos": pl.List(pl.String)},
+        )
+        return [" ".join(s.words) for s in sents], tagged
+    return _text_documents(path, text, options.text_unit), None
+
+
+# ---- the corpus ----------------------------------------------------------------------------
+def _split_from_id(doc_ids: pl.Expr, options: IngestOptions) -> pl.Expr:
+    u = doc_ids.str.slice(0, 8).str.to_integer(base=16).cast(pl.Float64) / 2**32
+    return (
+        pl.when(u < options.valid_fraction).then(pl.lit("valid"))
+        .when(u < options.valid_fraction + options.test_fraction).then(pl.lit("test"))
+        .otherwise(pl.lit("train"))
+    )
+
+
+def iter_files(files: list[Path], options: IngestOptions, progress: Callable | None = None) -> Iterator:
+    total = sum(p.stat().st_size for p in files)
+    with Progress("ingest", total=total, unit="bytes", callback=progress) as bar:
+        for path in files:
+            yield path, *read_file(path, options)
+            bar.update(path.stat().st_size)
+
+
+def build_corpus(files: list[Path], options: IngestOptions, progress: Callable | None = None) -> Corpus:
+    frames, skipped = [], []
+    for path, texts, _tagged in iter_files(files, options, progress):
+        if not texts:
+            skipped.append({"source": str(path), "reason": "no documents (empty file)"})
+            continue
+        frames.append(pl.DataFrame({"source": path.name, "text": texts, "file_split": _file_split(path)},
+                                   schema={"source": pl.String, "text": pl.String, "file_split": pl.String}))
+    if not frames:
+        raise InputError(f"no documents found in {', '.join(map(str, files))}: the corpus would be empty")
+
+    raw = pl.concat(frames)
+    docs = (
+        raw.with_columns(text=clean_expr(pl.col("text"), lowercase=options.lowercase,
+                                         sentences=options.split_sentences))
+        .filter(pl.col("text").str.len_bytes() > 0)
+    )
+    docs = docs.with_columns(
+        doc_id=pl.col("text").map_elements(lambda t: hashlib.sha1(t.encode()).hexdigest()[:16], return_dtype=pl.String)
+    )
+    n_before = docs.height
+    if options.dedupe:
+        docs = docs.unique(subset="doc_id", keep="first", maintain_order=True)
+    docs = docs.with_columns(split=pl.coalesce("file_split", _split_from_id(pl.col("doc_id"), options)))
+    docs = docs.select("doc_id", "source", "split", "text")
+    if docs.height == 0:
+        raise InputError(f"no non-empty documents in {', '.join(map(str, files))}: the corpus would be empty")
+
+    return Corpus(docs, corpus_stats(docs, files, n_before - docs.height, skipped))
+
+
+def tagged_files(files: list[Path]) -> list[Path]:
+    return [p for p in files if _format_of(p)[0] == "conllu"]
+
+
+def build_tagged(files: list[Path], options: IngestOptions, progress: Callable | None = None) -> pl.DataFrame:
+    """Tagged sentences (sent_id, source, split, words, upos, xpos) of the CoNLL-U files, in order,
+    case and duplicates kept (a tagger learns from every sentence as written)."""
+    frames = []
+    for path, _texts, tagged in iter_files(tagged_files(files), options, progress):
+        frames.append(tagged.with_columns(source=pl.lit(path.name), file_split=pl.lit(_file_split(path))))
+    if not frames or not sum(f.height for f in frames):
+        raise InputError("no CoNLL-U sentences among the sources: add a .conllu file to tag")
+    sentence_hash = pl.col("sent_id").map_elements(lambda s: hashlib.sha1(s.encode()).hexdigest()[:16],
+                                                   return_dtype=pl.String)
+    return pl.concat(frames).with_columns(
+        split=pl.coalesce("file_split", _split_from_id(sentence_hash, options))
+    ).select("sent_id", "source", "split", "words", "upos", "xpos")
+
+
+def corpus_stats(docs: pl.DataFrame, files: list[Path], duplicates: int, skipped: list[dict]) -> dict:
+    tokens = docs.select(pretokenize_expr(pl.col("text")).alias("w"))["w"]
+    per_split = docs.group_by("split").len().sort("split")
+    return {
+        "documents": docs.height,
+        "sentences": int(docs["text"].str.count_matches("\n").sum() + docs.height),
+        "tokens": int(tokens.list.len().sum()),
+        "types": int(tokens.explode().drop_nulls().n_unique()),
+        "bytes": int(sum(p.stat().st_size for p in files)),
+        "text_bytes": int(docs["text"].str.len_bytes().sum()),
+        "files": len(files),
+        "duplicates_removed": duplicates,
+        "skipped_inputs": len(skipped),
+        "skipped": skipped,
+        **{f"documents_{row['split']}": row["len"] for row in per_split.iter_rows(named=True)},
+    }

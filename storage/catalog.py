@@ -1,0 +1,73 @@
+"""The catalog: what artifacts a store holds, the latest of a kind, and lineage.
+
+It is derived from the manifests themselves (a listing of `<root>/*/*/manifest.json`), not kept
+in a separate index, so it is correct by construction when several runs publish at once: an
+artifact is in the catalog exactly when its manifest exists.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+from storage.store import MANIFEST, ArtifactRef, ArtifactStore, StoreError, validate_kind, validate_version
+
+
+class Catalog:
+    """Read side of a store: `Catalog(root).latest("embeddings")`, `.get(kind, version)`, `.lineage(version)`."""
+
+    def __init__(self, root: str | os.PathLike[str] | ArtifactStore = "artifacts", **storage_options: Any) -> None:
+        self.store = root if isinstance(root, ArtifactStore) else ArtifactStore(root, **storage_options)
+
+    def list(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """Manifests, oldest first, each with its `path` added."""
+        fs, root = self.store.fs, self.store.root
+        pattern = f"{root}/{validate_kind(kind) if kind else '*'}/*/{MANIFEST}"
+        manifests = []
+        for path in fs.glob(pattern):
+            with fs.open(path, "r") as f:
+                manifest = json.load(f)
+            manifest["path"] = path.rsplit("/", 1)[0]
+            manifests.append(manifest)
+        return sorted(manifests, key=lambda m: (m["created"], m["kind"], m["version"]))
+
+    def kinds(self) -> list[str]:
+        return sorted({m["kind"] for m in self.list()})
+
+    def latest(self, kind: str) -> dict[str, Any] | None:
+        found = self.list(kind)
+        return found[-1] if found else None
+
+    def get(self, kind: str, version: str | None = None) -> dict[str, Any]:
+        """A manifest by kind and version (the latest of the kind when version is None)."""
+        if version is None:
+            manifest = self.latest(kind)
+            if manifest is None:
+                raise StoreError(f"no {kind} artifact in {self.store.url}")
+            return manifest
+        manifest = self.store.manifest(kind, validate_version(version))
+        manifest["path"] = self.store.path(kind, version)
+        return manifest
+
+    def find(self, version: str) -> dict[str, Any]:
+        """The manifest of a version, whatever its kind."""
+        validate_version(version)
+        matches = self.store.fs.glob(f"{self.store.root}/*/{version}/{MANIFEST}")
+        if not matches:
+            raise StoreError(f"no artifact with version {version} in {self.store.url}")
+        return self.get(matches[0].rsplit("/", 3)[-3], version)
+
+    def ref(self, kind: str, version: str | None = None) -> ArtifactRef:
+        manifest = self.get(kind, version)
+        return self.store.ref(manifest["kind"], manifest["version"])
+
+    def lineage(self, version: str) -> dict[str, Any]:
+        """The artifact and, recursively, the artifacts it was made from."""
+        manifest = self.find(version)
+        return {
+            "kind": manifest["kind"],
+            "version": manifest["version"],
+            "parameters": manifest["parameters"],
+            "inputs": {name: self.lineage(ref["version"]) for name, ref in manifest["inputs"].items()},
+        }

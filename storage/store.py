@@ -1,0 +1,284 @@
+"""Versioned artifacts on a local path or any fsspec URL.
+
+Layout: `<root>/<kind>/<version>/` holds the artifact's files and `manifest.json`. The manifest
+is written last, after every file is complete, and is what makes a directory an artifact:
+readers (the catalog included) never see one without it.
+
+Publishing is atomic. A writer stages files in `<root>/.staging/<kind>-<version>-<random>/`
+(a local temporary folder for remote stores), computes sizes and SHA-256 checksums, writes the
+manifest, then:
+- local filesystem: renames the staging folder to its final name in one step; if another run
+  published the same version first, ours is discarded (same version, same content);
+- object stores (no directory rename): uploads the data files, then the manifest last.
+A crash leaves at most a staging folder, which `ArtifactStore.clean_staging()` removes.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import BaseModel, ConfigDict
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+STAGING = ".staging"
+_KIND = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+_VERSION = re.compile(r"^[0-9a-f]{16}$")
+_FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+class StoreError(Exception):
+    """A store problem the user can act on: bad name, missing artifact, failed verification."""
+
+
+def validate_kind(kind: str) -> str:
+    if not isinstance(kind, str) or not _KIND.match(kind):
+        raise StoreError(f"invalid artifact kind {kind!r}: use lowercase letters, digits and '_'")
+    return kind
+
+
+def validate_version(version: str) -> str:
+    if not isinstance(version, str) or not _VERSION.match(version):
+        raise StoreError(f"invalid artifact version {version!r}: expected 16 hexadecimal digits")
+    return version
+
+
+def validate_file_name(name: str) -> str:
+    """Artifact files live flat in their folder: no separators, no `..`, no hidden files."""
+    if not isinstance(name, str) or not _FILE.match(name) or ".." in name:
+        raise StoreError(f"invalid artifact file name {name!r}: letters, digits, '.', '_', '-' only")
+    return name
+
+
+def content_version(kind: str, inputs: Mapping[str, str], parameters: Mapping[str, Any], code: str) -> str:
+    """The version of an artifact: a hash of everything that determines its content."""
+    material = {"kind": kind, "inputs": dict(sorted(inputs.items())), "parameters": parameters, "code": code,
+                "schema": SCHEMA_VERSION}
+    blob = json.dumps(material, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+class ArtifactRef(BaseModel):
+    """A small, serializable pointer to a published artifact: what tasks return and pass on."""
+
+    model_config = ConfigDict(frozen=True)
+    store: str
+    kind: str
+    version: str
+
+    @property
+    def path(self) -> str:
+        return ArtifactStore(self.store).path(self.kind, self.version)
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.version}"
+
+
+class ArtifactStore:
+    """Write side of the store (publish, verify, delete); `Catalog` is the read side."""
+
+    def __init__(self, root: str | os.PathLike[str] = "artifacts", **storage_options: Any) -> None:
+        self.url = str(root)
+        self.fs, self.root = fsspec.core.url_to_fs(self.url, **storage_options)
+        self.root = self.root.rstrip("/")
+        self.is_local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        if self.is_local:
+            self.root = os.path.abspath(self.root)
+
+    def __repr__(self) -> str:
+        return f"ArtifactStore({self.url!r})"
+
+    # ---- names ----------------------------------------------------------------------------
+    def path(self, kind: str, version: str, name: str | None = None) -> str:
+        parts = [self.root, validate_kind(kind), validate_version(version)]
+        if name is not None:
+            parts.append(validate_file_name(name))
+        return "/".join(parts)
+
+    def ref(self, kind: str, version: str) -> ArtifactRef:
+        return ArtifactRef(store=self.url, kind=kind, version=version)
+
+    def exists(self, kind: str, version: str) -> bool:
+        return self.fs.exists(self.path(kind, version, MANIFEST))
+
+    def manifest(self, kind: str, version: str) -> dict[str, Any]:
+        try:
+            with self.fs.open(self.path(kind, version, MANIFEST), "r") as f:
+                return json.load(f)
+        except FileNotFoundError:
+            raise StoreError(f"no artifact {kind}:{version} in {self.url}") from None
+
+    # ---- reading files --------------------------------------------------------------------
+    def open(self, kind: str, version: str, name: str, mode: str = "rb"):
+        return self.fs.open(self.path(kind, version, name), mode)
+
+    def read_parquet(self, kind: str, version: str, name: str) -> pl.DataFrame:
+        with self.open(kind, version, name) as f:
+            return pl.from_arrow(pq.read_table(f))
+
+    def read_json(self, kind: str, version: str, name: str) -> Any:
+        with self.open(kind, version, name, "r") as f:
+            return json.load(f)
+
+    @contextmanager
+    def local_copy(self, kind: str, version: str, name: str) -> Iterator[Path]:
+        """A local path to an artifact file (downloaded for remote stores), for libraries that need one."""
+        path = self.path(kind, version, name)
+        if self.is_local:
+            yield Path(path)
+            return
+        with tempfile.TemporaryDirectory(prefix="lexiflow-") as tmp:
+            local = Path(tmp) / name
+            self.fs.get(path, str(local))
+            yield local
+
+    # ---- writing --------------------------------------------------------------------------
+    @contextmanager
+    def writer(
+        self,
+        kind: str,
+        version: str,
+        *,
+        inputs: Mapping[str, ArtifactRef] | None = None,
+        parameters: Mapping[str, Any] | None = None,
+        code_version: str = "",
+        run: Mapping[str, Any] | None = None,
+    ) -> Iterator[ArtifactWriter]:
+        """Stage an artifact; publish it on normal exit, discard everything on an exception."""
+        validate_kind(kind), validate_version(version)
+        if self.is_local:
+            staging_root = Path(self.root) / STAGING
+            staging_root.mkdir(parents=True, exist_ok=True)
+            staging = Path(tempfile.mkdtemp(prefix=f"{kind}-{version}-", dir=staging_root))
+        else:
+            staging = Path(tempfile.mkdtemp(prefix=f"lexiflow-{kind}-{version}-"))
+        out = ArtifactWriter(staging)
+        try:
+            yield out
+            manifest = {
+                "schema_version": SCHEMA_VERSION,
+                "kind": kind,
+                "version": version,
+                "created": dt.datetime.now(dt.UTC).isoformat(),
+                "inputs": {name: {"kind": r.kind, "version": r.version} for name, r in (inputs or {}).items()},
+                "parameters": dict(parameters or {}),
+                "metrics": out.metrics,
+                "files": out.file_entries(),
+                "code_version": code_version,
+                "run": dict(run or {}),
+            }
+            (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
+            self._publish(staging, kind, version)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    def _publish(self, staging: Path, kind: str, version: str) -> None:
+        final = self.path(kind, version)
+        if self.is_local:
+            Path(final).parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.rename(staging, final)  # atomic; fails if another run published it first
+            except OSError:
+                if not self.exists(kind, version):
+                    raise
+            return
+        for file in sorted(staging.iterdir()):
+            if file.name != MANIFEST:
+                self.fs.put_file(str(file), f"{final}/{file.name}")
+        self.fs.put_file(str(staging / MANIFEST), f"{final}/{MANIFEST}")  # the commit point
+
+    def delete(self, kind: str, version: str) -> None:
+        """Remove an artifact: manifest first, so readers stop seeing it before its files go."""
+        if not self.exists(kind, version):
+            raise StoreError(f"no artifact {kind}:{version} in {self.url}")
+        self.fs.rm(self.path(kind, version, MANIFEST))
+        self.fs.rm(self.path(kind, version), recursive=True)
+
+    def clean_staging(self) -> int:
+        """Remove staging folders left by crashed writers; returns how many were removed."""
+        staging = f"{self.root}/{STAGING}"
+        if not self.fs.exists(staging):
+            return 0
+        entries = self.fs.ls(staging, detail=False)
+        for entry in entries:
+            self.fs.rm(entry, recursive=True)
+        return len(entries)
+
+    def verify(self, kind: str, version: str, full: bool = False) -> list[str]:
+        """Problems with an artifact's files (sizes; checksums too with `full`); empty when sound."""
+        problems = []
+        for entry in self.manifest(kind, version)["files"]:
+            path = self.path(kind, version, entry["name"])
+            if not self.fs.exists(path):
+                problems.append(f"{kind}:{version}/{entry['name']}: missing")
+                continue
+            if self.fs.size(path) != entry["size"]:
+                problems.append(f"{kind}:{version}/{entry['name']}: size differs from the manifest")
+            elif full:
+                with self.fs.open(path, "rb") as f:
+                    if _sha256(f) != entry["sha256"]:
+                        problems.append(f"{kind}:{version}/{entry['name']}: checksum differs from the manifest")
+        return problems
+
+
+class ArtifactWriter:
+    """Files and metrics of an artifact being staged. Paths are local, whatever the store."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.metrics: dict[str, Any] = {}
+        self.progress: Callable[[float | None], None] | None = None  # set by the caller, fed by the builder
+
+    def path(self, name: str) -> Path:
+        """Where to write file `name` (for libraries that write to a path themselves)."""
+        return self.folder / validate_file_name(name)
+
+    def write_parquet(self, name: str, data: pl.DataFrame | pa.Table, schema: pa.Schema | None = None) -> Path:
+        table = data.to_arrow() if isinstance(data, pl.DataFrame) else data
+        if schema is not None:
+            table = table.select(schema.names).cast(schema)
+        path = self.path(name)
+        pq.write_table(table, path, compression="zstd")
+        return path
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        path = self.path(name)
+        path.write_text(json.dumps(obj, indent=2, default=str))
+        return path
+
+    def write_text(self, name: str, text: str) -> Path:
+        path = self.path(name)
+        path.write_text(text, encoding="utf-8")
+        return path
+
+    def file_entries(self) -> list[dict[str, Any]]:
+        entries = []
+        for file in sorted(self.folder.iterdir()):
+            if file.name == MANIFEST:
+                continue
+            if not file.is_file():
+                raise StoreError(f"artifact files must be plain files, found {file.name!r}")
+            with file.open("rb") as f:
+                entries.append({"name": file.name, "size": file.stat().st_size, "sha256": _sha256(f)})
+        return entries
+
+
+def _sha256(f) -> str:
+    digest = hashlib.sha256()
+    for block in iter(lambda: f.read(1 << 20), b""):
+        digest.update(block)
+    return digest.hexdigest()

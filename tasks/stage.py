@@ -1,0 +1,145 @@
+"""`@stage`: turn a builder into a cached, retried Prefect task that publishes one artifact.
+
+A builder is `build(out: ArtifactWriter, **arguments) -> None`, where arguments are input
+`ArtifactRef`s and pydantic parameter models. The task it becomes is
+`task(store: str, **arguments) -> ArtifactRef` and:
+
+1. computes the artifact version: a hash of the input versions, the parameters, optional extra
+   material (`fingerprint`, e.g. source file contents) and the code version, which hashes the
+   source of the task module and of the `models/` modules the stage names (Prefect's TASK_SOURCE
+   alone would miss a change in `models/`);
+2. returns at once if the store already holds that version (nothing is recomputed);
+3. otherwise builds it into a staging folder and publishes it atomically.
+
+Prefect's cache key is the same version, given only while the artifact exists, so a cache hit
+can never return a reference to a deleted artifact. Retries (with backoff) cover transient I/O
+errors only; `LexiflowError` (bad input or parameters) fails at once.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import inspect
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import Any
+
+from prefect import get_run_logger, task
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.runtime import flow_run, task_run
+from pydantic import BaseModel
+
+from models.errors import LexiflowError
+from storage import ArtifactRef, ArtifactStore, StoreError, content_version
+
+TRANSIENT = (OSError, TimeoutError, ConnectionError)
+logging.getLogger("lexiflow").setLevel(logging.INFO)  # progress lines from models/ reach the run logs
+
+
+def retry_transient_only(task_obj: Any, task_run_obj: Any, state: Any) -> bool:
+    """Retry storage/network hiccups; never bad input (it would fail the same way again)."""
+    try:
+        state.result()
+    except (LexiflowError, StoreError):
+        return False
+    except TRANSIENT:
+        return True
+    except Exception:
+        return False
+    return False
+
+
+def code_version(modules: Sequence[ModuleType]) -> str:
+    digest = hashlib.sha256()
+    for module in modules:
+        digest.update(inspect.getsource(module).encode())
+    return digest.hexdigest()[:16]
+
+
+def _split_arguments(arguments: dict[str, Any]) -> tuple[dict[str, ArtifactRef], dict[str, Any]]:
+    inputs = {k: v for k, v in arguments.items() if isinstance(v, ArtifactRef)}
+    params = {
+        k: v.model_dump(mode="json") if isinstance(v, BaseModel) else v
+        for k, v in arguments.items()
+        if k != "store" and not isinstance(v, ArtifactRef)
+    }
+    return inputs, params
+
+
+def _progress_artifact(kind: str) -> Callable[[float | None], None]:
+    """A Prefect progress artifact for this stage, created on the first report."""
+    artifact_id = None
+
+    def report(fraction: float | None) -> None:
+        nonlocal artifact_id
+        if fraction is None:
+            return
+        try:
+            if artifact_id is None:
+                artifact_id = create_progress_artifact(100 * fraction, description=f"{kind}: progress")
+            else:
+                update_progress_artifact(artifact_id, 100 * fraction)
+        except Exception:  # outside a run context, or the API is busy: progress is a nicety
+            pass
+
+    return report
+
+
+def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dict], Any] | None = None,
+          **task_options: Any):
+    """Decorate `build(out, **arguments)`; see the module docstring."""
+
+    def decorate(build: Callable[..., None]):
+        code_hash = code_version((sys.modules[build.__module__], *code))
+
+        def describe(arguments: dict[str, Any]) -> tuple[dict[str, ArtifactRef], dict[str, Any], str]:
+            """(inputs, parameters, version) of the artifact these arguments determine."""
+            inputs, params = _split_arguments(arguments)
+            if fingerprint is not None:
+                params["_content"] = fingerprint(arguments)
+            return inputs, params, content_version(kind, {k: r.version for k, r in inputs.items()}, params, code_hash)
+
+        def cache_key(_ctx: Any, arguments: dict[str, Any]) -> str | None:
+            store = ArtifactStore(arguments["store"])
+            version = describe(arguments)[2]
+            if not store.exists(kind, version):
+                return None  # nothing to reuse: a stale Prefect record must not answer for it
+            return f"{kind}-{version}-{hashlib.sha256(store.url.encode()).hexdigest()[:12]}"
+
+        # Prefect reads parameters from the signature: `store` first, then the builder's own.
+        params = list(inspect.signature(build).parameters.values())[1:]
+        store_param = inspect.Parameter("store", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
+        signature = inspect.Signature([store_param, *params], return_annotation=ArtifactRef)
+
+        @functools.wraps(build)
+        def run(*args: Any, **kwargs: Any) -> ArtifactRef:
+            arguments = signature.bind(*args, **kwargs).arguments
+            store = arguments.pop("store")
+            artifacts = ArtifactStore(store)
+            inputs, params, version = describe({"store": store, **arguments})
+            ref = artifacts.ref(kind, version)
+            logger = get_run_logger()
+            if artifacts.exists(kind, version):
+                logger.info("%s: reusing %s", kind, ref)
+                return ref
+            run_info = {"flow_run_id": str(flow_run.id or ""), "flow_run_name": flow_run.name or "",
+                        "task_run_id": str(task_run.id or "")}
+            with artifacts.writer(kind, version, inputs=inputs, parameters=params, code_version=code_hash,
+                                  run=run_info) as out:
+                out.progress = _progress_artifact(kind)
+                build(out, **arguments)
+            logger.info("%s: published %s at %s", kind, ref, artifacts.path(kind, version))
+            return ref
+
+        run.__signature__ = signature
+        options = {"name": kind, "tags": [kind], "retries": 3, "retry_delay_seconds": [1, 2, 4],
+                   "retry_condition_fn": retry_transient_only, "cache_key_fn": cache_key,
+                   "persist_result": True, "result_serializer": "json", **task_options}
+        prefect_task = task(**options)(run)
+        prefect_task.version_of = lambda arguments: describe(arguments)[2]  # for tests and planning
+        return prefect_task
+
+    return decorate
