@@ -1,0 +1,184 @@
+"""Decoding for any language model exposed as a `log_probs(context) -> (V,)` callable.
+
+Strategies:
+- greedy: the argmax token at each step (lowest id on ties).
+- beam: beam search of width k (Graves 2012; Sutskever et al. 2014) with length normalisation:
+  a hypothesis of |Y| generated tokens (its `</s>` included) and total log-probability
+  log P(Y) scores ``log P(Y) / |Y| ** alpha`` (alpha = 0: raw sum, favours short outputs; alpha = 1:
+  mean log-probability). Default alpha = 0.6 (the value Wu et al. 2016 found best, used here with the
+  plain |Y| ** alpha penalty rather than GNMT's ((5 + |Y|) / 6) ** alpha).
+- sample: ancestral sampling with, in this order, temperature (logits / T; T = 0 is greedy),
+  top-k (the k most probable tokens, Fan et al. 2018) and top-p / nucleus (the smallest set of most
+  probable tokens whose mass is >= p, Holtzman et al. 2020); the kept mass is renormalised.
+
+The context passed to `log_probs` is ``prompt_ids + generated`` (start the prompt with `<s>`).
+Every function returns the generated ids only (not the prompt), ending with `eos_id` when the model
+produced it; generation stops there or after `max_new_tokens`.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from models.errors import ParameterError
+
+LogProbs = Callable[[Sequence[int]], np.ndarray]  # context ids -> (V,) natural-log probabilities
+BatchLogProbs = Callable[[Sequence[Sequence[int]]], np.ndarray]  # B contexts -> (B, V)
+STRATEGIES = ("greedy", "beam", "sample")
+
+_TIE = 1e-12  # relative slack when comparing a cumulative mass with p (probabilities come from exp(log p))
+
+
+def _check_common(max_new_tokens: int) -> None:
+    if not isinstance(max_new_tokens, int | np.integer) or max_new_tokens < 0:
+        raise ParameterError(f"max_new_tokens={max_new_tokens!r}: must be an integer >= 0")
+
+
+def greedy(log_probs: LogProbs, prompt_ids: Sequence[int], max_new_tokens: int = 50, eos_id: int = 2) -> list[int]:
+    """Pick the most probable next token until `eos_id` or `max_new_tokens` (ties: lowest id)."""
+    _check_common(max_new_tokens)
+    context, out = [int(t) for t in prompt_ids], []
+    for _ in range(max_new_tokens):
+        token = int(np.argmax(log_probs(context)))
+        out.append(token)
+        context.append(token)
+        if token == eos_id:
+            break
+    return out
+
+
+def filter_probs(
+    log_probs: np.ndarray, temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None
+) -> np.ndarray:
+    """The sampling distribution (V,) after temperature, top-k and top-p; sums to 1.
+
+    temperature = 0 puts all mass on the argmax (lowest id on ties). top-k keeps the k most probable
+    tokens (ties broken towards lower ids); top-p then keeps the smallest prefix of the tokens sorted by
+    probability whose mass reaches p (within a relative 1e-12, as the probabilities come from logs).
+    """
+    lp = np.asarray(log_probs, dtype=np.float64).reshape(-1)
+    if temperature < 0:
+        raise ParameterError(f"temperature={temperature!r}: must be >= 0 (0 is greedy)")
+    if top_k is not None and (not isinstance(top_k, int | np.integer) or top_k < 1):
+        raise ParameterError(f"top_k={top_k!r}: must be an integer >= 1, or None to keep every token")
+    if top_p is not None and not 0.0 < top_p <= 1.0:
+        raise ParameterError(f"top_p={top_p!r}: must be in (0, 1], or None to keep every token")
+    if not np.isfinite(lp.max(initial=-np.inf)):
+        raise ParameterError("log_probs: every token has probability 0 (or NaN); the model gives no distribution")
+    if temperature == 0:
+        probs = np.zeros_like(lp)
+        probs[int(np.argmax(lp))] = 1.0
+        return probs
+    logits = lp / temperature
+    probs = np.exp(logits - logits.max())  # (V,), unnormalised, max entry is 1
+    order = np.argsort(-probs, kind="stable")  # most probable first, lower id first on ties
+    keep = np.zeros(lp.size, dtype=bool)
+    n_keep = lp.size if top_k is None else min(top_k, lp.size)
+    if top_p is not None and top_p < 1.0:
+        sorted_p = probs[order[:n_keep]]
+        mass = np.cumsum(sorted_p) / sorted_p.sum()
+        n_keep = min(n_keep, int(np.searchsorted(mass, top_p * (1 - _TIE))) + 1)  # first index with mass >= p
+    keep[order[:n_keep]] = True
+    probs = np.where(keep, probs, 0.0)
+    return probs / probs.sum()
+
+
+def sample(
+    log_probs: LogProbs,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int = 50,
+    eos_id: int = 2,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int | np.random.Generator = 0,
+) -> list[int]:
+    """Ancestral sampling from `filter_probs(log_probs(context), temperature, top_k, top_p)`."""
+    _check_common(max_new_tokens)
+    rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
+    context, out = [int(t) for t in prompt_ids], []
+    for _ in range(max_new_tokens):
+        probs = filter_probs(log_probs(context), temperature, top_k, top_p)
+        # inverse CDF: one uniform draw per step, so a seed gives the same tokens on every platform
+        token = int(np.searchsorted(np.cumsum(probs), rng.random() * probs.sum(), side="right"))
+        token = min(token, probs.size - 1)
+        while probs[token] == 0:  # rounding can land on a zero-mass slot at the end: step back
+            token -= 1
+        out.append(token)
+        context.append(token)
+        if token == eos_id:
+            break
+    return out
+
+
+def beam(
+    log_probs: LogProbs,
+    prompt_ids: Sequence[int],
+    max_new_tokens: int = 50,
+    eos_id: int = 2,
+    width: int = 4,
+    alpha: float = 0.6,
+    batch_log_probs: BatchLogProbs | None = None,
+) -> list[int]:
+    """Beam search: keep the `width` best partial hypotheses by total log-probability; a candidate
+    ending in `eos_id` that ranks within the best `width` candidates of its step is finished. At the end
+    (no live hypothesis, or `max_new_tokens` reached) the best of the finished and still-live
+    hypotheses by ``log P(Y) / |Y| ** alpha`` wins. `batch_log_probs` (B contexts -> (B, V)) scores the
+    live hypotheses of a step in one call."""
+    _check_common(max_new_tokens)
+    if not isinstance(width, int | np.integer) or width < 1:
+        raise ParameterError(f"width={width!r}: the beam width must be an integer >= 1")
+    if alpha < 0:
+        raise ParameterError(f"alpha={alpha!r}: the length-normalisation exponent must be >= 0")
+    prompt = [int(t) for t in prompt_ids]
+    live: list[tuple[list[int], float]] = [([], 0.0)]  # (generated ids, total log-probability)
+    finished: list[tuple[list[int], float]] = []
+    for _ in range(max_new_tokens):
+        if not live:
+            break
+        contexts = [prompt + toks for toks, _ in live]
+        if batch_log_probs is not None:
+            scores = np.asarray(batch_log_probs(contexts), dtype=np.float64)  # (B, V)
+        else:
+            scores = np.stack([np.asarray(log_probs(c), dtype=np.float64) for c in contexts])
+        totals = scores + np.array([s for _, s in live])[:, None]  # (B, V)
+        V = totals.shape[1]
+        n_cand = min(2 * width, totals.size)  # width live + up to width finished per step
+        flat = totals.reshape(-1)
+        best = np.argsort(-flat, kind="stable")[:n_cand]
+        new_live = []
+        for rank, f in enumerate(best):
+            total = float(flat[f])
+            if total == -np.inf:
+                break
+            b, token = divmod(int(f), V)
+            hyp = (live[b][0] + [token], total)
+            if token == eos_id:
+                if rank < width:
+                    finished.append(hyp)
+            elif len(new_live) < width:
+                new_live.append(hyp)
+        live = new_live
+    candidates = finished + [h for h in live if h[0]]
+    if not candidates:
+        return []
+    scores = [total / len(toks) ** alpha for toks, total in candidates]
+    return candidates[int(np.argmax(scores))][0]
+
+
+def generate(log_probs: LogProbs, prompt_ids: Sequence[int], strategy: str = "greedy", **options) -> list[int]:
+    """One entry point: `strategy` in greedy / beam / sample, `options` those of the function
+    (max_new_tokens, eos_id; beam: width, alpha, batch_log_probs; sample: temperature, top_k, top_p, seed)."""
+    functions = {"greedy": greedy, "beam": beam, "sample": sample}
+    if strategy not in functions:
+        raise ParameterError(f"strategy={strategy!r}: choose one of {', '.join(STRATEGIES)}")
+    fn = functions[strategy]
+    allowed = set(inspect.signature(fn).parameters) - {"log_probs", "prompt_ids"}
+    unknown = sorted(set(options) - allowed)
+    if unknown:
+        raise ParameterError(f"generate(strategy={strategy!r}): unknown option(s) {', '.join(unknown)}; "
+                             f"{strategy} takes {', '.join(sorted(allowed))}")
+    return fn(log_probs, prompt_ids, **options)
