@@ -37,7 +37,10 @@ class AnalogyResult:
 
 def word_similarity(kv: KeyedVectors, dataset: str) -> dict[str, float]:
     path = datapath(SIMILARITY_SETS.get(dataset, dataset))
-    pearson, spearman, oov = kv.evaluate_word_pairs(path, restrict_vocab=len(kv), case_insensitive=True)
+    try:
+        pearson, spearman, oov = kv.evaluate_word_pairs(path, restrict_vocab=len(kv), case_insensitive=True)
+    except ValueError:  # gensim's answer when no pair is in the vocabulary
+        return {"spearman": float("nan"), "pearson": float("nan"), "oov_rate": 1.0}
     return {"spearman": float(spearman.statistic), "pearson": float(pearson.statistic), "oov_rate": oov / 100}
 
 

@@ -1,0 +1,101 @@
+import bz2
+import gzip
+import json
+
+import polars as pl
+import pytest
+
+from models.errors import InputError, ParameterError
+from models.ingest import IngestOptions, build_corpus, build_tagged, fingerprint, resolve_sources
+
+OPTS = IngestOptions()
+
+
+def corpus_of(paths, **options):
+    return build_corpus(resolve_sources([str(p) for p in paths]), IngestOptions(**options))
+
+
+def test_plain_text_lines_are_cleaned_split_and_deduplicated(tmp_path):
+    f = tmp_path / "a.txt"
+    f.write_text("Hello World. Second  sentence here.\n\nCafe\u0301 au lait!\nHello World. Second sentence here.\n")
+    c = corpus_of([f])
+    assert c.documents["text"].to_list() == ["hello world.\nsecond sentence here.", "caf\u00e9 au lait!"]
+    assert c.stats["duplicates_removed"] == 1 and c.stats["sentences"] == 3 and c.stats["documents"] == 2
+    assert c.stats["tokens"] == 11
+    assert c.documents["doc_id"].str.len_chars().to_list() == [16, 16]
+
+
+def test_every_format_and_compression(tmp_path, shared_data):
+    (tmp_path / "t.txt.gz").write_bytes(gzip.compress(b"gz line one\n"))
+    (tmp_path / "t2.txt.bz2").write_bytes(bz2.compress(b"bz line two\n"))
+    (tmp_path / "d.jsonl").write_text(json.dumps({"text": "json doc", "id": 1}) + "\n\n")
+    pl.DataFrame({"text": ["parquet doc"], "n": [1]}).write_parquet(tmp_path / "p.parquet")
+    (tmp_path / "s.conllu").write_text("1\tTagged\t_\tVERB\tVB\t_\t0\troot\t_\t_\n"
+                                       "2\tword\t_\tNOUN\tNN\t_\t1\tobj\t_\t_\n")
+    c = corpus_of([tmp_path], lowercase=False)
+    assert sorted(c.documents["text"].to_list()) == sorted(
+        ["gz line one", "bz line two", "json doc", "parquet doc", "Tagged word"])
+    tagged = build_tagged(resolve_sources([str(tmp_path)]), OPTS)
+    assert tagged.row(0, named=True)["upos"] == ["VERB", "NOUN"] and tagged["words"][0].to_list() == ["Tagged", "word"]
+
+
+def test_wikipedia_dump_markup_is_stripped():
+    c = corpus_of(["builtin:enwiki"])
+    text = " ".join(c.documents["text"].to_list())
+    assert c.stats["documents"] > 100 and c.stats["tokens"] > 400_000
+    assert "'''" not in text and "[[" not in text and "<mediawiki" not in text
+    assert "anarchism is a political philosophy" in text
+
+
+def test_split_follows_document_id_or_file_name(tmp_path, shared_data):
+    f = tmp_path / "many.txt"
+    f.write_text("\n".join(f"document number {i}" for i in range(2000)))
+    c1, c2 = corpus_of([f]), corpus_of([f])
+    assert c1.documents.equals(c2.documents)
+    shares = c1.documents["split"].value_counts(normalize=True).sort("split")
+    assert dict(shares.iter_rows()) == pytest.approx({"test": 0.05, "train": 0.9, "valid": 0.05}, abs=0.02)
+    dev = build_tagged([shared_data / "ud-english-ewt" / "en_ewt-ud-dev.conllu"], OPTS)
+    assert set(dev["split"]) == {"valid"} and dev.height == 2001
+
+
+def test_fingerprint_follows_content_not_name(tmp_path):
+    a, b = tmp_path / "a.txt", tmp_path / "b.txt"
+    a.write_text("same"), b.write_text("same")
+    assert fingerprint([a])[0]["sha256"] == fingerprint([b])[0]["sha256"]
+    b.write_text("other")
+    assert fingerprint([a])[0]["sha256"] != fingerprint([b])[0]["sha256"]
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("missing.txt", None, r"missing.txt: no such file or directory"),
+    ("bin.txt", b"\x00\x01\x02binary", r"bin.txt: looks like a binary"),
+    ("bad.txt", b"ok line\nsecond \xff\xfe line\n", r"bad.txt:2: invalid UTF-8"),
+    ("bad.conllu", b"# c\n1\tA\t_\tX\n", r"bad.conllu:2: expected 10 tab-separated"),
+    ("bad.jsonl", b'{"text": "a"}\n{"body": "b"}\n', r"bad.jsonl:2: no string field 'text'"),
+    ("t.txt.gz", gzip.compress(b"x" * 1000)[:20], r"t.txt.gz: cannot read"),
+    ("empty.txt", b"", r"no documents found"),
+    ("blank.txt", b"  \n\n \n", r"no non-empty documents"),
+])
+def test_bad_input_raises_one_line_error_naming_the_file(tmp_path, name, content, message):
+    path = tmp_path / name
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(InputError, match=message) as info:
+        corpus_of([path])
+    assert "\n" not in str(info.value)
+
+
+def test_empty_file_among_others_is_skipped_and_counted(tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    (tmp_path / "full.txt").write_text("some text\n")
+    c = corpus_of([tmp_path])
+    assert c.stats["skipped_inputs"] == 1 and c.stats["documents"] == 1
+
+
+def test_bad_parameters():
+    with pytest.raises(ParameterError, match="valid_fraction"):
+        IngestOptions(valid_fraction=1.5)
+    with pytest.raises(ParameterError, match="unknown built-in"):
+        resolve_sources(["builtin:nope"])
+    with pytest.raises(ParameterError, match="sources is empty"):
+        resolve_sources([])

@@ -1,0 +1,120 @@
+"""The pipeline through real Prefect (a temporary local server for the session)."""
+
+import json
+
+import pytest
+from prefect.testing.utilities import prefect_test_harness
+
+from flows.cli import main
+from flows.params import PipelineParams, validate
+from flows.pipeline import run_pipeline
+from storage import ArtifactStore, Catalog
+
+pytestmark = pytest.mark.prefect
+SMALL = {"corpus": {"sources": ["builtin:lee"]}, "vocabulary": {"min_count": 3}, "svd": {"dim": 40},
+         "evaluation": {"analogy_vocabulary": 2000}}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefect_server():
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+def small_params(store, **overrides) -> PipelineParams:
+    tree = json.loads(json.dumps(SMALL))
+    for section, values in overrides.items():
+        tree.setdefault(section, {}).update(values)
+    return validate({"store": str(store), **tree})
+
+
+def created(store):
+    return {(m["kind"], m["version"]): m["created"] for m in Catalog(store).list()}
+
+
+def test_caching_reuses_unchanged_stages_and_recomputes_deleted_ones(tmp_path):
+    store = tmp_path / "store"
+    first = run_pipeline(small_params(store))
+    assert set(Catalog(store).kinds()) == {"corpus", "tokenizer", "tokenized_corpus", "cooccurrence", "ppmi",
+                                           "embeddings", "evaluation"}
+    before = created(store)
+
+    # A second run recomputes nothing.
+    assert run_pipeline(small_params(store)) == first
+    assert created(store) == before
+
+    # Changing only the SVD dimension recomputes SVD and evaluation only.
+    changed = run_pipeline(small_params(store, svd={"dim": 30}))
+    new = set(created(store)) - set(before)
+    assert {kind for kind, _ in new} == {"embeddings", "evaluation"} and len(new) == 2
+    assert all(changed[k] == first[k] for k in ("corpus", "tokenizer", "tokenized_corpus", "cooccurrence", "ppmi"))
+
+    # A deleted artifact is rebuilt, not returned as a dangling (cached) reference.
+    ppmi = first["ppmi"]
+    ArtifactStore(store).delete("ppmi", ppmi.version)
+    again = run_pipeline(small_params(store))
+    assert again == first
+    assert ArtifactStore(store).verify("ppmi", ppmi.version, full=True) == []
+    after = created(store)
+    assert after[("ppmi", ppmi.version)] != before[("ppmi", ppmi.version)]
+    assert after[("embeddings", first["embeddings"].version)] == before[("embeddings", first["embeddings"].version)]
+
+    # The evaluation artifact carries the headline metrics and a report; embeddings load in gensim.
+    metrics = ArtifactStore(store).manifest("evaluation", first["evaluation"].version)["metrics"]
+    for key in ("ws353_spearman", "simlex999_spearman", "analogy_add_accuracy", "analogy_mul_accuracy",
+                "analogy_coverage"):
+        assert key in metrics
+    from gensim.models import KeyedVectors
+
+    kv = KeyedVectors.load_word2vec_format(f"{first['embeddings'].path}/vectors.bin", binary=True)
+    kv_text = KeyedVectors.load_word2vec_format(f"{first['embeddings'].path}/vectors.txt")
+    assert kv.vector_size == 40 and kv.index_to_key == kv_text.index_to_key
+    assert kv.index_to_key[0] == "the"
+
+
+def test_cli_run_and_listing(tmp_path, capsys):
+    store = tmp_path / "store"
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n".join(f"The cat number {i} sat on the mat. A dog {i % 7} barked at the cat."
+                                for i in range(300)))
+    code = main(["run", "--store", str(store), "--corpus", str(corpus), "--set", "vocabulary.min_count=1",
+                 "--set", "svd.dim=5", "--set", "evaluation.analogy_vocabulary=100"])
+    out = capsys.readouterr().out
+    assert code == 0 and "Evaluation report:" in out and "ws353_spearman" in out
+    assert main(["artifacts", "list", "--store", str(store), "--json"]) == 0
+    listing = json.loads(capsys.readouterr().out)
+    assert len(listing) == 7
+    assert set(listing[0]) == {"kind", "version", "created", "inputs", "parameters", "metrics", "path"}
+    emb = next(a for a in listing if a["kind"] == "embeddings")
+    assert emb["parameters"]["params"]["dim"] == 5 and set(emb["inputs"]) == {"ppmi"}
+    assert main(["artifacts", "show", "embeddings", "--store", str(store)]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["lineage"]["inputs"]["ppmi"]["inputs"]["cooccurrence"]["kind"] == "cooccurrence"
+    assert main(["artifacts", "verify", "--store", str(store), "--full"]) == 0
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"fine line\nbad \xff byte\n", "bad.txt:2: invalid UTF-8"),
+    (b"\x00\x00binary", "bad.txt: looks like a binary file"),
+])
+def test_bad_input_fails_fast_with_one_line_and_no_artifact(tmp_path, capsys, content, message):
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(content)
+    store = tmp_path / "store"
+    assert main(["run", "--store", str(store), "--corpus", str(bad)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("error: ") and message in err[-1]
+    assert Catalog(store).list() == []
+    assert not any(p for p in (store / ".staging").glob("*")) if (store / ".staging").exists() else True
+
+
+def test_parameters_are_validated_before_any_work(tmp_path, capsys):
+    assert main(["run", "--store", str(tmp_path), "--set", "svd.dims=3"]) == 2
+    assert "svd.dims: Extra inputs are not permitted" in capsys.readouterr().err
+    assert main(["run", "--store", str(tmp_path), "--set", "svd.dim=1"]) == 2
+    assert "svd.dim: Input should be greater than or equal to 2" in capsys.readouterr().err
+    assert main(["run", "--store", str(tmp_path), "--corpus", str(tmp_path / "nope.txt")]) == 2
+    assert "nope.txt: no such file or directory" in capsys.readouterr().err
+    assert main(["run", "--store", str(tmp_path), "--set", "store.x=1"]) == 2
+    assert "'store' is a value, not a section" in capsys.readouterr().err
+    assert Catalog(tmp_path).list() == []
