@@ -68,12 +68,16 @@ def cooccurrence_matrix(
 
 def _forward_chunk(ids, left, n_starts, vocab_size, window, weighting) -> sp.csr_matrix:
     """Forward pairs whose first token is among the chunk's first `n_starts` positions."""
-    ids64 = ids.astype(np.uint64)
-    row_key = ids64 * np.uint64(vocab_size)
+    # key = (row·V + col)·2^bits + d, assembled from two pre-shifted halves: one gather each.
+    col_part = ids.astype(np.uint64) << np.uint64(_DIST_BITS)
+    row_part = col_part * np.uint64(vocab_size)
     parts = []
     for d in range(1, window + 1):
         first = np.flatnonzero(left[: max(0, min(n_starts, len(ids) - d))] >= d)
-        parts.append(((row_key[first] + ids64[first + d]) << np.uint64(_DIST_BITS)) | np.uint64(d))
+        key = row_part[first]
+        key += col_part[first + d]
+        key |= np.uint64(d)
+        parts.append(key)
     keys = np.concatenate(parts) if parts else np.empty(0, np.uint64)
     if len(keys) == 0:
         return sp.csr_matrix((vocab_size, vocab_size), dtype=np.float64)

@@ -12,7 +12,7 @@ The format follows the name, after an optional `.gz`/`.bz2`:
 | `.conllu` | CoNLL-U | a sentence (its words; tags go to the tagged corpus) |
 | `.xml` or `<mediawiki` content | MediaWiki XML dump | an article (namespace 0, no redirects, markup stripped) |
 
-Text is cleaned by `models.text.clean_expr` (NFC, whitespace, sentence split, optional
+Text is cleaned by `models.text.clean_series` (NFC, whitespace, sentence split, optional
 lowercase). Exact duplicates (after cleaning) are dropped, keeping the first. Each document's id is
 the SHA-1 of its cleaned text (16 hex digits); its split comes from that id (so a document keeps
 its split across rebuilds), except for files named like `*-train.*`, `*-dev.*`/`*-valid.*`,
@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 from models.conllu import parse_lines
 from models.errors import InputError, ParameterError
 from models.progress import Progress
-from models.text import clean_expr, pretokenize_expr
+from models.text import clean_series
 
 BUILTIN = {
     "builtin:enwiki": "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2",
@@ -281,11 +281,9 @@ def build_corpus(files: list[Path], options: IngestOptions, progress: Callable |
         raise InputError(f"no documents found in {', '.join(map(str, files))}: the corpus would be empty")
 
     raw = pl.concat(frames)
-    docs = (
-        raw.with_columns(text=clean_expr(pl.col("text"), lowercase=options.lowercase,
-                                         sentences=options.split_sentences))
-        .filter(pl.col("text").str.len_bytes() > 0)
-    )
+    docs = raw.with_columns(
+        text=clean_series(raw["text"], lowercase=options.lowercase, sentences=options.split_sentences)
+    ).filter(pl.col("text").str.len_bytes() > 0)
     docs = docs.with_columns(
         doc_id=pl.col("text").map_elements(lambda t: hashlib.sha1(t.encode()).hexdigest()[:16], return_dtype=pl.String)
     )
@@ -320,7 +318,9 @@ def build_tagged(files: list[Path], options: IngestOptions, progress: Callable |
 
 
 def corpus_stats(docs: pl.DataFrame, files: list[Path], duplicates: int, skipped: list[dict]) -> dict:
-    tokens = docs.select(pretokenize_expr(pl.col("text")).alias("w"))["w"]
+    """Tokens and types here are whitespace-separated words of the cleaned text (cheap); the
+    tokenizer stage reports counts under its own pre-tokenization."""
+    tokens = docs["text"].str.replace_all("\n", " ", literal=True).str.split(" ")
     per_split = docs.group_by("split").len().sort("split")
     return {
         "documents": docs.height,
