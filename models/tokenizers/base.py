@@ -61,15 +61,23 @@ def count_words(texts: Iterable[str] | pl.Series, pattern: str) -> pl.DataFrame:
         if batch:
             yield pl.Series(batch, dtype=pl.String)
 
+    # Count space-separated pieces first (a cheap literal split), then normalize and pre-tokenize
+    # only the distinct pieces. Exact: no pre-token spans a space, and NFC never composes across a
+    # space (a space has no canonical composition), so per-piece NFC equals whole-text NFC.
     parts = []
     with Progress("tokenizer word count", unit="texts") as progress:
         for chunk in chunks():
-            words = pretokenize_series(chunk, pattern).explode().drop_nulls()
-            parts.append(words.value_counts(name="count").rename({words.name: "word"}))
+            pieces = chunk.cast(pl.String).fill_null("").str.split(" ").explode().alias("piece")
+            parts.append(pieces.to_frame().lazy().group_by("piece").len("count").collect(engine="streaming"))
             progress.update(len(chunk))
     if not parts:
         raise InputError("tokenizer fit: the corpus is empty (no texts); pass an iterable of strings")
-    counts = pl.concat(parts).group_by("word").agg(pl.col("count").sum()).sort("word")
+    pieces = pl.concat(parts).group_by("piece").agg(pl.col("count").sum())
+    counts = (
+        pieces.with_columns(word=pretokenize_series(pieces["piece"], pattern))
+        .explode("word").drop_nulls("word")
+        .group_by("word").agg(pl.col("count").sum()).sort("word")
+    )
     if counts.height == 0:
         raise InputError("tokenizer fit: the corpus has no words (every text is empty or whitespace)")
     return counts.with_columns(pl.col("count").cast(pl.Int64))

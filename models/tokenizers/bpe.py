@@ -72,14 +72,18 @@ def initial_pairs(words: list[list[int]], counts: np.ndarray) -> tuple[dict[int,
     same = word_of[:-1] == word_of[1:]
     keys = (flat[:-1] * _S + flat[1:])[same]
     owner = word_of[:-1][same]
-    uniq, inverse = np.unique(keys, return_inverse=True)
-    totals = np.bincount(inverse, weights=counts[owner], minlength=len(uniq)).astype(np.int64)
-    pair_count = dict(zip(uniq.tolist(), totals.tolist(), strict=True))
-    # (key, word) pairs, deduplicated, grouped by key
-    both = np.unique(inverse.astype(np.int64) * len(words) + owner)
-    grp, wrd = np.divmod(both, len(words))
-    cuts = np.flatnonzero(np.diff(grp)) + 1
-    pair_words = {int(uniq[g[0]]): w.tolist() for g, w in zip(np.split(grp, cuts), np.split(wrd, cuts), strict=True)}
+    # one sort by (key, word) gives both the counts per key and the deduplicated word lists
+    order = np.lexsort((owner, keys))
+    keys, owner = keys[order], owner[order]
+    starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
+    totals = np.add.reduceat(counts[owner], starts) if len(keys) else np.zeros(0, np.int64)
+    first = np.concatenate([[True], (keys[1:] != keys[:-1]) | (owner[1:] != owner[:-1])])
+    u_keys, u_owner = keys[first], owner[first]
+    u_starts = np.flatnonzero(np.concatenate([[True], u_keys[1:] != u_keys[:-1]]))
+    pair_count = dict(zip(keys[starts].tolist(), totals.tolist(), strict=True))
+    owners = u_owner.tolist()
+    bounds = [*u_starts.tolist(), len(owners)]
+    pair_words = {k: owners[bounds[g]:bounds[g + 1]] for g, k in enumerate(u_keys[u_starts].tolist())}
     return pair_count, pair_words
 
 
@@ -114,6 +118,7 @@ def train_merges(
             merges.append((a, b, new, c))
             touched: set[int] = set()
             new_s = new * _S
+            get, words_of = pair_count.get, pair_words.setdefault
             for i in pair_words.pop(key, ()):
                 w = words[i]
                 cw = counts[i]
@@ -128,15 +133,15 @@ def train_merges(
                             p = w[j - 1]
                             pair_count[p * _S + a] -= cw
                             k = p * _S + new
-                            pair_count[k] = pair_count.get(k, 0) + cw
-                            pair_words.setdefault(k, []).append(i)
+                            pair_count[k] = get(k, 0) + cw
+                            words_of(k, []).append(i)
                             touched.add(k)
                         if j + 2 < len(w):  # right neighbour q: (b, q) -> (new, q)
                             q = w[j + 2]
                             pair_count[b * _S + q] -= cw
                             k = new_s + q
-                            pair_count[k] = pair_count.get(k, 0) + cw
-                            pair_words.setdefault(k, []).append(i)
+                            pair_count[k] = get(k, 0) + cw
+                            words_of(k, []).append(i)
                             touched.add(k)
                         w[j] = new
                         del w[j + 1]
