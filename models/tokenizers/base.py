@@ -222,19 +222,24 @@ class SubwordTokenizer:
     def encode_corpus(self, texts: pl.Series) -> pl.Series:
         """One `list[u32]` of ids per text, encoding each distinct word once and mapping back.
 
-        Steps: pre-tokenize (polars), the unique word types (sorted), encode each type, then gather
-        the ids of every occurrence with numpy (a join by type index) and cut them per text.
+        Steps: split texts at spaces (polars), encode each distinct piece once (its words, each
+        through the word cache), join every occurrence to its piece's index, gather the ids with
+        numpy and cut them per text.
         """
         self._check_fitted()
-        lists = pretokenize_series(texts, self._pattern)
-        words_per_text = lists.list.len().fill_null(0).to_numpy().astype(np.int64)
-        flat = lists.explode().drop_nulls()
-        types = flat.unique().sort()
-        type_of = (flat.rank("dense").to_numpy().astype(np.int64) - 1) if len(flat) else np.zeros(0, np.int64)
+        # Space-separated pieces first (exact, see count_words); each distinct piece is normalized,
+        # pre-tokenized and encoded once, then every occurrence is mapped to its piece by a join.
+        lists = texts.cast(pl.String).fill_null("").str.split(" ")
+        words_per_text = lists.list.len().to_numpy().astype(np.int64)
+        flat = lists.explode().alias("piece")
+        types = flat.unique().sort().to_frame().with_row_index("type")
+        type_of = (flat.to_frame().join(types, on="piece", how="left", maintain_order="left")["type"]
+                   .to_numpy().astype(np.int64))
+        type_words = pretokenize_series(types["piece"], self._pattern).to_list()
         encoded = []
-        with Progress("tokenizer encode types", total=len(types), unit="types") as progress:
-            for w in types.to_list():
-                encoded.append(self._encode_word_cached(w))
+        with Progress("tokenizer encode pieces", total=len(type_words), unit="types") as progress:
+            for words in type_words:
+                encoded.append([i for w in words for i in self._encode_word_cached(w)])
                 progress.update()
         type_len = np.fromiter((len(e) for e in encoded), dtype=np.int64, count=len(encoded))
         type_ids = np.fromiter((i for e in encoded for i in e), dtype=np.uint32, count=int(type_len.sum()))
