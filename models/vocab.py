@@ -57,6 +57,12 @@ class Vocabulary:
     def counts(self) -> np.ndarray:
         return self.frame["count"].to_numpy()
 
+    def encode_corpus(self, texts: pl.Series) -> pl.Series:
+        """Texts -> id lists, through the word pre-tokenizer (the subword tokenizers' interface)."""
+        from models.text import pretokenize_expr
+
+        return self.encode(texts.to_frame("t").select(pretokenize_expr(pl.col("t")))["t"])
+
     def encode(self, token_lists: pl.Series) -> pl.Series:
         """Token lists -> id lists (UInt32), unknown words -> `<unk>`."""
         mapping = dict(zip(self.frame["token"], self.frame["id"], strict=True))
@@ -65,14 +71,19 @@ class Vocabulary:
         ).alias("ids")
 
 
-def sentence_tokens(documents: pl.DataFrame) -> pl.DataFrame:
-    """Corpus documents -> one row per sentence: doc_index, sentence, split, words (pre-tokenized)."""
-    from models.text import pretokenize_expr
-
+def sentences(documents: pl.DataFrame) -> pl.DataFrame:
+    """Corpus documents -> one row per sentence: doc_index, sentence, split, text."""
     return (
         documents.with_row_index("doc_index")
         .select("doc_index", "split", pl.col("text").str.split("\n").alias("text"))
         .explode("text")
         .with_columns(sentence=pl.int_range(pl.len()).over("doc_index").cast(pl.UInt32))
-        .select("doc_index", "sentence", "split", pretokenize_expr(pl.col("text")).alias("words"))
+        .select("doc_index", "sentence", "split", "text")
     )
+
+
+def sentence_tokens(documents: pl.DataFrame) -> pl.DataFrame:
+    """Corpus documents -> one row per sentence: doc_index, sentence, split, words (pre-tokenized)."""
+    from models.text import pretokenize_expr
+
+    return sentences(documents).with_columns(pretokenize_expr(pl.col("text")).alias("words")).drop("text")

@@ -146,6 +146,19 @@ class ArtifactStore:
             self.fs.get(path, str(local))
             yield local
 
+    @contextmanager
+    def local_dir(self, kind: str, version: str) -> Iterator[Path]:
+        """A local folder holding the artifact's files (downloaded for remote stores), for
+        `load(dir)` methods."""
+        path = self.path(kind, version)
+        if self.is_local:
+            yield Path(path)
+            return
+        with tempfile.TemporaryDirectory(prefix="lexiflow-") as tmp:
+            for entry in self.manifest(kind, version)["files"]:
+                self.fs.get(f"{path}/{entry['name']}", f"{tmp}/{entry['name']}")
+            yield Path(tmp)
+
     # ---- writing --------------------------------------------------------------------------
     @contextmanager
     def writer(

@@ -35,6 +35,18 @@ class VocabularyParams(Params):
     max_size: int | None = Field(None, ge=1, description="Keep at most this many words (most frequent first).")
 
 
+class TokenizerParams(Params):
+    kind: Literal["word", "bpe", "wordpiece"] = Field(
+        "word", description="Tokens for the language models: the word vocabulary, or subwords learned by BPE "
+                            "or WordPiece on the train split.")
+    vocab_size: int = Field(8000, ge=16, le=1_000_000, description="Subword vocabulary size (specials included).")
+    min_frequency: int = Field(2, ge=1, description="Subword training ignores pairs seen fewer times.")
+    end_of_word: str = Field("_", min_length=1, max_length=8, description="BPE end-of-word marker.")
+    marker: Literal["glued", "separate"] = Field(
+        "glued", description="BPE marker placement: glued to the last character (exportable to tokenizer.json) "
+                             "or a separate symbol (as in textbook exercises).")
+
+
 class CooccurrenceParams(Params):
     window: int = Field(5, ge=1, le=63, description="Words on each side counted as context.")
     weighting: Literal["uniform", "harmonic"] = Field(
