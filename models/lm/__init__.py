@@ -1,0 +1,1 @@
+"""Language models: n-gram and neural (feed-forward, recurrent, Transformer), with decoding."""
