@@ -17,7 +17,14 @@ from models.lm import neural
 from models.lm.ffnn import FFNN, FFNNLM, FFNNConfig
 from models.lm.rnn import RNN, RNNLM, RNNConfig
 from models.lm.train import StopTraining, TrainConfig, lr_at, resolve_device
-from models.lm.transformer import CausalSelfAttention, TransformerConfig, TransformerLM, sinusoidal_positions
+from models.lm.transformer import (
+    CausalSelfAttention,
+    Transformer,
+    TransformerConfig,
+    TransformerLM,
+    count_parameters,
+    sinusoidal_positions,
+)
 
 torch.set_num_threads(1)
 
@@ -62,6 +69,12 @@ def test_sinusoidal_positions_match_vaswani_formula():
     assert pe[3, 1].item() == pytest.approx(math.cos(3))
     assert pe[3, 2].item() == pytest.approx(math.sin(3 / 100))  # 10000^(2/4) = 100
     assert pe[3, 3].item() == pytest.approx(math.cos(3 / 100))
+
+
+@pytest.mark.parametrize("kw", [{}, {"tie_weights": False, "positional": "learned"}])
+def test_transformer_parameter_count_closed_form(kw):
+    c = small_transformer(n_layers=2, **kw)
+    assert count_parameters(c) == sum(p.numel() for p in Transformer(c).parameters())
 
 
 def test_attention_matches_torch_multihead_attention_with_causal_mask():

@@ -63,6 +63,13 @@ def sinusoidal_positions(n: int, d: int) -> torch.Tensor:
     return pe
 
 
+def count_parameters(c: TransformerConfig) -> int:
+    """Closed form: V d (+ V d untied head) (+ max_len d learned positions) + L (12 d^2 + 13 d) + 2 d."""
+    d = c.d_model
+    n = c.vocab_size * d * (1 if c.tie_weights else 2) + c.n_layers * (12 * d * d + 13 * d) + 2 * d
+    return n + (c.max_len * d if c.positional == "learned" else 0)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, c: TransformerConfig) -> None:
         super().__init__()
