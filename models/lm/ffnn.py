@@ -18,11 +18,11 @@ import torch
 from torch import nn
 
 from models.errors import ParameterError
-from models.lm.neural import LMModule, NeuralLM, State
+from models.lm.neural import LMConfig, LMModule, NeuralLM, State
 
 
 @dataclass
-class FFNNConfig:
+class FFNNConfig(LMConfig):
     vocab_size: int
     context_size: int = 4  # n - 1 previous tokens (a 5-gram model)
     emb_dim: int = 64
@@ -30,21 +30,14 @@ class FFNNConfig:
     dropout: float = 0.0
     freeze_embeddings: bool = False
     tie_weights: bool = False  # not offered: the output layer reads the hidden layer, not an embedding
-    unk_id: int = 0
-    bos_id: int = 1
-    eos_id: int = 2
-    pad_id: int = 3
 
     def validate(self) -> None:
-        if self.vocab_size < 4:
-            raise ParameterError(f"vocab_size={self.vocab_size}: need at least the 4 special tokens")
+        super().validate()
         if self.context_size < 1:
             raise ParameterError(f"context_size={self.context_size}: use 1 (bigram) or more")
         if self.tie_weights:
             raise ParameterError("tie_weights=True is not available for the FFNN LM (its output layer reads the "
                                  "tanh hidden layer): use an RNN or Transformer LM to tie weights")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ParameterError(f"dropout={self.dropout}: use a value in [0, 1)")
 
 
 class FFNN(LMModule):

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, fields
+from dataclasses import KW_ONLY, asdict, dataclass, fields
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -39,6 +39,28 @@ METRIC_COLUMNS = {
 }
 
 State = tuple[torch.Tensor, ...] | None
+
+
+@dataclass
+class LMConfig:
+    """Fields every neural LM config shares: the vocabulary size and the special ids (keyword-only)."""
+
+    vocab_size: int
+    _: KW_ONLY
+    unk_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    pad_id: int = 3
+
+    def validate(self) -> None:
+        if self.vocab_size < 4:
+            raise ParameterError(f"vocab_size={self.vocab_size}: need at least the 4 special tokens")
+        for name in ("unk_id", "bos_id", "eos_id", "pad_id"):
+            if not 0 <= getattr(self, name) < self.vocab_size:
+                raise ParameterError(f"{name}={getattr(self, name)} is outside [0, vocab_size={self.vocab_size})")
+        dropout = getattr(self, "dropout", 0.0)
+        if not 0.0 <= dropout < 1.0:
+            raise ParameterError(f"dropout={dropout}: use a value in [0, 1)")
 
 
 class LMModule(nn.Module):

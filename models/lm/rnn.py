@@ -20,13 +20,13 @@ import torch
 from torch import nn
 
 from models.errors import ParameterError
-from models.lm.neural import LMModule, NeuralLM, State
+from models.lm.neural import LMConfig, LMModule, NeuralLM, State
 
 CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 
 
 @dataclass
-class RNNConfig:
+class RNNConfig(LMConfig):
     vocab_size: int
     cell: str = "lstm"  # "rnn" (Elman, tanh) | "lstm" | "gru"
     emb_dim: int = 200
@@ -35,14 +35,9 @@ class RNNConfig:
     dropout: float = 0.2
     tie_weights: bool = False
     freeze_embeddings: bool = False
-    unk_id: int = 0
-    bos_id: int = 1
-    eos_id: int = 2
-    pad_id: int = 3
 
     def validate(self) -> None:
-        if self.vocab_size < 4:
-            raise ParameterError(f"vocab_size={self.vocab_size}: need at least the 4 special tokens")
+        super().validate()
         if self.cell not in CELLS:
             raise ParameterError(f"cell={self.cell!r}: use one of {sorted(CELLS)}")
         if self.num_layers < 1:
@@ -50,8 +45,6 @@ class RNNConfig:
         if self.tie_weights and self.hidden_dim != self.emb_dim:
             raise ParameterError(f"tie_weights=True needs hidden_dim == emb_dim (got {self.hidden_dim} and "
                                  f"{self.emb_dim}): make them equal or set tie_weights=False")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ParameterError(f"dropout={self.dropout}: use a value in [0, 1)")
 
 
 class RNN(LMModule):

@@ -21,11 +21,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from models.errors import ParameterError
-from models.lm.neural import LMModule, NeuralLM, State
+from models.lm.neural import LMConfig, LMModule, NeuralLM, State
 
 
 @dataclass
-class TransformerConfig:
+class TransformerConfig(LMConfig):
     vocab_size: int
     max_len: int = 128  # context window (block size)
     d_model: int = 128
@@ -35,22 +35,15 @@ class TransformerConfig:
     positional: str = "sinusoidal"  # "sinusoidal" | "learned"
     tie_weights: bool = True
     freeze_embeddings: bool = False
-    unk_id: int = 0
-    bos_id: int = 1
-    eos_id: int = 2
-    pad_id: int = 3
 
     def validate(self) -> None:
-        if self.vocab_size < 4:
-            raise ParameterError(f"vocab_size={self.vocab_size}: need at least the 4 special tokens")
+        super().validate()
         if self.d_model % self.n_heads:
             raise ParameterError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
         if self.positional not in ("sinusoidal", "learned"):
             raise ParameterError(f"positional={self.positional!r}: use 'sinusoidal' or 'learned'")
         if self.max_len < 1 or self.n_layers < 1:
             raise ParameterError("max_len and n_layers must be 1 or more")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ParameterError(f"dropout={self.dropout}: use a value in [0, 1)")
 
 
 def sinusoidal_positions(n: int, d: int) -> torch.Tensor:
