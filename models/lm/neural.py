@@ -1,0 +1,295 @@
+"""Shared base of the neural LMs: the module interface, the estimator (fit / log_probs / perplexity),
+pretrained-embedding init and freezing, and the `lm` artifact (save / load).
+
+Every neural LM module maps token ids (B, T) and a carried state to next-token logits (B, T, V) and
+the new state, so one training loop (`models.lm.train`) and one scorer serve the FFNN, the RNNs and
+the Transformer. The estimator follows scikit-learn: parameters in `__init__`, `fit` returns self,
+learned state ends with `_`.
+
+The `lm` artifact is a directory of exactly:
+- `config.json`: {"kind", "config" (the model's dataclass), "train" (TrainConfig), "pretrained_init"}
+- `model.safetensors`: the weights (tied matrices stored once)
+- `metrics.parquet`: one row per epoch: epoch, step, train/valid loss and perplexity, tokens/s, seconds
+- `loss_curve.png`: train and valid loss per epoch
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import KW_ONLY, asdict, dataclass, fields
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import polars as pl
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+from models.errors import InputError, ParameterError
+from models.lm import train as training
+from models.lm.train import TrainConfig
+
+METRIC_COLUMNS = {
+    "epoch": pl.Int64, "step": pl.Int64, "train_loss": pl.Float64, "train_ppl": pl.Float64,
+    "valid_loss": pl.Float64, "valid_ppl": pl.Float64, "tokens_per_s": pl.Float64, "seconds": pl.Float64,
+}
+
+State = tuple[torch.Tensor, ...] | None
+
+
+@dataclass
+class LMConfig:
+    """Fields every neural LM config shares: the vocabulary size and the special ids (keyword-only)."""
+
+    vocab_size: int
+    _: KW_ONLY
+    unk_id: int = 0
+    bos_id: int = 1
+    eos_id: int = 2
+    pad_id: int = 3
+
+    def validate(self) -> None:
+        if self.vocab_size < 4:
+            raise ParameterError(f"vocab_size={self.vocab_size}: need at least the 4 special tokens")
+        for name in ("unk_id", "bos_id", "eos_id", "pad_id"):
+            if not 0 <= getattr(self, name) < self.vocab_size:
+                raise ParameterError(f"{name}={getattr(self, name)} is outside [0, vocab_size={self.vocab_size})")
+        dropout = getattr(self, "dropout", 0.0)
+        if not 0.0 <= dropout < 1.0:
+            raise ParameterError(f"dropout={dropout}: use a value in [0, 1)")
+
+
+class LMModule(nn.Module):
+    """Interface of a neural LM network.
+
+    forward(x: (B, T) int64, state) -> (logits (B, T, V), new state); state None means "start of
+    stream". `max_context` is the longest window the module accepts (None: unbounded).
+    """
+
+    max_context: int | None = None
+    embedding: nn.Embedding
+
+    def forward(self, x: torch.Tensor, state: State = None) -> tuple[torch.Tensor, State]:  # pragma: no cover
+        raise NotImplementedError
+
+
+def init_embeddings(embedding: nn.Embedding, pretrained: np.ndarray | None, freeze: bool) -> None:
+    """Copy pretrained rows (V x d, aligned to vocabulary ids) into the embedding, then maybe freeze it.
+
+    Rows that are entirely NaN mark words the embeddings artifact lacks: they keep their random init.
+    Freezing freezes the whole matrix (and, with weight tying, the output layer that shares it).
+    """
+    weight = embedding.weight
+    if pretrained is not None:
+        arr = np.asarray(pretrained, dtype=np.float32)
+        if arr.shape != tuple(weight.shape):
+            raise ParameterError(f"embeddings has shape {arr.shape} but the model needs {tuple(weight.shape)} "
+                                 "(vocab_size x embedding dim): align rows to vocabulary ids and match the dim")
+        present = ~np.isnan(arr).all(axis=1)
+        if np.isnan(arr[present]).any():
+            raise ParameterError("embeddings has rows with some NaN values: a row is either all NaN "
+                                 "(word missing, kept random) or all finite")
+        with torch.no_grad():
+            idx = torch.from_numpy(np.flatnonzero(present))
+            weight[idx] = torch.from_numpy(arr[present]).to(weight.device)
+    weight.requires_grad_(not freeze)
+
+
+class NeuralLM:
+    """Estimator base: subclasses set `kind`, `config_class` and `_build()`."""
+
+    kind: ClassVar[str] = ""
+    config_class: ClassVar[type]
+    _registry: ClassVar[dict[str, type[NeuralLM]]] = {}
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if cls.kind:
+            NeuralLM._registry[cls.kind] = cls
+
+    def __init__(self, config: Any, train: TrainConfig | None = None, embeddings: np.ndarray | None = None) -> None:
+        self.config = config
+        self.train = train if train is not None else TrainConfig()
+        self.embeddings = embeddings
+
+    # -- to implement ------------------------------------------------------------------------
+    def _build(self) -> LMModule:
+        raise NotImplementedError
+
+    # -- construction ------------------------------------------------------------------------
+    def _new_module(self) -> LMModule:
+        torch.manual_seed(self.train.seed)  # the same seed gives the same initial weights
+        module = self._build()
+        init_embeddings(module.embedding, self.embeddings, self.config.freeze_embeddings)
+        return module
+
+    @property
+    def _window(self) -> int:
+        mc = self.module_.max_context if hasattr(self, "module_") else None
+        return self.train.bptt if mc is None else min(self.train.bptt, mc)
+
+    def _check_fitted(self) -> None:
+        if not hasattr(self, "module_"):
+            raise ParameterError(f"{type(self).__name__} is not fitted: call fit() or load() first")
+
+    def fit(self, train_sentences: Sequence[np.ndarray], valid_sentences: Sequence[np.ndarray] | None = None, *,
+            on_step: Callable[[int, float], None] | None = None) -> NeuralLM:
+        """Train with the loop of `models.lm.train` (resuming from `train.checkpoint_dir` when a checkpoint
+        is there); per-epoch metrics land in `metrics_`."""
+        c = self.config
+        torch.manual_seed(self.train.seed)
+        stream = training.to_stream(train_sentences, c.bos_id, c.eos_id, c.vocab_size, "train_sentences")
+        valid = None if valid_sentences is None else training.to_stream(
+            valid_sentences, c.bos_id, c.eos_id, c.vocab_size, "valid_sentences")
+        self.module_ = self._new_module()
+        history = training.train(self.module_, stream, valid, self.train, bos_id=c.bos_id, pad_id=c.pad_id,
+                                 window=self._window, on_step=on_step)
+        self.metrics_ = pl.DataFrame(history, schema=METRIC_COLUMNS) if history else pl.DataFrame(
+            schema=METRIC_COLUMNS)
+        self.device_ = training.resolve_device(self.train.device)
+        return self
+
+    # -- scoring -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def log_probs_batch(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
+        """(B, V) natural-log next-token distributions, one per context (each starting with <s>)."""
+        self._check_fitted()
+        c, module = self.config, self.module_
+        module.eval()
+        seqs = []
+        for ctx in contexts:
+            a = np.asarray(ctx, dtype=np.int64).ravel()
+            if len(a) == 0:
+                a = np.array([c.bos_id], dtype=np.int64)
+            if module.max_context is not None:
+                a = a[-module.max_context :]  # a Transformer sees its last max_len tokens
+            if a.min() < 0 or a.max() >= c.vocab_size:
+                raise InputError(f"context holds an id outside [0, {c.vocab_size})")
+            seqs.append(a)
+        x = training.pad_sequences(seqs, c.pad_id).to(self.device_)
+        last = torch.tensor([len(s) - 1 for s in seqs], device=self.device_)
+        with training.autocast(self.device_, self.train.precision):
+            logits, _ = module(x, None)  # right padding never reaches earlier positions (causal)
+        out = F.log_softmax(logits[torch.arange(len(seqs), device=self.device_), last].float(), dim=-1)
+        return out.cpu().numpy()
+
+    def log_probs(self, context: Sequence[int]) -> np.ndarray:
+        """(V,) natural-log next-token distribution given the preceding ids (starting with <s>)."""
+        return self.log_probs_batch([context])[0]
+
+    def perplexity(self, sentences: Sequence[np.ndarray], *, carry: bool = False) -> float:
+        """exp(mean NLL) over every word and every `</s>` (never `<s>`/`<pad>`).
+
+        carry=False (default): each sentence is scored on its own from `<s>`, like the n-gram models
+        and `log_probs`. carry=True: the sentences form one stream `<s> s1 </s> <s> s2 </s> ...` cut into
+        `eval_batch_size` rows, the state carried across sentences (the usual WikiText evaluation).
+        """
+        nll, count = self.score(sentences, carry=carry)
+        return math.exp(nll / max(count, 1))
+
+    def score(self, sentences: Sequence[np.ndarray], *, carry: bool = False) -> tuple[float, int]:
+        """Summed NLL (nats) and number of predicted tokens; see `perplexity`."""
+        self._check_fitted()
+        c, cfg = self.config, self.train
+        stream = training.to_stream(sentences, c.bos_id, c.eos_id, c.vocab_size)
+        if carry:
+            data = training.batchify(stream, min(cfg.eval_batch_size, max(1, len(stream) // 2)))
+            return training.evaluate(self.module_, data, max(self._window, 256) if self.module_.max_context is None
+                                     else self._window, self.device_, cfg.precision, c.bos_id, c.pad_id)
+        seqs = [np.concatenate(([c.bos_id], np.asarray(s, dtype=np.int64).ravel(), [c.eos_id])) for s in sentences]
+        order = np.argsort([len(s) for s in seqs], kind="stable")  # similar lengths share a batch: less padding
+        total, count = 0.0, 0
+        batch = max(1, cfg.eval_batch_size * 4)
+        for start in range(0, len(order), batch):
+            chunk = [seqs[i] for i in order[start : start + batch]]
+            data = training.pad_sequences(chunk, c.pad_id)
+            window = data.shape[1] if self.module_.max_context is None else self._window
+            nll, n = training.evaluate(self.module_, data, window, self.device_, cfg.precision, c.bos_id, c.pad_id)
+            total, count = total + nll, count + n
+        return total, count
+
+    # -- the lm artifact ---------------------------------------------------------------------
+    def save(self, path: str | Path) -> None:
+        """Write config.json, model.safetensors, metrics.parquet and loss_curve.png into `path`."""
+        self._check_fitted()
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        config = {"kind": self.kind, "config": asdict(self.config), "train": asdict(self.train),
+                  "pretrained_init": self.embeddings is not None}
+        (path / "config.json").write_text(json.dumps(config, indent=2))
+        save_file(training.module_tensors(self.module_), str(path / "model.safetensors"))
+        self.metrics_.write_parquet(path / "metrics.parquet")
+        plot_loss_curve(self.metrics_, path / "loss_curve.png", title=f"{self.kind} LM")
+
+    @classmethod
+    def load(cls, path: str | Path, device: str = "cpu") -> NeuralLM:
+        """Read an `lm` artifact directory written by `save` (any neural kind when called on NeuralLM)."""
+        path = Path(path)
+        if not (path / "config.json").exists():
+            raise InputError(f"{path / 'config.json'} is missing: is {path} an lm artifact?")
+        meta = json.loads((path / "config.json").read_text())
+        kind_cls = NeuralLM._registry.get(meta["kind"])
+        if kind_cls is None or (cls is not NeuralLM and kind_cls is not cls):
+            raise InputError(f"{path / 'config.json'} holds kind {meta['kind']!r}, not a {cls.__name__}")
+        config = _from_dict(kind_cls.config_class, meta["config"], path / "config.json")
+        train = _from_dict(TrainConfig, meta["train"], path / "config.json")
+        lm = kind_cls(config, train)
+        lm.module_ = lm._build()
+        lm.module_.embedding.weight.requires_grad_(not config.freeze_embeddings)
+        training.load_module_tensors(lm.module_, load_file(str(path / "model.safetensors")),
+                                     str(path / "model.safetensors"))
+        lm.device_ = training.resolve_device(device)
+        lm.module_.to(lm.device_).eval()
+        lm.metrics_ = pl.read_parquet(path / "metrics.parquet")
+        return lm
+
+    @property
+    def n_parameters(self) -> int:
+        """Trainable + frozen parameters, tied matrices counted once."""
+        self._check_fitted()
+        return sum(p.numel() for p in self.module_.parameters())
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.config!r})"
+
+
+def _from_dict(klass: type, values: dict, where: Path) -> Any:
+    names = {f.name for f in fields(klass)}
+    unknown = set(values) - names
+    if unknown:
+        raise InputError(f"{where} has unknown {klass.__name__} fields {sorted(unknown)}: written by a newer version?")
+    return klass(**values)
+
+
+def plot_loss_curve(metrics: pl.DataFrame, out: Path, title: str = "LM") -> None:
+    """Train (and valid, when present) loss per epoch as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.5), dpi=100)
+    if metrics.height:
+        ax.plot(metrics["epoch"], metrics["train_loss"], marker="o", label="train")
+        if metrics["valid_loss"].drop_nulls().len():
+            ax.plot(metrics["epoch"], metrics["valid_loss"], marker="o", label="valid")
+        ax.legend()
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("loss (nats/token)")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+
+
+def load(path: str | Path, device: str = "cpu") -> NeuralLM:
+    """Load any neural `lm` artifact (FFNN, RNN or Transformer)."""
+    import models.lm.ffnn  # noqa: F401  (register the kinds)
+    import models.lm.rnn  # noqa: F401
+    import models.lm.transformer  # noqa: F401
+
+    return NeuralLM.load(path, device)

@@ -1,0 +1,85 @@
+"""Recurrent LMs: Elman RNN (Elman 1990; Mikolov et al. 2010), LSTM (Hochreiter & Schmidhuber 1997)
+and GRU (Cho et al. 2014), in the regularised recipe of Zaremba, Sutskever & Vinyals (2014):
+
+    embedding -> dropout -> stacked RNN (dropout between layers) -> dropout -> linear -> softmax
+
+Weight tying (Press & Wolf 2017; Inan et al. 2017) makes the output matrix the embedding matrix
+(E = V^T), which needs hidden_dim == emb_dim. Embeddings can start from a pretrained matrix and be
+frozen (see `models.lm.neural.init_embeddings`); all 2 x 2 x 2 combinations of tying, pretrained
+init and freezing are allowed. With tying, freezing the embedding freezes the output layer too.
+
+The state (LSTM (h, c), GRU / Elman h; each (layers, B, hidden)) is what the training loop carries,
+detached, across bptt windows (truncated backpropagation through time).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from models.errors import ParameterError
+from models.lm.neural import LMConfig, LMModule, NeuralLM, State
+
+CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
+
+
+@dataclass
+class RNNConfig(LMConfig):
+    vocab_size: int
+    cell: str = "lstm"  # "rnn" (Elman, tanh) | "lstm" | "gru"
+    emb_dim: int = 200
+    hidden_dim: int = 200
+    num_layers: int = 2
+    dropout: float = 0.2
+    tie_weights: bool = False
+    freeze_embeddings: bool = False
+
+    def validate(self) -> None:
+        super().validate()
+        if self.cell not in CELLS:
+            raise ParameterError(f"cell={self.cell!r}: use one of {sorted(CELLS)}")
+        if self.num_layers < 1:
+            raise ParameterError(f"num_layers={self.num_layers}: use 1 or more")
+        if self.tie_weights and self.hidden_dim != self.emb_dim:
+            raise ParameterError(f"tie_weights=True needs hidden_dim == emb_dim (got {self.hidden_dim} and "
+                                 f"{self.emb_dim}): make them equal or set tie_weights=False")
+
+
+class RNN(LMModule):
+    def __init__(self, config: RNNConfig) -> None:
+        super().__init__()
+        config.validate()
+        self.config = config
+        V, d, h = config.vocab_size, config.emb_dim, config.hidden_dim
+        self.embedding = nn.Embedding(V, d)
+        self.drop = nn.Dropout(config.dropout)
+        self.rnn = CELLS[config.cell](d, h, num_layers=config.num_layers, batch_first=True,
+                                      dropout=config.dropout if config.num_layers > 1 else 0.0)
+        self.decoder = nn.Linear(h, V)
+        # Uniform(-0.1, 0.1) embeddings and decoder, zero bias: the word_language_model init.
+        nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
+        nn.init.uniform_(self.decoder.weight, -0.1, 0.1)
+        nn.init.zeros_(self.decoder.bias)
+        if config.tie_weights:
+            self.decoder.weight = self.embedding.weight  # E = V^T: one (V, d) matrix
+
+    def forward(self, x: torch.Tensor, state: State = None) -> tuple[torch.Tensor, State]:
+        e = self.drop(self.embedding(x))  # (B, T, d)
+        hx = None
+        if state is not None:
+            hx = state if self.config.cell == "lstm" else state[0]
+        out, new = self.rnn(e, hx)  # (B, T, h); new: (h_n, c_n) or h_n, each (layers, B, h)
+        logits = self.decoder(self.drop(out))  # (B, T, V)
+        return logits, tuple(new) if isinstance(new, tuple) else (new,)
+
+
+class RNNLM(NeuralLM):
+    """Recurrent LM estimator: `RNNLM(RNNConfig(V, cell="gru"), TrainConfig(...)).fit(sentences)`."""
+
+    kind = "rnn"
+    config_class = RNNConfig
+
+    def _build(self) -> RNN:
+        return RNN(self.config)

@@ -1,0 +1,444 @@
+"""The one training loop for every neural LM: data batching, schedule, checkpoints, early stopping.
+
+Data layout (shared by FFNN, RNN and Transformer LMs). A corpus is a list of sentences, each a 1-D
+int array of token ids without boundary tokens. For training, sentences are concatenated into one
+stream `<s> w1 .. wn </s> <s> v1 .. vm </s> ...` and cut into `batch_size` contiguous rows
+(`batchify`, the word_language_model recipe of Zaremba et al. 2014); the loop walks windows of
+`bptt` columns. Every position predicts the next token; targets that are `<s>` (deterministic after
+`</s>`) or `<pad>` are ignored, so the loss and the perplexity count every word and every `</s>`,
+never `<s>`/`<pad>`.
+
+Truncated backpropagation through time (Williams & Peng 1990): the model's recurrent state
+(LSTM (h, c), GRU/Elman h, the FFNN's last n-2 tokens) is carried from one window to the next and
+detached, so gradients stop at the window edge while the forward pass sees the whole stream.
+
+Optimisation: AdamW (Loshchilov & Hutter 2019) or SGD (+momentum), linear warmup then cosine decay
+(Loshchilov & Hutter 2017), gradient-norm clipping (Pascanu et al. 2013), bf16 autocast on CUDA,
+optional `torch.compile`. Checkpoints (safetensors + JSON, no pickle) every `checkpoint_every`
+steps and at each epoch end hold the weights, optimizer moments, RNG state, carried state and the
+position in the data, so a killed run resumes where it stopped and ends where an uninterrupted run
+would (bit-for-bit on CPU).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file, save_file
+
+from models.errors import InputError, ParameterError
+from models.progress import Progress
+
+if TYPE_CHECKING:
+    from models.lm.neural import LMModule
+
+logger = logging.getLogger("lexiflow.lm.train")
+
+IGNORE = -100  # cross_entropy's ignore_index: targets that are <s> or <pad>
+
+
+@dataclass
+class TrainConfig:
+    """Hyperparameters of the training loop (saved in the `lm` artifact's config.json)."""
+
+    epochs: int = 1
+    max_steps: int | None = None  # cap on optimizer steps; also the schedule's length when smaller
+    batch_size: int = 20  # parallel rows of the stream
+    bptt: int = 35  # window length in tokens (Transformer: at most its max_len)
+    optimizer: str = "adamw"  # "adamw" | "sgd"
+    lr: float = 1e-3
+    weight_decay: float = 0.0
+    momentum: float = 0.0  # SGD only
+    beta1: float = 0.9
+    beta2: float = 0.999
+    warmup_steps: int = 0
+    schedule: str = "cosine"  # "cosine" | "constant"
+    min_lr_ratio: float = 0.0  # cosine ends at lr * min_lr_ratio
+    clip_grad_norm: float | None = 0.25
+    device: str = "auto"  # "auto" (CUDA when present) | "cpu" | "cuda" | "cuda:1" ...
+    precision: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 on CPU) | "bf16" | "fp32"
+    compile: bool = False  # torch.compile the module for training
+    checkpoint_dir: str | None = None  # resume from here when a checkpoint exists
+    checkpoint_every: int = 0  # steps between checkpoints (0: only at epoch ends)
+    patience: int | None = None  # early stopping: epochs without valid improvement
+    eval_batch_size: int = 10
+    seed: int = 0
+    log_every_s: float = 5.0
+
+    def validate(self) -> None:
+        checks = [
+            ("epochs", self.epochs >= 1, "use 1 or more"),
+            ("batch_size", self.batch_size >= 1, "use 1 or more"),
+            ("bptt", self.bptt >= 1, "use 1 or more"),
+            ("optimizer", self.optimizer in ("adamw", "sgd"), "use 'adamw' or 'sgd'"),
+            ("lr", self.lr > 0, "use a positive learning rate"),
+            ("schedule", self.schedule in ("cosine", "constant"), "use 'cosine' or 'constant'"),
+            ("precision", self.precision in ("auto", "bf16", "fp32"), "use 'auto', 'bf16' or 'fp32'"),
+            ("warmup_steps", self.warmup_steps >= 0, "use 0 or more"),
+            ("max_steps", self.max_steps is None or self.max_steps >= 1, "use None or 1 or more"),
+            ("checkpoint_every", self.checkpoint_every >= 0, "use 0 (epoch ends only) or more"),
+            ("patience", self.patience is None or self.patience >= 1, "use None or 1 or more"),
+            ("clip_grad_norm", self.clip_grad_norm is None or self.clip_grad_norm > 0, "use None or > 0"),
+        ]
+        for name, ok, fix in checks:
+            if not ok:
+                raise ParameterError(f"TrainConfig.{name}={getattr(self, name)!r} is invalid: {fix}")
+
+
+# ---------------------------------------------------------------------------------------------
+# devices and precision
+
+
+def resolve_device(device: str) -> torch.device:
+    """`auto` picks CUDA when present, else CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ParameterError(f"TrainConfig.device={device!r} but CUDA is not available: use 'auto' or 'cpu'")
+    return dev
+
+
+def autocast(device: torch.device, precision: str):
+    """bf16 autocast on CUDA by default (`auto`); `bf16` forces it on CPU too (same code path)."""
+    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+
+
+def to_stream(sentences: Sequence[np.ndarray], bos_id: int, eos_id: int, vocab_size: int,
+              what: str = "sentences") -> np.ndarray:
+    """Concatenate sentences as `<s> w1 .. wn </s>` into one int64 stream, checking ids."""
+    if len(sentences) == 0:
+        raise InputError(f"{what} is empty: give at least one sentence of token ids")
+    parts: list[np.ndarray] = []
+    for s in sentences:
+        a = np.asarray(s, dtype=np.int64).ravel()
+        parts.append(np.concatenate(([bos_id], a, [eos_id])))
+    stream = np.concatenate(parts)
+    lo, hi = int(stream.min()), int(stream.max())
+    if lo < 0 or hi >= vocab_size:
+        raise InputError(f"{what} holds token id {lo if lo < 0 else hi} outside [0, {vocab_size}): "
+                         "encode with the vocabulary the model was configured for (vocab_size)")
+    return stream
+
+
+def batchify(stream: np.ndarray, batch_size: int) -> torch.Tensor:
+    """(N,) stream -> (batch_size, N // batch_size): row b is the b-th contiguous slice."""
+    n = len(stream) // batch_size
+    if n < 2:
+        raise InputError(f"the corpus has {len(stream)} tokens, too few for batch_size={batch_size}: "
+                         "give more text or a smaller batch_size")
+    return torch.from_numpy(stream[: n * batch_size].reshape(batch_size, n).copy())
+
+
+def pad_sequences(seqs: Sequence[np.ndarray], pad_id: int) -> torch.Tensor:
+    """Right-pad 1-D int arrays to (B, T_max) with pad_id."""
+    t = max(len(s) for s in seqs)
+    out = np.full((len(seqs), t), pad_id, dtype=np.int64)
+    for i, s in enumerate(seqs):
+        out[i, : len(s)] = s
+    return torch.from_numpy(out)
+
+
+def windows(n_cols: int, bptt: int) -> Iterator[tuple[int, int]]:
+    """(start, length) of the bptt windows over columns 0..n_cols-2 (each needs a next column)."""
+    for i in range(0, n_cols - 1, bptt):
+        yield i, min(bptt, n_cols - 1 - i)
+
+
+def targets_of(y: torch.Tensor, bos_id: int, pad_id: int) -> torch.Tensor:
+    """Targets with <s> and <pad> replaced by IGNORE (never counted)."""
+    return y.masked_fill((y == bos_id) | (y == pad_id), IGNORE)
+
+
+@torch.no_grad()
+def evaluate(module: LMModule, data: torch.Tensor, window: int, device: torch.device, precision: str,
+             bos_id: int, pad_id: int) -> tuple[float, int]:
+    """Summed NLL (nats) and count of predicted tokens over (B, N) data, state carried across windows."""
+    was_training = module.training
+    module.eval()
+    state = None
+    total, count = 0.0, 0
+    for i, length in windows(data.shape[1], window):
+        x = data[:, i : i + length].to(device)
+        y = targets_of(data[:, i + 1 : i + 1 + length], bos_id, pad_id).to(device)
+        with autocast(device, precision):
+            logits, state = module(x, state)
+        total += F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                 ignore_index=IGNORE, reduction="sum").item()
+        count += int((y != IGNORE).sum())
+    module.train(was_training)
+    return total, count
+
+
+# ---------------------------------------------------------------------------------------------
+# schedule
+
+
+def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
+    """Linear warmup over `warmup_steps`, then cosine from lr to lr*min_lr_ratio at `total_steps`."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return cfg.lr
+    span = max(1, total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + 0.5 * (cfg.lr - floor) * (1.0 + math.cos(math.pi * progress))
+
+
+def make_optimizer(module: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    params = [p for p in module.parameters() if p.requires_grad]
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+
+
+# ---------------------------------------------------------------------------------------------
+# weights and checkpoints (safetensors + JSON; never pickle)
+
+
+def module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Parameters (tied ones once: named_parameters drops aliases) and persistent buffers, on CPU."""
+    out = {name: p.detach().cpu().contiguous() for name, p in module.named_parameters()}
+    persistent = {k for k in module.state_dict() if k not in out}
+    for name, b in module.named_buffers():
+        if name in persistent:
+            out[name] = b.detach().cpu().contiguous()
+    return out
+
+
+def load_module_tensors(module: torch.nn.Module, tensors: dict[str, torch.Tensor], where: str) -> None:
+    missing, unexpected = module.load_state_dict(tensors, strict=False)
+    # Tied aliases (lm_head.weight = embedding.weight) are saved once; they load through the shared tensor.
+    aliases = {k for k in module.state_dict() if k not in tensors}
+    if unexpected or set(missing) - aliases:
+        raise InputError(f"{where} does not match the model config (missing {sorted(set(missing) - aliases)}, "
+                         f"unexpected {sorted(unexpected)}): was it written by another model?")
+
+
+@dataclass
+class _Position:
+    step: int = 0  # optimizer steps done
+    epoch: int = 0  # current epoch (0-based)
+    batch: int = 0  # windows done in the current epoch
+    epoch_loss: float = 0.0  # summed NLL of the current epoch so far
+    epoch_count: int = 0  # predicted tokens of the current epoch so far
+    epoch_tokens: int = 0  # input tokens of the current epoch so far
+    epoch_seconds: float = 0.0  # training time of the current epoch so far
+    best_valid: float = math.inf
+    bad_epochs: int = 0
+    done: bool = False
+
+
+def _save_checkpoint(path: Path, module: torch.nn.Module, opt: torch.optim.Optimizer, pos: _Position,
+                     state: tuple[torch.Tensor, ...], history: list[dict], best: dict[str, torch.Tensor] | None,
+                     ) -> None:
+    tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    save_file(module_tensors(module), str(tmp / "model.safetensors"))
+    extra: dict[str, torch.Tensor] = {"rng.cpu": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        extra["rng.cuda"] = torch.cuda.get_rng_state()
+    for i, t in enumerate(state):
+        extra[f"carry.{i}"] = t.detach().cpu().contiguous()
+    scalars: dict[str, Any] = {}
+    for idx, st in opt.state_dict()["state"].items():
+        for k, v in st.items():
+            if torch.is_tensor(v):
+                extra[f"opt.{idx}.{k}"] = v.detach().cpu().contiguous()
+            else:
+                scalars[f"{idx}.{k}"] = v
+    save_file(extra, str(tmp / "state.safetensors"))
+    if best is not None:
+        save_file(best, str(tmp / "best.safetensors"))
+    meta = {"position": asdict(pos), "optimizer_scalars": scalars, "n_carry": len(state), "history": history}
+    (tmp / "trainer.json").write_text(json.dumps(meta, indent=1))
+    # Swap in atomically enough: a kill at any point leaves either `path` or `path.old` complete.
+    if path.exists():
+        shutil.rmtree(old, ignore_errors=True)
+        path.rename(old)
+    tmp.rename(path)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _find_checkpoint(checkpoint_dir: str | None) -> Path | None:
+    if checkpoint_dir is None:
+        return None
+    path = Path(checkpoint_dir) / "checkpoint"
+    for p in (path, path.with_name(path.name + ".old")):
+        if (p / "trainer.json").exists():
+            return p
+    return None
+
+
+def _load_checkpoint(path: Path, module: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
+                     ) -> tuple[_Position, tuple[torch.Tensor, ...], list[dict], dict[str, torch.Tensor] | None]:
+    meta = json.loads((path / "trainer.json").read_text())
+    load_module_tensors(module, load_file(str(path / "model.safetensors")), str(path / "model.safetensors"))
+    extra = load_file(str(path / "state.safetensors"))
+    torch.set_rng_state(extra["rng.cpu"])
+    if "rng.cuda" in extra and torch.cuda.is_available():
+        torch.cuda.set_rng_state(extra["rng.cuda"])
+    state = tuple(extra[f"carry.{i}"].to(device) for i in range(meta["n_carry"]))
+    opt_state: dict[int, dict[str, Any]] = {}
+    for key, t in extra.items():
+        if key.startswith("opt."):
+            _, idx, k = key.split(".", 2)
+            opt_state.setdefault(int(idx), {})[k] = t
+    for key, v in meta["optimizer_scalars"].items():
+        idx, k = key.split(".", 1)
+        opt_state.setdefault(int(idx), {})[k] = v
+    sd = opt.state_dict()
+    opt.load_state_dict({"state": opt_state, "param_groups": sd["param_groups"]})
+    best_path = path / "best.safetensors"
+    best = load_file(str(best_path)) if best_path.exists() else None
+    return _Position(**meta["position"]), state, meta["history"], best
+
+
+# ---------------------------------------------------------------------------------------------
+# the loop
+
+
+class StopTraining(Exception):
+    """Raise from an `on_step` callback to stop at once (what a kill looks like to the loop)."""
+
+
+def train(module: LMModule, train_stream: np.ndarray, valid_stream: np.ndarray | None, cfg: TrainConfig, *,
+          bos_id: int, pad_id: int, window: int,
+          on_step: Callable[[int, float], None] | None = None) -> list[dict]:
+    """Train `module` in place on the stream; return per-epoch metrics rows.
+
+    `window` is the bptt length the module accepts (Transformer: min(bptt, max_len)).
+    `on_step(step, loss)` is called after every optimizer step (raise StopTraining to simulate a kill).
+    """
+    cfg.validate()
+    device = resolve_device(cfg.device)
+    module.to(device)
+    module.train()
+    data = batchify(train_stream, cfg.batch_size)
+    valid = batchify(valid_stream, min(cfg.eval_batch_size, max(1, len(valid_stream) // 2))) \
+        if valid_stream is not None else None
+    per_epoch = len(range(0, data.shape[1] - 1, window))
+    total_steps = cfg.epochs * per_epoch if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * per_epoch)
+    opt = make_optimizer(module, cfg)
+    fwd = torch.compile(module) if cfg.compile else module
+
+    pos, history, best = _Position(), [], None
+    state: tuple[torch.Tensor, ...] | None = None
+    ckpt = _find_checkpoint(cfg.checkpoint_dir)
+    if ckpt is not None:
+        pos, carried, history, best = _load_checkpoint(ckpt, module, opt, device)
+        state = carried if carried else None
+        logger.info("resuming from %s at step %d (epoch %d, window %d)", ckpt, pos.step, pos.epoch + 1, pos.batch)
+    ckpt_path = Path(cfg.checkpoint_dir) / "checkpoint" if cfg.checkpoint_dir else None
+
+    def checkpoint() -> None:
+        if ckpt_path is not None:
+            _save_checkpoint(ckpt_path, module, opt, pos, state or (), history, best)
+
+    progress = Progress("lm.train", total=total_steps * cfg.batch_size * window, unit="tokens",
+                        every_s=cfg.log_every_s)
+    progress.done = pos.step * cfg.batch_size * window
+    while not pos.done and pos.epoch < cfg.epochs and pos.step < total_steps:
+        if pos.batch == 0:
+            state = None  # each epoch starts the stream afresh
+        t0 = time.perf_counter()
+        for b, (i, length) in enumerate(windows(data.shape[1], window)):
+            if b < pos.batch:
+                continue  # resumed mid-epoch: these windows were done before the kill
+            if pos.step >= total_steps:
+                break
+            lr = lr_at(pos.step, cfg, total_steps)
+            for group in opt.param_groups:
+                group["lr"] = lr
+            x = data[:, i : i + length].to(device, non_blocking=True)
+            y = targets_of(data[:, i + 1 : i + 1 + length], bos_id, pad_id).to(device, non_blocking=True)
+            if state is not None:
+                state = tuple(s.detach() for s in state)  # truncated BPTT: keep the values, drop the graph
+            with autocast(device, cfg.precision):
+                logits, state = fwd(x, state)
+            n = int((y != IGNORE).sum())
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                   ignore_index=IGNORE, reduction="sum") / max(n, 1)
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            if cfg.clip_grad_norm is not None:
+                torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.clip_grad_norm)
+            opt.step()
+            loss_value = loss.item()
+            pos.step += 1
+            pos.batch = b + 1
+            pos.epoch_loss += loss_value * n
+            pos.epoch_count += n
+            pos.epoch_tokens += x.numel()
+            progress.update(x.numel())
+            if not math.isfinite(loss_value):
+                raise ParameterError(f"training diverged at step {pos.step} (loss {loss_value}): "
+                                     "lower TrainConfig.lr or set clip_grad_norm")
+            if cfg.checkpoint_every and pos.step % cfg.checkpoint_every == 0:
+                pos.epoch_seconds += time.perf_counter() - t0
+                t0 = time.perf_counter()
+                checkpoint()
+            if on_step is not None:
+                on_step(pos.step, loss_value)
+        pos.epoch_seconds += time.perf_counter() - t0
+        history.append(_epoch_row(module, pos, valid, window, device, cfg, bos_id, pad_id))
+        row = history[-1]
+        logger.info("epoch %d: train ppl %.2f, valid ppl %s, %.0f tokens/s", row["epoch"], row["train_ppl"],
+                    f"{row['valid_ppl']:.2f}" if row["valid_ppl"] is not None else "-", row["tokens_per_s"])
+        if row["valid_loss"] is not None:
+            if row["valid_loss"] < pos.best_valid:
+                pos.best_valid, pos.bad_epochs = row["valid_loss"], 0
+                best = {k: v.clone() for k, v in module_tensors(module).items()}
+            else:
+                pos.bad_epochs += 1
+                if cfg.patience is not None and pos.bad_epochs >= cfg.patience:
+                    logger.info("early stopping after epoch %d (no improvement in %d epochs)", row["epoch"],
+                                pos.bad_epochs)
+                    pos.done = True
+        pos.epoch += 1
+        pos.batch = 0
+        pos.epoch_loss, pos.epoch_count, pos.epoch_tokens, pos.epoch_seconds = 0.0, 0, 0, 0.0
+        checkpoint()
+    progress.close()
+    if best is not None:
+        load_module_tensors(module, best, "best weights")  # early stopping keeps the best epoch
+    module.eval()
+    return history
+
+
+def _epoch_row(module: LMModule, pos: _Position, valid: torch.Tensor | None, window: int, device: torch.device,
+               cfg: TrainConfig, bos_id: int, pad_id: int) -> dict:
+    train_loss = pos.epoch_loss / max(pos.epoch_count, 1)
+    valid_loss = None
+    if valid is not None:
+        nll, count = evaluate(module, valid, window, device, cfg.precision, bos_id, pad_id)
+        valid_loss = nll / max(count, 1)
+    return {
+        "epoch": pos.epoch + 1,
+        "step": pos.step,
+        "train_loss": train_loss,
+        "train_ppl": math.exp(min(train_loss, 700.0)),
+        "valid_loss": valid_loss,
+        "valid_ppl": math.exp(min(valid_loss, 700.0)) if valid_loss is not None else None,
+        "tokens_per_s": pos.epoch_tokens / max(pos.epoch_seconds, 1e-9),
+        "seconds": pos.epoch_seconds,
+    }

@@ -1,0 +1,356 @@
+"""Neural LMs (FFNN, Elman/LSTM/GRU, Transformer) and their training loop: known answers, oracles, resume."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import polars as pl
+import pytest
+import torch
+from safetensors.torch import load_file
+from torch import nn
+
+from models.errors import InputError, ParameterError
+from models.lm import neural
+from models.lm.ffnn import FFNN, FFNNLM, FFNNConfig
+from models.lm.rnn import RNN, RNNLM, RNNConfig
+from models.lm.train import StopTraining, TrainConfig, lr_at, resolve_device
+from models.lm.transformer import (
+    CausalSelfAttention,
+    Transformer,
+    TransformerConfig,
+    TransformerLM,
+    count_parameters,
+    sinusoidal_positions,
+)
+
+torch.set_num_threads(1)
+
+V = 40
+BOS, EOS, PAD = 1, 2, 3
+
+
+def successor_corpus(n: int, seed: int, step: int = 1) -> list[np.ndarray]:
+    """A language where each word is the previous word + step (mod), random start and length 3..8."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for _ in range(n):
+        a, length = int(rng.integers(0, V - 4)), int(rng.integers(3, 9))
+        out.append(np.array([4 + (a + step * i) % (V - 4) for i in range(length)]))
+    return out
+
+
+TRAIN = successor_corpus(300, seed=1)
+VALID = successor_corpus(40, seed=2)
+
+
+def small_rnn(cell: str = "lstm", **kw) -> RNNConfig:
+    return RNNConfig(V, cell=cell, emb_dim=16, hidden_dim=16, num_layers=2, dropout=0.1, **kw)
+
+
+def small_transformer(**kw) -> TransformerConfig:
+    return TransformerConfig(V, **{"max_len": 24, "d_model": 16, "n_layers": 1, "n_heads": 2, "dropout": 0.0, **kw})
+
+
+def quick(**kw) -> TrainConfig:
+    return TrainConfig(**{"batch_size": 8, "bptt": 12, "lr": 1e-2, "epochs": 1, **kw})
+
+
+# ---------------------------------------------------------------------------------------------
+# known answers and oracles
+
+
+def test_sinusoidal_positions_match_vaswani_formula():
+    pe = sinusoidal_positions(5, 4)
+    assert pe[0].tolist() == [0.0, 1.0, 0.0, 1.0]
+    assert pe[3, 0].item() == pytest.approx(math.sin(3))
+    assert pe[3, 1].item() == pytest.approx(math.cos(3))
+    assert pe[3, 2].item() == pytest.approx(math.sin(3 / 100))  # 10000^(2/4) = 100
+    assert pe[3, 3].item() == pytest.approx(math.cos(3 / 100))
+
+
+@pytest.mark.parametrize("kw", [{}, {"tie_weights": False, "positional": "learned"}])
+def test_transformer_parameter_count_closed_form(kw):
+    c = small_transformer(n_layers=2, **kw)
+    assert count_parameters(c) == sum(p.numel() for p in Transformer(c).parameters())
+
+
+def test_attention_matches_torch_multihead_attention_with_causal_mask():
+    torch.manual_seed(0)
+    c = small_transformer(dropout=0.0)
+    ours = CausalSelfAttention(c).eval()
+    peer = nn.MultiheadAttention(c.d_model, c.n_heads, batch_first=True).eval()
+    with torch.no_grad():
+        peer.in_proj_weight.copy_(ours.qkv.weight)
+        peer.in_proj_bias.copy_(ours.qkv.bias)
+        peer.out_proj.weight.copy_(ours.proj.weight)
+        peer.out_proj.bias.copy_(ours.proj.bias)
+    x = torch.randn(3, 7, c.d_model)
+    mask = torch.triu(torch.ones(7, 7, dtype=torch.bool), diagonal=1)  # True = not allowed to attend
+    expected, _ = peer(x, x, x, attn_mask=mask, need_weights=False)
+    torch.testing.assert_close(ours(x), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_ffnn_is_bengio_formula_and_context_stops_at_sentence_start():
+    torch.manual_seed(0)
+    m = FFNN(FFNNConfig(V, context_size=3, emb_dim=4, hidden_dim=5)).eval()
+    x = torch.tensor([[7, 2, 1, 9]])  # ... w </s> <s> w'
+    logits, (tail,) = m(x, (torch.tensor([[5, 6]]),))
+    assert tail.tolist() == [[1, 9]]
+    C, H, U = m.embedding.weight, m.hidden, m.output
+    # position 1 (after </s>): context (6, 7, 2); position 3 (after w'): (<s>, <s>, 9) since </s>, 7 precede <s>
+    for t, ctx in ((1, [6, 7, 2]), (3, [1, 1, 9])):
+        expected = U(torch.tanh(H(torch.cat([C[i] for i in ctx]))))
+        torch.testing.assert_close(logits[0, t], expected)
+
+
+@pytest.mark.parametrize("carry", [False, True])
+def test_perplexity_counts_words_and_eos_but_never_bos(carry):
+    # A zero decoder matrix turns the LSTM into a fixed unigram model p = softmax(bias): perplexity by hand.
+    lm = RNNLM(small_rnn(), quick(max_steps=1, eval_batch_size=1)).fit(TRAIN)
+    p = np.random.default_rng(0).dirichlet(np.ones(V))
+    with torch.no_grad():
+        lm.module_.decoder.weight.zero_()
+        lm.module_.decoder.bias.copy_(torch.from_numpy(np.log(p)))
+    sents = [np.array([5, 6]), np.array([7])]
+    targets = [5, 6, EOS, 7, EOS]  # every word and </s>; the <s> after the first </s> is not counted
+    expected = math.exp(-np.mean(np.log(p[targets])))
+    assert lm.perplexity(sents, carry=carry) == pytest.approx(expected, rel=1e-5)
+    assert lm.score(sents, carry=carry)[1] == 5
+
+
+@pytest.mark.parametrize("cell", ["rnn", "lstm", "gru"])
+def test_state_carried_across_windows_equals_one_pass(cell):
+    torch.manual_seed(0)
+    m = RNN(small_rnn(cell)).eval()
+    x = torch.randint(4, V, (2, 20))
+    full, _ = m(x)
+    state, parts = None, []
+    for i in range(0, 20, 6):  # bptt windows of 6, 6, 6, 2 with the state carried
+        out, state = m(x[:, i : i + 6], state)
+        parts.append(out)
+    torch.testing.assert_close(torch.cat(parts, 1), full, atol=1e-6, rtol=1e-5)
+
+
+def test_ffnn_tail_state_makes_windows_equal_one_pass():
+    torch.manual_seed(0)
+    m = FFNN(FFNNConfig(V, context_size=4, emb_dim=4, hidden_dim=8)).eval()
+    x = torch.randint(1, V, (2, 15))
+    full, _ = m(x)
+    state, parts = None, []
+    for i in range(0, 15, 4):
+        out, state = m(x[:, i : i + 4], state)
+        parts.append(out)
+    torch.testing.assert_close(torch.cat(parts, 1), full)
+
+
+def test_transformer_is_causal():
+    torch.manual_seed(0)
+    lm = TransformerLM(small_transformer(), quick(max_steps=2, bptt=24)).fit(TRAIN)
+    a, b = torch.tensor([[1, 5, 6, 7, 8, 9]]), torch.tensor([[1, 5, 6, 30, 31, 4]])
+    la, _ = lm.module_(a)
+    lb, _ = lm.module_(b)
+    torch.testing.assert_close(la[:, :3], lb[:, :3])
+    assert not torch.allclose(la[:, 3:], lb[:, 3:])
+
+
+@pytest.mark.parametrize("make", [
+    lambda: FFNNLM(FFNNConfig(V, emb_dim=8, hidden_dim=16), quick(max_steps=3)),
+    lambda: RNNLM(small_rnn("gru"), quick(max_steps=3)),
+    lambda: TransformerLM(small_transformer(), quick(max_steps=3, bptt=24)),
+])
+def test_log_probs_batch_equals_single_contexts_and_full_forward(make):
+    lm = make().fit(TRAIN)
+    contexts = [[BOS], [BOS, 5, 6, 7], [BOS, 9, 10]]
+    batch = lm.log_probs_batch(contexts)
+    assert batch.shape == (3, V)
+    np.testing.assert_allclose(np.exp(batch).sum(1), 1.0, rtol=1e-5)
+    for ctx, row in zip(contexts, batch, strict=True):
+        np.testing.assert_allclose(lm.log_probs(ctx), row, atol=1e-5)
+        logits, _ = lm.module_(torch.tensor([ctx]))
+        np.testing.assert_allclose(torch.log_softmax(logits[0, -1], -1).detach().numpy(), row, atol=1e-5)
+    # per-sentence perplexity is the product of the log_probs chain
+    sent = np.array([5, 6, 7])
+    seq = [BOS, 5, 6, 7, EOS]
+    nll = -sum(lm.log_probs(seq[:i])[seq[i]] for i in range(1, len(seq)))
+    assert lm.perplexity([sent]) == pytest.approx(math.exp(nll / 4), rel=1e-4)
+
+
+def test_lr_schedule_warmup_then_cosine():
+    cfg = TrainConfig(lr=1.0, warmup_steps=4, min_lr_ratio=0.1)
+    assert [lr_at(s, cfg, 104) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert lr_at(54, cfg, 104) == pytest.approx(0.55)  # halfway: (1 + 0.1) / 2
+    assert lr_at(104, cfg, 104) == pytest.approx(0.1)
+    assert lr_at(50, TrainConfig(lr=0.3, schedule="constant"), 100) == 0.3
+
+
+def test_device_auto_picks_cuda_when_present(monkeypatch):
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto").type == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ParameterError, match="CUDA"):
+        resolve_device("cuda")
+
+
+# ---------------------------------------------------------------------------------------------
+# learning, determinism, resume
+
+
+@pytest.mark.parametrize("make", [
+    lambda: FFNNLM(FFNNConfig(V, context_size=2, emb_dim=16, hidden_dim=32), quick(epochs=4, lr=2e-2, batch_size=4)),
+    lambda: RNNLM(RNNConfig(V, cell="rnn", emb_dim=32, hidden_dim=32, num_layers=1, dropout=0.0),
+                  quick(epochs=4, lr=2e-2, batch_size=4)),
+    lambda: RNNLM(RNNConfig(V, cell="lstm", emb_dim=32, hidden_dim=32, num_layers=1, dropout=0.0, tie_weights=True),
+                  quick(epochs=4, lr=3e-2, batch_size=4)),
+    lambda: RNNLM(RNNConfig(V, cell="gru", emb_dim=32, hidden_dim=32, num_layers=1, dropout=0.0),
+                  quick(epochs=4, lr=3e-2, batch_size=4)),
+    lambda: TransformerLM(small_transformer(positional="learned"), quick(epochs=4, lr=1e-2, bptt=24, batch_size=4)),
+    lambda: TransformerLM(small_transformer(), quick(epochs=4, lr=1e-2, bptt=24, batch_size=4)),
+])
+def test_learns_the_successor_language(make):
+    # Unigram perplexity here is ~30; knowing "next = previous + 1" leaves only the random start and the
+    # length (~ (ln 36 + 5 ln 1.4) / 6.5 nats/token, ppl ~ 2.4). Every model must get far below unigram.
+    lm = make().fit(TRAIN, VALID)
+    first, last = lm.metrics_["valid_ppl"][0], lm.metrics_["valid_ppl"][-1]
+    assert last < first
+    assert lm.perplexity(VALID) < 6.0
+
+
+def test_same_seed_same_model_other_seed_other_model():
+    a = RNNLM(small_rnn(), quick(max_steps=6, seed=3)).fit(TRAIN)
+    b = RNNLM(small_rnn(), quick(max_steps=6, seed=3)).fit(TRAIN)
+    c = RNNLM(small_rnn(), quick(max_steps=6, seed=4)).fit(TRAIN)
+    np.testing.assert_array_equal(a.log_probs([BOS, 5]), b.log_probs([BOS, 5]))
+    assert not np.allclose(a.log_probs([BOS, 5]), c.log_probs([BOS, 5]))
+
+
+def test_resume_after_kill_ends_like_an_uninterrupted_run(tmp_path):
+    # LSTM with dropout (so the RNG state matters), 2 epochs, AdamW + warmup + cosine, checkpoints every 5 steps.
+    cfg = dict(epochs=2, warmup_steps=3, checkpoint_every=5, lr=1e-2)
+    whole = RNNLM(small_rnn(), quick(**cfg, checkpoint_dir=str(tmp_path / "a"))).fit(TRAIN, VALID)
+    steps = int(whole.metrics_["step"][-1])
+    assert steps > 20
+
+    def kill(step: int, loss: float) -> None:
+        if step == 17:  # 2 steps after the checkpoint at 15, in epoch 2
+            raise StopTraining
+
+    with pytest.raises(StopTraining):
+        RNNLM(small_rnn(), quick(**cfg, checkpoint_dir=str(tmp_path / "b"))).fit(TRAIN, VALID, on_step=kill)
+    trainer = json.loads((tmp_path / "b" / "checkpoint" / "trainer.json").read_text())
+    assert trainer["position"]["step"] == 15
+    resumed = RNNLM(small_rnn(), quick(**cfg, checkpoint_dir=str(tmp_path / "b"))).fit(TRAIN, VALID)
+    for col in ("step", "train_loss", "valid_loss"):
+        np.testing.assert_allclose(resumed.metrics_[col].to_numpy(), whole.metrics_[col].to_numpy(), rtol=1e-5)
+    np.testing.assert_allclose(resumed.log_probs([BOS, 5, 6]), whole.log_probs([BOS, 5, 6]), atol=1e-5)
+
+
+def test_early_stopping_keeps_the_best_epoch():
+    # Train on "+1" sentences, validate on "-1" sentences: valid loss worsens once the +1 rule is learnt.
+    valid = successor_corpus(40, seed=3, step=-1)
+    lm = RNNLM(small_rnn(), quick(epochs=8, lr=2e-2, patience=2)).fit(TRAIN, valid)
+    losses = lm.metrics_["valid_loss"].to_list()
+    assert len(losses) < 8
+    best = int(np.argmin(losses))
+    assert len(losses) == best + 1 + 2  # stopped after `patience` epochs without improvement
+    nll, count = lm.score(valid, carry=True)
+    assert nll / count == pytest.approx(losses[best], rel=1e-6)
+
+
+def test_bf16_autocast_code_path_trains_on_cpu():
+    lm = TransformerLM(small_transformer(), quick(epochs=3, bptt=24, precision="bf16")).fit(TRAIN, VALID)
+    ppl = lm.metrics_["valid_ppl"].to_list()
+    assert ppl[-1] < ppl[0] < V
+
+
+# ---------------------------------------------------------------------------------------------
+# weight tying x pretrained init x freezing
+
+
+@pytest.mark.parametrize("tie", [False, True])
+@pytest.mark.parametrize("pretrained", [False, True])
+@pytest.mark.parametrize("freeze", [False, True])
+def test_tying_pretrained_freezing_grid(tie, pretrained, freeze):
+    d = 16
+    emb = None
+    if pretrained:
+        emb = np.random.default_rng(5).normal(size=(V, d)).astype(np.float32)
+        emb[7] = np.nan  # word 7 missing from the embeddings artifact: stays randomly initialised
+    config = small_rnn(tie_weights=tie, freeze_embeddings=freeze)
+    torch.manual_seed(0)
+    random_init = RNN(config)  # the init the estimator draws with seed 0
+    lm = RNNLM(config, quick(max_steps=5, seed=0), embeddings=emb).fit(TRAIN)
+    m = lm.module_
+    w = m.embedding.weight.detach().numpy()
+    assert (m.decoder.weight is m.embedding.weight) == tie
+    assert m.embedding.weight.requires_grad == (not freeze)
+    start = random_init.embedding.weight.detach().numpy().copy()
+    if pretrained:
+        rows = np.arange(V) != 7
+        start[rows] = emb[rows]
+    if freeze:
+        np.testing.assert_array_equal(w, start)
+    else:
+        assert np.abs(w - start).max() > 1e-4
+        if pretrained:  # training moved the pretrained rows only slightly (5 steps)
+            assert np.abs(w[10] - emb[10]).max() < 0.2
+    assert lm.n_parameters == sum(p.numel() for p in m.parameters())
+    if tie:
+        assert lm.n_parameters == sum(p.numel() for p in RNN(config).parameters())
+
+
+# ---------------------------------------------------------------------------------------------
+# the lm artifact
+
+
+@pytest.mark.parametrize("make", [
+    lambda: FFNNLM(FFNNConfig(V, emb_dim=8, hidden_dim=16), quick(epochs=2)),
+    lambda: RNNLM(small_rnn(tie_weights=True), quick(epochs=2)),
+    lambda: TransformerLM(small_transformer(positional="learned"), quick(epochs=2, bptt=24)),
+])
+def test_save_load_round_trip(tmp_path, make):
+    lm = make().fit(TRAIN, VALID)
+    lm.save(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "config.json", "loss_curve.png", "metrics.parquet", "model.safetensors"]
+    assert (tmp_path / "loss_curve.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert set(load_file(str(tmp_path / "model.safetensors"))) == {n for n, _ in lm.module_.named_parameters()}
+    metrics = pl.read_parquet(tmp_path / "metrics.parquet")
+    assert metrics.columns == list(neural.METRIC_COLUMNS)
+    assert metrics.height == 2 and metrics["valid_ppl"].null_count() == 0
+    back = neural.load(tmp_path)
+    assert type(back) is type(lm) and back.config == lm.config and back.train == lm.train
+    ctx = [BOS, 5, 6]
+    np.testing.assert_array_equal(back.log_probs(ctx), lm.log_probs(ctx))
+    assert back.perplexity(VALID) == pytest.approx(lm.perplexity(VALID), rel=1e-9)
+    assert back.metrics_.equals(lm.metrics_)
+    if lm.config.tie_weights:
+        head = back.module_.decoder if isinstance(back, RNNLM) else back.module_.lm_head
+        assert head.weight is back.module_.embedding.weight
+
+
+# ---------------------------------------------------------------------------------------------
+# user errors
+
+
+def test_user_errors_name_the_parameter(tmp_path):
+    with pytest.raises(ParameterError, match="hidden_dim == emb_dim"):
+        RNNLM(RNNConfig(V, emb_dim=8, hidden_dim=16, tie_weights=True)).fit(TRAIN)
+    with pytest.raises(ParameterError, match="embeddings has shape"):
+        RNNLM(small_rnn(), quick(max_steps=1), embeddings=np.zeros((V, 3))).fit(TRAIN)
+    with pytest.raises(ParameterError, match="tie_weights"):
+        FFNNLM(FFNNConfig(V, tie_weights=True)).fit(TRAIN)
+    with pytest.raises(ParameterError, match="optimizer"):
+        RNNLM(small_rnn(), quick(optimizer="adam")).fit(TRAIN)
+    with pytest.raises(InputError, match="outside"):
+        RNNLM(small_rnn(), quick()).fit([np.array([5, V + 1])])
+    with pytest.raises(InputError, match="empty"):
+        RNNLM(small_rnn(), quick()).fit([])
+    with pytest.raises(ParameterError, match="not fitted"):
+        RNNLM(small_rnn()).log_probs([BOS])
+    RNNLM(small_rnn(), quick(max_steps=1)).fit(TRAIN).save(tmp_path)
+    with pytest.raises(InputError, match="kind 'rnn'"):
+        TransformerLM.load(tmp_path)
