@@ -26,6 +26,8 @@ PREFECT_DEFAULTS = {
     "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
     "PREFECT_LOGGING_EXTRA_LOGGERS": "lexiflow",
 }
+HEADLINE_EMBEDDINGS = ("ws353_spearman", "simlex999_spearman", "analogy_add_accuracy", "analogy_mul_accuracy",
+                       "analogy_coverage")
 DEFAULT_STORE = os.environ.get("LEXIFLOW_STORE", "artifacts")
 
 
@@ -80,12 +82,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"\nArtifacts in {store.root}:")
     for name, ref in refs.items():
         print(f"  {name:<17} {ref.version}  {store.path(ref.kind, ref.version)}")
-    report = refs["evaluation"]
-    metrics = store.manifest(report.kind, report.version)["metrics"]
+    report = refs["report"]
     print(f"\nEvaluation report: {store.path(report.kind, report.version, 'report.md')}")
-    print("Headline figures: " + ", ".join(
-        f"{k} {metrics[k]:.3f}" for k in ("ws353_spearman", "simlex999_spearman", "analogy_add_accuracy",
-                                          "analogy_mul_accuracy", "analogy_coverage")))
+    print("Headline figures:")
+    for name, ref in refs.items():
+        metrics = store.manifest(ref.kind, ref.version)["metrics"]
+        if ref.kind == "evaluation":
+            print(f"  {name:<17} " + ", ".join(f"{k} {metrics[k]:.3f}" for k in HEADLINE_EMBEDDINGS))
+        elif ref.kind == "lm":
+            print(f"  {name:<17} " + ", ".join(f"{k} {metrics[k]:.1f}" for k in ("valid_perplexity", "test_perplexity")
+                                               if metrics.get(k) is not None))
     return 0
 
 

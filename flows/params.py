@@ -11,9 +11,13 @@ from tasks.params import (
     CooccurrenceParams,
     CorpusParams,
     EvaluationParams,
+    LMKind,
+    NeuralLMParams,
+    NgramParams,
     Params,
     PPMIParams,
     SVDParams,
+    TokenizerParams,
     VocabularyParams,
 )
 
@@ -26,6 +30,11 @@ class PipelineParams(Params):
     ppmi: PPMIParams = PPMIParams()
     svd: SVDParams = SVDParams()
     evaluation: EvaluationParams = EvaluationParams()
+    tokenizer: TokenizerParams = TokenizerParams()
+    lm: list[LMKind] = Field(default=["ngram"], description="Language models to train, each its own artifact: "
+                                                           "ngram, ffnn, rnn, lstm, gru, transformer.")
+    ngram: NgramParams = NgramParams()
+    neural: NeuralLMParams = NeuralLMParams()
 
 
 def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:

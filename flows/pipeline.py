@@ -1,6 +1,7 @@
 """The `pipeline` flow and one flow per stage. Read top to bottom, like a recipe:
 
-corpus → tokenizer → tokenized corpus → co-occurrence → PPMI → SVD embeddings → evaluation
+corpus → word vocabulary → tokenized corpus → co-occurrence → PPMI → embeddings → evaluation
+                         ↘ (word or subword tokens) → language models ↗        → report
 
 Every task returns a small `ArtifactRef`; data travels through the artifact store only.
 """
@@ -10,20 +11,27 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 
 from flows.params import PipelineParams
+from models.errors import ParameterError
 from storage import ArtifactRef, ArtifactStore
 from tasks.corpus import ingest_corpus
 from tasks.embeddings import svd_embeddings
-from tasks.evaluation import evaluate_embeddings, publish_report
+from tasks.evaluation import evaluate_embeddings
+from tasks.lm import train_lm
 from tasks.matrices import compute_ppmi, count_cooccurrence
 from tasks.params import (
     CooccurrenceParams,
     CorpusParams,
     EvaluationParams,
+    LMKind,
+    NeuralLMParams,
+    NgramParams,
     PPMIParams,
     SVDParams,
+    TokenizerParams,
     VocabularyParams,
 )
-from tasks.vocabulary import encode_corpus, learn_vocabulary
+from tasks.report import publish_report, write_report
+from tasks.vocabulary import encode_corpus, learn_subword, learn_vocabulary
 
 
 @flow(name="pipeline", log_prints=True)
@@ -35,18 +43,42 @@ def pipeline(
     ppmi: PPMIParams = PPMIParams(),
     svd: SVDParams = SVDParams(),
     evaluation: EvaluationParams = EvaluationParams(),
+    tokenizer: TokenizerParams = TokenizerParams(),
+    lm: list[LMKind] = ["ngram"],  # noqa: B006 - Prefect needs a literal default for the UI form
+    ngram: NgramParams = NgramParams(),
+    neural: NeuralLMParams = NeuralLMParams(),
 ) -> dict[str, ArtifactRef]:
     """Build every artifact from the corpus sources; unchanged stages are reused, not recomputed."""
     docs = ingest_corpus(store, params=corpus)
-    tokenizer = learn_vocabulary(store, corpus=docs, params=vocabulary)
-    tokens = encode_corpus(store, corpus=docs, tokenizer=tokenizer)
-    counts = count_cooccurrence(store, tokens=tokens, tokenizer=tokenizer, params=cooccurrence)
+    words = learn_vocabulary(store, corpus=docs, params=vocabulary)
+    word_ids = encode_corpus(store, corpus=docs, tokenizer=words)
+
+    counts = count_cooccurrence(store, tokens=word_ids, tokenizer=words, params=cooccurrence)
     pmi = compute_ppmi(store, cooccurrence=counts, params=ppmi)
-    vectors = svd_embeddings(store, ppmi=pmi, params=svd)
-    report = evaluate_embeddings(store, embeddings=vectors, params=evaluation)
-    publish_report([report])
-    refs = {"corpus": docs, "tokenizer": tokenizer, "tokenized_corpus": tokens, "cooccurrence": counts,
-            "ppmi": pmi, "embeddings": vectors, "evaluation": report}
+    embeddings = {"svd": svd_embeddings(store, ppmi=pmi, params=svd)}
+    evaluations = {name: evaluate_embeddings(store, embeddings=ref, params=evaluation)
+                   for name, ref in embeddings.items()}
+
+    lms = {}
+    if lm:
+        if neural.pretrained != "none" and neural.pretrained not in embeddings:
+            raise ParameterError(f"neural.pretrained={neural.pretrained!r}: that method is not among this run's "
+                                 f"embeddings ({', '.join(embeddings)})")
+        lm_tokenizer, lm_ids = words, word_ids
+        if tokenizer.kind != "word":
+            lm_tokenizer = learn_subword(store, corpus=docs, params=tokenizer)
+            lm_ids = encode_corpus(store, corpus=docs, tokenizer=lm_tokenizer)
+        for kind in lm:
+            lms[kind] = train_lm(store, tokens=lm_ids, tokenizer=lm_tokenizer, model=kind,
+                                 params=ngram if kind == "ngram" else neural,
+                                 embeddings=None if kind == "ngram" else embeddings.get(neural.pretrained))
+
+    report = write_report(store, evaluations=list(evaluations.values()), lms=list(lms.values()) or None)
+    publish_report(report)
+    refs = {"corpus": docs, "tokenizer": words, "tokenized_corpus": word_ids, "cooccurrence": counts, "ppmi": pmi,
+            **{f"embeddings.{k}": v for k, v in embeddings.items()},
+            **{f"evaluation.{k}": v for k, v in evaluations.items()},
+            **{f"lm.{k}": v for k, v in lms.items()}, "report": report}
     get_run_logger().info("pipeline: %s", ", ".join(f"{name}={ref.version}" for name, ref in refs.items()))
     return refs
 
@@ -95,6 +127,4 @@ def svd_flow(store: str, ppmi_version: str, svd: SVDParams = SVDParams()) -> Art
 @flow(name="evaluate")
 def evaluate_flow(store: str, embeddings_version: str, evaluation: EvaluationParams = EvaluationParams()
                   ) -> ArtifactRef:
-    report = evaluate_embeddings(store, embeddings=_ref(store, "embeddings", embeddings_version), params=evaluation)
-    publish_report([report])
-    return report
+    return evaluate_embeddings(store, embeddings=_ref(store, "embeddings", embeddings_version), params=evaluation)

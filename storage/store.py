@@ -36,6 +36,7 @@ from pydantic import BaseModel, ConfigDict
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 STAGING = ".staging"
+SCRATCH = ".scratch"
 _KIND = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 _VERSION = re.compile(r"^[0-9a-f]{16}$")
 _FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -179,7 +180,7 @@ class ArtifactStore:
             staging = Path(tempfile.mkdtemp(prefix=f"{kind}-{version}-", dir=staging_root))
         else:
             staging = Path(tempfile.mkdtemp(prefix=f"lexiflow-{kind}-{version}-"))
-        out = ArtifactWriter(staging)
+        out = ArtifactWriter(staging, self._scratch(kind, version))
         try:
             yield out
             manifest = {
@@ -196,8 +197,15 @@ class ArtifactStore:
             }
             (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
             self._publish(staging, kind, version)
+            shutil.rmtree(out.scratch, ignore_errors=True)  # resumable state is no longer needed
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+    def _scratch(self, kind: str, version: str) -> Path:
+        """Where a builder keeps resumable state (checkpoints) across crashes and retries; it
+        survives a failed build and is removed once the artifact is published."""
+        base = Path(self.root) / SCRATCH if self.is_local else Path(tempfile.gettempdir()) / "lexiflow-scratch"
+        return base / f"{kind}-{version}"
 
     def _publish(self, staging: Path, kind: str, version: str) -> None:
         final = self.path(kind, version)
@@ -251,8 +259,9 @@ class ArtifactStore:
 class ArtifactWriter:
     """Files and metrics of an artifact being staged. Paths are local, whatever the store."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, scratch: Path) -> None:
         self.folder = folder
+        self.scratch = scratch  # resumable state, kept until the artifact is published
         self.metrics: dict[str, Any] = {}
         self.progress: Callable[[float | None], None] | None = None  # set by the caller, fed by the builder
 

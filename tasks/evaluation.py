@@ -4,7 +4,6 @@ same as Prefect markdown/table artifacts in the UI."""
 from __future__ import annotations
 
 import polars as pl
-from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from models import evaluation, vectors
 from storage import ArtifactRef, ArtifactStore, ArtifactWriter
@@ -29,23 +28,3 @@ def evaluate_embeddings(out: ArtifactWriter, embeddings: ArtifactRef, params: Ev
     out.write_parquet("analogy_sections.parquet", result["analogy_sections"])
     out.write_text("report.md", evaluation.report_markdown(f"Evaluation of {name} embeddings ({embeddings})",
                                                            {name: result}))
-
-
-def publish_report(evaluations: list[ArtifactRef]) -> str:
-    """Show the evaluation reports in the Prefect UI (one table row per embeddings, the markdown
-    reports, a link to each artifact). Returns the combined markdown."""
-    store = ArtifactStore(evaluations[0].store)
-    rows, reports = [], []
-    for ref in evaluations:
-        manifest = store.manifest(ref.kind, ref.version)
-        with store.open(ref.kind, ref.version, "report.md", "r") as f:
-            reports.append(f.read() + f"\nArtifact: `{store.path(ref.kind, ref.version)}`\n")
-        rows.append({"evaluation": str(ref), **{k: v for k, v in manifest["metrics"].items()
-                                                 if isinstance(v, int | float | str)}})
-    markdown = "\n\n".join(reports)
-    try:
-        create_table_artifact(rows, key="embedding-evaluation", description="Intrinsic evaluation of embeddings")
-        create_markdown_artifact(markdown, key="embedding-report", description="Embedding evaluation report")
-    except Exception:  # no Prefect run context (plain function call): the report is still returned
-        pass
-    return markdown

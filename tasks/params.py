@@ -70,3 +70,45 @@ class EvaluationParams(Params):
     analogy_vocabulary: int = Field(30_000, ge=100, description="Analogy answers come from this many most "
                                                                 "frequent words (as in word2vec's evaluation).")
     probes: list[str] = Field(default=list(DEFAULT_PROBES), description="Words whose nearest neighbours are shown.")
+
+
+LM_KINDS = ("ngram", "ffnn", "rnn", "lstm", "gru", "transformer")
+LMKind = Literal["ngram", "ffnn", "rnn", "lstm", "gru", "transformer"]
+
+
+class NgramParams(Params):
+    order: int = Field(3, ge=1, le=8, description="n of the n-gram model.")
+    smoothing: Literal["kneser_ney", "add_k", "mle"] = Field("kneser_ney", description="Estimator.")
+    discount: float | None = Field(None, gt=0, le=1, description="Kneser–Ney discount; empty = modified KN "
+                                                                  "(three discounts per order, estimated).")
+    k: float = Field(1.0, gt=0, description="add-k smoothing constant.")
+    min_count: int = Field(2, ge=1, description="Tokens seen fewer times in training count as <unk>, so <unk> "
+                                                "has probability mass for unseen held-out tokens.")
+
+
+class NeuralLMParams(Params):
+    emb_dim: int = Field(128, ge=4, le=4096, description="Embedding size (FFNN, RNNs).")
+    hidden_dim: int = Field(128, ge=4, le=8192, description="Hidden size (FFNN, RNNs); = emb_dim to tie weights.")
+    num_layers: int = Field(2, ge=1, le=8, description="Stacked recurrent layers.")
+    context_size: int = Field(4, ge=1, le=16, description="FFNN: previous tokens seen (n - 1).")
+    d_model: int = Field(128, ge=8, le=8192, description="Transformer width.")
+    n_layers: int = Field(2, ge=1, le=48, description="Transformer blocks.")
+    n_heads: int = Field(4, ge=1, le=64, description="Transformer attention heads (divide d_model).")
+    max_len: int = Field(128, ge=8, le=8192, description="Transformer context window.")
+    positional: Literal["sinusoidal", "learned"] = Field("sinusoidal", description="Transformer positions.")
+    dropout: float = Field(0.2, ge=0, lt=1, description="Dropout.")
+    tie_weights: bool = Field(True, description="Output matrix = embedding matrix (RNNs need hidden = emb).")
+    pretrained: Literal["none", "svd", "sgns", "cbow", "glove"] = Field(
+        "none", description="Initialise embeddings from this method's embeddings artifact of the same run.")
+    freeze_embeddings: bool = Field(False, description="Keep the (pretrained) embeddings fixed.")
+    epochs: int = Field(2, ge=1, le=1000, description="Training epochs.")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
+    batch_size: int = Field(20, ge=1, le=4096, description="Parallel rows of the token stream.")
+    bptt: int = Field(35, ge=2, le=8192, description="Tokens per training window.")
+    optimizer: Literal["adamw", "sgd"] = Field("adamw", description="Optimizer.")
+    lr: float = Field(2e-3, gt=0, le=100, description="Peak learning rate (warmup then cosine).")
+    warmup_steps: int = Field(50, ge=0, description="Linear warmup steps.")
+    patience: int | None = Field(None, ge=1, description="Early stopping: epochs without validation gain.")
+    checkpoint_every: int = Field(200, ge=0, description="Steps between checkpoints (0: epoch ends only).")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto picks CUDA when present.")
+    seed: int = Field(0, ge=0, description="Random seed.")

@@ -59,13 +59,21 @@ def code_version(modules: Sequence[ModuleType]) -> str:
     return digest.hexdigest()[:16]
 
 
+def _is_refs(value: Any) -> bool:
+    return isinstance(value, list | tuple) and bool(value) and all(isinstance(v, ArtifactRef) for v in value)
+
+
 def _split_arguments(arguments: dict[str, Any]) -> tuple[dict[str, ArtifactRef], dict[str, Any]]:
-    inputs = {k: v for k, v in arguments.items() if isinstance(v, ArtifactRef)}
-    params = {
-        k: v.model_dump(mode="json") if isinstance(v, BaseModel) else v
-        for k, v in arguments.items()
-        if k != "store" and not isinstance(v, ArtifactRef)
-    }
+    """Input artifacts (a ref, or a list of refs named `name.0`, `name.1`, ...) and parameters."""
+    inputs: dict[str, ArtifactRef] = {}
+    params: dict[str, Any] = {}
+    for k, v in arguments.items():
+        if isinstance(v, ArtifactRef):
+            inputs[k] = v
+        elif _is_refs(v):
+            inputs.update({f"{k}.{i}": ref for i, ref in enumerate(v)})
+        elif k != "store":
+            params[k] = v.model_dump(mode="json") if isinstance(v, BaseModel) else v
     return inputs, params
 
 

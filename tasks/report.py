@@ -1,0 +1,87 @@
+"""The `report` stage: one markdown report (with its PNGs) over everything a run evaluated —
+embeddings side by side, language-model perplexities, tagger accuracy — and the same in the
+Prefect UI as table and markdown artifacts."""
+
+from __future__ import annotations
+
+from prefect.artifacts import create_markdown_artifact, create_table_artifact
+
+from models import evaluation
+from storage import ArtifactRef, ArtifactStore, ArtifactWriter
+from tasks.stage import stage
+
+LM_COLUMNS = ("model", "vocabulary_size", "train_tokens", "parameters", "valid_perplexity", "test_perplexity")
+
+
+def _manifest(ref: ArtifactRef) -> dict:
+    return ArtifactStore(ref.store).manifest(ref.kind, ref.version)
+
+
+def _copy_pngs(out: ArtifactWriter, ref: ArtifactRef, prefix: str) -> list[str]:
+    """Copy an input artifact's PNGs into the report (so report.md's links work), return their names."""
+    store = ArtifactStore(ref.store)
+    names = []
+    for entry in _manifest(ref)["files"]:
+        if entry["name"].endswith(".png"):
+            name = f"{prefix}-{entry['name']}"
+            with store.open(ref.kind, ref.version, entry["name"]) as src:
+                out.path(name).write_bytes(src.read())
+            names.append(name)
+    return names
+
+
+def _table(rows: list[dict], columns: tuple[str, ...]) -> list[str]:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(evaluation._fmt(row.get(c)) for c in columns) + " |")
+    return lines
+
+
+@stage("report", code=[evaluation])
+def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[ArtifactRef] | None = None,
+                 taggers: list[ArtifactRef] | None = None) -> None:
+    store = ArtifactStore(evaluations[0].store)
+    lines = ["# lexiflow evaluation report", ""]
+    rows = []
+    for ref in evaluations:
+        metrics = _manifest(ref)["metrics"]
+        rows.append({"embeddings": metrics.get("method", metrics.get("embeddings")), **metrics})
+    lines += ["## Word embeddings", ""]
+    lines += _table(rows, ("embeddings", "ws353_spearman", "simlex999_spearman", "analogy_add_accuracy",
+                           "analogy_mul_accuracy", "analogy_coverage", "ws353_oov_rate", "vocabulary"))
+    for ref in evaluations:
+        with store.open(ref.kind, ref.version, "report.md", "r") as f:
+            detail = f.read().split("\n", 1)[1]  # drop its title
+        lines += ["", detail.replace("\n## ", "\n### ")]
+        lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, f"evaluation-{ref.version}")]
+    if lms:
+        lines += ["", "## Language models", "", "Perplexity per token (every word and `</s>`), each sentence "
+                  "scored from `<s>`; validation tunes, test is reported once.", ""]
+        lines += _table([_manifest(ref)["metrics"] for ref in lms], LM_COLUMNS)
+        for ref in lms:
+            lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, f"lm-{_manifest(ref)['metrics']['model']}")]
+    for ref in taggers or []:
+        with store.open(ref.kind, ref.version, "report.md", "r") as f:
+            lines += ["", f.read().replace("\n# ", "\n## ", 1)]
+        lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, "tagger")]
+    out.write_text("report.md", "\n".join(lines) + "\n")
+    out.metrics.update({"embeddings": len(evaluations), "lms": len(lms or []), "taggers": len(taggers or [])})
+
+
+def publish_report(report: ArtifactRef) -> str:
+    """Show the report in the Prefect UI: the markdown, and a table row per evaluated artifact."""
+    store = ArtifactStore(report.store)
+    manifest = _manifest(report)
+    with store.open(report.kind, report.version, "report.md", "r") as f:
+        markdown = f.read() + f"\nArtifact: `{store.path(report.kind, report.version)}`\n"
+    rows = []
+    for name, ref in manifest["inputs"].items():
+        metrics = store.manifest(ref["kind"], ref["version"])["metrics"]
+        rows.append({"input": name, "artifact": f"{ref['kind']}:{ref['version']}",
+                     **{k: v for k, v in metrics.items() if isinstance(v, int | float | str)}})
+    try:
+        create_table_artifact(rows, key="evaluation-table", description="Evaluation of this run's artifacts")
+        create_markdown_artifact(markdown, key="evaluation-report", description="lexiflow evaluation report")
+    except Exception:  # no Prefect run context (a plain function call): the report is still returned
+        pass
+    return markdown
