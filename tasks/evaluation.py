@@ -22,7 +22,7 @@ def evaluate_embeddings(out: ArtifactWriter, embeddings: ArtifactRef, params: Ev
     result = evaluation.evaluate(vectors.keyed_vectors(words, matrix), params.analogy_vocabulary, params.probes)
     name = _method(embeddings)
     out.metrics.update(result["metrics"])
-    out.metrics["embeddings"] = str(embeddings)
+    out.metrics.update({"method": name, "embeddings": str(embeddings)})
     out.write_parquet("metrics.parquet", pl.DataFrame([{"embeddings": name, **result["metrics"]}]))
     out.write_parquet("neighbours.parquet", result["neighbours"])
     out.write_parquet("analogy_sections.parquet", result["analogy_sections"])

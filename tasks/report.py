@@ -45,14 +45,15 @@ def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[
     rows = []
     for ref in evaluations:
         metrics = _manifest(ref)["metrics"]
-        rows.append({"embeddings": metrics.get("method", metrics.get("embeddings")), **metrics})
+        rows.append({"embeddings": metrics["method"], **metrics})
     lines += ["## Word embeddings", ""]
     lines += _table(rows, ("embeddings", "ws353_spearman", "simlex999_spearman", "analogy_add_accuracy",
                            "analogy_mul_accuracy", "analogy_coverage", "ws353_oov_rate", "vocabulary"))
     for ref in evaluations:
         with store.open(ref.kind, ref.version, "report.md", "r") as f:
-            detail = f.read().split("\n", 1)[1]  # drop its title
-        lines += ["", detail.replace("\n## ", "\n### ")]
+            detail = f.read()
+        detail = detail[detail.find("## "):]  # its neighbours and analogy sections; the table is above
+        lines += ["", detail.replace("## ", "### ")]
         lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, f"evaluation-{ref.version}")]
     if lms:
         lines += ["", "## Language models", "", "Perplexity per token (every word and `</s>`), each sentence "
