@@ -111,7 +111,9 @@ class HMMTagger:
     rare_max_count: known words seen at most this often mix in the unknown-word model (weight on dev).
     unknown_mix, emission_weight, unknown_weight, rare_mix: calibration values; None = tuned on the
       `dev` sentences given to `fit` (defaults 0.5, 1, 1, 0 without dev).
-    max_candidates: tags kept per position in Viterbi (pruning by emission score; >= K is exact).
+    max_candidates, prune: Viterbi keeps per position at most this many tags, best by emission score, and
+      drops tags scoring more than `prune` (log) below the best (None: no threshold); max_candidates >= K
+      and prune None is exact Viterbi.
     """
 
     def __init__(
@@ -132,6 +134,7 @@ class HMMTagger:
         unknown_weight: float | None = None,
         rare_mix: float | None = None,
         max_candidates: int = 8,
+        prune: float | None = 8.0,
         max_iter: int = 300,
         seed: int = 0,
     ) -> None:
@@ -150,6 +153,7 @@ class HMMTagger:
         self.unknown_weight = unknown_weight
         self.rare_mix = rare_mix
         self.max_candidates = max_candidates
+        self.prune = prune
         self.max_iter = max_iter
         self.seed = seed
 
@@ -158,7 +162,7 @@ class HMMTagger:
     def get_params(self) -> dict:
         keys = ("order", "lambdas", "suffix_length", "rare_threshold", "theta", "unknown", "lr_max_count", "lr_C",
                 "rare_max_count", "lowercase_initial", "unknown_mix", "emission_weight", "unknown_weight",
-                "rare_mix", "max_candidates", "max_iter", "seed")
+                "rare_mix", "max_candidates", "prune", "max_iter", "seed")
         out = {k: getattr(self, k) for k in keys}
         out["lambdas"] = None if self.lambdas is None else [float(x) for x in self.lambdas]
         return out
@@ -189,12 +193,18 @@ class HMMTagger:
         dev: Iterable[Sequence[tuple[str, str]]] | None = None,
     ) -> HMMTagger:
         """Count tags, tag bigrams/trigrams and (tag, word) pairs; fit the unknown-word models; with
-        `dev` sentences, calibrate the values left as None on them. Empty sentences are skipped."""
+        `dev` sentences, calibrate the values left as None on them (dev accuracy). Empty sentences are
+        skipped. Items may be (word, tag, refinement) triples: the HMM's states are then `tag|refinement`
+        (e.g. UPOS refined by XPOS, a supervised state split) and `tag` returns the tag part."""
         self._check_params()
-        sents = _validate_tagged(sentences, "sentences")
-        if not sents:
+        triples = _validate_tagged(sentences, "sentences")
+        if not triples:
             raise InputError("fit: no tagged sentence with at least one word; pass (word, tag) pair lists")
-        tags = sorted({t for s in sents for _, t in s})
+        # states: the tag, or tag|refinement when a training-only refinement was given
+        state_out = {st: t for s in triples for _, t, st in s}
+        sents = [[(w, st) for w, _, st in s] for s in triples]
+        tags = sorted(state_out)
+        self.state_output_ = [state_out[st] for st in tags]
         tid = {t: i for i, t in enumerate(tags)}
         k = len(tags)
         c2 = np.zeros((k + 1, k + 1))  # [prev, cur]; row k = <s>, column k = </s>
@@ -430,14 +440,17 @@ class HMMTagger:
             with np.errstate(divide="ignore"):
                 table[rare] = np.logaddexp(np.log1p(-mu) + table[rare], np.log(mu) + unk + log_pw)
         self._emit_table = table * self.calibration_["emission_weight"]
+        self._cand_key = None
 
-    def _calibrate(self, dev: list[list[tuple[str, str]]]) -> None:
+    def _calibrate(self, dev: list[list[tuple[str, str, str]]]) -> None:
         """Coordinate search on dev accuracy (Viterbi) over the calibration values left as None."""
         dev = [s for s in dev if s]
         if not dev:
             return
-        words = [[w for w, _ in s] for s in dev]
-        gold = np.asarray([self.tags_.index(t) if t in self.tags_ else -1 for s in dev for _, t in s])
+        words = [[w for w, _, _ in s] for s in dev]
+        out_id = {t: i for i, t in enumerate(self.state_output_)}  # any state of that output tag
+        gold = np.asarray([out_id.get(t, -1) for s in dev for _, t, _ in s])
+        proj = np.asarray([out_id[t] for t in self.state_output_])
         grids = {
             "unknown_mix": [0.0, 0.25, 0.5, 0.6, 0.75, 0.9, 1.0],
             "unknown_weight": [0.6, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5],
@@ -450,7 +463,7 @@ class HMMTagger:
 
         def score() -> float:
             self._apply_calibration()
-            pred = np.concatenate([np.asarray(p, dtype=np.int64) for p in self._tag_ids(words, "viterbi")])
+            pred = proj[np.concatenate([np.asarray(p, dtype=np.int64) for p in self._tag_ids(words, "viterbi")])]
             return float(np.mean(pred == gold))
 
         best = score()
@@ -483,8 +496,18 @@ class HMMTagger:
         return self._emissions_flat([list(words)])
 
     def _emissions_flat(self, sentences: list[list[str]]) -> np.ndarray:
-        """(N, K) weighted log emission scores of all tokens of `sentences`, concatenated. Unknown
-        words are scored once per distinct (word, sentence-initial) in one batch."""
+        """(N, K) weighted log emission scores of all tokens of `sentences`, concatenated."""
+        rows, unk = self._token_rows(sentences)
+        n_known = len(self._emit_table)
+        known = rows < n_known
+        out = np.empty((len(rows), len(self.tags_)))
+        out[known] = self._emit_table[rows[known]]
+        out[~known] = unk[rows[~known] - n_known]
+        return out
+
+    def _token_rows(self, sentences: list[list[str]]) -> tuple[np.ndarray, np.ndarray]:
+        """Row of each token: < V a known word's emission row, V + u the u-th row of the returned unknown
+        scores (U, K). Unknown words are scored once per distinct (word, sentence-initial), in one batch."""
         rows: list[int] = []
         unknown: dict[tuple[str, bool], int] = {}
         n_known = len(self._emit_table)
@@ -498,7 +521,7 @@ class HMMTagger:
                     row = n_known + unknown.setdefault((w, i == 0), len(unknown))
                 rows.append(row)
         if not unknown:
-            return self._emit_table[rows]
+            return np.asarray(rows, dtype=np.int64), np.zeros((0, len(self.tags_)))
         keys = list(unknown)
         todo = [key for key in keys if key not in self._unk_cache]
         if todo:
@@ -510,7 +533,15 @@ class HMMTagger:
         suf = np.stack([self._unk_cache[key][0] for key in keys])
         lr = np.stack([self._unk_cache[key][1] for key in keys])
         scores = self._unknown_scores(suf, lr) * self.calibration_["unknown_weight"]
-        return np.concatenate([self._emit_table, scores])[rows]
+        return np.asarray(rows, dtype=np.int64), scores
+
+    def _known_candidates(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Candidates of every known word's emission row, cached per (max_candidates, prune)."""
+        key = (self.max_candidates, self.prune)
+        if getattr(self, "_cand_key", None) != key:
+            self._cand = self._token_candidates(self._emit_table)
+            self._cand_key = key
+        return self._cand
 
     # ------------------------------------------------------------------ decoding
 
@@ -523,7 +554,7 @@ class HMMTagger:
         """Tags of many tokenised sentences; Viterbi and greedy run batched over equal-length sentences."""
         self._check_fitted()
         ids = self._tag_ids(_validate_words(sentences), method, beam_width)
-        return [[self.tags_[j] for j in s] for s in ids]
+        return [[self.state_output_[j] for j in s] for s in ids]
 
     def tag_text(self, text: str, method: str = "viterbi") -> list[list[tuple[str, str]]]:
         """Split plain text into sentences and words (models.text) and tag them: [[(word, tag), ...], ...]."""
@@ -555,20 +586,147 @@ class HMMTagger:
                     n_tok += len(sentences[chunk_end])
                     chunk_end += 1
                 chunk = sentences[chunk_start:chunk_end]
-                flat = self._emissions_flat(chunk)  # (N, K)
                 offsets = np.cumsum([0] + [len(s) for s in chunk])
+                if method == "viterbi" and self.order == 3:
+                    rows, unk = self._token_rows(chunk)
+                    k_ids, k_sc, k_w = self._known_candidates()
+                    u_ids, u_sc, u_w = self._token_candidates(unk)
+                    w = k_ids.shape[1]  # unknown rows are padded/cut to the known rows' width
+                    if u_ids.shape[1] < w:
+                        extra = w - u_ids.shape[1]
+                        u_ids = np.pad(u_ids, ((0, 0), (0, extra)))
+                        u_sc = np.pad(u_sc, ((0, 0), (0, extra)), constant_values=_NEG)
+                    ids = np.concatenate([k_ids, u_ids[:, :w]])[rows]
+                    sc = np.concatenate([k_sc, u_sc[:, :w]])[rows]
+                    wid = np.concatenate([k_w, np.minimum(u_w, w)])[rows]
+                    for i, tags in enumerate(self._viterbi_ragged(ids, sc, wid, np.diff(offsets))):
+                        out[chunk_start + i] = tags
+                    prog.update(n_tok)
+                    chunk_start = chunk_end
+                    continue
+                flat = self._emissions_flat(chunk)  # (N, K)
                 by_len: dict[int, list[int]] = defaultdict(list)
                 for i, s in enumerate(chunk):
                     if s:
                         by_len[len(s)].append(i)
                 for n, members in sorted(by_len.items()):
-                    for start in range(0, len(members), 2048):  # bound the (B, M, M, M) work arrays
+                    for start in range(0, len(members), 2048):  # bound the (B, M, M) work arrays
                         part = members[start:start + 2048]
                         idx = offsets[part][:, None] + np.arange(n)[None, :]  # (B, n)
                         for i, tags in zip(part, decode(flat[idx]), strict=True):
                             out[chunk_start + i] = tags.tolist()
                 prog.update(n_tok)
                 chunk_start = chunk_end
+        return out
+
+    def _token_candidates(self, em: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Candidate tags of each token of em (N, K), best first: ids (N, m), scores (N, m), widths (N,)
+        (how many are kept: possible, within `prune` of the best, at most max_candidates)."""
+        n, k = em.shape
+        m = min(self.max_candidates, k)
+        if m >= k and self.prune is None:
+            return np.broadcast_to(np.arange(k), (n, k)), em, np.full(n, k)
+        ids = np.argpartition(-em, m - 1, axis=1)[:, :m] if m < k else np.broadcast_to(np.arange(k), (n, k))
+        sc = np.take_along_axis(em, ids, axis=1)
+        order = np.argsort(-sc, axis=1, kind="stable")
+        ids, sc = np.take_along_axis(ids, order, axis=1), np.take_along_axis(sc, order, axis=1)
+        ok = np.isfinite(sc)
+        if self.prune is not None:
+            ok &= sc >= sc[:, :1] - self.prune
+        return ids, sc, np.maximum(np.sum(ok, axis=1), 1)
+
+    def _viterbi_ragged(self, ids: np.ndarray, sc: np.ndarray, wid: np.ndarray,
+                        lengths: np.ndarray) -> list[list[int]]:
+        """Trigram Viterbi over state pairs for many sentences at once, each position with its own number
+        of candidate tags (no padding to a batch's widest): one step per position handles every sentence
+        still running, as flat arrays of (sentence, prev2 slot, prev slot, cur slot) triples.
+        ids, sc: (N, m) candidate states and scores of the tokens of the sentences concatenated, best first;
+        wid: (N,) how many candidates each token keeps; lengths (S,). Returns state ids per sentence."""
+        k, k1, pad = len(self.tags_), len(self.tags_) + 1, 2
+        m = ids.shape[1]
+        n_sent = len(lengths)
+        order = np.argsort(-lengths, kind="stable")  # longest first: running sentences are a prefix
+        ln = lengths[order]
+        ext_len = ln + pad
+        ext_start = np.concatenate([[0], np.cumsum(ext_len)[:-1]])
+        n_ext = int(ext_len.sum())
+        src_start = np.concatenate([[0], np.cumsum(lengths)[:-1]])[order]
+        local = np.arange(int(ln.sum())) - np.repeat(np.cumsum(ln) - ln, ln)
+        src = np.repeat(src_start, ln) + local
+        dst = np.repeat(ext_start + pad, ln) + local
+        x_ids = np.full((n_ext, m), k)  # <s> rows: slot 0 = <s>, width 1
+        x_sc = np.zeros((n_ext, m))
+        x_w = np.ones(n_ext, dtype=np.int64)
+        x_ids[dst], x_sc[dst], x_w[dst] = ids[src], sc[src], wid[src]
+        flat_lt = self.log_trans_.ravel()
+        active = np.searchsorted(-ext_len, -np.arange(int(ext_len.max()) + 1), side="left")  # ext_len > p
+        delta = np.zeros(n_sent)  # per running sentence, flat over (slot p-2, slot p-1) pairs
+        d_off = np.arange(n_sent + 1)
+        steps: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # per position: (bp, offsets, width at p)
+        first_state = np.zeros((n_sent, 2), dtype=np.int64)  # (slot at last-1, slot at last) per sentence
+
+        def finish(lo: int, hi: int, p_last: int, delta: np.ndarray, d_off: np.ndarray) -> None:
+            """Best final pair (with the move into </s>) for sorted sentences lo..hi-1 ending at p_last."""
+            if lo >= hi:
+                return
+            r = np.arange(lo, hi)
+            ra, rb = ext_start[r] + p_last - 1, ext_start[r] + p_last
+            a_w, b_w = x_w[ra], x_w[rb]
+            cnt = a_w * b_w
+            sent = np.repeat(np.arange(hi - lo), cnt)
+            loc = np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+            i, j = loc // b_w[sent], loc % b_w[sent]
+            score = delta[d_off[r][sent] + loc] + flat_lt[(x_ids[ra[sent], i] * k1 + x_ids[rb[sent], j]) * k1 + k]
+            starts = np.cumsum(cnt) - cnt
+            best = np.maximum.reduceat(score, starts)
+            hit = np.where(score == np.repeat(best, cnt), loc, np.iinfo(np.int64).max)
+            loc_best = np.minimum.reduceat(hit, starts)
+            first_state[r, 0], first_state[r, 1] = loc_best // b_w, loc_best % b_w
+
+        for p in range(pad, int(ext_len.max())):
+            n = int(active[p])
+            finish(n, int(active[p - 1]), p - 1, delta, d_off)
+            r = np.arange(n)
+            ra, rb, rc = ext_start[r] + p - 2, ext_start[r] + p - 1, ext_start[r] + p
+            a_w, b_w, c_w = x_w[ra], x_w[rb], x_w[rc]
+            cnt = a_w * b_w * c_w  # triples per sentence, ordered (prev, cur, prev2) with prev2 fastest
+            sent = np.repeat(r, cnt)
+            loc = np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt)
+            aw = a_w[sent]
+            i = loc % aw
+            jk = loc // aw
+            cw = c_w[sent]
+            kk, j = jk % cw, jk // cw
+            tri = (x_ids[ra[sent], i] * k1 + x_ids[rb[sent], j]) * k1 + x_ids[rc[sent], kk]
+            cand = flat_lt[tri] + delta[d_off[sent] + i * b_w[sent] + j]
+            groups = b_w * c_w
+            size = np.repeat(a_w, groups)  # each (prev, cur) group reduces over its prev2 slots
+            starts = np.cumsum(size) - size
+            best = np.maximum.reduceat(cand, starts)
+            hit = np.where(cand == np.repeat(best, size), i, np.iinfo(np.int64).max)
+            bp = np.minimum.reduceat(hit, starts)
+            g_sent = np.repeat(r, groups)
+            g_loc = np.arange(int(groups.sum())) - np.repeat(np.cumsum(groups) - groups, groups)
+            delta = best + x_sc[rc[g_sent], g_loc % c_w[g_sent]]
+            d_off = np.concatenate([[0], np.cumsum(groups)])
+            steps.append((bp, d_off, c_w))
+        last = int(ext_len.max()) - 1
+        finish(0, int(active[last]), last, delta, d_off)
+        # Back-tracking, all sentences at once: those that end at or after position p are a prefix.
+        slot = np.zeros(n_ext, dtype=np.int64)
+        cur_j = first_state[:, 0].copy()
+        cur_k = first_state[:, 1].copy()
+        for p in range(last, pad - 1, -1):
+            n = int(active[p])
+            r = np.arange(n)
+            bp, off, c_w = steps[p - pad]
+            slot[ext_start[r] + p] = cur_k[:n]
+            prev2 = bp[off[r] + cur_j[:n] * c_w + cur_k[:n]]
+            cur_k[:n], cur_j[:n] = cur_j[:n], prev2
+        tags = x_ids[np.arange(n_ext), slot]
+        out: list[list[int]] = [[] for _ in range(n_sent)]
+        for r, s in enumerate(order):
+            out[s] = tags[ext_start[r] + pad: ext_start[r] + ext_len[r]].tolist()
         return out
 
     def _candidates(self, em: np.ndarray, m: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -581,6 +739,8 @@ class HMMTagger:
             return [ar] * n, [em[:, t] for t in range(n)]
         ids = np.argpartition(-em, m - 1, axis=2)[:, :, :m]
         sc = np.take_along_axis(em, ids, axis=2)
+        if self.prune is not None:  # TnT-style beam on emissions: far less likely tags are dropped
+            sc = np.where(sc >= np.max(sc, axis=2, keepdims=True) - self.prune, sc, _NEG)
         order = np.argsort(-sc, axis=2, kind="stable")
         ids, sc = np.take_along_axis(ids, order, axis=2), np.take_along_axis(sc, order, axis=2)
         need = np.maximum(np.max(np.sum(np.isfinite(sc), axis=2), axis=0), 1)  # (n,)
@@ -661,7 +821,7 @@ class HMMTagger:
             for t in range(1, len(words)):
                 d[t, :k] = deltas[t][0]
                 b[t, :k] = backs[t][0] if t > 1 else k
-        return [self.tags_[j] for j in tags[0]], d, b
+        return [self.state_output_[j] for j in tags[0]], d, b
 
     def _greedy_batch(self, em: np.ndarray) -> np.ndarray:
         """s_t = argmax_s P(s | s_{t-2}, s_{t-1}) P(o_t | s), left to right, batched. em: (B, n, K)."""
@@ -748,7 +908,8 @@ class HMMTagger:
         a, b, c = np.nonzero(self.trigram_counts_)
         pl.DataFrame({
             "prev2": [names[i] for i in a], "prev": [names[i] for i in b], "tag": [outs[j] for j in c],
-            "count": self.trigram_counts_[a, b, c], "prob": self.trigram_counts_[a, b, c] / self.bigram_counts_[a, b],
+            "count": self.trigram_counts_[a, b, c],
+            "prob": self.trigram_counts_[a, b, c] / np.maximum(self.bigram_counts_[a, b], 1),
         }).write_parquet(d / "trigrams.parquet")
         wr, tc = np.nonzero(self.emission_counts_)
         words = list(self.vocab_)
@@ -768,7 +929,8 @@ class HMMTagger:
         }).write_parquet(d / "unknown_lr.parquet")
         config = {
             "format_version": FORMAT_VERSION, "model": "HMMTagger", "params": self.get_params(),
-            "tags": self.tags_, "lr_features": self.lr_features_, "calibration": self.calibration_,
+            "tags": self.tags_, "state_output": self.state_output_, "lr_features": self.lr_features_,
+            "calibration": self.calibration_,
             "lambdas": self.lambdas_.tolist(), "theta": self.theta_,
             "dev_accuracy": getattr(self, "dev_accuracy_", None),
         }
@@ -781,7 +943,8 @@ class HMMTagger:
         try:
             config = json.loads((d / "config.json").read_text())
         except (OSError, ValueError) as e:
-            raise InputError(f"{d / 'config.json'}: cannot read the tagger config ({e}); save a tagger there first") from e
+            raise InputError(f"{d / 'config.json'}: cannot read the tagger config ({e}); "
+                             "save a tagger there first") from e
         if config.get("format_version") != FORMAT_VERSION:
             raise InputError(f"{d}: tagger format {config.get('format_version')} is not {FORMAT_VERSION}; retrain")
         self = cls(**config["params"])
@@ -791,6 +954,7 @@ class HMMTagger:
         prev_id = {**tid, BOS: k}
         out_id = {**tid, EOS: k}
         self.tags_ = tags
+        self.state_output_ = config["state_output"]
         tr = pl.read_parquet(d / "transitions.parquet")
         self.bigram_counts_ = np.zeros((k + 1, k + 1))
         self.bigram_counts_[[prev_id[t] for t in tr["prev"]], [out_id[t] for t in tr["tag"]]] = tr["count"].to_numpy()
@@ -841,17 +1005,19 @@ def _csr(index_rows: list[list[int]], n_cols: int) -> sp.csr_matrix:
     return sp.csr_matrix((np.ones(len(indices)), indices, indptr), shape=(len(index_rows), n_cols))
 
 
-def _validate_tagged(sentences: Iterable[Sequence[tuple[str, str]]], name: str) -> list[list[tuple[str, str]]]:
+def _validate_tagged(sentences: Iterable[Sequence[tuple[str, ...]]], name: str) -> list[list[tuple[str, str, str]]]:
+    """(word, tag) pairs or (word, tag, refinement) triples -> (word, tag, state) triples; empty sentences dropped."""
     out = []
     for n, s in enumerate(sentences):
-        pairs = []
+        items = []
         for item in s:
-            if (not isinstance(item, tuple | list) or len(item) != 2
-                    or not isinstance(item[0], str) or not isinstance(item[1], str)):
-                raise InputError(f"{name}[{n}]: expected (word, tag) string pairs, got {item!r}")
-            pairs.append((item[0], item[1]))
-        if pairs:
-            out.append(pairs)
+            if (not isinstance(item, tuple | list) or len(item) not in (2, 3)
+                    or not all(isinstance(x, str) for x in item)):
+                raise InputError(f"{name}[{n}]: expected (word, tag) string pairs (or (word, tag, refinement)), "
+                                 f"got {item!r}")
+            items.append((item[0], item[1], item[1] if len(item) == 2 else f"{item[1]}|{item[2]}"))
+        if items:
+            out.append(items)
     return out
 
 
