@@ -293,6 +293,7 @@ class HMMTagger:
         if self.unknown == "suffix":
             return [], np.zeros((0, k)), np.zeros(k)
         from sklearn.linear_model import LogisticRegression
+        from threadpoolctl import threadpool_limits
 
         totals = self.emission_counts_.sum(axis=1)
         tid = {t: i for i, t in enumerate(self.tags_)}
@@ -310,7 +311,8 @@ class HMMTagger:
         index = {f: i for i, f in enumerate(names)}
         x = _csr([[index[f] for f in row] for row in feat_rows], len(names))
         clf = LogisticRegression(C=self.lr_C, max_iter=self.max_iter, random_state=self.seed)
-        clf.fit(x, np.asarray(y))
+        with threadpool_limits(1):  # small dense BLAS calls: threads only contend (10x slower on a busy machine)
+            clf.fit(x, np.asarray(y))
         weights = np.zeros((len(names), k))
         # Tags never seen on a rare word get a bias far below the others: possible, but very unlikely.
         bias = np.full(k, float(np.min(clf.intercept_)) - 10.0)
@@ -330,7 +332,7 @@ class HMMTagger:
         p1 = outcome / outcome.sum()
         with np.errstate(divide="ignore", invalid="ignore"):
             p2 = np.where(ctx[:, None] > 0, c2 / ctx[:, None], 0.0)
-            pair = c2  # Count(prev2, prev) = Count of the bigram
+            pair = c3.sum(axis=2)  # Count(prev2, prev) as a history; (<s>, <s>) = #sentences
             p3 = np.where(pair[:, :, None] > 0, c3 / pair[:, :, None], 0.0)
         if self.lambdas is not None:
             lam = np.asarray([float(x) for x in self.lambdas])
@@ -350,12 +352,14 @@ class HMMTagger:
         self._lr_index = {f: i for i, f in enumerate(self.lr_features_)}
         # (word, sentence-initial) -> (log P_suffix, log P_lr): independent of the calibration values
         self._unk_cache: dict[tuple[str, bool], tuple[np.ndarray, np.ndarray]] = {}
+        self._rare_components = None
         self._apply_calibration()
 
     def _deleted_interpolation(self, outcome: np.ndarray, ctx: np.ndarray) -> np.ndarray:
         """Brants (2000), fig. 1: each n-gram votes, with its count, for the order whose estimate
         (leaving this occurrence out) is largest."""
         c2, c3 = self.bigram_counts_, self.trigram_counts_
+        pair = c3.sum(axis=2)
         n = outcome.sum()
         lam = np.zeros(self.order)
 
@@ -368,7 +372,7 @@ class HMMTagger:
                 lam[int(np.argmax(est))] += c2[j, k]
         else:
             for i, j, k in zip(*np.nonzero(c3), strict=True):
-                est = [frac(outcome[k], n), frac(c2[j, k], ctx[j]), frac(c3[i, j, k], c2[i, j])]
+                est = [frac(outcome[k], n), frac(c2[j, k], ctx[j]), frac(c3[i, j, k], pair[i, j])]
                 lam[int(np.argmax(est))] += c3[i, j, k]
         return lam / lam.sum()
 
@@ -432,9 +436,10 @@ class HMMTagger:
         mu = self.calibration_["rare_mix"]
         rare = np.flatnonzero(self.word_counts_ <= self.rare_max_count)
         if mu > 0 and len(rare):
-            words = list(self.vocab_)
-            rare_words = [words[r] for r in rare]
-            unk = self._unknown_scores(*self._unknown_components(rare_words, [False] * len(rare)))
+            if getattr(self, "_rare_components", None) is None:  # independent of the calibration values
+                words = list(self.vocab_)
+                self._rare_components = self._unknown_components([words[r] for r in rare], [False] * len(rare))
+            unk = self._unknown_scores(*self._rare_components)
             # Same scale as counts: P(w|t) = P(t|w) P(w) / P(t) with P(w) = Count(w) / N.
             log_pw = np.log(self.word_counts_[rare] / self.word_counts_.sum())[:, None]
             with np.errstate(divide="ignore"):
@@ -909,7 +914,7 @@ class HMMTagger:
         pl.DataFrame({
             "prev2": [names[i] for i in a], "prev": [names[i] for i in b], "tag": [outs[j] for j in c],
             "count": self.trigram_counts_[a, b, c],
-            "prob": self.trigram_counts_[a, b, c] / np.maximum(self.bigram_counts_[a, b], 1),
+            "prob": self.trigram_counts_[a, b, c] / self.trigram_counts_.sum(axis=2)[a, b],
         }).write_parquet(d / "trigrams.parquet")
         wr, tc = np.nonzero(self.emission_counts_)
         words = list(self.vocab_)
