@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from collections import Counter, defaultdict
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -111,6 +112,8 @@ class HMMTagger:
     rare_max_count: known words seen at most this often mix in the unknown-word model (weight on dev).
     unknown_mix, emission_weight, unknown_weight, rare_mix: calibration values; None = tuned on the
       `dev` sentences given to `fit` (defaults 0.5, 1, 1, 0 without dev).
+    lexicalize: the N most frequent words seen with more than one tag get states of their own, `state|word`
+      (a lexicalised HMM, Pla & Molina 2004): transitions then see which of those words came before.
     max_candidates, prune: Viterbi keeps per position at most this many tags, best by emission score, and
       drops tags scoring more than `prune` (log) below the best (None: no threshold); max_candidates >= K
       and prune None is exact Viterbi.
@@ -125,7 +128,7 @@ class HMMTagger:
         rare_threshold: int = 10,
         theta: float | None = None,
         unknown: str = "both",
-        lr_max_count: int = 2,
+        lr_max_count: int = 1,
         lr_C: float = 1.0,
         rare_max_count: int = 1,
         lowercase_initial: bool = True,
@@ -133,6 +136,7 @@ class HMMTagger:
         emission_weight: float | None = None,
         unknown_weight: float | None = None,
         rare_mix: float | None = None,
+        lexicalize: int = 30,
         max_candidates: int = 8,
         prune: float | None = 8.0,
         max_iter: int = 300,
@@ -152,6 +156,7 @@ class HMMTagger:
         self.emission_weight = emission_weight
         self.unknown_weight = unknown_weight
         self.rare_mix = rare_mix
+        self.lexicalize = lexicalize
         self.max_candidates = max_candidates
         self.prune = prune
         self.max_iter = max_iter
@@ -162,7 +167,7 @@ class HMMTagger:
     def get_params(self) -> dict:
         keys = ("order", "lambdas", "suffix_length", "rare_threshold", "theta", "unknown", "lr_max_count", "lr_C",
                 "rare_max_count", "lowercase_initial", "unknown_mix", "emission_weight", "unknown_weight",
-                "rare_mix", "max_candidates", "prune", "max_iter", "seed")
+                "rare_mix", "lexicalize", "max_candidates", "prune", "max_iter", "seed")
         out = {k: getattr(self, k) for k in keys}
         out["lambdas"] = None if self.lambdas is None else [float(x) for x in self.lambdas]
         return out
@@ -201,6 +206,15 @@ class HMMTagger:
         if not triples:
             raise InputError("fit: no tagged sentence with at least one word; pass (word, tag) pair lists")
         # states: the tag, or tag|refinement when a training-only refinement was given
+        if self.lexicalize > 0:
+            freq = Counter(w for s in triples for w, _, _ in s)
+            seen: dict[str, set[str]] = defaultdict(set)
+            for s in triples:
+                for w, _, st in s:
+                    seen[w].add(st)
+            lex = {w for w, _ in sorted(((w, c) for w, c in freq.items() if len(seen[w]) > 1),
+                                       key=lambda wc: (-wc[1], wc[0]))[:self.lexicalize]}
+            triples = [[(w, t, f"{st}|{w}" if w in lex else st) for w, t, st in s] for s in triples]
         state_out = {st: t for s in triples for _, t, st in s}
         sents = [[(w, st) for w, _, st in s] for s in triples]
         tags = sorted(state_out)
@@ -292,6 +306,7 @@ class HMMTagger:
         k = len(self.tags_)
         if self.unknown == "suffix":
             return [], np.zeros((0, k)), np.zeros(k)
+        from sklearn.exceptions import ConvergenceWarning
         from sklearn.linear_model import LogisticRegression
         from threadpoolctl import threadpool_limits
 
@@ -311,14 +326,16 @@ class HMMTagger:
         index = {f: i for i, f in enumerate(names)}
         x = _csr([[index[f] for f in row] for row in feat_rows], len(names))
         clf = LogisticRegression(C=self.lr_C, max_iter=self.max_iter, random_state=self.seed)
-        with threadpool_limits(1):  # small dense BLAS calls: threads only contend (10x slower on a busy machine)
+        with threadpool_limits(1), warnings.catch_warnings():  # small BLAS calls: threads only contend
+            warnings.simplefilter("ignore", ConvergenceWarning)  # max_iter is the chosen budget; logged below
             clf.fit(x, np.asarray(y))
         weights = np.zeros((len(names), k))
         # Tags never seen on a rare word get a bias far below the others: possible, but very unlikely.
         bias = np.full(k, float(np.min(clf.intercept_)) - 10.0)
         weights[:, clf.classes_] = clf.coef_.T
         bias[clf.classes_] = clf.intercept_
-        logger.info("hmm.fit: logistic regression on %d rare-word tokens, %d features", len(y), len(names))
+        logger.info("hmm.fit: logistic regression on %d rare-word tokens, %d features, %d iterations",
+                    len(y), len(names), int(np.max(clf.n_iter_)))
         return names, weights, bias
 
     def _finalize(self) -> None:
@@ -585,9 +602,9 @@ class HMMTagger:
         decode = self._viterbi_batch if method == "viterbi" else self._greedy_batch
         with Progress("hmm.tag", total=sum(map(len, sentences)), unit="tokens") as prog:
             chunk_start = 0
-            while chunk_start < len(sentences):  # chunks of ~100k tokens bound the emission arrays
+            while chunk_start < len(sentences):  # chunks of ~50k tokens bound the emission arrays
                 chunk_end, n_tok = chunk_start, 0
-                while chunk_end < len(sentences) and (n_tok < 100_000 or chunk_end == chunk_start):
+                while chunk_end < len(sentences) and (n_tok < 50_000 or chunk_end == chunk_start):
                     n_tok += len(sentences[chunk_end])
                     chunk_end += 1
                 chunk = sentences[chunk_start:chunk_end]

@@ -24,7 +24,7 @@ TOY = [
 
 
 def toy(order=2, **kw):
-    return HMMTagger(order=order, **kw).fit(TOY)
+    return HMMTagger(order=order, lexicalize=0, **kw).fit(TOY)
 
 
 def test_mle_tables_by_hand():
@@ -82,7 +82,7 @@ def test_viterbi_lattice_by_hand():
 
 
 def test_trigram_lattice_matches_brute_force():
-    m = HMMTagger(order=3, lambdas=(0.2, 0.3, 0.5)).fit(TOY)
+    m = HMMTagger(order=3, lambdas=(0.2, 0.3, 0.5), lexicalize=0).fit(TOY)
     words = ["the", "dog", "run", "runs"]
     em = m._emissions(words)
     k = len(m.tags_)
@@ -102,7 +102,7 @@ def test_trigram_lattice_matches_brute_force():
 def test_greedy_differs_from_viterbi_on_a_garden_path():
     # "x" is more often A, but "y" only follows B: greedy commits to A, Viterbi recovers B.
     corpus = [[("x", "A"), ("z", "C")]] * 3 + [[("x", "B"), ("y", "D")]]
-    m = HMMTagger(order=2, lambdas=(0.1, 0.9)).fit(corpus)
+    m = HMMTagger(order=2, lambdas=(0.1, 0.9), lexicalize=0).fit(corpus)
     assert m.tag(["x", "y"], method="greedy") == ["A", "D"]
     assert m.tag(["x", "y"]) == ["B", "D"] == m.tag(["x", "y"], method="beam", beam_width=4)
     assert m.tag(["x", "y"], method="beam", beam_width=1) == ["A", "D"]
@@ -126,7 +126,7 @@ def synthetic_corpus(seed=0, n=300, k=5, v=25):
 @pytest.mark.parametrize("order", [2, 3])
 def test_beam_equals_viterbi_when_wide_and_greedy_is_no_better(order):
     sents = synthetic_corpus()
-    m = HMMTagger(order=order, max_candidates=100, prune=None, unknown="suffix").fit(sents[:250])
+    m = HMMTagger(order=order, max_candidates=100, prune=None, unknown="suffix", lexicalize=0).fit(sents[:250])
     k = len(m.tags_)
     width = k if order == 2 else (k + 1) * k  # the number of states
     words = [[w for w, _ in s] for s in sents[250:]] + [["w3", "unseen", "w1"]]
@@ -153,8 +153,8 @@ def path_score(m, words, tags):
 
 def test_pruned_viterbi_equals_exact_when_words_have_few_tags():
     sents = synthetic_corpus(seed=1, k=4)
-    exact = HMMTagger(order=3, max_candidates=100, prune=None, unknown="suffix").fit(sents[:250])
-    fast = HMMTagger(order=3, max_candidates=4, prune=None, unknown="suffix").fit(sents[:250])
+    exact = HMMTagger(order=3, max_candidates=100, prune=None, unknown="suffix", lexicalize=0).fit(sents[:250])
+    fast = HMMTagger(order=3, max_candidates=4, prune=None, unknown="suffix", lexicalize=0).fit(sents[:250])
     words = [[w for w, _ in s] for s in sents[250:]]
     assert fast.tag_many(words) == exact.tag_many(words)
 
@@ -182,7 +182,7 @@ def ewt_small():
 
 def test_round_trip_save_load_and_open_formats(tmp_path, ewt_small):
     train, dev = ewt_small
-    m = HMMTagger(order=3, max_iter=100).fit(train, dev=dev)
+    m = HMMTagger(order=3, max_iter=60, lexicalize=10).fit(train, dev=dev)
     m.save(tmp_path)
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == ["config.json", "emissions.parquet", "initial.parquet", "suffixes.parquet",
@@ -216,8 +216,12 @@ def test_robust_to_empty_sentences_and_unseen_tags(ewt_small):
 def test_tag_text_and_refined_states():
     corpus = [[("the", "DET", "DT"), ("dog", "NOUN", "NN"), ("runs", "VERB", "VBZ"), (".", "PUNCT", ".")],
               [("dogs", "NOUN", "NNS"), ("run", "VERB", "VBP"), (".", "PUNCT", ".")]] * 3
-    m = HMMTagger(order=3).fit(corpus)
+    m = HMMTagger(order=3, lexicalize=0).fit(corpus)
     assert "NOUN|NNS" in m.tags_ and set(m.state_output_) == {"DET", "NOUN", "VERB", "PUNCT"}
+    # lexicalised states: an ambiguous frequent word gets states of its own, the output stays the tag
+    lex = HMMTagger(order=3, lexicalize=1).fit(corpus + [[("run", "NOUN", "NN")]])
+    assert {"VERB|VBP|run", "NOUN|NN|run"} <= set(lex.tags_) and "VERB|VBP" not in lex.tags_
+    assert lex.tag(["dogs", "run", "."]) == ["NOUN", "VERB", "PUNCT"]
     out = m.tag_text("the dog runs. Dogs run.")
     assert out == [[("the", "DET"), ("dog", "NOUN"), ("runs", "VERB"), (".", "PUNCT")],
                    [("Dogs", "NOUN"), ("run", "VERB"), (".", "PUNCT")]]
