@@ -18,16 +18,21 @@ part-of-speech tagger", ANLP):
   digits, hyphens, the tags the lowercased form or the last hyphen part has as a known word), fit
   on the rare words of train. Both are turned into an emission score by Bayes' rule,
   P(w | t) ∝ P(t | w) / P(t); the mixing weight and the emission weights are calibrated on dev;
+- state splits (supervised, so still plain MLE): `(word, tag, refinement)` training items make the states
+  `tag|refinement` (UPOS split by XPOS, ...), and the `lexicalize` most frequent ambiguous words get
+  word-specific states `tag|word` (Pla & Molina 2004, "Improving part-of-speech tagging using
+  lexicalized HMMs"); `tag` maps states back to tags;
 - words seen at most `rare_max_count` times mix their counted emission with the unknown-word model
   (a seen-once word has usually shown only one of its tags); a capitalised sentence-initial word
   unseen in that form uses the emissions of its lowercased form when that one is known.
 
-Decoding is in log space, batched over sentences of equal length: Viterbi vectorised over states
-with numpy (O(n K^2), for order 3 over (previous, current) state pairs, each position restricted to
-its `max_candidates` best tags by emission score: exact whenever a word has no more possible
-tags than that, and `max_candidates >= K` is always exact), greedy (s_t = argmax P(s | s_{t-1}) P(o_t | s))
-and beam search of width beta with recombination of hypotheses ending in the same state
-(O(n K beta); equal to Viterbi when beta is at least the number of states).
+Decoding is in log space. Viterbi is vectorised with numpy, O(n K^2) (order 2: batched over
+equal-length sentences; order 3: over (previous, current) state pairs, all sentences at once as flat
+arrays of candidate triples), each position restricted to its candidate tags (possible, within `prune`
+of the best emission score, at most `max_candidates`; `max_candidates >= K` with `prune=None` is
+exact). Greedy: s_t = argmax P(s | s_{t-1}) P(o_t | s), batched. Beam search of width beta with
+recombination of hypotheses ending in the same state: O(n K beta), equal to Viterbi when beta is at
+least the number of states.
 
 Everything learned is kept as counts and coefficients and saved as Parquet plus a JSON config;
 `load` rebuilds the decoding tables with the same code as `fit`, so a round trip is exact.
@@ -621,8 +626,14 @@ class HMMTagger:
                     ids = np.concatenate([k_ids, u_ids[:, :w]])[rows]
                     sc = np.concatenate([k_sc, u_sc[:, :w]])[rows]
                     wid = np.concatenate([k_w, np.minimum(u_w, w)])[rows]
-                    for i, tags in enumerate(self._viterbi_ragged(ids, sc, wid, np.diff(offsets))):
-                        out[chunk_start + i] = tags
+                    # at most ~4M (prev2, prev, cur) triples per step: few sentences at a time when m is large
+                    group = max(1, int(4e6 // max(1, ids.shape[1]) ** 3))
+                    for g0 in range(0, len(chunk), group):
+                        g1 = min(g0 + group, len(chunk))
+                        lo, hi = offsets[g0], offsets[g1]
+                        tagged = self._viterbi_ragged(ids[lo:hi], sc[lo:hi], wid[lo:hi], np.diff(offsets[g0:g1 + 1]))
+                        for i, tags in enumerate(tagged, start=g0):
+                            out[chunk_start + i] = tags
                     prog.update(n_tok)
                     chunk_start = chunk_end
                     continue
