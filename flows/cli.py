@@ -4,6 +4,7 @@
     lexiflow artifacts list [--store DIR] [--kind KIND] [--json]
     lexiflow artifacts show KIND[:VERSION] [--store DIR]
     lexiflow artifacts verify [--store DIR] [--full]
+    lexiflow tag INPUT [-o OUTPUT] [--tagger VERSION ...] [--method viterbi|greedy|beam]
 
 Errors a user can fix print one line (`error: ...`) and exit with status 2.
 """
@@ -89,6 +90,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         metrics = store.manifest(ref.kind, ref.version)["metrics"]
         if ref.kind == "evaluation":
             print(f"  {name:<17} " + ", ".join(f"{k} {metrics[k]:.3f}" for k in HEADLINE_EMBEDDINGS))
+        elif ref.kind == "tagger":
+            print(f"  {name:<17} " + ", ".join(f"{k} {metrics[k]:.4f}" for k in
+                                               ("accuracy", "known_accuracy", "unknown_accuracy")))
         elif ref.kind == "lm":
             print(f"  {name:<17} " + ", ".join(f"{k} {metrics[k]:.1f}" for k in ("valid_perplexity", "test_perplexity")
                                                if metrics.get(k) is not None))
@@ -139,6 +143,44 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def cmd_tag(args: argparse.Namespace) -> int:
+    """Tag a CoNLL-U file (predicted tags replace its UPOS/XPOS columns) or plain text (written as CoNLL-U)."""
+    from models import conllu
+    from models.errors import InputError
+    from models.hmm import HMMTagger
+    from storage import ArtifactStore, Catalog
+
+    store, catalog = ArtifactStore(args.store), Catalog(args.store)
+    taggers = {}
+    for version in args.tagger:
+        manifest = catalog.get("tagger", None if version == "latest" else version)
+        with store.local_dir("tagger", manifest["version"]) as folder:
+            taggers[manifest["metrics"]["column"]] = HMMTagger.load(folder)
+    source = Path(args.input)
+    if not source.is_file():
+        raise InputError(f"{source}: no such file")
+    output = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
+    try:
+        if source.suffix == ".conllu":
+            sentences = [s.words for s in conllu.read_conllu(source)]
+            tags = {col: t.tag_many(sentences, method=args.method) for col, t in taggers.items()}
+            with source.open(encoding="utf-8") as f:
+                output.writelines(conllu.replace_tags(f, tags))
+        else:
+            from models.text import pretokenize, split_sentences
+
+            sentences = [pretokenize(s) for s in split_sentences(source.read_text(encoding="utf-8"))]
+            tags = {col: t.tag_many(sentences, method=args.method) for col, t in taggers.items()}
+            for i, words in enumerate(sentences):
+                output.write(conllu.format_sentence(conllu.Sentence(
+                    words=words, upos=tags.get("upos", [["_"] * len(words)] * (i + 1))[i],
+                    xpos=tags.get("xpos", [["_"] * len(words)] * (i + 1))[i], sent_id=str(i + 1))))
+    finally:
+        if args.output:
+            output.close()
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lexiflow", description="Batch NLP pipeline on Prefect.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -153,6 +195,15 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override a parameter by dotted name, e.g. --set svd.dim=200 --set corpus.lowercase=false")
     run.set_defaults(func=cmd_run)
+
+    tag = sub.add_parser("tag", help="tag a CoNLL-U or plain-text file with trained HMM taggers")
+    tag.add_argument("input", help="a .conllu file (its UPOS/XPOS columns are replaced) or plain text")
+    tag.add_argument("-o", "--output", help="output CoNLL-U file (default: standard output)")
+    tag.add_argument("--tagger", nargs="+", default=["latest"], metavar="VERSION",
+                     help="tagger artifact versions, one per tag set (default: the latest tagger)")
+    tag.add_argument("--method", choices=["viterbi", "greedy", "beam"], default="viterbi", help="decoding")
+    tag.add_argument("--store", default=DEFAULT_STORE, help=f"artifact store (default {DEFAULT_STORE})")
+    tag.set_defaults(func=cmd_tag)
 
     artifacts = sub.add_parser("artifacts", help="inspect the artifact store")
     art = artifacts.add_subparsers(dest="artifacts_command", required=True)

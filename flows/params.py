@@ -17,6 +17,7 @@ from tasks.params import (
     Params,
     PPMIParams,
     SVDParams,
+    TaggerParams,
     TokenizerParams,
     VocabularyParams,
 )
@@ -35,6 +36,7 @@ class PipelineParams(Params):
                                                            "ngram, ffnn, rnn, lstm, gru, transformer.")
     ngram: NgramParams = NgramParams()
     neural: NeuralLMParams = NeuralLMParams()
+    tagger: TaggerParams = TaggerParams()
 
 
 def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:

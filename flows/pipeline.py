@@ -11,9 +11,10 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 
 from flows.params import PipelineParams
+from models import ingest
 from models.errors import ParameterError
 from storage import ArtifactRef, ArtifactStore
-from tasks.corpus import ingest_corpus
+from tasks.corpus import ingest_corpus, ingest_tagged
 from tasks.embeddings import svd_embeddings
 from tasks.evaluation import evaluate_embeddings
 from tasks.lm import train_lm
@@ -27,10 +28,12 @@ from tasks.params import (
     NgramParams,
     PPMIParams,
     SVDParams,
+    TaggerParams,
     TokenizerParams,
     VocabularyParams,
 )
 from tasks.report import publish_report, write_report
+from tasks.tagger import train_tagger
 from tasks.vocabulary import encode_corpus, learn_subword, learn_vocabulary
 
 
@@ -47,8 +50,10 @@ def pipeline(
     lm: list[LMKind] = ["ngram"],  # noqa: B006 - Prefect needs a literal default for the UI form
     ngram: NgramParams = NgramParams(),
     neural: NeuralLMParams = NeuralLMParams(),
+    tagger: TaggerParams = TaggerParams(),
 ) -> dict[str, ArtifactRef]:
-    """Build every artifact from the corpus sources; unchanged stages are reused, not recomputed."""
+    """Build every artifact from the corpus sources; unchanged stages are reused, not recomputed.
+    CoNLL-U sources also give a tagged corpus and an HMM tagger per tag set."""
     docs = ingest_corpus(store, params=corpus)
     words = learn_vocabulary(store, corpus=docs, params=vocabulary)
     word_ids = encode_corpus(store, corpus=docs, tokenizer=words)
@@ -73,12 +78,20 @@ def pipeline(
                                  params=ngram if kind == "ngram" else neural,
                                  embeddings=None if kind == "ngram" else embeddings.get(neural.pretrained))
 
-    report = write_report(store, evaluations=list(evaluations.values()), lms=list(lms.values()) or None)
+    taggers = {}
+    if ingest.tagged_files(ingest.resolve_sources(corpus.sources)):
+        tagged = ingest_tagged(store, params=corpus)
+        taggers = {column: train_tagger(store, tagged=tagged, column=column, params=tagger)
+                   for column in tagger.columns}
+
+    report = write_report(store, evaluations=list(evaluations.values()), lms=list(lms.values()) or None,
+                          taggers=list(taggers.values()) or None)
     publish_report(report)
     refs = {"corpus": docs, "tokenizer": words, "tokenized_corpus": word_ids, "cooccurrence": counts, "ppmi": pmi,
             **{f"embeddings.{k}": v for k, v in embeddings.items()},
             **{f"evaluation.{k}": v for k, v in evaluations.items()},
-            **{f"lm.{k}": v for k, v in lms.items()}, "report": report}
+            **{f"lm.{k}": v for k, v in lms.items()}, **{f"tagger.{k}": v for k, v in taggers.items()},
+            "report": report}
     get_run_logger().info("pipeline: %s", ", ".join(f"{name}={ref.version}" for name, ref in refs.items()))
     return refs
 

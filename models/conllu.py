@@ -82,3 +82,24 @@ def format_sentence(sent: Sentence) -> str:
     for i, (w, u, x) in enumerate(zip(sent.words, sent.upos, sent.xpos, strict=True), start=1):
         lines.append(f"{i}\t{w}\t_\t{u}\t{x}\t_\t_\t_\t_\t_")
     return "\n".join(lines) + "\n\n"
+
+
+def replace_tags(lines: Iterable[str], tags: dict[str, list[list[str]]]) -> Iterator[str]:
+    """Re-emit CoNLL-U lines with predicted tags in the UPOS and/or XPOS column
+    (`tags = {"upos": [...per sentence...], "xpos": [...]}`), everything else untouched."""
+    column = {"upos": 3, "xpos": 4}
+    sentence, position = 0, 0
+    in_sentence = False
+    for raw in lines:
+        line = raw.rstrip("\r\n")
+        cols = line.split("\t")
+        if len(cols) == 10 and cols[0].isdigit():
+            in_sentence = True
+            for name, predicted in tags.items():
+                cols[column[name]] = predicted[sentence][position]
+            position += 1
+            yield "\t".join(cols) + "\n"
+            continue
+        if not line.strip() and in_sentence:
+            sentence, position, in_sentence = sentence + 1, 0, False
+        yield line + "\n"

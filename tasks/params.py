@@ -112,3 +112,14 @@ class NeuralLMParams(Params):
     checkpoint_every: int = Field(200, ge=0, description="Steps between checkpoints (0: epoch ends only).")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto picks CUDA when present.")
     seed: int = Field(0, ge=0, description="Random seed.")
+
+
+class TaggerParams(Params):
+    columns: list[Literal["upos", "xpos"]] = Field(
+        default=["upos", "xpos"], description="Tag sets to learn from CoNLL-U sources, a tagger artifact each.")
+    order: Literal[2, 3] = Field(3, description="HMM order: 2 (bigram transitions) or 3 (trigram, TnT-style).")
+    method: Literal["viterbi", "greedy", "beam"] = Field("viterbi", description="Decoding for evaluation.")
+    beam_width: int = Field(8, ge=1, le=1024, description="Beam width for method=beam.")
+    refine_states: bool = Field(True, description="Split each tag's HMM states by the other tag set during "
+                                                  "training (UPOS by XPOS and vice versa); tagging returns plain "
+                                                  "tags.")
