@@ -26,6 +26,7 @@ PREFECT_DEFAULTS = {
     "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
     "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
     "PREFECT_LOGGING_EXTRA_LOGGERS": "lexiflow",
+    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",  # progress logged outside flows (lexiflow tag)
 }
 HEADLINE_EMBEDDINGS = ("ws353_spearman", "simlex999_spearman", "analogy_add_accuracy", "analogy_mul_accuracy",
                        "analogy_coverage")

@@ -118,3 +118,54 @@ def test_parameters_are_validated_before_any_work(tmp_path, capsys):
     assert main(["run", "--store", str(tmp_path), "--set", "store.x=1"]) == 2
     assert "'store' is a value, not a section" in capsys.readouterr().err
     assert Catalog(tmp_path).list() == []
+
+
+def _ewt_slice(src, dst, sentences):
+    """The first `sentences` sentences of a CoNLL-U file (name keeps its split: *-train/-dev/-test)."""
+    blocks = src.read_text(encoding="utf-8").split("\n\n")[:sentences]
+    dst.write_text("\n\n".join(blocks) + "\n\n", encoding="utf-8")
+    return dst
+
+
+@pytest.mark.slow
+def test_all_stages_on_a_small_treebank(tmp_path, shared_data, capsys):
+    """CoNLL-U sources give a tagged corpus and taggers; subword tokens feed the language models."""
+    ewt = shared_data / "ud-english-ewt"
+    data = tmp_path / "ewt"
+    data.mkdir()
+    for split, n in (("train", 1500), ("dev", 200), ("test", 200)):
+        _ewt_slice(ewt / f"en_ewt-ud-{split}.conllu", data / f"en_ewt-ud-{split}.conllu", n)
+    store = tmp_path / "store"
+    params = validate({
+        "store": str(store), "corpus": {"sources": [str(data)]}, "vocabulary": {"min_count": 2},
+        "svd": {"dim": 20}, "evaluation": {"analogy_vocabulary": 1000},
+        "tokenizer": {"kind": "bpe", "vocab_size": 400}, "lm": ["ngram", "gru"],
+        "neural": {"emb_dim": 16, "hidden_dim": 16, "num_layers": 1, "epochs": 1, "max_steps": 30,
+                   "batch_size": 8, "bptt": 16, "device": "cpu"},
+        "tagger": {"columns": ["upos"]},
+    })
+    refs = run_pipeline(params)
+    store_obj = ArtifactStore(store)
+    tagger = store_obj.manifest("tagger", refs["tagger.upos"].version)["metrics"]
+    assert tagger["evaluated_on"] == "test" and tagger["tokens"] > 2000
+    assert tagger["accuracy"] > 0.8 > tagger["unknown_accuracy"] - 0.3  # small training set, still a tagger
+    for model in ("ngram", "gru"):
+        metrics = store_obj.manifest("lm", refs[f"lm.{model}"].version)["metrics"]
+        assert 1 < metrics["test_perplexity"] < metrics["vocabulary_size"], (model, metrics)
+        assert store_obj.manifest("lm", refs[f"lm.{model}"].version)["inputs"]["tokenizer"]["version"] != \
+            refs["tokenizer"].version  # subword tokens, not the word vocabulary
+    report = (store / "report" / refs["report"].version / "report.md").read_text()
+    assert "## Language models" in report and "UPOS HMM tagger" in report and "tagger-confusion.png" in report
+    assert (store / "report" / refs["report"].version / "tagger-confusion.png").stat().st_size > 1000
+
+    # lexiflow tag writes predicted UPOS into a CoNLL-U file, leaving every other column as it was.
+    source = data / "en_ewt-ud-dev.conllu"
+    out = tmp_path / "tagged.conllu"
+    assert main(["tag", str(source), "-o", str(out), "--store", str(store)]) == 0
+    before, after = source.read_text().splitlines(), out.read_text().splitlines()
+    assert len(before) == len(after)
+    changed_columns = {i for b, a in zip(before, after, strict=True) if b != a
+                       for i, (x, y) in enumerate(zip(b.split("\t"), a.split("\t"), strict=True)) if x != y}
+    assert changed_columns == {3}
+    same = sum(b == a for b, a in zip(before, after, strict=True) if b.split("\t")[0].isdigit())
+    assert same / sum(1 for b in before if b.split("\t")[0].isdigit()) > 0.8
