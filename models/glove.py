@@ -11,8 +11,9 @@ Training, as in the reference C code (glove.c), with mini-batches instead of Hog
 - every epoch the nonzero cells are shuffled (seeded) and visited once, in batches of
   `batch_size` cells; a batch's gradient is the sum of its cells' gradients (so a word seen in
   many cells of one batch gets one summed step, which AdaGrad then scales);
-- AdaGrad per parameter: G ← G + g², θ ← θ − lr · g / √G, with the accumulator G starting at 1 (the
-  reference code starts `gradsq` at 1, which keeps the first steps at most lr·|g|);
+- AdaGrad per parameter in glove.c's form: u = lr·g, G ← G + u², θ ← θ − u / √G, with G starting
+  at 1 (glove.c scales the gradient by the learning rate before accumulating its square, and starts
+  `gradsq` at 1): SGD with step lr while gradients are small, AdaGrad with step 1 after;
   `optimizer="adam"` is optional (Kingma & Ba 2015, standard bias-corrected Adam, dense moments);
 - initial vectors and biases uniform in [−0.5, 0.5) / dim, as in glove.c.
 
@@ -213,17 +214,21 @@ def _cells(matrix: sp.spmatrix | sp.sparray) -> tuple[np.ndarray, np.ndarray, np
 
 
 class _AdaGrad:
-    """Duchi et al. (2011): G += g², θ -= lr·g/√G, G starting at 1 as in glove.c. In place, dense."""
+    """AdaGrad (Duchi et al. 2011) in glove.c's form: u = lr·g; G += u²; θ -= u / √G, with G
+    starting at 1. While gradients are small this is SGD with step lr; once they add up it is
+    AdaGrad with step 1 (glove.c folds lr into the gradient before accumulating its square).
+    In place and dense: rows a batch does not touch have g = 0, so their G and θ stay as they were.
+    """
 
     def __init__(self, params: list[torch.Tensor], lr: float) -> None:
         self.params, self.lr = params, lr
         self.acc = [torch.ones_like(p) for p in params]
 
     def __call__(self, grads: list[torch.Tensor]) -> None:
-        # Rows a batch does not touch have g = 0: their G and θ stay exactly as they were.
         for p, g, acc in zip(self.params, grads, self.acc, strict=True):
+            g.mul_(self.lr)  # u = lr·g (the buffer is zeroed before the next batch)
             acc.addcmul_(g, g)
-            p.addcdiv_(g, acc.sqrt(), value=-self.lr)
+            p.addcdiv_(g, acc.sqrt(), value=-1.0)
 
 
 class _Adam:

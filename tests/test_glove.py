@@ -45,9 +45,9 @@ def _hand_step(x_max, alpha, lr, dim, seed):
         gc[j] += 2 * f * diff * w[i]
         gb[i] += 2 * f * diff
         gbc[j] += 2 * f * diff
-    # AdaGrad with the accumulator starting at 1: G = 1 + g², θ -= lr g / sqrt(G)
-    w1 = w - lr * gw / np.sqrt(1 + gw**2)
-    c1 = c - lr * gc / np.sqrt(1 + gc**2)
+    # glove.c's AdaGrad, accumulator starting at 1: u = lr·g, G = 1 + u², θ -= u / sqrt(G)
+    w1 = w - lr * gw / np.sqrt(1 + (lr * gw) ** 2)
+    c1 = c - lr * gc / np.sqrt(1 + (lr * gc) ** 2)
     return w1 + c1, loss / len(cells), (w, c)
 
 
