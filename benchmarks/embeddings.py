@@ -124,10 +124,10 @@ def evaluate_kv(kv, sets: dict[str, Path]) -> dict[str, float]:
     return out
 
 
-def train_glove(matrix, **params):
+def train_glove(matrix, on_epoch=None, **params):
     from models.glove import GloVe
 
-    return GloVe(dim=DIM, **params).fit(matrix)
+    return GloVe(dim=DIM, **params).fit(matrix, on_epoch=on_epoch)
 
 
 def tune_glove(grid: list[dict], path: Path | None = None) -> pl.DataFrame:
@@ -135,13 +135,16 @@ def tune_glove(grid: list[dict], path: Path | None = None) -> pl.DataFrame:
     vocab, n_tokens, matrix = prepare(path or corpus_path())
     sets = {k: v for k, v in split_eval_files().items() if k.endswith("-dev")}
     rows = []
+
+    def score(record, vectors):
+        if record["epoch"] % every == 0:
+            scores = {k: round(v, 4) for k, v in evaluate(vectors, vocab.tokens, sets).items() if "oov" not in k}
+            rows.append({**params, "epoch": record["epoch"], **scores, "loss": record["loss"]})
+            print(rows[-1], flush=True)
+
     for params in grid:
-        start = time.perf_counter()
-        model = train_glove(matrix, **params)
-        scores = evaluate(model.vectors_, vocab.tokens, sets)
-        rows.append({**params, **scores, "final_loss": model.history_[-1]["loss"],
-                     "seconds": time.perf_counter() - start})
-        print(rows[-1], flush=True)
+        every = params.pop("every", 1)
+        train_glove(matrix, on_epoch=score, **params)
     return pl.DataFrame(rows)
 
 

@@ -134,8 +134,17 @@ class GloVe:
         return GloVeConfig(self.dim, self.x_max, self.alpha, self.epochs, self.lr, self.batch_size,
                            self.optimizer, self.device, self.seed)
 
-    def fit(self, matrix: sp.spmatrix | sp.sparray, progress: Callable[[float | None], None] | None = None) -> GloVe:
-        """Train on a (V × V) co-occurrence matrix whose rows/columns are vocabulary ids."""
+    def fit(
+        self,
+        matrix: sp.spmatrix | sp.sparray,
+        progress: Callable[[float | None], None] | None = None,
+        on_epoch: Callable[[dict[str, float], np.ndarray], None] | None = None,
+    ) -> GloVe:
+        """Train on a (V × V) co-occurrence matrix whose rows/columns are vocabulary ids.
+
+        `on_epoch(record, vectors)`, if given, sees each epoch's history record and the vectors so
+        far (for learning curves / early-stopping studies; it costs a device-to-host copy per epoch).
+        """
         cfg = self.config
         cfg.validate()
         rows, cols, counts, vocab_size = _cells(matrix)
@@ -155,6 +164,9 @@ class GloVe:
         w, w_ctx, b, b_ctx = params
         g_w, g_ctx, g_b, g_bctx = grads
         shuffle = torch.Generator(device=dev).manual_seed(cfg.seed)
+        trained = np.zeros(vocab_size, dtype=bool)
+        trained[rows] = True
+        trained[cols] = True
 
         self.history_: list[dict[str, float]] = []
         with Progress("glove", total=cfg.epochs * n, unit="cells", callback=progress) as bar:
@@ -185,15 +197,19 @@ class GloVe:
                                       "cells_per_s": n / max(seconds, 1e-12)})
                 logger.debug("glove epoch %d: loss %.5f, %.2fs", epoch, loss, seconds)
                 bar.update(n)
+                if on_epoch is not None:
+                    on_epoch(self.history_[-1], _output(w, w_ctx, trained))
 
-        trained = np.zeros(vocab_size, dtype=bool)
-        trained[rows] = True
-        trained[cols] = True
-        vectors = (w + w_ctx).cpu().numpy().astype(np.float32)
-        vectors[~trained] = 0.0  # untrained rows (specials) carry only their random init
-        self.vectors_ = vectors
+        self.vectors_ = _output(w, w_ctx, trained)
         self.n_cells_ = n
         return self
+
+
+def _output(w: torch.Tensor, w_ctx: torch.Tensor, trained: np.ndarray) -> np.ndarray:
+    """w + w̃ as float32 numpy; untrained rows (specials) zero instead of their random init."""
+    vectors = (w + w_ctx).cpu().numpy().astype(np.float32)
+    vectors[~trained] = 0.0
+    return vectors
 
 
 def _cells(matrix: sp.spmatrix | sp.sparray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
