@@ -53,11 +53,11 @@ class GloVeConfig:
     """Hyperparameters. Defaults were tuned for small corpora (about 1 M tokens), see docs/embeddings.md."""
 
     dim: int = 100
-    x_max: float = 10.0  # f(x) saturates at 1 from x_max on (harmonic-weighted counts)
+    x_max: float = 0.5  # f(x) saturates at 1 from x_max on (harmonic-weighted counts); paper: 100
     alpha: float = 0.75  # exponent of the weighting f
-    epochs: int = 50
+    epochs: int = 10  # quality peaks early on small corpora, then the noisy cells are overfitted
     lr: float = 0.05
-    batch_size: int = 16384  # nonzero cells per step
+    batch_size: int = 65536  # nonzero cells per step
     optimizer: Optimizer = "adagrad"
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     seed: int = 0
