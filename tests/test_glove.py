@@ -86,7 +86,8 @@ def ewt_matrix(shared_data):
 
 def test_loss_decreases_on_real_text(ewt_matrix):
     seen = []
-    model = GloVe(dim=16, epochs=6, device="cpu").fit(ewt_matrix, on_epoch=lambda rec, vec: seen.append((rec, vec)))
+    model = GloVe(dim=16, epochs=6, batch_size=4096, device="cpu")
+    model.fit(ewt_matrix, on_epoch=lambda rec, vec: seen.append((rec, vec)))
     losses = [h["loss"] for h in model.history_]
     assert [rec for rec, _ in seen] == model.history_
     assert np.array_equal(seen[-1][1], model.vectors_) and not np.array_equal(seen[0][1], model.vectors_)
