@@ -1,0 +1,238 @@
+"""Word embeddings: our GloVe (torch) and our gensim word2vec wrapper, quality and speed.
+
+Corpus (built once, cached in the temp folder): gensim's Wikipedia excerpt (redirects skipped,
+markup stripped with `filter_wiki`) + `lee_background.cor` + WikiText-2 validation + the words
+of UD EWT train; cleaned with lexiflow's ingestion path (NFC, sentence split, lowercase) and
+pre-tokenizer; about 0.9 M tokens. dim 100, window 5, min count 5 for every method.
+
+Rows:
+- GloVe WS353 / SimLex-999 Spearman on the full sets (targets >= 0.40 / >= 0.15), beside gensim
+  SGNS trained on the same corpus in the same run (the peer); and on the test halves (odd pairs),
+  the halves the defaults were NOT tuned on (tuning used the even pairs, see `tune_glove`);
+- GloVe throughput on this machine's device: cells/s and corpus words/s (tokens × epochs / s);
+- SGNS and CBOW through `models.word2vec.Word2Vec` vs raw `gensim.models.Word2Vec` with the same
+  parameters and seed (target: equal within seed noise, measured as raw gensim with another seed).
+
+`python -m benchmarks embeddings` (full) or `--quick` (a 60k-token slice, a few epochs).
+"""
+
+from __future__ import annotations
+
+import bz2
+import logging
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from benchmarks.harness import SHARED_DATA, Row
+from models.conllu import read_conllu
+from models.text import clean_expr, pretokenize_expr
+from models.vocab import Vocabulary
+
+CACHE = Path(tempfile.gettempdir()) / "lexiflow-bench-embeddings"
+WIKI = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
+DIM, WINDOW, MIN_COUNT = 100, 5, 5
+W2V_EPOCHS = 15
+logger = logging.getLogger("lexiflow.bench.embeddings")
+
+
+def raw_texts() -> list[str]:
+    """The four sources as a list of raw texts (documents / lines / sentences)."""
+    from gensim.corpora.wikicorpus import extract_pages, filter_wiki
+    from gensim.test.utils import datapath
+
+    texts: list[str] = []
+    with bz2.open(datapath(WIKI), "rb") as f:
+        for _title, text, _pageid in extract_pages(f):
+            if text and not text.lstrip().lower().startswith("#redirect"):
+                texts.append(filter_wiki(text))
+    texts += Path(datapath("lee_background.cor")).read_text(encoding="utf-8").splitlines()
+    wikitext = (SHARED_DATA / "wikitext-2" / "wiki.valid.tokens").read_text(encoding="utf-8").splitlines()
+    texts += [line for line in wikitext if line.strip() and not line.lstrip().startswith("= ")]
+    texts += [" ".join(s.words) for s in read_conllu(SHARED_DATA / "ud-english-ewt" / "en_ewt-ud-train.conllu")]
+    return texts
+
+
+def corpus_path() -> Path:
+    """Parquet of sentences (`tokens`: list[str]), built once."""
+    path = CACHE / "corpus.parquet"
+    if not path.exists():
+        CACHE.mkdir(parents=True, exist_ok=True)
+        frame = (
+            pl.DataFrame({"text": raw_texts()})
+            .select(clean_expr(pl.col("text"), lowercase=True, sentences=True).str.split("\n"))
+            .explode("text")
+            .select(pretokenize_expr(pl.col("text")).alias("tokens"))
+            .filter(pl.col("tokens").list.len() > 0)
+        )
+        frame.write_parquet(path, row_group_size=5000)
+    return path
+
+
+def quick_path() -> Path:
+    path = CACHE / "corpus-quick.parquet"
+    if not path.exists():
+        pl.read_parquet(corpus_path()).head(1500).write_parquet(path, row_group_size=500)
+    return path
+
+
+def prepare(path: Path, window: int = WINDOW):
+    """Vocabulary (min count 5), token count and the harmonic co-occurrence matrix of a corpus."""
+    from models.cooccurrence import cooccurrence_matrix
+
+    tokens = pl.read_parquet(path)["tokens"]
+    vocab = Vocabulary.count(tokens, min_count=MIN_COUNT)
+    ids = vocab.encode(tokens)
+    flat = ids.explode().to_numpy()
+    offsets = np.concatenate(([0], np.cumsum(ids.list.len().to_numpy())))
+    matrix = cooccurrence_matrix(flat, offsets, len(vocab), window=window, weighting="harmonic")
+    return vocab, len(flat), matrix
+
+
+def split_eval_files() -> dict[str, Path]:
+    """WS353 and SimLex-999 as full sets and as dev (even pairs) / test (odd pairs) halves."""
+    from gensim.test.utils import datapath
+
+    out = {}
+    for name, source in (("ws353", "wordsim353.tsv"), ("simlex", "simlex999.txt")):
+        lines = Path(datapath(source)).read_text(encoding="utf-8").splitlines()
+        header = [ln for ln in lines if ln.startswith("#")]
+        pairs = [ln for ln in lines if ln.strip() and not ln.startswith("#")]
+        out[name] = Path(datapath(source))
+        for half, part in (("dev", pairs[0::2]), ("test", pairs[1::2])):
+            path = CACHE / f"{name}-{half}.txt"
+            path.write_text("\n".join(header + part) + "\n", encoding="utf-8")
+            out[f"{name}-{half}"] = path
+    return out
+
+
+def evaluate(vectors: np.ndarray, tokens: list[str], sets: dict[str, Path]) -> dict[str, float]:
+    """Spearman rho per evaluation set, through gensim KeyedVectors (zero rows left out)."""
+    from models.word2vec import keyed_vectors
+
+    return evaluate_kv(keyed_vectors(vectors, tokens), sets)
+
+
+def evaluate_kv(kv, sets: dict[str, Path]) -> dict[str, float]:
+    out = {}
+    for name, path in sets.items():
+        _pearson, spearman, oov = kv.evaluate_word_pairs(str(path), restrict_vocab=len(kv))
+        out[name], out[f"{name}-oov%"] = float(spearman.statistic), float(oov)
+    return out
+
+
+def train_glove(matrix, on_epoch=None, **params):
+    from models.glove import GloVe
+
+    return GloVe(dim=DIM, **params).fit(matrix, on_epoch=on_epoch)
+
+
+def tune_glove(grid: list[dict], path: Path | None = None) -> pl.DataFrame:
+    """Score GloVe settings on the dev halves (even pairs) only; returns one row per setting."""
+    vocab, n_tokens, matrix = prepare(path or corpus_path())
+    sets = {k: v for k, v in split_eval_files().items() if k.endswith("-dev")}
+    rows = []
+
+    def score(record, vectors):
+        if record["epoch"] % every == 0:
+            scores = {k: round(v, 4) for k, v in evaluate(vectors, vocab.tokens, sets).items() if "oov" not in k}
+            rows.append({**params, "epoch": record["epoch"], **scores, "loss": record["loss"]})
+            print(rows[-1], flush=True)
+
+    for params in grid:
+        every = params.pop("every", 1)
+        train_glove(matrix, on_epoch=score, **params)
+    return pl.DataFrame(rows)
+
+
+def _w2v_rows(name: str, sg: bool, path: Path, vocab, sets, epochs: int, quick: bool) -> tuple[list[Row], dict]:
+    """Our wrapper vs raw gensim (same parameters and seed), and raw gensim with another seed (noise)."""
+    import gensim
+
+    from models.word2vec import ParquetSentences, Word2Vec
+
+    stream = ParquetSentences(path)
+    ours = Word2Vec(sg=sg, dim=DIM, window=WINDOW, epochs=epochs, min_count=MIN_COUNT, seed=0, workers=1)
+    ours.fit(stream, vocab)
+    ours_scores = evaluate(ours.vectors_, vocab.tokens, sets)
+    ours_wps = ours.n_words_ * epochs / sum(h["seconds"] for h in ours.history_)
+    peers = []
+    for seed in (0,) if quick else (0, 1):
+        start = time.perf_counter()
+        raw = gensim.models.Word2Vec(stream, **{**ours.gensim_kwargs(), "seed": seed})
+        peers.append((evaluate_kv(raw.wv, sets), ours.n_words_ * epochs / (time.perf_counter() - start)))
+    (peer, peer_wps), (other, _) = peers[0], peers[-1]
+    rows = []
+    for metric, key in (("WS353 spearman", "ws353"), ("SimLex-999 spearman", "simlex")):
+        noise = abs(peer[key] - other[key])
+        tol = max(noise, 0.02)
+        rows.append(Row("embeddings", f"{name} {epochs} ep, dim {DIM}, window {WINDOW}, min count {MIN_COUNT}",
+                        metric, ours_scores[key], peer[key], "gensim Word2Vec (same params, seed 0)",
+                        target=f"|ours - peer| <= seed noise ({tol:.3f})",
+                        met=abs(ours_scores[key] - peer[key]) <= tol,
+                        notes=f"seed noise = |gensim seed 0 - seed 1| = {noise:.3f}; "
+                              f"oov {ours_scores[key + '-oov%']:.1f}% vs {peer[key + '-oov%']:.1f}%"))
+    rows.append(Row("embeddings", f"{name} {epochs} ep, workers 1", "words/s", ours_wps, peer_wps,
+                    "gensim Word2Vec", target="ratio >= 0.8", met=ours_wps >= 0.8 * peer_wps,
+                    notes="raw corpus tokens per second of training (ours: epochs only; gensim: vocab scan too)"))
+    return rows, {"ours": ours, "peer": peer}
+
+
+def run(quick: bool) -> list[Row]:
+    """GloVe quality/speed and the word2vec wrapper against raw gensim on the benchmark corpus."""
+    import torch
+
+    from models.embedding_plots import plot_loss, plot_projection
+    from models.glove import GloVe
+
+    path = quick_path() if quick else corpus_path()
+    vocab, n_tokens, matrix = prepare(path)
+    sets = split_eval_files()
+    w2v_epochs = 1 if quick else W2V_EPOCHS
+    torch.set_num_threads(1)  # 2 cores shared with other jobs: more threads only oversubscribe them
+    corpus = f"{n_tokens / 1e6:.2f}M tokens, V={len(vocab)}"
+
+    rows, sgns = _w2v_rows("SGNS", True, path, vocab, sets, w2v_epochs, quick)
+    cbow_rows, cbow = _w2v_rows("CBOW", False, path, vocab, sets, w2v_epochs, quick)
+    rows += cbow_rows
+
+    glove = GloVe(dim=DIM, **({"epochs": 2} if quick else {}))
+    glove.fit(matrix)
+    g = evaluate(glove.vectors_, vocab.tokens, sets)
+    case = f"GloVe defaults ({glove.epochs} ep, x_max {glove.x_max}, alpha {glove.alpha}, lr {glove.lr}), {corpus}"
+    peer = sgns["peer"]
+    for metric, key, target in (("WS353 spearman", "ws353", 0.40), ("SimLex-999 spearman", "simlex", 0.15)):
+        rows.append(Row("embeddings", case, metric, g[key], peer[key], f"gensim SGNS {w2v_epochs} ep",
+                        target=f">= {target}", met=g[key] >= target,
+                        notes=f"oov {g[key + '-oov%']:.1f}%; Stanford GloVe C measured elsewhere: 0.23 / 0.10"))
+        rows.append(Row("embeddings", case + ", test half (odd pairs, not used for tuning)", metric,
+                        g[f"{key}-test"], peer[f"{key}-test"], f"gensim SGNS {w2v_epochs} ep"))
+    seconds = [h["seconds"] for h in glove.history_]
+    epoch_s = float(np.median(seconds))
+    device = glove.device_
+    rows.append(Row("embeddings", f"GloVe epoch, {matrix.nnz / 1e6:.2f}M cells, {device}, "
+                    f"{torch.get_num_threads()} threads", "cells/s", matrix.nnz / epoch_s,
+                    notes="median epoch; the machine's 2 cores are shared with other jobs"))
+    rows.append(Row("embeddings", f"GloVe epoch, {device}", "corpus words/s", n_tokens / epoch_s,
+                    sgns["ours"].n_words_ / float(np.median([h["seconds"] for h in sgns["ours"].history_])),
+                    "gensim SGNS epoch (1 worker)", notes="corpus tokens / GloVe epoch seconds"))
+    if device.startswith("cuda"):
+        rows.append(Row("embeddings", "GloVe epoch on GPU, 10M cells (scaled)", "seconds", epoch_s * 1e7 / matrix.nnz,
+                        higher_is_better=False, target="<= 2 (H100)", met=epoch_s * 1e7 / matrix.nnz <= 2))
+    else:
+        rows.append(Row("embeddings", "GloVe epoch on GPU, 10M cells", "seconds", float("nan"),
+                        higher_is_better=False, target="<= 2 (H100)", met=None,
+                        notes="not measured: no GPU lent in this session"))
+
+    out = CACHE / ("quick" if quick else "full")
+    out.mkdir(parents=True, exist_ok=True)
+    plot_loss(glove.history_, out / "glove-loss.png", "GloVe: weighted least squares per cell")
+    plot_loss(sgns["ours"].history_, out / "sgns-loss.png", "word2vec SGNS: gensim training loss per epoch")
+    plot_loss(cbow["ours"].history_, out / "cbow-loss.png", "word2vec CBOW: gensim training loss per epoch")
+    plot_projection(glove.vectors_, vocab.tokens, out / "glove-projection.png", n_words=300, skip=50,
+                    methods=("pca",) if quick else ("pca", "tsne"), title="GloVe")
+    logger.info("plots in %s", out)
+    return rows

@@ -1,0 +1,94 @@
+"""Pictures of word vectors: the training-loss curve and a labelled 2-D map of frequent words.
+
+- `plot_loss(history, path)`: loss per epoch from a `history_` (GloVe or word2vec), one PNG;
+- `plot_projection(vectors, tokens, path)`: the most frequent words (lowest ids, zero rows
+  such as the specials skipped) projected to 2-D with PCA (linear, on unit-length vectors so
+  distances follow cosine similarity) and t-SNE (van der Maaten & Hinton 2008, cosine metric,
+  PCA initialisation, seeded), side by side with word labels.
+
+matplotlib runs with the Agg backend (files only, no display), so this works on servers/workers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from models.errors import InputError, ParameterError  # noqa: E402
+
+METHODS = ("pca", "tsne")
+
+
+def plot_loss(history: Sequence[Mapping[str, float]], path: str | Path, title: str = "training loss") -> Path:
+    """Write the loss-per-epoch curve of a `history_` to a PNG; returns the path."""
+    if not history:
+        raise InputError("plot_loss: the history is empty (was the model fitted?)")
+    epochs = [h["epoch"] for h in history]
+    losses = [h["loss"] for h in history]
+    fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
+    ax.plot(epochs, losses, marker="o", markersize=3)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("loss")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return Path(path)
+
+
+def frequent_rows(vectors: np.ndarray, n_words: int, skip: int = 0) -> np.ndarray:
+    """Ids of the first `n_words` nonzero rows after skipping `skip` of them (ids sort by frequency)."""
+    nonzero = np.flatnonzero(np.any(vectors != 0, axis=1))
+    return nonzero[skip:skip + n_words]
+
+
+def project(vectors: np.ndarray, method: str, seed: int = 0) -> np.ndarray:
+    """(n, d) vectors -> (n, 2) coordinates by PCA or t-SNE (rows normalized to unit length first)."""
+    from sklearn.decomposition import PCA
+    from sklearn.manifold import TSNE
+
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    if method == "pca":
+        return PCA(n_components=2, random_state=seed).fit_transform(unit)
+    if method == "tsne":
+        perplexity = min(30.0, (len(unit) - 1) / 3)
+        return TSNE(n_components=2, metric="cosine", init="pca", perplexity=perplexity,
+                    random_state=seed).fit_transform(unit)
+    raise ParameterError(f"method={method!r}: choose from {', '.join(METHODS)}")
+
+
+def plot_projection(vectors: np.ndarray, tokens: Sequence[str], path: str | Path, n_words: int = 300,
+                    skip: int = 0, methods: Sequence[str] = METHODS, seed: int = 0,
+                    title: str = "word vectors") -> list[str]:
+    """Write a PNG with one labelled 2-D map per method; returns the words drawn.
+
+    vectors: (V, d) by vocabulary id, ids sorted by frequency; `skip` leaves out that many of the
+    most frequent nonzero rows (punctuation and function words crowd the picture).
+    """
+    if len(tokens) != len(vectors):
+        raise InputError(f"plot_projection: {len(tokens)} tokens for {len(vectors)} vectors")
+    rows = frequent_rows(vectors, n_words, skip)
+    if len(rows) < 5:
+        raise InputError(f"plot_projection: only {len(rows)} nonzero vectors to draw (need at least 5)")
+    words = [tokens[i] for i in rows]
+    data = np.asarray(vectors[rows], dtype=np.float64)
+    fig, axes = plt.subplots(1, len(methods), figsize=(11 * len(methods), 11), dpi=80, squeeze=False)
+    for ax, method in zip(axes[0], methods, strict=True):
+        xy = project(data, method, seed)
+        ax.scatter(xy[:, 0], xy[:, 1], s=4, alpha=0.5)
+        for (x, y), word in zip(xy, words, strict=True):
+            ax.annotate(word, (x, y), fontsize=7, alpha=0.8)
+        ax.set_title(f"{title}: {method.upper()} of {len(words)} frequent words")
+        ax.set_xticks([])
+        ax.set_yticks([])
+    fig.tight_layout()
+    fig.savefig(path, format="png")
+    plt.close(fig)
+    return words

@@ -1,0 +1,266 @@
+"""GloVe word vectors in torch, trained from a word–word co-occurrence matrix.
+
+Pennington, Socher & Manning (2014), "GloVe: Global Vectors for Word Representation", EMNLP.
+The model fits, over the nonzero cells X_ij of the co-occurrence matrix, the weighted least squares
+
+    J = Σ_ij f(X_ij) · (w_i·w̃_j + b_i + b̃_j − log X_ij)²,     f(x) = min(1, (x / x_max)^α)
+
+and returns w + w̃ per word (the paper's section 4.2: the sum is a little better than either).
+
+Training, as in the reference C code (glove.c), with mini-batches instead of Hogwild threads:
+- every epoch the nonzero cells are shuffled (seeded) and visited once, in batches of
+  `batch_size` cells; a batch's gradient is the sum of its cells' gradients (so a word seen in
+  many cells of one batch gets one summed step, which AdaGrad then scales);
+- AdaGrad per parameter in glove.c's form: u = lr·g, G ← G + u², θ ← θ − u / √G, with G starting
+  at 1 (glove.c scales the gradient by the learning rate before accumulating its square, and starts
+  `gradsq` at 1): SGD with step lr while gradients are small, AdaGrad with step 1 after;
+  `optimizer="adam"` is optional (Kingma & Ba 2015, standard bias-corrected Adam, dense moments);
+- initial vectors and biases uniform in [−0.5, 0.5) / dim, as in glove.c.
+
+Rows of the matrix are vocabulary ids. A word with no nonzero cell in its row or column (the
+special tokens `<unk> <s> </s> <pad>`, which the co-occurrence counts skip) is never trained: its
+output vector is all zeros, which cosine-based consumers treat as "no information".
+
+Device: "auto" trains on CUDA when torch sees a GPU (the GPU-worker path), otherwise on CPU. All
+training tensors live on the device, gradients are scattered with `index_add_` into preallocated
+dense buffers and the optimizer updates them in place, and the only host synchronisation is one
+per epoch (the loss). On CPU the run is deterministic for a seed (same numbers bit for bit);
+CUDA's `index_add_` uses atomics, so GPU runs agree only to rounding.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+import numpy as np
+import scipy.sparse as sp
+import torch
+
+from models.errors import InputError, ParameterError
+from models.progress import Progress
+
+logger = logging.getLogger("lexiflow.glove")
+
+Optimizer = Literal["adagrad", "adam"]
+
+
+@dataclass(frozen=True)
+class GloVeConfig:
+    """Hyperparameters. Defaults were tuned for small corpora (about 1 M tokens), see docs/embeddings.md."""
+
+    dim: int = 100
+    x_max: float = 0.5  # f(x) saturates at 1 from x_max on (harmonic-weighted counts); paper: 100
+    alpha: float = 0.75  # exponent of the weighting f
+    epochs: int = 10  # quality peaks early on small corpora, then the noisy cells are overfitted
+    lr: float = 0.05
+    batch_size: int = 65536  # nonzero cells per step
+    optimizer: Optimizer = "adagrad"
+    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
+    seed: int = 0
+
+    def validate(self) -> None:
+        checks = [
+            (self.dim >= 1, "dim", "must be at least 1"),
+            (self.x_max > 0, "x_max", "must be positive"),
+            (self.alpha > 0, "alpha", "must be positive"),
+            (self.epochs >= 1, "epochs", "must be at least 1"),
+            (self.lr > 0, "lr", "must be positive"),
+            (self.batch_size >= 1, "batch_size", "must be at least 1"),
+            (self.optimizer in ("adagrad", "adam"), "optimizer", "choose 'adagrad' or 'adam'"),
+        ]
+        for ok, name, what in checks:
+            if not ok:
+                raise ParameterError(f"GloVe {name}={getattr(self, name)!r}: {what}")
+
+
+def weighting(x: np.ndarray | torch.Tensor, x_max: float, alpha: float) -> np.ndarray | torch.Tensor:
+    """f(x) = min(1, (x / x_max)^α), the GloVe cell weight (0 at x = 0, 1 from x_max on)."""
+    if isinstance(x, torch.Tensor):
+        return torch.clamp(x / x_max, max=1.0) ** alpha
+    return np.minimum(np.asarray(x, dtype=np.float64) / x_max, 1.0) ** alpha
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' -> CUDA when available, else CPU; an explicit CUDA device must exist."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except RuntimeError as err:
+        raise ParameterError(f"GloVe device={device!r}: not a torch device; use 'auto', 'cpu' or 'cuda'") from err
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ParameterError(f"GloVe device={device!r}: torch sees no CUDA GPU here; use 'auto' or 'cpu'")
+    return dev
+
+
+def initial_parameters(vocab_size: int, dim: int, seed: int) -> list[np.ndarray]:
+    """w (V,d), w̃ (V,d), b (V,), b̃ (V,): uniform in [-0.5, 0.5) / dim as in glove.c.
+
+    Drawn on the CPU from the seed, so every device starts from the same point.
+    """
+    gen = torch.Generator().manual_seed(seed)
+    shapes = ((vocab_size, dim), (vocab_size, dim), (vocab_size,), (vocab_size,))
+    return [((torch.rand(shape, generator=gen) - 0.5) / dim).numpy() for shape in shapes]
+
+
+class GloVe:
+    """GloVe estimator: `GloVe(...).fit(cooccurrence).vectors_` (V × dim float32, w + w̃)."""
+
+    def __init__(
+        self,
+        dim: int = GloVeConfig.dim,
+        x_max: float = GloVeConfig.x_max,
+        alpha: float = GloVeConfig.alpha,
+        epochs: int = GloVeConfig.epochs,
+        lr: float = GloVeConfig.lr,
+        batch_size: int = GloVeConfig.batch_size,
+        optimizer: Optimizer = GloVeConfig.optimizer,
+        device: str = GloVeConfig.device,
+        seed: int = GloVeConfig.seed,
+    ) -> None:
+        self.dim, self.x_max, self.alpha, self.epochs, self.lr = dim, x_max, alpha, epochs, lr
+        self.batch_size, self.optimizer, self.device, self.seed = batch_size, optimizer, device, seed
+
+    def get_params(self) -> dict[str, Any]:
+        """The configuration as a JSON-ready dict (what determines the vectors)."""
+        return asdict(self.config)
+
+    @property
+    def config(self) -> GloVeConfig:
+        return GloVeConfig(self.dim, self.x_max, self.alpha, self.epochs, self.lr, self.batch_size,
+                           self.optimizer, self.device, self.seed)
+
+    def fit(
+        self,
+        matrix: sp.spmatrix | sp.sparray,
+        progress: Callable[[float | None], None] | None = None,
+        on_epoch: Callable[[dict[str, float], np.ndarray], None] | None = None,
+    ) -> GloVe:
+        """Train on a (V × V) co-occurrence matrix whose rows/columns are vocabulary ids.
+
+        `on_epoch(record, vectors)`, if given, sees each epoch's history record and the vectors so
+        far (for learning curves / early-stopping studies; it costs a device-to-host copy per epoch).
+        """
+        cfg = self.config
+        cfg.validate()
+        rows, cols, counts, vocab_size = _cells(matrix)
+        dev = resolve_device(cfg.device)
+        self.device_ = str(dev)
+        n, d = len(counts), cfg.dim
+
+        # Cell data, on the device once: (n,) each.
+        i_all = torch.from_numpy(rows).to(dev)
+        j_all = torch.from_numpy(cols).to(dev)
+        log_x = torch.from_numpy(np.log(counts).astype(np.float32)).to(dev)
+        f_x = torch.from_numpy(weighting(counts, cfg.x_max, cfg.alpha).astype(np.float32)).to(dev)
+
+        params = [torch.from_numpy(p).to(dev) for p in initial_parameters(vocab_size, d, cfg.seed)]
+        grads = [torch.zeros_like(p) for p in params]
+        step = _AdaGrad(params, cfg.lr) if cfg.optimizer == "adagrad" else _Adam(params, cfg.lr)
+        w, w_ctx, b, b_ctx = params
+        g_w, g_ctx, g_b, g_bctx = grads
+        shuffle = torch.Generator(device=dev).manual_seed(cfg.seed)
+        trained = np.zeros(vocab_size, dtype=bool)
+        trained[rows] = True
+        trained[cols] = True
+
+        self.history_: list[dict[str, float]] = []
+        with Progress("glove", total=cfg.epochs * n, unit="cells", callback=progress) as bar:
+            for epoch in range(1, cfg.epochs + 1):
+                start = time.perf_counter()
+                order = torch.randperm(n, generator=shuffle, device=dev)
+                loss_sum = torch.zeros((), dtype=torch.float64, device=dev)
+                for lo in range(0, n, cfg.batch_size):
+                    idx = order[lo:lo + cfg.batch_size]
+                    i, j = i_all[idx], j_all[idx]  # (B,)
+                    wi, wj = w.index_select(0, i), w_ctx.index_select(0, j)  # (B,d)
+                    diff = torch.einsum("bd,bd->b", wi, wj) + b[i] + b_ctx[j] - log_x[idx]  # (B,)
+                    fdiff = f_x[idx] * diff
+                    loss_sum += (fdiff * diff).sum(dtype=torch.float64)
+                    g = 2.0 * fdiff  # dJ/d(prediction) per cell
+                    for buf in grads:
+                        buf.zero_()
+                    g_w.index_add_(0, i, g[:, None] * wj)
+                    g_ctx.index_add_(0, j, g[:, None] * wi)
+                    g_b.index_add_(0, i, g)
+                    g_bctx.index_add_(0, j, g)
+                    step(grads)
+                loss = loss_sum.item() / n  # the epoch's one host sync (also waits for the GPU)
+                seconds = time.perf_counter() - start
+                if not np.isfinite(loss):
+                    raise ParameterError(f"GloVe diverged in epoch {epoch} (loss {loss}); lower lr={cfg.lr}")
+                self.history_.append({"epoch": epoch, "loss": loss, "seconds": seconds,
+                                      "cells_per_s": n / max(seconds, 1e-12)})
+                logger.debug("glove epoch %d: loss %.5f, %.2fs", epoch, loss, seconds)
+                bar.update(n)
+                if on_epoch is not None:
+                    on_epoch(self.history_[-1], _output(w, w_ctx, trained))
+
+        self.vectors_ = _output(w, w_ctx, trained)
+        self.n_cells_ = n
+        return self
+
+
+def _output(w: torch.Tensor, w_ctx: torch.Tensor, trained: np.ndarray) -> np.ndarray:
+    """w + w̃ as float32 numpy; untrained rows (specials) zero instead of their random init."""
+    vectors = (w + w_ctx).cpu().numpy().astype(np.float32)
+    vectors[~trained] = 0.0
+    return vectors
+
+
+def _cells(matrix: sp.spmatrix | sp.sparray) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """Nonzero cells (row, col, count) of a square, nonnegative matrix."""
+    if not sp.issparse(matrix):
+        raise InputError("GloVe.fit: the co-occurrence matrix must be a scipy.sparse matrix (V × V)")
+    if matrix.shape[0] != matrix.shape[1]:
+        raise InputError(f"GloVe.fit: the co-occurrence matrix must be square, got shape {matrix.shape}")
+    coo = sp.coo_matrix(matrix)
+    coo.sum_duplicates()
+    if coo.nnz and coo.data.min() < 0:
+        raise InputError("GloVe.fit: co-occurrence counts must be nonnegative")
+    keep = coo.data > 0
+    if not keep.any():
+        raise InputError("GloVe.fit: the co-occurrence matrix has no nonzero cell (empty corpus?)")
+    return (coo.row[keep].astype(np.int64), coo.col[keep].astype(np.int64),
+            coo.data[keep].astype(np.float64), matrix.shape[0])
+
+
+class _AdaGrad:
+    """AdaGrad (Duchi et al. 2011) in glove.c's form: u = lr·g; G += u²; θ -= u / √G, with G
+    starting at 1. While gradients are small this is SGD with step lr; once they add up it is
+    AdaGrad with step 1 (glove.c folds lr into the gradient before accumulating its square).
+    In place and dense: rows a batch does not touch have g = 0, so their G and θ stay as they were.
+    """
+
+    def __init__(self, params: list[torch.Tensor], lr: float) -> None:
+        self.params, self.lr = params, lr
+        self.acc = [torch.ones_like(p) for p in params]
+
+    def __call__(self, grads: list[torch.Tensor]) -> None:
+        for p, g, acc in zip(self.params, grads, self.acc, strict=True):
+            g.mul_(self.lr)  # u = lr·g (the buffer is zeroed before the next batch)
+            acc.addcmul_(g, g)
+            p.addcdiv_(g, acc.sqrt(), value=-1.0)
+
+
+class _Adam:
+    """Kingma & Ba (2015) with bias correction, β = (0.9, 0.999), ε = 1e-8; dense moments."""
+
+    def __init__(self, params: list[torch.Tensor], lr: float, betas: tuple[float, float] = (0.9, 0.999),
+                 eps: float = 1e-8) -> None:
+        self.params, self.lr, self.betas, self.eps, self.t = params, lr, betas, eps, 0
+        self.m = [torch.zeros_like(p) for p in params]
+        self.v = [torch.zeros_like(p) for p in params]
+
+    def __call__(self, grads: list[torch.Tensor]) -> None:
+        self.t += 1
+        b1, b2 = self.betas
+        c1, c2 = 1 - b1**self.t, 1 - b2**self.t  # python floats: no device sync
+        for p, g, m, v in zip(self.params, grads, self.m, self.v, strict=True):
+            m.mul_(b1).add_(g, alpha=1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+            p.addcdiv_(m, (v / c2).sqrt_().add_(self.eps), value=-self.lr / c1)

@@ -1,0 +1,207 @@
+"""word2vec (skip-gram or CBOW with negative sampling) through gensim, on lexiflow's vocabulary.
+
+Mikolov et al. (2013), "Efficient Estimation of Word Representations in Vector Space" (CBOW,
+skip-gram) and "Distributed Representations of Words and Phrases and their Compositionality"
+(negative sampling with the unigram distribution raised to 3/4, frequent-word subsampling).
+Řehůřek & Sojka (2010), gensim, does the training; this wrapper only makes it ours:
+
+- the vocabulary is exactly lexiflow's: gensim's is built from our words and counts
+  (`build_vocab_from_freq`), special tokens left out, and inserted so that gensim's order (count
+  descending, ties by descending insertion index) equals our id order. gensim index k is our
+  id k + 4; the learned `vectors_` is (V × dim) indexed by our ids, specials zero rows;
+- the corpus is streamed: `sentences` is any restartable iterable of token lists, read once to
+  count sentences and words (for gensim's learning-rate schedule) and once per epoch. With the
+  same counts, parameters and seed and `workers=1`, the vectors are bit-identical to
+  `gensim.models.Word2Vec(sentences, ...)` (where its vocabulary has the same order: no ties);
+- per-epoch metrics through a gensim callback: loss (gensim's `compute_loss`, the epoch's share of
+  `get_latest_training_loss()`), seconds, raw corpus words/s.
+
+Streaming a corpus from Parquet (no list of lists in memory)::
+
+    sentences = ParquetSentences("corpus/documents.parquet", column="tokens")  # or a text column
+    vocab = Vocabulary.count(pl.read_parquet(path, columns=["tokens"])["tokens"], min_count=5)
+    model = Word2Vec(sg=True, dim=100, epochs=15, min_count=5).fit(sentences, vocab)
+    model.vectors_[vocab_id]  # float32 (dim,)
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+from gensim.models import KeyedVectors
+from gensim.models import Word2Vec as GensimWord2Vec
+from gensim.models.callbacks import CallbackAny2Vec
+
+from models.errors import InputError, ParameterError
+from models.progress import Progress
+from models.text import pretokenize_expr
+from models.vocab import SPECIALS, Vocabulary
+
+logger = logging.getLogger("lexiflow.word2vec")
+
+
+class ParquetSentences:
+    """A restartable stream of token lists read from Parquet file(s) in record batches.
+
+    `column` holds either token lists (`list[str]`, one sentence per row) or text (`str`): text is
+    split into sentences at `\\n` and cut with lexiflow's pre-tokenizer. Only one batch of
+    `batch_rows` rows is in memory at a time.
+    """
+
+    def __init__(self, paths: str | Path | Sequence[str | Path], column: str = "tokens",
+                 batch_rows: int = 10_000) -> None:
+        self.paths = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
+        self.column, self.batch_rows = column, batch_rows
+        for path in self.paths:
+            if not path.exists():
+                raise InputError(f"{path}: Parquet corpus file not found")
+
+    def __iter__(self) -> Iterator[list[str]]:
+        import pyarrow.parquet as pq
+
+        for path in self.paths:
+            file = pq.ParquetFile(path)
+            if self.column not in file.schema_arrow.names:
+                raise InputError(f"{path}: no column {self.column!r} (columns: {file.schema_arrow.names})")
+            for batch in file.iter_batches(batch_size=self.batch_rows, columns=[self.column]):
+                series = pl.from_arrow(batch).to_series()
+                if series.dtype == pl.String:
+                    series = pl.select(pretokenize_expr(series.str.split("\n").explode())).to_series()
+                yield from (s for s in series.to_list() if s)
+
+
+@dataclass(frozen=True)
+class Word2VecConfig:
+    sg: bool = True  # True: skip-gram, False: CBOW (mean of context vectors)
+    dim: int = 100
+    window: int = 5
+    negative: int = 5  # noise words per positive pair
+    sample: float = 1e-3  # subsampling threshold for frequent words (0 = off)
+    epochs: int = 5
+    ns_exponent: float = 0.75  # noise distribution ∝ count^0.75 (Mikolov et al. 2013)
+    seed: int = 0
+    workers: int = 1  # gensim threads; 1 is deterministic
+    min_count: int = 1  # words of the vocabulary with a lower count are left out (zero rows)
+
+    def validate(self) -> None:
+        checks = [
+            (self.dim >= 1, "dim", "must be at least 1"),
+            (self.window >= 1, "window", "must be at least 1"),
+            (self.negative >= 1, "negative", "must be at least 1 (negative sampling)"),
+            (self.sample >= 0, "sample", "must be >= 0 (0 turns subsampling off)"),
+            (self.epochs >= 1, "epochs", "must be at least 1"),
+            (self.workers >= 1, "workers", "must be at least 1"),
+            (self.min_count >= 1, "min_count", "must be at least 1"),
+        ]
+        for ok, name, what in checks:
+            if not ok:
+                raise ParameterError(f"Word2Vec {name}={getattr(self, name)!r}: {what}")
+
+
+class Word2Vec:
+    """gensim word2vec estimator on lexiflow's vocabulary: `.fit(sentences, vocab).vectors_`."""
+
+    def __init__(self, sg: bool = True, dim: int = 100, window: int = 5, negative: int = 5, sample: float = 1e-3,
+                 epochs: int = 5, ns_exponent: float = 0.75, seed: int = 0, workers: int = 1,
+                 min_count: int = 1) -> None:
+        self.sg, self.dim, self.window, self.negative, self.sample = sg, dim, window, negative, sample
+        self.epochs, self.ns_exponent, self.seed, self.workers, self.min_count = (
+            epochs, ns_exponent, seed, workers, min_count)
+
+    @property
+    def config(self) -> Word2VecConfig:
+        return Word2VecConfig(self.sg, self.dim, self.window, self.negative, self.sample, self.epochs,
+                              self.ns_exponent, self.seed, self.workers, self.min_count)
+
+    def get_params(self) -> dict[str, Any]:
+        return asdict(self.config)
+
+    def gensim_kwargs(self) -> dict[str, Any]:
+        """The same settings as `gensim.models.Word2Vec` keyword arguments (for a raw-gensim run)."""
+        c = self.config
+        return dict(sg=int(c.sg), vector_size=c.dim, window=c.window, negative=c.negative, hs=0, sample=c.sample,
+                    epochs=c.epochs, ns_exponent=c.ns_exponent, seed=c.seed, workers=c.workers,
+                    min_count=c.min_count, compute_loss=True)
+
+    def fit(self, sentences: Iterable[list[str]], vocabulary: Vocabulary,
+            progress: Callable[[float | None], None] | None = None) -> Word2Vec:
+        """Train on a restartable iterable of token lists; rows of `vectors_` are `vocabulary` ids."""
+        cfg = self.config
+        cfg.validate()
+        if iter(sentences) is sentences:
+            raise InputError("Word2Vec.fit: `sentences` is a one-shot iterator; pass a restartable iterable "
+                             "(a list, or a class whose __iter__ re-reads the corpus, e.g. ParquetSentences)")
+        tokens, counts = vocabulary.tokens, vocabulary.counts
+        n_special = len(SPECIALS)
+        if tokens[:n_special] != list(SPECIALS):
+            raise InputError("Word2Vec.fit: vocabulary must start with the special tokens " + " ".join(SPECIALS))
+        # Our words sort by count descending, so those kept by min_count are ids n_special..n_special+k-1.
+        k = int((counts[n_special:] >= cfg.min_count).sum())
+        if k == 0:
+            raise InputError(f"Word2Vec.fit: no vocabulary word has count >= min_count={cfg.min_count}")
+        words = tokens[n_special:n_special + k]
+        # Reverse insertion order: gensim breaks count ties by descending insertion index.
+        word_freq = {w: int(c) for w, c in zip(reversed(words), reversed(counts[n_special:n_special + k]),
+                                                strict=True)}
+
+        n_sentences = n_words = 0  # one streaming pass: gensim's lr decay runs on the sentence count
+        for sentence in sentences:
+            n_sentences += 1
+            n_words += len(sentence)
+        if n_words == 0:
+            raise InputError("Word2Vec.fit: the corpus has no tokens")
+
+        model = GensimWord2Vec(**self.gensim_kwargs())
+        model.build_vocab_from_freq(word_freq, corpus_count=n_sentences)
+        model.corpus_total_words = n_words
+        if model.wv.index_to_key != words:  # guards the tie-order assumption above
+            raise RuntimeError("gensim vocabulary order differs from lexiflow's ids (gensim version change?)")
+
+        log = _EpochLog(n_words, Progress("word2vec", total=cfg.epochs * n_words, unit="words", callback=progress))
+        model.train(sentences, total_examples=n_sentences, total_words=n_words, epochs=cfg.epochs,
+                    compute_loss=True, callbacks=[log])
+        log.bar.close()
+
+        vectors = np.zeros((len(tokens), cfg.dim), dtype=np.float32)
+        vectors[n_special:n_special + k] = model.wv.vectors
+        model.wv.vectors = vectors[n_special:n_special + k]  # a view: the keyed vectors share our rows
+        self.vectors_ = vectors
+        self.keyed_vectors_: KeyedVectors = model.wv
+        self.history_ = log.history
+        self.n_sentences_, self.n_words_ = n_sentences, n_words
+        return self
+
+
+class _EpochLog(CallbackAny2Vec):
+    """Per-epoch loss (gensim's running loss is cumulative over `train`), seconds, words/s."""
+
+    def __init__(self, n_words: int, bar: Progress) -> None:
+        self.n_words, self.bar = n_words, bar
+        self.history: list[dict[str, float]] = []
+        self.start, self.loss_before = 0.0, 0.0
+
+    def on_epoch_begin(self, model: GensimWord2Vec) -> None:
+        self.start = time.perf_counter()
+
+    def on_epoch_end(self, model: GensimWord2Vec) -> None:
+        seconds = time.perf_counter() - self.start
+        total = float(model.get_latest_training_loss())
+        self.history.append({"epoch": len(self.history) + 1, "loss": total - self.loss_before,
+                             "seconds": seconds, "words_per_s": self.n_words / max(seconds, 1e-12)})
+        self.loss_before = total
+        self.bar.update(self.n_words)
+
+
+def keyed_vectors(vectors: np.ndarray, tokens: Sequence[str]) -> KeyedVectors:
+    """gensim KeyedVectors of the nonzero rows (zero rows = specials / untrained words are left out)."""
+    keep = np.flatnonzero(np.any(vectors != 0, axis=1))
+    kv = KeyedVectors(vectors.shape[1])
+    kv.add_vectors([tokens[i] for i in keep], np.ascontiguousarray(vectors[keep], dtype=np.float32))
+    return kv

@@ -1,0 +1,136 @@
+import itertools
+
+import numpy as np
+import polars as pl
+import pytest
+import scipy.sparse as sp
+import torch
+
+from models.conllu import read_conllu
+from models.cooccurrence import cooccurrence_matrix
+from models.errors import InputError, ParameterError
+from models.glove import GloVe, initial_parameters, resolve_device, weighting
+from models.vocab import Vocabulary
+
+torch.set_num_threads(1)
+
+# A 3-word co-occurrence matrix with one cell above x_max and an empty 4th row/column (a "special").
+X = sp.csr_matrix(np.array([
+    [0.0, 4.0, 0.5, 0.0],
+    [4.0, 2.0, 12.0, 0.0],
+    [0.5, 12.0, 0.0, 0.0],
+    [0.0, 0.0, 0.0, 0.0],
+]))
+
+
+def test_weighting_known_values():
+    x = np.array([0.0, 0.5, 5.0, 10.0, 20.0])
+    want = np.array([0.0, 0.05**0.75, 0.5**0.75, 1.0, 1.0])  # x_max 10, alpha 0.75
+    np.testing.assert_allclose(weighting(x, 10.0, 0.75), want, rtol=1e-12)
+    np.testing.assert_allclose(weighting(torch.tensor(x), 10.0, 0.75).numpy(), want, rtol=1e-12)
+    np.testing.assert_allclose(weighting(np.array([2.0]), 4.0, 1.0), [0.5])
+
+
+def _hand_step(x_max, alpha, lr, dim, seed):
+    """One full-batch AdaGrad step written out cell by cell (float64)."""
+    w, c, b, bc = (p.astype(np.float64) for p in initial_parameters(4, dim, seed))
+    gw, gc, gb, gbc = np.zeros_like(w), np.zeros_like(c), np.zeros_like(b), np.zeros_like(bc)
+    loss = 0.0
+    cells = [(i, j, X[i, j]) for i in range(4) for j in range(4) if X[i, j] > 0]
+    for i, j, x in cells:
+        f = min(1.0, (x / x_max) ** alpha)
+        diff = w[i] @ c[j] + b[i] + bc[j] - np.log(x)
+        loss += f * diff**2
+        gw[i] += 2 * f * diff * c[j]
+        gc[j] += 2 * f * diff * w[i]
+        gb[i] += 2 * f * diff
+        gbc[j] += 2 * f * diff
+    # glove.c's AdaGrad, accumulator starting at 1: u = lr·g, G = 1 + u², θ -= u / sqrt(G)
+    w1 = w - lr * gw / np.sqrt(1 + (lr * gw) ** 2)
+    c1 = c - lr * gc / np.sqrt(1 + (lr * gc) ** 2)
+    return w1 + c1, loss / len(cells), (w, c)
+
+
+def test_one_adagrad_step_matches_hand_computation():
+    model = GloVe(dim=3, x_max=10.0, alpha=0.75, epochs=1, lr=0.3, batch_size=64, device="cpu", seed=7).fit(X)
+    want, want_loss, (w0, c0) = _hand_step(10.0, 0.75, 0.3, 3, 7)
+    np.testing.assert_allclose(model.vectors_[:3], want[:3], rtol=1e-5, atol=1e-7)
+    assert model.history_[0]["loss"] == pytest.approx(want_loss, rel=1e-6)
+    # The step moved the vectors (so the comparison is not trivially the initial point).
+    assert np.abs(model.vectors_[:3] - (w0 + c0)[:3]).max() > 1e-3
+    # The empty row (a special token) is untrained: zero, not its random init.
+    assert np.array_equal(model.vectors_[3], np.zeros(3, dtype=np.float32))
+    assert model.vectors_.dtype == np.float32 and model.vectors_.shape == (4, 3)
+
+
+def test_first_adam_step_is_lr_times_gradient_sign():
+    # Bias-corrected Adam's first step is lr·g/(|g|+eps) = lr·sign(g) for every touched parameter.
+    model = GloVe(dim=3, epochs=1, lr=0.01, batch_size=64, optimizer="adam", device="cpu", seed=7).fit(X)
+    w, c, *_ = initial_parameters(4, 3, 7)
+    moved = model.vectors_[:3] - (w + c)[:3]
+    # each of w and w̃ moves by exactly ±lr per coordinate, so w + w̃ moves by 0 or ±2·lr
+    np.testing.assert_allclose(np.abs(moved) / 0.01, np.round(np.abs(moved) / 0.01), atol=1e-3)
+    assert set(np.round(np.abs(moved) / 0.01).ravel().tolist()) <= {0.0, 2.0}
+
+
+@pytest.fixture(scope="module")
+def ewt_matrix(shared_data):
+    sentences = itertools.islice(read_conllu(shared_data / "ud-english-ewt" / "en_ewt-ud-train.conllu"), 2000)
+    words = [[w.lower() for w in s.words] for s in sentences]
+    tokens = pl.Series("tokens", words)
+    vocab = Vocabulary.count(tokens, min_count=3)
+    ids = vocab.encode(tokens)
+    offsets = np.concatenate(([0], np.cumsum(ids.list.len().to_numpy())))
+    return cooccurrence_matrix(ids.explode().to_numpy(), offsets, len(vocab), window=5)
+
+
+def test_loss_decreases_on_real_text(ewt_matrix):
+    seen = []
+    model = GloVe(dim=16, epochs=6, batch_size=4096, device="cpu")
+    model.fit(ewt_matrix, on_epoch=lambda rec, vec: seen.append((rec, vec)))
+    losses = [h["loss"] for h in model.history_]
+    assert [rec for rec, _ in seen] == model.history_
+    assert np.array_equal(seen[-1][1], model.vectors_) and not np.array_equal(seen[0][1], model.vectors_)
+    assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses
+    assert losses[-1] < 0.5 * losses[0]
+    assert [h["epoch"] for h in model.history_] == list(range(1, 7))
+    assert all(h["cells_per_s"] > 0 and h["seconds"] > 0 for h in model.history_)
+    assert np.isfinite(model.vectors_).all()
+    # Rows without any co-occurrence (<s> </s> <pad>; words only seen alone) are zero, all others trained.
+    has_cells = np.asarray((ewt_matrix != 0).sum(axis=1)).ravel() > 0
+    assert not has_cells[1:4].any() and has_cells[0]  # <unk> stands for the rare words here
+    assert not model.vectors_[~has_cells].any()
+    assert model.vectors_[has_cells].any(axis=1).all()
+
+
+def test_deterministic_with_a_seed_on_cpu(ewt_matrix):
+    def fit(seed):
+        return GloVe(dim=10, epochs=2, batch_size=4096, device="cpu", seed=seed).fit(ewt_matrix)
+
+    a, b, c = fit(3), fit(3), fit(4)
+    assert np.array_equal(a.vectors_, b.vectors_)
+    assert [h["loss"] for h in a.history_] == [h["loss"] for h in b.history_]
+    assert not np.array_equal(a.vectors_, c.vectors_)
+
+
+def test_params_and_devices():
+    params = GloVe(dim=50, x_max=5.0).get_params()
+    assert params == GloVe(**params).get_params()
+    assert params["dim"] == 50 and params["x_max"] == 5.0 and params["optimizer"] == "adagrad"
+    assert resolve_device("auto").type == ("cuda" if torch.cuda.is_available() else "cpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(ParameterError, match="device"):
+            GloVe(device="cuda").fit(X)
+
+
+def test_bad_input_and_parameters():
+    with pytest.raises(InputError, match="square"):
+        GloVe().fit(sp.csr_matrix(np.ones((2, 3))))
+    with pytest.raises(InputError, match="nonzero"):
+        GloVe().fit(sp.csr_matrix((3, 3)))
+    with pytest.raises(InputError, match="scipy.sparse"):
+        GloVe().fit(np.ones((3, 3)))
+    with pytest.raises(ParameterError, match="x_max"):
+        GloVe(x_max=0).fit(X)
+    with pytest.raises(ParameterError, match="optimizer"):
+        GloVe(optimizer="sgd").fit(X)

@@ -1,0 +1,102 @@
+import gensim
+import numpy as np
+import polars as pl
+import pytest
+
+from models.errors import InputError, ParameterError
+from models.vocab import Vocabulary
+from models.word2vec import ParquetSentences, Word2Vec, keyed_vectors
+
+
+def distinct_count_corpus(seed: int = 0) -> list[list[str]]:
+    """Word k of 40 occurs exactly 8 + 3k times (all counts distinct, so gensim's own vocabulary
+    order is unique); 30 rare words occur once or twice. Shuffled into 12-token sentences."""
+    rng = np.random.default_rng(seed)
+    stream = [f"w{k}" for k in range(40) for _ in range(8 + 3 * k)]
+    stream += [f"rare{k}" for k in range(30) for _ in range(1 + k % 2)]
+    stream = [stream[i] for i in rng.permutation(len(stream))]
+    return [stream[i:i + 12] for i in range(0, len(stream), 12)]
+
+
+def tied_corpus(seed: int = 1) -> list[list[str]]:
+    """Many words share a count (ties), in an order unrelated to their spelling."""
+    rng = np.random.default_rng(seed)
+    words = [f"t{k:02d}" for k in rng.permutation(30)]
+    stream = [w for k, w in enumerate(words) for _ in range(6 + 2 * (k % 3))]
+    stream = [stream[i] for i in rng.permutation(len(stream))]
+    return [stream[i:i + 10] for i in range(0, len(stream), 10)]
+
+
+def vocab_of(sentences, min_count):
+    return Vocabulary.count(pl.Series("tokens", sentences), min_count=min_count)
+
+
+@pytest.mark.parametrize("sg", [True, False])
+def test_equals_raw_gensim_with_same_params(sg, tmp_path):
+    sentences = distinct_count_corpus()
+    path = tmp_path / "corpus.parquet"
+    pl.DataFrame({"tokens": sentences}).write_parquet(path, row_group_size=50)
+    stream = ParquetSentences(path, batch_rows=17)  # streamed in small batches, restartable
+    ours = Word2Vec(sg=sg, dim=16, window=3, negative=4, sample=1e-2, epochs=3, ns_exponent=0.6, seed=11,
+                    workers=1, min_count=5)
+    ours.fit(stream, vocab_of(sentences, 5))
+    raw = gensim.models.Word2Vec(sentences, **ours.gensim_kwargs())
+    assert raw.wv.index_to_key == ours.keyed_vectors_.index_to_key
+    for word in raw.wv.index_to_key:
+        assert np.array_equal(raw.wv[word], ours.keyed_vectors_[word]), word
+    assert sum(h["loss"] for h in ours.history_) == pytest.approx(raw.get_latest_training_loss(), rel=1e-6)
+    assert len(ours.history_) == 3 and all(h["words_per_s"] > 0 and h["loss"] > 0 for h in ours.history_)
+    assert ours.n_sentences_ == len(sentences) and ours.n_words_ == sum(map(len, sentences))
+
+
+def test_vectors_aligned_with_our_vocabulary_ids_and_words_exactly_ours():
+    sentences = tied_corpus()
+    vocab = vocab_of(sentences, 1)
+    model = Word2Vec(sg=True, dim=8, epochs=1, min_count=1).fit(sentences, vocab)
+    tokens = vocab.tokens
+    assert model.keyed_vectors_.index_to_key == tokens[4:]  # same words, same order, ties included
+    assert model.vectors_.shape == (len(vocab), 8) and model.vectors_.dtype == np.float32
+    assert not model.vectors_[:4].any()  # specials: zero rows
+    for word, idx in model.keyed_vectors_.key_to_index.items():
+        assert np.array_equal(model.vectors_[tokens.index(word)], model.keyed_vectors_.vectors[idx])
+    assert model.vectors_[4:].any(axis=1).all()
+
+
+def test_min_count_leaves_out_rare_vocabulary_words():
+    sentences = distinct_count_corpus()
+    vocab = vocab_of(sentences, 1)  # rare words included in our vocabulary
+    model = Word2Vec(dim=8, epochs=1, min_count=5).fit(sentences, vocab)
+    kept = [t for t, c in zip(vocab.tokens, vocab.counts, strict=True) if c >= 5]
+    assert model.keyed_vectors_.index_to_key == kept
+    rare_ids = [i for i, c in enumerate(vocab.counts) if 0 < c < 5]
+    assert rare_ids and not model.vectors_[rare_ids].any()
+
+
+def test_parquet_text_column_is_pretokenized(tmp_path):
+    path = tmp_path / "docs.parquet"
+    pl.DataFrame({"text": ["the cat sat.\nit's well-known", "a b"]}).write_parquet(path)
+    stream = ParquetSentences(path, column="text")
+    assert list(stream) == [["the", "cat", "sat", "."], ["it's", "well-known"], ["a", "b"]]
+    assert list(stream) == list(stream)  # restartable
+    with pytest.raises(InputError, match="column"):
+        list(ParquetSentences(path, column="tokens"))
+    with pytest.raises(InputError, match="not found"):
+        ParquetSentences(tmp_path / "missing.parquet")
+
+
+def test_errors():
+    sentences = tied_corpus()
+    vocab = vocab_of(sentences, 1)
+    with pytest.raises(InputError, match="restartable"):
+        Word2Vec().fit(iter(sentences), vocab)
+    with pytest.raises(ParameterError, match="negative"):
+        Word2Vec(negative=0).fit(sentences, vocab)
+    with pytest.raises(InputError, match="min_count"):
+        Word2Vec(min_count=1000).fit(sentences, vocab)
+
+
+def test_keyed_vectors_skip_zero_rows():
+    vectors = np.array([[0, 0], [1, 0], [0, 0], [0, 2]], dtype=np.float32)
+    kv = keyed_vectors(vectors, ["<unk>", "a", "<s>", "b"])
+    assert kv.index_to_key == ["a", "b"]
+    assert np.array_equal(kv["b"], [0, 2])
