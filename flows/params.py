@@ -10,7 +10,9 @@ from models.errors import ParameterError
 from tasks.params import (
     CooccurrenceParams,
     CorpusParams,
+    EmbeddingMethod,
     EvaluationParams,
+    GloVeParams,
     LMKind,
     NeuralLMParams,
     NgramParams,
@@ -20,6 +22,7 @@ from tasks.params import (
     TaggerParams,
     TokenizerParams,
     VocabularyParams,
+    Word2VecParams,
 )
 
 
@@ -29,7 +32,12 @@ class PipelineParams(Params):
     vocabulary: VocabularyParams = VocabularyParams()
     cooccurrence: CooccurrenceParams = CooccurrenceParams()
     ppmi: PPMIParams = PPMIParams()
+    embeddings: list[EmbeddingMethod] = Field(
+        default=["svd", "sgns"], min_length=1,
+        description="Embedding methods, each its own artifact, evaluated side by side: svd, sgns, cbow, glove.")
     svd: SVDParams = SVDParams()
+    word2vec: Word2VecParams = Word2VecParams()
+    glove: GloVeParams = GloVeParams()
     evaluation: EvaluationParams = EvaluationParams()
     tokenizer: TokenizerParams = TokenizerParams()
     lm: list[LMKind] = Field(default=["ngram"], description="Language models to train, each its own artifact: "

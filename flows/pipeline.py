@@ -15,14 +15,16 @@ from models import ingest
 from models.errors import ParameterError
 from storage import ArtifactRef, ArtifactStore
 from tasks.corpus import ingest_corpus, ingest_tagged
-from tasks.embeddings import svd_embeddings
+from tasks.embeddings import glove_embeddings, svd_embeddings, word2vec_embeddings
 from tasks.evaluation import evaluate_embeddings
 from tasks.lm import train_lm
 from tasks.matrices import compute_ppmi, count_cooccurrence
 from tasks.params import (
     CooccurrenceParams,
     CorpusParams,
+    EmbeddingMethod,
     EvaluationParams,
+    GloVeParams,
     LMKind,
     NeuralLMParams,
     NgramParams,
@@ -31,6 +33,7 @@ from tasks.params import (
     TaggerParams,
     TokenizerParams,
     VocabularyParams,
+    Word2VecParams,
 )
 from tasks.report import publish_report, write_report
 from tasks.tagger import train_tagger
@@ -44,7 +47,10 @@ def pipeline(
     vocabulary: VocabularyParams = VocabularyParams(),
     cooccurrence: CooccurrenceParams = CooccurrenceParams(),
     ppmi: PPMIParams = PPMIParams(),
+    embeddings: list[EmbeddingMethod] = ["svd", "sgns"],  # noqa: B006 - a literal default for the UI form
     svd: SVDParams = SVDParams(),
+    word2vec: Word2VecParams = Word2VecParams(),
+    glove: GloVeParams = GloVeParams(),
     evaluation: EvaluationParams = EvaluationParams(),
     tokenizer: TokenizerParams = TokenizerParams(),
     lm: list[LMKind] = ["ngram"],  # noqa: B006 - Prefect needs a literal default for the UI form
@@ -59,16 +65,24 @@ def pipeline(
     word_ids = encode_corpus(store, corpus=docs, tokenizer=words)
 
     counts = count_cooccurrence(store, tokens=word_ids, tokenizer=words, params=cooccurrence)
-    pmi = compute_ppmi(store, cooccurrence=counts, params=ppmi)
-    embeddings = {"svd": svd_embeddings(store, ppmi=pmi, params=svd)}
+    vectors: dict[str, ArtifactRef] = {}
+    for method in embeddings:
+        if method == "svd":
+            pmi = compute_ppmi(store, cooccurrence=counts, params=ppmi)
+            vectors[method] = svd_embeddings(store, ppmi=pmi, params=svd)
+        elif method == "glove":
+            vectors[method] = glove_embeddings(store, cooccurrence=counts, params=glove)
+        else:
+            vectors[method] = word2vec_embeddings(store, corpus=docs, tokenizer=words, method=method,
+                                                     params=word2vec)
     evaluations = {name: evaluate_embeddings(store, embeddings=ref, params=evaluation)
-                   for name, ref in embeddings.items()}
+                   for name, ref in vectors.items()}
 
     lms = {}
     if lm:
-        if neural.pretrained != "none" and neural.pretrained not in embeddings:
+        if neural.pretrained != "none" and neural.pretrained not in vectors:
             raise ParameterError(f"neural.pretrained={neural.pretrained!r}: that method is not among this run's "
-                                 f"embeddings ({', '.join(embeddings)})")
+                                 f"embeddings ({', '.join(vectors)})")
         lm_tokenizer, lm_ids = words, word_ids
         if tokenizer.kind != "word":
             lm_tokenizer = learn_subword(store, corpus=docs, params=tokenizer)
@@ -76,7 +90,7 @@ def pipeline(
         for kind in lm:
             lms[kind] = train_lm(store, tokens=lm_ids, tokenizer=lm_tokenizer, model=kind,
                                  params=ngram if kind == "ngram" else neural,
-                                 embeddings=None if kind == "ngram" else embeddings.get(neural.pretrained))
+                                 embeddings=None if kind == "ngram" else vectors.get(neural.pretrained))
 
     taggers = {}
     if ingest.tagged_files(ingest.resolve_sources(corpus.sources)):
@@ -87,8 +101,9 @@ def pipeline(
     report = write_report(store, evaluations=list(evaluations.values()), lms=list(lms.values()) or None,
                           taggers=list(taggers.values()) or None)
     publish_report(report)
-    refs = {"corpus": docs, "tokenizer": words, "tokenized_corpus": word_ids, "cooccurrence": counts, "ppmi": pmi,
-            **{f"embeddings.{k}": v for k, v in embeddings.items()},
+    refs = {"corpus": docs, "tokenizer": words, "tokenized_corpus": word_ids, "cooccurrence": counts,
+            **({"ppmi": pmi} if "svd" in vectors else {}),
+            **{f"embeddings.{k}": v for k, v in vectors.items()},
             **{f"evaluation.{k}": v for k, v in evaluations.items()},
             **{f"lm.{k}": v for k, v in lms.items()}, **{f"tagger.{k}": v for k, v in taggers.items()},
             "report": report}

@@ -1,18 +1,21 @@
-"""Embedding stages. Each writes an `embeddings` artifact: `vectors.parquet` (id, word, count,
-vector), and the word2vec text (`vectors.txt`) and binary (`vectors.bin`) exports gensim loads."""
+"""Embedding stages, one `embeddings` artifact per method: `vectors.parquet` (id, word, count,
+vector), the word2vec text (`vectors.txt`) and binary (`vectors.bin`) exports gensim loads, and for
+trained methods `history.parquet` and `loss_curve.png`."""
 
 from __future__ import annotations
 
 import numpy as np
+import polars as pl
 
-from models import svd, vectors, vocab
-from storage import ArtifactRef, ArtifactWriter
+from models import embedding_plots, glove, svd, vectors, vocab, word2vec
+from storage import ArtifactRef, ArtifactStore, ArtifactWriter
 from storage.formats import read_matrix, read_table, write_vectors
-from tasks.params import SVDParams
+from tasks.params import GloVeParams, SVDParams, Word2VecParams
 from tasks.stage import stage
 
 
-def write_embeddings(out: ArtifactWriter, vocabulary, word_vectors: np.ndarray, method: str) -> None:
+def write_embeddings(out: ArtifactWriter, vocabulary: pl.DataFrame, word_vectors: np.ndarray, method: str,
+                     history: list[dict] | None = None) -> None:
     """Words (specials excluded) in frequency order, as Parquet and both word2vec formats."""
     n_special = len(vocab.SPECIALS)
     words = vocabulary["token"].to_list()[n_special:]
@@ -23,11 +26,37 @@ def write_embeddings(out: ArtifactWriter, vocabulary, word_vectors: np.ndarray, 
     kv.save_word2vec_format(str(out.path("vectors.txt")), binary=False)
     kv.save_word2vec_format(str(out.path("vectors.bin")), binary=True)
     out.metrics.update({"method": method, "words": len(words), "dim": int(matrix.shape[1])})
+    if history:
+        out.write_parquet("history.parquet", pl.DataFrame(history))
+        embedding_plots.plot_loss(history, out.path("loss_curve.png"), title=f"{method} training loss")
+        out.metrics.update({"final_loss": float(history[-1]["loss"]), "epochs": len(history),
+                            **{k: float(np.mean([h[k] for h in history])) for k in ("words_per_s", "cells_per_s")
+                               if k in history[0]}})
 
 
-@stage("embeddings", code=[svd, vectors])
+@stage("embeddings", code=[svd, vectors, embedding_plots])
 def svd_embeddings(out: ArtifactWriter, ppmi: ArtifactRef, params: SVDParams) -> None:
     word_vectors, singular_values = svd.svd_vectors(read_matrix(ppmi), params.dim, params.power, params.add_context,
                                                     params.n_iter, params.seed)
     write_embeddings(out, read_table(ppmi, "vocab.parquet"), word_vectors, "svd")
-    out.metrics["explained_top_singular_value"] = float(singular_values[0])
+    out.metrics["top_singular_value"] = float(singular_values[0])
+
+
+@stage("embeddings", code=[word2vec, vectors, embedding_plots], tags=["embeddings", "gpu"])
+def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactRef, method: str,
+                        params: Word2VecParams) -> None:
+    """Skip-gram (`sgns`) or CBOW (`cbow`) through gensim, streaming the corpus artifact's text
+    (one record batch in memory at a time) on our word vocabulary."""
+    vocabulary = vocab.Vocabulary(read_table(tokenizer, "vocab.parquet"))
+    model = word2vec.Word2Vec(sg=method == "sgns", **params.model_dump())
+    with ArtifactStore(corpus.store).local_copy(corpus.kind, corpus.version, "documents.parquet") as path:
+        model.fit(word2vec.ParquetSentences(path, column="text"), vocabulary, progress=out.progress)
+    write_embeddings(out, vocabulary.frame, model.vectors_, method, model.history_)
+
+
+@stage("embeddings", code=[glove, vectors, embedding_plots], tags=["embeddings", "gpu"])
+def glove_embeddings(out: ArtifactWriter, cooccurrence: ArtifactRef, params: GloVeParams) -> None:
+    """GloVe on the co-occurrence artifact (on CUDA when the worker has one)."""
+    model = glove.GloVe(**params.model_dump()).fit(read_matrix(cooccurrence), progress=out.progress)
+    write_embeddings(out, read_table(cooccurrence, "vocab.parquet"), model.vectors_, "glove", model.history_)
+    out.metrics["device"] = str(glove.resolve_device(params.device))

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import polars as pl
 
-from models import evaluation, vectors
+from models import embedding_plots, evaluation, vectors
 from storage import ArtifactRef, ArtifactStore, ArtifactWriter
 from storage.formats import read_vectors
 from tasks.params import EvaluationParams
@@ -16,7 +16,7 @@ def _method(ref: ArtifactRef) -> str:
     return ArtifactStore(ref.store).manifest(ref.kind, ref.version)["metrics"].get("method", ref.version)
 
 
-@stage("evaluation", code=[evaluation, vectors])
+@stage("evaluation", code=[evaluation, vectors, embedding_plots])
 def evaluate_embeddings(out: ArtifactWriter, embeddings: ArtifactRef, params: EvaluationParams) -> None:
     words, _counts, matrix = read_vectors(embeddings)
     result = evaluation.evaluate(vectors.keyed_vectors(words, matrix), params.analogy_vocabulary, params.probes)
@@ -26,5 +26,8 @@ def evaluate_embeddings(out: ArtifactWriter, embeddings: ArtifactRef, params: Ev
     out.write_parquet("metrics.parquet", pl.DataFrame([{"embeddings": name, **result["metrics"]}]))
     out.write_parquet("neighbours.parquet", result["neighbours"])
     out.write_parquet("analogy_sections.parquet", result["analogy_sections"])
+    if params.projection_words:
+        embedding_plots.plot_projection(matrix, words, out.path("projection.png"), n_words=params.projection_words,
+                                        title=f"{name}: {params.projection_words} frequent words")
     out.write_text("report.md", evaluation.report_markdown(f"Evaluation of {name} embeddings ({embeddings})",
                                                            {name: result}))

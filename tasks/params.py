@@ -66,13 +66,38 @@ class SVDParams(Params):
     seed: int = Field(0, ge=0, description="Random seed.")
 
 
+class Word2VecParams(Params):
+    dim: int = Field(100, ge=2, le=2000, description="Embedding dimension (skip-gram and CBOW).")
+    window: int = Field(5, ge=1, le=50, description="Context words on each side.")
+    negative: int = Field(5, ge=1, le=50, description="Noise words per positive pair (negative sampling).")
+    sample: float = Field(1e-3, ge=0, le=1, description="Subsampling threshold of frequent words (0 = off).")
+    epochs: int = Field(5, ge=1, le=200, description="Passes over the corpus.")
+    ns_exponent: float = Field(0.75, ge=0, le=1, description="Noise distribution ∝ count^exponent.")
+    workers: int = Field(1, ge=1, le=64, description="gensim threads (1 is deterministic).")
+    seed: int = Field(0, ge=0, description="Random seed.")
+
+
+class GloVeParams(Params):
+    dim: int = Field(100, ge=2, le=2000, description="Embedding dimension.")
+    x_max: float = Field(0.5, gt=0, description="f(x) = min(1, (x/x_max)^alpha); tuned for ~1M-token corpora.")
+    alpha: float = Field(0.75, gt=0, le=2, description="Exponent of the weighting f.")
+    epochs: int = Field(10, ge=1, le=1000, description="Passes over the nonzero cells.")
+    lr: float = Field(0.05, gt=0, le=10, description="Learning rate.")
+    batch_size: int = Field(65536, ge=1, description="Nonzero cells per step.")
+    optimizer: Literal["adagrad", "adam"] = Field("adagrad", description="AdaGrad as in the original, or Adam.")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto picks CUDA when present.")
+    seed: int = Field(0, ge=0, description="Random seed.")
+
+
 class EvaluationParams(Params):
     analogy_vocabulary: int = Field(30_000, ge=100, description="Analogy answers come from this many most "
                                                                 "frequent words (as in word2vec's evaluation).")
     probes: list[str] = Field(default=list(DEFAULT_PROBES), description="Words whose nearest neighbours are shown.")
+    projection_words: int = Field(300, ge=0, le=2000, description="Frequent words drawn in the PCA/t-SNE maps "
+                                                                  "(0 = no maps).")
 
 
-LM_KINDS = ("ngram", "ffnn", "rnn", "lstm", "gru", "transformer")
+EmbeddingMethod = Literal["svd", "sgns", "cbow", "glove"]
 LMKind = Literal["ngram", "ffnn", "rnn", "lstm", "gru", "transformer"]
 
 

@@ -45,7 +45,7 @@ def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[
     rows = []
     for ref in evaluations:
         metrics = _manifest(ref)["metrics"]
-        rows.append({"embeddings": metrics["method"], **metrics})
+        rows.append({**metrics, "embeddings": metrics["method"]})
     lines += ["## Word embeddings", ""]
     lines += _table(rows, ("embeddings", "ws353_spearman", "simlex999_spearman", "analogy_add_accuracy",
                            "analogy_mul_accuracy", "analogy_coverage", "ws353_oov_rate", "vocabulary"))

@@ -12,7 +12,7 @@ from storage import ArtifactStore, Catalog
 
 pytestmark = pytest.mark.prefect
 SMALL = {"corpus": {"sources": ["builtin:lee"]}, "vocabulary": {"min_count": 3}, "svd": {"dim": 40},
-         "evaluation": {"analogy_vocabulary": 2000}}
+         "embeddings": ["svd"], "lm": [], "evaluation": {"analogy_vocabulary": 2000, "projection_words": 0}}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -36,17 +36,17 @@ def test_caching_reuses_unchanged_stages_and_recomputes_deleted_ones(tmp_path):
     store = tmp_path / "store"
     first = run_pipeline(small_params(store))
     assert set(Catalog(store).kinds()) == {"corpus", "tokenizer", "tokenized_corpus", "cooccurrence", "ppmi",
-                                           "embeddings", "evaluation"}
+                                           "embeddings", "evaluation", "report"}
     before = created(store)
 
     # A second run recomputes nothing.
     assert run_pipeline(small_params(store)) == first
     assert created(store) == before
 
-    # Changing only the SVD dimension recomputes SVD and evaluation only.
+    # Changing only the SVD dimension recomputes SVD and evaluation only (and the run's report).
     changed = run_pipeline(small_params(store, svd={"dim": 30}))
     new = set(created(store)) - set(before)
-    assert {kind for kind, _ in new} == {"embeddings", "evaluation"} and len(new) == 2
+    assert sorted(kind for kind, _ in new) == ["embeddings", "evaluation", "report"]
     assert all(changed[k] == first[k] for k in ("corpus", "tokenizer", "tokenized_corpus", "cooccurrence", "ppmi"))
 
     # A deleted artifact is rebuilt, not returned as a dangling (cached) reference.
@@ -57,17 +57,18 @@ def test_caching_reuses_unchanged_stages_and_recomputes_deleted_ones(tmp_path):
     assert ArtifactStore(store).verify("ppmi", ppmi.version, full=True) == []
     after = created(store)
     assert after[("ppmi", ppmi.version)] != before[("ppmi", ppmi.version)]
-    assert after[("embeddings", first["embeddings"].version)] == before[("embeddings", first["embeddings"].version)]
+    svd_key = ("embeddings", first["embeddings.svd"].version)
+    assert after[svd_key] == before[svd_key]
 
     # The evaluation artifact carries the headline metrics and a report; embeddings load in gensim.
-    metrics = ArtifactStore(store).manifest("evaluation", first["evaluation"].version)["metrics"]
+    metrics = ArtifactStore(store).manifest("evaluation", first["evaluation.svd"].version)["metrics"]
     for key in ("ws353_spearman", "simlex999_spearman", "analogy_add_accuracy", "analogy_mul_accuracy",
                 "analogy_coverage"):
         assert key in metrics
     from gensim.models import KeyedVectors
 
-    kv = KeyedVectors.load_word2vec_format(f"{first['embeddings'].path}/vectors.bin", binary=True)
-    kv_text = KeyedVectors.load_word2vec_format(f"{first['embeddings'].path}/vectors.txt")
+    kv = KeyedVectors.load_word2vec_format(f"{first['embeddings.svd'].path}/vectors.bin", binary=True)
+    kv_text = KeyedVectors.load_word2vec_format(f"{first['embeddings.svd'].path}/vectors.txt")
     assert kv.vector_size == 40 and kv.index_to_key == kv_text.index_to_key
     assert kv.index_to_key[0] == "the"
 
@@ -78,12 +79,13 @@ def test_cli_run_and_listing(tmp_path, capsys):
     corpus.write_text("\n".join(f"The cat number {i} sat on the mat. A dog {i % 7} barked at the cat."
                                 for i in range(300)))
     code = main(["run", "--store", str(store), "--corpus", str(corpus), "--set", "vocabulary.min_count=1",
-                 "--set", "svd.dim=5", "--set", "evaluation.analogy_vocabulary=100"])
+                 "--set", "svd.dim=5", "--set", "evaluation.analogy_vocabulary=100", "--set", 'embeddings=["svd"]',
+                 "--set", "lm=[]", "--set", "evaluation.projection_words=0"])
     out = capsys.readouterr().out
     assert code == 0 and "Evaluation report:" in out and "ws353_spearman" in out
     assert main(["artifacts", "list", "--store", str(store), "--json"]) == 0
     listing = json.loads(capsys.readouterr().out)
-    assert len(listing) == 7
+    assert len(listing) == 8
     assert set(listing[0]) == {"kind", "version", "created", "inputs", "parameters", "metrics", "path"}
     emb = next(a for a in listing if a["kind"] == "embeddings")
     assert emb["parameters"]["params"]["dim"] == 5 and set(emb["inputs"]) == {"ppmi"}
@@ -140,6 +142,8 @@ def test_all_stages_on_a_small_treebank(tmp_path, shared_data, capsys):
         "store": str(store), "corpus": {"sources": [str(data)]}, "vocabulary": {"min_count": 2},
         "svd": {"dim": 20}, "evaluation": {"analogy_vocabulary": 1000},
         "tokenizer": {"kind": "bpe", "vocab_size": 400}, "lm": ["ngram", "gru"],
+        "embeddings": ["svd", "sgns", "cbow", "glove"], "word2vec": {"epochs": 1, "dim": 16},
+        "glove": {"epochs": 2, "dim": 16},
         "neural": {"emb_dim": 16, "hidden_dim": 16, "num_layers": 1, "epochs": 1, "max_steps": 30,
                    "batch_size": 8, "bptt": 16, "device": "cpu"},
         "tagger": {"columns": ["upos"]},
@@ -157,6 +161,10 @@ def test_all_stages_on_a_small_treebank(tmp_path, shared_data, capsys):
     report = (store / "report" / refs["report"].version / "report.md").read_text()
     assert "## Language models" in report and "UPOS HMM tagger" in report and "tagger-confusion.png" in report
     assert (store / "report" / refs["report"].version / "tagger-confusion.png").stat().st_size > 1000
+    for method in ("sgns", "cbow", "glove"):
+        emb = store_obj.manifest("embeddings", refs[f"embeddings.{method}"].version)
+        assert emb["metrics"]["method"] == method and any(f["name"] == "loss_curve.png" for f in emb["files"])
+        assert f"| {method} |" in report
 
     # lexiflow tag writes predicted UPOS into a CoNLL-U file, leaving every other column as it was.
     source = data / "en_ewt-ud-dev.conllu"
