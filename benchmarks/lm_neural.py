@@ -146,14 +146,22 @@ def gpu_transformer_throughput(config: TransformerConfig, device: str, steps: in
                                precision: str = "bf16") -> tuple[float, float | None, int]:
     """Train `steps` steps of the Transformer through our loop on random tokens; (tokens/s, MFU, params).
 
-    MFU = (6 N + 12 L T d) tokens/s / peak bf16 FLOP/s (PaLM appendix B); None where the peak is unknown.
+    The first 2 steps (allocator, kernel selection) are not timed. MFU = (6 N + 12 L T d) tokens/s / peak
+    dense bf16 FLOP/s (PaLM, Chowdhery et al. 2022, appendix B; N counts all parameters, tied ones once);
+    None where the device's peak is unknown.
     """
     rng = np.random.default_rng(0)
     sents = [rng.integers(4, config.vocab_size, size=config.max_len - 1) for _ in range((steps + 3) * batch)]
     cfg = TrainConfig(max_steps=steps + 2, batch_size=batch, bptt=config.max_len, lr=3e-4, warmup_steps=2,
                       device=device, precision=precision, clip_grad_norm=1.0, weight_decay=0.1)
-    lm = TransformerLM(config, cfg).fit(sents)
-    tps = float(lm.metrics_["tokens_per_s"][0])
+    stamps: dict[int, float] = {}
+
+    def clock(step: int, loss: float) -> None:  # loss.item() already synchronised the device
+        if step in (2, steps + 2):
+            stamps[step] = time.perf_counter()
+
+    lm = TransformerLM(config, cfg).fit(sents, on_step=clock)
+    tps = steps * batch * config.max_len / (stamps[steps + 2] - stamps[2])  # the 2 warm-up steps excluded
     n = lm.n_parameters
     flops_per_token = 6 * n + 12 * config.n_layers * config.max_len * config.d_model
     name = torch.cuda.get_device_name(0) if torch.cuda.is_available() and device != "cpu" else ""
