@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
-from flows.params import PipelineParams
+from flows.params import PipelineParams, TrainingParams
+from flows.training import train_embeddings_stage
 from storage import ArtifactRef, ArtifactStore
 from tasks.corpus import ingest_corpus
 from tasks.embeddings import svd_embeddings
@@ -35,14 +36,27 @@ def pipeline(
     ppmi: PPMIParams = PPMIParams(),
     svd: SVDParams = SVDParams(),
     evaluation: EvaluationParams = EvaluationParams(),
+    training: TrainingParams = TrainingParams(),
 ) -> dict[str, ArtifactRef]:
-    """Build every artifact from the corpus sources; unchanged stages are reused, not recomputed."""
+    """Build every artifact from the corpus sources; unchanged stages are reused, not recomputed.
+    Training stages run here, or on the `gpu` work pool when `training.remote` is set.
+
+    Args:
+        store: Artifact store shared by every worker: a folder or an fsspec URL (s3://...).
+        corpus: Corpus sources and cleaning.
+        vocabulary: Word-level vocabulary (the tokenizer).
+        cooccurrence: Co-occurrence window and weighting.
+        ppmi: Positive PMI smoothing and shift.
+        svd: SVD embeddings.
+        evaluation: Intrinsic evaluation of the embeddings.
+        training: Where training stages run (this process, or the gpu work pool).
+    """
     docs = ingest_corpus(store, params=corpus)
     tokenizer = learn_vocabulary(store, corpus=docs, params=vocabulary)
     tokens = encode_corpus(store, corpus=docs, tokenizer=tokenizer)
     counts = count_cooccurrence(store, tokens=tokens, tokenizer=tokenizer, params=cooccurrence)
     pmi = compute_ppmi(store, cooccurrence=counts, params=ppmi)
-    vectors = svd_embeddings(store, ppmi=pmi, params=svd)
+    vectors = train_embeddings_stage(store, {"ppmi": pmi}, svd, training)
     report = evaluate_embeddings(store, embeddings=vectors, params=evaluation)
     publish_report([report])
     refs = {"corpus": docs, "tokenizer": tokenizer, "tokenized_corpus": tokens, "cooccurrence": counts,
