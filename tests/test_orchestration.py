@@ -112,6 +112,13 @@ def test_stop_sends_a_second_sigterm_to_a_process_that_survives_the_first(tmp_pa
             stubborn.kill()
 
 
+def test_serve_cli_stop_with_nothing_started(tmp_path, capsys):
+    from flows.cli import main
+
+    assert main(["serve", "--stop", "--home", str(tmp_path)]) == 0
+    assert "nothing to stop" in capsys.readouterr().out
+
+
 # ---- slow: the whole thing on loopback ----------------------------------------------------
 class Box:
     def __init__(self, state: dict, config: DeployConfig, home: Path) -> None:
@@ -327,6 +334,22 @@ def test_a_plain_process_reads_the_latest_embeddings_with_duckdb(box, runs, tmp_
     kv = catalog.load("embeddings")
     assert found["rows"] == len(kv.index_to_key) and len(found["vector"]) == 20
     np.testing.assert_allclose(found["vector"], kv["the"], rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_train_lm_deployment_runs_on_the_gpu_pool(box, runs):
+    """Started by hand (the UI's Run with the form's defaults: the latest tokenized corpus)."""
+    response = box.create_run("train-lm", {"store": box.config.store, "ngram": {"order": 2}})
+    assert response.status_code == 201, response.text
+    run = box.wait(response.json()["id"])
+    assert run["state"]["type"] == "COMPLETED", box.logs_tail()
+    assert run["work_pool_name"] == "gpu"
+    catalog = Catalog(box.config.store)
+    lm = catalog.latest("lm")
+    assert lm["run"]["flow_run_id"] == run["id"]
+    assert lm["inputs"]["tokens"]["version"] == catalog.latest("tokenized_corpus")["version"]
+    assert lm["metrics"]["valid_perplexity"] > 1
+    assert catalog.load("lm").order == 2
 
 
 @pytest.mark.slow
