@@ -10,6 +10,7 @@ from models import evaluation, vectors
 from storage import ArtifactRef, ArtifactStore, ArtifactWriter
 from storage.formats import read_vectors
 from tasks.params import EvaluationParams
+from tasks.report_image import publish_chart
 from tasks.stage import stage
 
 
@@ -46,6 +47,7 @@ def publish_report(evaluations: list[ArtifactRef]) -> str:
     try:
         create_table_artifact(rows, key="embedding-evaluation", description="Intrinsic evaluation of embeddings")
         create_markdown_artifact(markdown, key="embedding-report", description="Embedding evaluation report")
+        publish_chart([{**row, "embeddings": _method(ref)} for row, ref in zip(rows, evaluations, strict=True)])
     except Exception:  # no Prefect run context (plain function call): the report is still returned
         pass
     return markdown
