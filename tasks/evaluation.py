@@ -18,6 +18,11 @@ def _method(ref: ArtifactRef) -> str:
     return ArtifactStore(ref.store).manifest(ref.kind, ref.version)["metrics"].get("method", ref.version)
 
 
+def _input(ref: ArtifactRef, name: str) -> ArtifactRef:
+    store = ArtifactStore(ref.store)
+    return store.ref(**store.manifest(ref.kind, ref.version)["inputs"][name])
+
+
 @stage("evaluation", code=[evaluation, vectors])
 def evaluate_embeddings(out: ArtifactWriter, embeddings: ArtifactRef, params: EvaluationParams) -> None:
     words, _counts, matrix = read_vectors(embeddings)
@@ -47,7 +52,8 @@ def publish_report(evaluations: list[ArtifactRef]) -> str:
     try:
         create_table_artifact(rows, key="embedding-evaluation", description="Intrinsic evaluation of embeddings")
         create_markdown_artifact(markdown, key="embedding-report", description="Embedding evaluation report")
-        publish_chart([{**row, "embeddings": _method(ref)} for row, ref in zip(rows, evaluations, strict=True)])
+        publish_chart([{**row, "embeddings": _method(_input(ref, "embeddings"))} for row, ref in zip(rows, evaluations,
+                                                                                                   strict=True)])
     except Exception:  # no Prefect run context (plain function call): the report is still returned
         pass
     return markdown
