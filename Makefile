@@ -13,7 +13,7 @@ export PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT := false
 export PREFECT_LOGGING_EXTRA_LOGGERS := lexiflow
 export PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW := ignore
 
-.PHONY: install run test lint bench clean
+.PHONY: install chromium run test lint bench clean
 
 install: $(VENV)/.installed
 
@@ -28,8 +28,14 @@ $(VENV)/.installed: pyproject.toml
 run: install
 	$(VENV)/bin/lexiflow run --store $(STORE)
 
-test: install
+test: install chromium
 	$(PY) -m pytest -q
+
+# The UI test renders Prefect's pages in headless Chromium: Debian's package, installed when missing
+# (CI runs as root; elsewhere through sudo).
+chromium:
+	@test -x /usr/bin/chromium || { SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+		$$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq chromium >/dev/null; }
 
 lint: install
 	$(VENV)/bin/ruff check .

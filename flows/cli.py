@@ -5,6 +5,8 @@
     lexiflow artifacts show KIND[:VERSION] [--store DIR]
     lexiflow artifacts verify [--store DIR] [--full]
     lexiflow tag INPUT [-o OUTPUT] [--tagger VERSION ...] [--method viterbi|greedy|beam]
+    lexiflow artifacts export KIND[:VERSION] DIR [--store DIR]
+    lexiflow serve [--home DIR] [--port N] [--store DIR] [--corpus SOURCE ...] [--cron CRON] [--gpus 0,1] | --stop
 
 Errors a user can fix print one line (`error: ...`) and exit with status 2.
 """
@@ -182,6 +184,41 @@ def cmd_tag(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from storage import Catalog
+    from storage.export import export
+
+    kind, _, version = args.artifact.partition(":")
+    for path in export(Catalog(args.store), kind, version or None, args.dest):
+        print(path)
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from deployments import serve
+
+    home = Path(args.home or os.environ.get("PREFECT_HOME") or ".prefect")
+    if args.stop:
+        lines = serve.stop(home)
+        print("\n".join(lines) if lines else f"nothing to stop (no {serve.STATE_FILE} in {home})")
+        return 1 if any(line.endswith("still running!") for line in lines) else 0
+    from deployments.definitions import DeployConfig
+
+    config = DeployConfig(**{k: v for k, v in {"store": args.store and str(Path(args.store).resolve()),
+                                                "sources": args.corpus, "rebuild_cron": args.cron}.items() if v})
+    try:
+        state = serve.start(home, config, port=args.port, gpus=args.gpus.split(",") if args.gpus else None)
+    except serve.ServeError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"Prefect UI: {state['ui_url']}   (PREFECT_API_URL={state['api_url']})")
+    print(f"Store: {config.store}\nDeployments: {', '.join(state['deployments'])}")
+    for proc in state["processes"]:
+        print(f"  {proc['name']:<12} pid {proc['pid']:<8} log {proc['log']}")
+    print("Stop everything with: lexiflow serve --stop" + (f" --home {args.home}" if args.home else ""))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="lexiflow", description="Batch NLP pipeline on Prefect.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -219,8 +256,25 @@ def build_parser() -> argparse.ArgumentParser:
     verify = art.add_parser("verify", help="check every artifact's files against its manifest")
     verify.add_argument("--full", action="store_true", help="also compare SHA-256 checksums")
     verify.set_defaults(func=cmd_verify)
-    for p in (ls, show, verify):
+    exp = art.add_parser("export", help="copy an artifact into a folder in open formats (Parquet, word2vec, "
+                                        "tokenizer.json, safetensors)")
+    exp.add_argument("artifact", metavar="KIND[:VERSION]", help="e.g. embeddings (the latest) or tokenizer:3f2a...")
+    exp.add_argument("dest", metavar="DIR", help="destination folder (created if missing)")
+    exp.set_defaults(func=cmd_export)
+    for p in (ls, show, verify, exp):
         p.add_argument("--store", default=DEFAULT_STORE, help=f"artifact store (default {DEFAULT_STORE})")
+
+    srv = sub.add_parser("serve", help="one box: Prefect server, work pools, deployments, CPU and GPU workers",
+                         description="Start a Prefect server on 127.0.0.1, create the cpu and gpu work pools, deploy, "
+                                     "and start a CPU worker and a GPU worker per GPU; --stop stops exactly those.")
+    srv.add_argument("--stop", action="store_true", help="stop what `lexiflow serve` started (by PID)")
+    srv.add_argument("--home", help="PREFECT_HOME: database, logs, state file (default $PREFECT_HOME or .prefect)")
+    srv.add_argument("--port", type=int, help="server port on 127.0.0.1 (default: a free one)")
+    srv.add_argument("--store", help=f"artifact store the workers share (default {DEFAULT_STORE})")
+    srv.add_argument("--corpus", nargs="+", metavar="SOURCE", help="corpus-rebuild sources (default builtin:enwiki)")
+    srv.add_argument("--cron", help="corpus-rebuild schedule (default weekly: '0 3 * * 1')")
+    srv.add_argument("--gpus", help="GPU ids, one GPU worker each with CUDA_VISIBLE_DEVICES set (default 0)")
+    srv.set_defaults(func=cmd_serve)
     return parser
 
 

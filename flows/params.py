@@ -26,6 +26,15 @@ from tasks.params import (
 )
 
 
+class TrainingParams(Params):
+    remote: bool = Field(False, description="Hand the GPU training stages (embeddings) to the `gpu` work pool with "
+                                            "run_deployment and continue with the artifact they publish in the store; "
+                                            "off: the same stages run in this process.")
+    embeddings_deployment: str = Field("train-embeddings/train-embeddings", pattern=r"^[^/]+/[^/]+$",
+                                       description="The FLOW/DEPLOYMENT that trains embeddings remotely.")
+    timeout_minutes: float = Field(240, gt=0, le=10_080, description="How long to wait for a remote training run.")
+
+
 class PipelineParams(Params):
     store: str = Field("artifacts", min_length=1, description="Artifact store: a folder or an fsspec URL.")
     corpus: CorpusParams = CorpusParams()
@@ -45,6 +54,7 @@ class PipelineParams(Params):
     ngram: NgramParams = NgramParams()
     neural: NeuralLMParams = NeuralLMParams()
     tagger: TaggerParams = TaggerParams()
+    training: TrainingParams = TrainingParams()
 
 
 def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
-from flows.params import PipelineParams
+from flows.params import PipelineParams, TrainingParams
+from flows.training import EMBEDDING_TRAINERS, EMBEDDINGS_DEPLOYMENT, LM_DEPLOYMENT, LM_TRAINERS, train
 from models import ingest
 from models.errors import ParameterError
 from storage import ArtifactRef, ArtifactStore
 from tasks.corpus import ingest_corpus, ingest_tagged
-from tasks.embeddings import glove_embeddings, svd_embeddings, word2vec_embeddings
+from tasks.embeddings import svd_embeddings
 from tasks.evaluation import evaluate_embeddings
-from tasks.lm import train_lm
 from tasks.matrices import compute_ppmi, count_cooccurrence
 from tasks.params import (
     CooccurrenceParams,
@@ -57,24 +57,47 @@ def pipeline(
     ngram: NgramParams = NgramParams(),
     neural: NeuralLMParams = NeuralLMParams(),
     tagger: TaggerParams = TaggerParams(),
+    training: TrainingParams = TrainingParams(),
 ) -> dict[str, ArtifactRef]:
     """Build every artifact from the corpus sources; unchanged stages are reused, not recomputed.
-    CoNLL-U sources also give a tagged corpus and an HMM tagger per tag set."""
+    CoNLL-U sources also give a tagged corpus and an HMM tagger per tag set. Training stages run
+    here, or on the `gpu` work pool when `training.remote` is set.
+
+    Args:
+        store: Artifact store shared by every worker: a folder or an fsspec URL (s3://...).
+        corpus: Corpus sources and cleaning.
+        vocabulary: Word-level vocabulary (counts, co-occurrence and embeddings use it).
+        cooccurrence: Co-occurrence window and weighting.
+        ppmi: Positive PMI smoothing and shift.
+        embeddings: Embedding methods to train and evaluate side by side.
+        svd: SVD (LSA) embeddings of the PPMI matrix.
+        word2vec: Skip-gram / CBOW with negative sampling (gensim).
+        glove: GloVe on the co-occurrence matrix (torch; CUDA when present).
+        evaluation: Intrinsic evaluation of the embeddings.
+        tokenizer: Tokens for the language models: words, BPE or WordPiece.
+        lm: Language models to train.
+        ngram: n-gram model settings.
+        neural: Neural LM architecture and training settings.
+        tagger: HMM part-of-speech taggers (CoNLL-U sources only).
+        training: Where training stages run (this process, or the gpu work pool).
+    """
     docs = ingest_corpus(store, params=corpus)
     words = learn_vocabulary(store, corpus=docs, params=vocabulary)
     word_ids = encode_corpus(store, corpus=docs, tokenizer=words)
 
     counts = count_cooccurrence(store, tokens=word_ids, tokenizer=words, params=cooccurrence)
+    # Training stages run here, or on the gpu work pool when training.remote is set (flows/training.py).
     vectors: dict[str, ArtifactRef] = {}
     for method in embeddings:
         if method == "svd":
             pmi = compute_ppmi(store, cooccurrence=counts, params=ppmi)
-            vectors[method] = svd_embeddings(store, ppmi=pmi, params=svd)
+            inputs, params = {"ppmi": pmi}, svd
         elif method == "glove":
-            vectors[method] = glove_embeddings(store, cooccurrence=counts, params=glove)
+            inputs, params = {"cooccurrence": counts}, glove
         else:
-            vectors[method] = word2vec_embeddings(store, corpus=docs, tokenizer=words, method=method,
-                                                     params=word2vec)
+            inputs, params = {"corpus": docs, "tokenizer": words}, word2vec
+        vectors[method] = train(EMBEDDING_TRAINERS[method], method, store, inputs, params, training,
+                                EMBEDDINGS_DEPLOYMENT)
     evaluations = {name: evaluate_embeddings(store, embeddings=ref, params=evaluation)
                    for name, ref in vectors.items()}
 
@@ -88,9 +111,10 @@ def pipeline(
             lm_tokenizer = learn_subword(store, corpus=docs, params=tokenizer)
             lm_ids = encode_corpus(store, corpus=docs, tokenizer=lm_tokenizer)
         for kind in lm:
-            lms[kind] = train_lm(store, tokens=lm_ids, tokenizer=lm_tokenizer, model=kind,
-                                 params=ngram if kind == "ngram" else neural,
-                                 embeddings=None if kind == "ngram" else vectors.get(neural.pretrained))
+            inputs = {"tokens": lm_ids, "tokenizer": lm_tokenizer,
+                      "embeddings": None if kind == "ngram" else vectors.get(neural.pretrained)}
+            lms[kind] = train(LM_TRAINERS[kind], kind, store, inputs, ngram if kind == "ngram" else neural,
+                              training, LM_DEPLOYMENT)
 
     taggers = {}
     if ingest.tagged_files(ingest.resolve_sources(corpus.sources)):

@@ -62,6 +62,18 @@ class Catalog:
         manifest = self.get(kind, version)
         return self.store.ref(manifest["kind"], manifest["version"])
 
+    def load(self, kind: str, version: str | None = None) -> Any:
+        """The artifact as a natural object (the latest of the kind when version is None): polars
+        DataFrames (corpus, tokenized_corpus), `Vocabulary` (tokenizer), scipy + polars (cooccurrence,
+        ppmi), gensim `KeyedVectors` (embeddings), ... See storage/loaders.py (`LOADERS`)."""
+        from storage.loaders import LOADERS  # lazily: loaders import models/ inside their bodies
+
+        manifest = self.get(kind, version)
+        if manifest["kind"] not in LOADERS:
+            raise StoreError(f"no loader for {kind!r} artifacts (known: {', '.join(sorted(LOADERS))}); "
+                             f"read its files under {manifest['path']}")
+        return LOADERS[manifest["kind"]](self.store, manifest)
+
     def lineage(self, version: str) -> dict[str, Any]:
         """The artifact and, recursively, the artifacts it was made from."""
         manifest = self.find(version)

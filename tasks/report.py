@@ -8,6 +8,7 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from models import evaluation
 from storage import ArtifactRef, ArtifactStore, ArtifactWriter
+from tasks.report_image import publish_chart
 from tasks.stage import stage
 
 LM_COLUMNS = ("model", "vocabulary_size", "train_tokens", "parameters", "valid_perplexity", "test_perplexity")
@@ -83,6 +84,7 @@ def publish_report(report: ArtifactRef) -> str:
     try:
         create_table_artifact(rows, key="evaluation-table", description="Evaluation of this run's artifacts")
         create_markdown_artifact(markdown, key="evaluation-report", description="lexiflow evaluation report")
+        publish_chart([{**row, "embeddings": row["method"]} for row in rows if "ws353_spearman" in row])
     except Exception:  # no Prefect run context (a plain function call): the report is still returned
         pass
     return markdown

@@ -24,11 +24,12 @@ import inspect
 import logging
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
 from prefect import get_run_logger, task
-from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.artifacts import create_link_artifact, create_progress_artifact, update_progress_artifact
 from prefect.runtime import flow_run, task_run
 from pydantic import BaseModel
 
@@ -96,6 +97,17 @@ def _progress_artifact(kind: str) -> Callable[[float | None], None]:
     return report
 
 
+def link_artifact(store: ArtifactStore, kind: str, version: str) -> None:
+    """A Prefect link artifact (keyed per stage) from the run to the artifact's folder in the store."""
+    path = store.path(kind, version)
+    url = Path(path).as_uri() if store.is_local else store.fs.unstrip_protocol(path)
+    try:
+        create_link_artifact(url, link_text=f"{kind}:{version}", key=f"{kind.replace('_', '-')}-artifact",
+                             description=f"{kind} artifact in the store ({store.url})")
+    except Exception:  # outside a run context, or the API is busy: the link is a nicety
+        pass
+
+
 def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dict], Any] | None = None,
           **task_options: Any):
     """Decorate `build(out, **arguments)`; see the module docstring."""
@@ -140,6 +152,7 @@ def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dic
                 out.progress = _progress_artifact(kind)
                 build(out, **arguments)
             logger.info("%s: published %s at %s", kind, ref, artifacts.path(kind, version))
+            link_artifact(artifacts, kind, version)
             return ref
 
         run.__signature__ = signature

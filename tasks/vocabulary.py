@@ -10,7 +10,7 @@ from models.tokenizers import BPE, WordPiece
 from models.tokenizers import base as tokenizer_base
 from models.tokenizers import bpe as bpe_module
 from models.tokenizers import wordpiece as wordpiece_module
-from storage import ArtifactRef, ArtifactStore, ArtifactWriter
+from storage import ArtifactRef, ArtifactWriter, Catalog
 from storage.formats import TOKENS, VOCAB, read_table
 from tasks.params import TokenizerParams, VocabularyParams
 from tasks.stage import stage
@@ -45,20 +45,10 @@ def learn_subword(out: ArtifactWriter, corpus: ArtifactRef, params: TokenizerPar
     out.metrics.update({"kind": params.kind, "vocabulary_size": len(tokenizer.vocab), "merges": len(tokenizer.merges_)})
 
 
-def load_tokenizer(ref: ArtifactRef) -> vocab.Vocabulary | tokenizers.base.SubwordTokenizer:
-    """The tokenizer of an artifact: a word `Vocabulary`, or a BPE/WordPiece instance."""
-    store = ArtifactStore(ref.store)
-    kind = store.read_json(ref.kind, ref.version, "config.json")["kind"]
-    if kind == "word":
-        return vocab.Vocabulary(read_table(ref, "vocab.parquet"))
-    with store.local_dir(ref.kind, ref.version) as folder:
-        return SUBWORD[kind].load(folder)
-
-
 @stage("tokenized_corpus", code=[vocab, text, tokenizers, tokenizer_base, bpe_module, wordpiece_module])
 def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactRef) -> None:
     rows = vocab.sentences(read_table(corpus, "documents.parquet"))
-    ids = load_tokenizer(tokenizer).encode_corpus(rows["text"]).alias("ids")
+    ids = Catalog(tokenizer.store).load(tokenizer.kind, tokenizer.version).encode_corpus(rows["text"]).alias("ids")
     table = rows.select("doc_index", "sentence", "split").with_columns(ids)
     out.write_parquet("tokens.parquet", table, TOKENS)
     n_tokens = int(ids.list.len().sum())

@@ -1,0 +1,166 @@
+"""lexiflow's Prefect deployments, defined in Python: one `DeploymentSpec` line per deployment.
+
+Why Python and not `prefect.yaml`: the same list is used by `lexiflow serve` (one box), by
+`python -m deployments.definitions` (a real cluster) and by the tests; the store, the corpus
+sources, the cron and the code source are configuration, not copies of YAML; and the parameter
+schema is made strict here (`additionalProperties: false`), which prefect.yaml cannot express.
+With `enforce_parameter_schema` (on), the Prefect API then refuses a run with an unknown or invalid
+parameter *when it is created* (HTTP 409 naming the field), before any worker starts anything. A
+run created with enforcement switched off still fails at its flow's entry, before any stage runs:
+Prefect validates the flow's signature and our pydantic sections (`extra="forbid"`, bounds).
+
+    pipeline           cpu pool, manual: the full parameter form
+    corpus-rebuild     cpu pool, cron (weekly by default): the pipeline on the configured sources;
+                       unchanged sources give the same artifact versions, so nothing is recomputed
+    train-embeddings   gpu pool: embeddings from artifacts in the store (the pipeline's hand-off)
+    train-lm           gpu pool: a language model on the tokenized corpus
+
+Add a deployment: one `DeploymentSpec(...)` line in `DEPLOYMENTS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_CRON = "0 3 * * 1"  # Mondays 03:00
+
+
+class DeployConfig(BaseModel):
+    """Where the code and the data are, and the schedule of the corpus rebuild."""
+
+    model_config = ConfigDict(extra="forbid")
+    source: str = Field(str(ROOT), description="Code the workers run: a folder they all see (one box, a shared "
+                                               "checkout) or a git URL (Prefect clones it per run).")
+    store: str = Field(os.environ.get("LEXIFLOW_STORE", str(ROOT / "artifacts")),
+                       description="Artifact store shared by every worker: a folder or an fsspec URL (s3://...).")
+    sources: list[str] = Field(["builtin:enwiki"], min_length=1, description="Corpus sources of corpus-rebuild.")
+    rebuild_cron: str = Field(os.environ.get("LEXIFLOW_REBUILD_CRON", DEFAULT_CRON),
+                              description="Cron of corpus-rebuild (5 fields).")
+    timezone: str = Field("UTC", description="Time zone of the cron.")
+    remote_training: bool = Field(True, description="Deployed pipelines hand training to the gpu pool.")
+    cpu_pool: str = "cpu"
+    gpu_pool: str = "gpu"
+
+
+@dataclass(frozen=True)
+class DeploymentSpec:
+    name: str
+    entrypoint: str  # path/to/file.py:flow_function, relative to the code source
+    pool: Literal["cpu", "gpu"]
+    description: str
+    parameters: Callable[[DeployConfig], dict[str, Any]] = lambda c: {"store": c.store}
+    cron: Callable[[DeployConfig], str | None] = lambda c: None
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+
+def _pipeline_parameters(c: DeployConfig) -> dict[str, Any]:
+    return {"store": c.store, "training": {"remote": c.remote_training}}
+
+
+DEPLOYMENTS: list[DeploymentSpec] = [
+    DeploymentSpec("pipeline", "flows/pipeline.py:pipeline", "cpu",
+                   "The full pipeline, every parameter in the form. Unchanged stages are reused.",
+                   _pipeline_parameters, tags=("manual",)),
+    DeploymentSpec("corpus-rebuild", "flows/pipeline.py:pipeline", "cpu",
+                   "Scheduled rebuild of the corpus from its configured sources and of every stage downstream. "
+                   "Unchanged sources give the same versions: nothing is recomputed.",
+                   lambda c: {**_pipeline_parameters(c), "corpus": {"sources": c.sources}},
+                   cron=lambda c: c.rebuild_cron, tags=("scheduled",)),
+    DeploymentSpec("train-embeddings", "flows/training.py:train_embeddings", "gpu",
+                   "Train word embeddings from artifacts in the store (started by the pipeline, or by hand).",
+                   tags=("training",)),
+    DeploymentSpec("train-lm", "flows/training.py:train_lm", "gpu",
+                   "Train a language model on the tokenized corpus in the store.", tags=("training",)),
+]
+
+
+def pool_name(spec: DeploymentSpec, config: DeployConfig) -> str:
+    return config.gpu_pool if spec.pool == "gpu" else config.cpu_pool
+
+
+def ensure_pools(config: DeployConfig) -> None:
+    """Create the `cpu` and `gpu` process work pools if they do not exist (needs PREFECT_API_URL)."""
+    from prefect import get_client
+    from prefect.client.schemas.actions import WorkPoolCreate
+    from prefect.exceptions import ObjectNotFound
+    from prefect.workers.process import ProcessWorker
+
+    with get_client(sync_client=True) as client:
+        for name in (config.cpu_pool, config.gpu_pool):
+            try:
+                client.read_work_pool(name)
+            except ObjectNotFound:
+                client.create_work_pool(WorkPoolCreate(
+                    name=name, type="process", base_job_template=ProcessWorker.get_default_base_job_template(),
+                    description=f"lexiflow {'GPU training' if name == config.gpu_pool else 'CPU'} workers"))
+
+
+def _strict(schema: Any) -> Any:
+    """The flow's parameter schema with unknown top-level names refused (nested sections already
+    refuse theirs: pydantic writes `additionalProperties: false` for `extra="forbid"`)."""
+    from prefect.utilities.callables import ParameterSchema
+
+    class StrictParameterSchema(ParameterSchema):
+        additionalProperties: bool = False
+
+    return StrictParameterSchema(**schema.model_dump(), additionalProperties=False)
+
+
+def deploy(config: DeployConfig, only: list[str] | None = None) -> dict[str, str]:
+    """Create or update the deployments (and the pools); returns {flow/deployment: id}."""
+    from prefect import Flow
+
+    ensure_pools(config)
+    ids = {}
+    for spec in DEPLOYMENTS:
+        if only and spec.name not in only:
+            continue
+        flow = Flow.from_source(config.source, spec.entrypoint)
+        cron = spec.cron(config)
+        deployment = flow.to_deployment(
+            name=spec.name, work_pool_name=pool_name(spec, config), description=spec.description,
+            parameters=spec.parameters(config), tags=["lexiflow", *spec.tags], enforce_parameter_schema=True,
+            schedules=None if cron is None else [_cron_schedule(cron, config.timezone)])
+        deployment._parameter_openapi_schema = _strict(deployment._parameter_openapi_schema)
+        ids[f"{flow.name}/{spec.name}"] = str(deployment.apply())
+    return ids
+
+
+def _cron_schedule(cron: str, timezone: str) -> Any:
+    from prefect.client.schemas.schedules import CronSchedule
+    from prefect.schedules import Cron
+
+    CronSchedule(cron=cron, timezone=timezone)  # validates the expression: a bad one fails here, clearly
+    return Cron(cron, timezone=timezone)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Deploy to the server in PREFECT_API_URL (a real cluster); see docs/operations.md."""
+    parser = argparse.ArgumentParser(prog="python -m deployments.definitions", description=main.__doc__)
+    defaults = DeployConfig()
+    parser.add_argument("--source", default=defaults.source, help="code folder shared by the workers, or a git URL")
+    parser.add_argument("--store", default=defaults.store, help="artifact store shared by the workers")
+    parser.add_argument("--sources", nargs="+", default=defaults.sources, help="corpus sources of corpus-rebuild")
+    parser.add_argument("--cron", default=defaults.rebuild_cron, help=f"corpus-rebuild cron (default {DEFAULT_CRON})")
+    parser.add_argument("--timezone", default=defaults.timezone)
+    parser.add_argument("--local-training", action="store_true", help="deployed pipelines train in-process")
+    parser.add_argument("--only", nargs="+", metavar="NAME", help="deploy only these")
+    args = parser.parse_args(argv)
+    config = DeployConfig(source=args.source, store=args.store, sources=args.sources, rebuild_cron=args.cron,
+                          timezone=args.timezone, remote_training=not args.local_training)
+    for name, deployment_id in deploy(config, args.only).items():
+        print(f"{name}  {deployment_id}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,172 @@
+"""Training flows, deployed on the `gpu` work pool, and the hand-off that runs them there or here.
+
+`train-embeddings` and `train-lm` each run one training stage on artifacts already in the store.
+The pipeline calls `train(...)`: with `training.remote` it starts the training deployment with
+`run_deployment` (a worker of the `gpu` pool picks it up), waits, and continues with the artifact
+that run published; otherwise it runs the same stage in its own process. Either way the artifact
+travels through the shared store, never through Prefect results: the version of the artifact is
+known before the run starts (a hash of its inputs, parameters and code, see tasks/stage.py), so the
+pipeline looks it up in the store afterwards. The store must therefore be reachable from the GPU
+workers under the same name (a shared path or an object-store URL).
+
+A new trainer is one line in `EMBEDDING_TRAINERS` or `LM_TRAINERS` (plus, for a new parameter
+section, one parameter of the flow).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from prefect import flow, get_run_logger
+from prefect.deployments import run_deployment
+from pydantic import BaseModel
+
+from flows.params import TrainingParams
+from models.errors import ParameterError
+from storage import ArtifactRef, ArtifactStore, Catalog, StoreError
+from tasks.embeddings import glove_embeddings, svd_embeddings, word2vec_embeddings
+from tasks.lm import train_lm as lm_stage
+from tasks.params import GloVeParams, NeuralLMParams, NgramParams, SVDParams, Word2VecParams
+
+EMBEDDINGS_DEPLOYMENT = "train-embeddings/train-embeddings"
+LM_DEPLOYMENT = "train-lm/train-lm"
+
+
+@dataclass(frozen=True)
+class Trainer:
+    """A training stage: the `@stage` task, its input artifacts (argument name → kind; `optional`
+    ones only when given), the flow parameter holding its pydantic parameters, and fixed arguments."""
+
+    stage: Any
+    inputs: dict[str, str]
+    section: str
+    fixed: dict[str, str] = field(default_factory=dict)
+    optional: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def kind(self) -> str:
+        return self.stage.name
+
+
+EMBEDDING_TRAINERS: dict[str, Trainer] = {
+    "svd": Trainer(svd_embeddings, {"ppmi": "ppmi"}, "svd"),
+    "sgns": Trainer(word2vec_embeddings, {"corpus": "corpus", "tokenizer": "tokenizer"}, "word2vec",
+                    {"method": "sgns"}),
+    "cbow": Trainer(word2vec_embeddings, {"corpus": "corpus", "tokenizer": "tokenizer"}, "word2vec",
+                    {"method": "cbow"}),
+    "glove": Trainer(glove_embeddings, {"cooccurrence": "cooccurrence"}, "glove"),
+}
+LM_TRAINERS: dict[str, Trainer] = {
+    kind: Trainer(lm_stage, {"tokens": "tokenized_corpus", "tokenizer": "tokenizer"},
+                  "ngram" if kind == "ngram" else "neural", {"model": kind}, {"embeddings": "embeddings"})
+    for kind in ("ngram", "ffnn", "rnn", "lstm", "gru", "transformer")
+}
+EmbeddingMethod = Literal[tuple(EMBEDDING_TRAINERS)]  # the UI's drop-down follows the registry
+LMMethod = Literal[tuple(LM_TRAINERS)]
+
+
+def _resolve_inputs(trainer: Trainer, store: str, inputs: dict[str, str]) -> dict[str, ArtifactRef]:
+    """{argument: version or "latest"} → ArtifactRefs that exist in the store."""
+    accepted = {**trainer.inputs, **trainer.optional}
+    unknown = set(inputs) - set(accepted)
+    if unknown:
+        raise ParameterError(f"inputs: unknown name(s) {sorted(unknown)}; this trainer takes {sorted(accepted)}")
+    catalog = Catalog(store)
+    refs = {}
+    for name, kind in accepted.items():
+        if name in trainer.optional and name not in inputs:
+            continue
+        version = inputs.get(name, "latest")
+        try:
+            refs[name] = catalog.ref(kind, None if version == "latest" else version)
+        except StoreError as exc:
+            raise ParameterError(f"inputs.{name}: {exc}") from None
+    return refs
+
+
+def _run_here(trainer: Trainer, store: str, inputs: dict[str, str], params: BaseModel) -> ArtifactRef:
+    logger = get_run_logger()
+    logger.info("%s on %s (pid %d), CUDA_VISIBLE_DEVICES=%s", trainer.kind, socket.gethostname(), os.getpid(),
+                os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"))
+    ref = trainer.stage(store, **_resolve_inputs(trainer, store, inputs), **trainer.fixed, params=params)
+    logger.info("%s: %s at %s", trainer.kind, ref, ref.path)
+    return ref
+
+
+@flow(name="train-embeddings", log_prints=True)
+def train_embeddings(
+    store: str = "artifacts",
+    method: EmbeddingMethod = "svd",
+    inputs: dict[str, str] | None = None,
+    svd: SVDParams = SVDParams(),
+    word2vec: Word2VecParams = Word2VecParams(),
+    glove: GloVeParams = GloVeParams(),
+) -> ArtifactRef:
+    """Train word embeddings from artifacts in the store (GPU pool).
+
+    Args:
+        store: Artifact store (a folder or an fsspec URL) shared with the workers.
+        method: Which trainer.
+        inputs: Input artifact versions by argument name (e.g. {"ppmi": "3f2a..."}); missing ones are the latest.
+    """
+    trainer = EMBEDDING_TRAINERS[method]
+    return _run_here(trainer, store, inputs or {}, {"svd": svd, "word2vec": word2vec, "glove": glove}[trainer.section])
+
+
+@flow(name="train-lm", log_prints=True)
+def train_lm(
+    store: str = "artifacts",
+    method: LMMethod = "ngram",
+    inputs: dict[str, str] | None = None,
+    ngram: NgramParams = NgramParams(),
+    neural: NeuralLMParams = NeuralLMParams(),
+) -> ArtifactRef:
+    """Train a language model on the tokenized corpus in the store (GPU pool).
+
+    Args:
+        store: Artifact store (a folder or an fsspec URL) shared with the workers.
+        method: Which trainer.
+        inputs: Input artifact versions by argument name (tokens, tokenizer, optionally embeddings for a
+            pretrained initialisation); missing required ones are the latest.
+    """
+    trainer = LM_TRAINERS[method]
+    return _run_here(trainer, store, inputs or {}, {"ngram": ngram, "neural": neural}[trainer.section])
+
+
+def train(trainer: Trainer, method: str, store: str, inputs: dict[str, ArtifactRef], params: BaseModel,
+          training: TrainingParams, deployment: str) -> ArtifactRef:
+    """Run a training stage in this process, or hand it to `deployment` on the GPU pool (see the
+    module docstring) and return the artifact it published."""
+    inputs = {name: ref for name, ref in inputs.items() if ref is not None}
+    if not training.remote:
+        return trainer.stage(store, **inputs, **trainer.fixed, params=params)
+    version = trainer.stage.version_of({"store": store, **inputs, **trainer.fixed, "params": params})
+    expected = ArtifactStore(store).ref(trainer.kind, version)
+    logger = get_run_logger()
+    if ArtifactStore(store).exists(expected.kind, expected.version):
+        logger.info("%s: reusing %s (no training run needed)", trainer.kind, expected)
+        return expected
+    logger.info("%s: handing %s training to deployment %s (expecting %s)", trainer.kind, method, deployment, expected)
+    parameters = {"store": store, "method": method, "inputs": {name: ref.version for name, ref in inputs.items()},
+                  trainer.section: params.model_dump(mode="json")}
+    child = run_deployment(deployment, parameters=parameters, timeout=training.timeout_minutes * 60,
+                           poll_interval=2, tags=["handoff"])
+    state = child.state
+    if state is None or not state.is_completed():
+        name = state.name if state else "unknown"
+        raise RuntimeError(f"remote training run {child.name!r} ({child.id}) of {deployment} ended {name}: "
+                           f"{state.message if state else ''} -- see its logs in the UI")
+    if not ArtifactStore(store).exists(expected.kind, expected.version):
+        raise StoreError(f"remote training run {child.name!r} completed but {expected} is not in {store}: the GPU "
+                         f"workers must see the same store and run the same lexiflow code")
+    logger.info("%s: remote run %r published %s", trainer.kind, child.name, expected)
+    return expected
+
+
+def train_embeddings_stage(store: str, inputs: dict[str, ArtifactRef], svd: SVDParams,
+                           training: TrainingParams, method: str = "svd") -> ArtifactRef:
+    """The pipeline's embeddings step (in-process or on the GPU pool)."""
+    return train(EMBEDDING_TRAINERS[method], method, store, inputs, svd, training, training.embeddings_deployment)

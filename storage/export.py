@@ -1,0 +1,83 @@
+"""`lexiflow artifacts export KIND[:VERSION] DIR`: an artifact's files in the open formats users
+expect, in a plain folder, for tools that know nothing of lexiflow.
+
+Every artifact file is already in an open format and is copied as is, with `manifest.json`:
+Parquet tables (corpus, vocabulary, tokens, sparse matrices as row/col/value, vectors), word2vec
+text `vectors.txt` and binary `vectors.bin` (embeddings), JSON configs, and safetensors + JSON
+config for neural weights. Some kinds add a derived file (`EXTRAS`, kind → writer):
+- tokenizer: `tokenizer.json`, a Hugging Face `tokenizers` WordLevel tokenizer with our vocabulary
+  and pre-tokenization pattern (`tokenizers.Tokenizer.from_file` loads it).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from storage.catalog import Catalog
+from storage.store import MANIFEST, StoreError
+
+Extra = Callable[[Catalog, dict[str, Any], Path], list[Path]]
+SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3 of every word-level vocabulary (models/vocab.py)
+
+
+def hf_tokenizer_json(vocabulary: list[str], pattern: str, lowercase: bool, unk: str = "<unk>") -> dict[str, Any]:
+    """A Hugging Face `tokenizer.json` (WordLevel model). Pre-tokenization splits on whitespace,
+    then isolates every match of our word pattern, which covers every non-space character, so
+    it yields exactly our pre-tokenizer's tokens."""
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": [{"id": i, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": True}
+                         for i, token in enumerate(vocabulary) if token in SPECIALS],
+        "normalizer": {"type": "Lowercase"} if lowercase else None,
+        "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+            {"type": "WhitespaceSplit"},
+            {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
+        ]},
+        "post_processor": None,
+        "decoder": None,
+        "model": {"type": "WordLevel", "vocab": {token: i for i, token in enumerate(vocabulary)}, "unk_token": unk},
+    }
+
+
+def _tokenizer_extra(catalog: Catalog, manifest: dict[str, Any], dest: Path) -> list[Path]:
+    store, kind, version = catalog.store, manifest["kind"], manifest["version"]
+    config = store.read_json(kind, version, "config.json")
+    if config.get("type") != "word":
+        return []  # subword tokenizers save their own tokenizer.json
+    vocabulary = store.read_parquet(kind, version, "vocab.parquet").sort("id")["token"].to_list()
+    lowercase = False  # the corpus stage lowercases (or not) before the tokenizer sees the text
+    corpus = manifest["inputs"].get("corpus")
+    if corpus is not None and store.exists("corpus", corpus["version"]):
+        lowercase = bool(store.manifest("corpus", corpus["version"])["parameters"].get("params", {}).get("lowercase"))
+    path = dest / "tokenizer.json"
+    path.write_text(json.dumps(hf_tokenizer_json(vocabulary, config["pattern"], lowercase), ensure_ascii=False))
+    return [path]
+
+
+EXTRAS: dict[str, Extra] = {
+    "tokenizer": _tokenizer_extra,
+}
+
+
+def export(catalog: Catalog, kind: str, version: str | None, dest: str | Path) -> list[Path]:
+    """Copy artifact `kind:version` (the latest when version is None) into folder `dest`, with
+    the kind's extras; returns the paths written."""
+    manifest = catalog.get(kind, version)
+    kind, version = manifest["kind"], manifest["version"]
+    dest = Path(dest)
+    if dest.exists() and not dest.is_dir():
+        raise StoreError(f"export destination {dest} exists and is not a folder")
+    dest.mkdir(parents=True, exist_ok=True)
+    store, written = catalog.store, []
+    for name in [entry["name"] for entry in manifest["files"]] + [MANIFEST]:
+        store.fs.get(store.path(kind, version, name), str(dest / name))
+        written.append(dest / name)
+    if kind in EXTRAS:
+        written += EXTRAS[kind](catalog, manifest, dest)
+    return written

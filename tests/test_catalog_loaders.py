@@ -1,0 +1,189 @@
+"""Catalog loaders and export: each kind comes back as its natural object, equal to what the
+stage wrote, and exports open in peer libraries (gensim, HF tokenizers, DuckDB) without lexiflow.
+
+A small store is built once from gensim's Lee corpus by calling the stage builders directly
+(no Prefect): the same code the tasks run, published through `ArtifactStore.writer`.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import polars as pl
+import pytest
+import scipy.sparse as sp
+
+from flows.cli import main as cli
+from models import text, vocab
+from models.lm.ngram import NgramLM
+from storage import ArtifactStore, Catalog, StoreError
+from storage.formats import MATRIX, write_matrix
+from storage.loaders import LOADERS, EvaluationReport, MatrixArtifact
+from tasks.corpus import ingest_corpus
+from tasks.embeddings import svd_embeddings
+from tasks.evaluation import evaluate_embeddings
+from tasks.lm import train_lm
+from tasks.matrices import compute_ppmi, count_cooccurrence
+from tasks.params import (
+    CooccurrenceParams,
+    CorpusParams,
+    EvaluationParams,
+    NgramParams,
+    PPMIParams,
+    SVDParams,
+    VocabularyParams,
+)
+from tasks.vocabulary import encode_corpus, learn_vocabulary
+
+
+def build(store: ArtifactStore, stage, **arguments):
+    """Publish one stage's artifact without Prefect: the builder the task wraps, the task's version."""
+    version = stage.version_of({"store": store.url, **arguments})
+    inputs = {k: v for k, v in arguments.items() if hasattr(v, "kind")}
+    if not store.exists(stage.name, version):
+        with store.writer(stage.name, version, inputs=inputs, parameters={}) as out:
+            stage.fn.__wrapped__(out, **arguments)
+    return store.ref(stage.name, version)
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> ArtifactStore:
+    s = ArtifactStore(tmp_path_factory.mktemp("store"))
+    docs = build(s, ingest_corpus, params=CorpusParams(sources=["builtin:lee"]))
+    tok = build(s, learn_vocabulary, corpus=docs, params=VocabularyParams(min_count=2))
+    tokens = build(s, encode_corpus, corpus=docs, tokenizer=tok)
+    counts = build(s, count_cooccurrence, tokens=tokens, tokenizer=tok, params=CooccurrenceParams(window=2))
+    pmi = build(s, compute_ppmi, cooccurrence=counts, params=PPMIParams())
+    emb = build(s, svd_embeddings, ppmi=pmi, params=SVDParams(dim=16))
+    build(s, evaluate_embeddings, embeddings=emb,
+          params=EvaluationParams(analogy_vocabulary=100, probes=["the"], projection_words=0))
+    build(s, train_lm, tokens=tokens, tokenizer=tok, model="ngram", params=NgramParams(order=2))
+    return s
+
+
+def test_every_kind_of_the_pipeline_has_a_loader(store):
+    assert set(Catalog(store).kinds()) <= set(LOADERS)
+
+
+def test_table_kinds_load_as_the_polars_frames_in_the_store(store):
+    catalog = Catalog(store)
+    for kind, name in (("corpus", "documents.parquet"), ("tokenized_corpus", "tokens.parquet")):
+        manifest = catalog.latest(kind)
+        frame = catalog.load(kind)
+        assert isinstance(frame, pl.DataFrame) and frame.height > 100
+        assert frame.equals(pl.read_parquet(f"{manifest['path']}/{name}"))
+    assert catalog.load("corpus").columns == ["doc_id", "source", "split", "text"]
+
+
+def test_tokenizer_loads_as_the_vocabulary_that_encoded_the_corpus(store):
+    catalog = Catalog(store)
+    vocabulary = catalog.load("tokenizer")
+    assert isinstance(vocabulary, vocab.Vocabulary)
+    assert vocabulary.tokens[:4] == list(vocab.SPECIALS)
+    sentences = vocab.sentence_tokens(catalog.load("corpus"))
+    assert vocabulary.encode(sentences["words"]).to_list() == catalog.load("tokenized_corpus")["ids"].to_list()
+
+
+def test_matrix_loader_known_answer(tmp_path):
+    """A hand-made 3×3 matrix round-trips, with words joined onto its cells."""
+    s = ArtifactStore(tmp_path)
+    dense = np.array([[0, 2.5, 0], [2.5, 0, 1.0], [0, 1.0, 0]])
+    with s.writer("ppmi", "00000000000000aa") as out:
+        write_matrix(out, "matrix.parquet", sp.csr_matrix(dense))
+        out.write_parquet("vocab.parquet", pl.DataFrame({"id": [0, 1, 2], "token": ["a", "b", "c"],
+                                                         "count": [3, 2, 1]}))
+    loaded = Catalog(s).load("ppmi")
+    assert isinstance(loaded, MatrixArtifact) and loaded.term_document is None
+    np.testing.assert_array_equal(loaded.matrix.toarray(), dense)
+    cells = loaded.to_polars().sort("row", "col")
+    assert cells.select("row_word", "col_word", "value").rows() == [("a", "b", 2.5), ("b", "a", 2.5),
+                                                                     ("b", "c", 1.0), ("c", "b", 1.0)]
+    assert pl.read_parquet(f"{s.path('ppmi', '00000000000000aa')}/matrix.parquet").schema == pl.Schema(
+        {f.name: pl.from_arrow(MATRIX.empty_table()).schema[f.name] for f in MATRIX})
+
+
+def test_cooccurrence_loads_with_its_term_document_matrix(store):
+    counts = Catalog(store).load("cooccurrence")
+    n = counts.vocabulary.height
+    assert counts.matrix.shape == (n, n) and (counts.matrix != counts.matrix.T).nnz == 0  # symmetric window
+    assert counts.term_document.shape[0] == n
+    assert counts.to_polars().height == counts.matrix.nnz
+
+
+def test_embeddings_load_as_keyed_vectors_equal_to_gensims_reading_of_the_word2vec_file(store):
+    from gensim.models import KeyedVectors
+
+    manifest = Catalog(store).latest("embeddings")
+    kv = Catalog(store).load("embeddings")
+    oracle = KeyedVectors.load_word2vec_format(f"{manifest['path']}/vectors.txt", binary=False)
+    assert kv.index_to_key == oracle.index_to_key
+    np.testing.assert_allclose(kv.vectors, oracle.vectors, atol=1e-5)
+    assert kv.vector_size == 16 and kv.get_vecattr(kv.index_to_key[0], "count") >= kv.get_vecattr(
+        kv.index_to_key[-1], "count")
+
+
+def test_evaluation_and_lm_load_with_the_manifest_figures(store):
+    catalog = Catalog(store)
+    report = catalog.load("evaluation")
+    assert isinstance(report, EvaluationReport) and report.markdown.startswith("#")
+    metrics = catalog.latest("evaluation")["metrics"]
+    assert report.metrics["ws353_spearman"][0] == pytest.approx(metrics["ws353_spearman"])
+    lm = catalog.load("lm")
+    assert isinstance(lm, NgramLM) and lm.order == 2
+    valid = [np.asarray(ids, dtype=np.int64) for ids in
+             catalog.load("tokenized_corpus").filter(pl.col("split") == "valid")["ids"].to_list()]
+    assert lm.perplexity(valid) == pytest.approx(catalog.latest("lm")["metrics"]["valid_perplexity"])
+
+
+def test_get_by_version_lineage_and_unknown_kind(store):
+    catalog = Catalog(store)
+    emb = catalog.latest("embeddings")
+    assert catalog.load("embeddings", emb["version"]).index_to_key == catalog.load("embeddings").index_to_key
+    chain, node = [], catalog.lineage(emb["version"])
+    while node["inputs"]:
+        chain.append(node["kind"])
+        node = next(iter(node["inputs"].values()))
+    assert chain + [node["kind"]] == ["embeddings", "ppmi", "cooccurrence", "tokenized_corpus", "corpus"]
+    with store.writer("mystery", "00000000000000bb") as out:
+        out.write_text("x.txt", "?")
+    with pytest.raises(StoreError, match="no loader for 'mystery'"):
+        catalog.load("mystery")
+    with pytest.raises(StoreError, match="no glove artifact"):
+        catalog.load("glove")
+
+
+def test_storage_imports_no_models_until_a_loader_runs():
+    code = ("import sys, storage, storage.loaders, storage.export; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('models', 'gensim', 'torch', 'prefect')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
+
+
+def test_export_embeddings_and_tokenizer_open_in_peer_libraries(store, tmp_path, capsys):
+    from gensim.models import KeyedVectors
+    from tokenizers import Tokenizer
+
+    assert cli(["artifacts", "export", "embeddings", str(tmp_path / "emb"), "--store", store.url]) == 0
+    printed = capsys.readouterr().out.split()
+    assert {p.rsplit("/", 1)[1] for p in printed} >= {"vectors.txt", "vectors.bin", "vectors.parquet", "manifest.json"}
+    kv = KeyedVectors.load_word2vec_format(str(tmp_path / "emb" / "vectors.bin"), binary=True)
+    np.testing.assert_allclose(kv.vectors, Catalog(store).load("embeddings").vectors, atol=1e-6)
+
+    version = Catalog(store).latest("tokenizer")["version"]
+    assert cli(["artifacts", "export", f"tokenizer:{version}", str(tmp_path / "tok"), "--store", store.url]) == 0
+    hf = Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json"))
+    vocabulary = Catalog(store).load("tokenizer")
+    sample = ["the prime minister's well-known plan cost 1,000.50 dollars <unk> today!",
+              "Zyxwv qqq, mr. smith -- said (again) 3.14"]
+    for sentence in sample:
+        ours = vocabulary.encode(pl.Series("words", [text.pretokenize(sentence.lower())])).to_list()[0]
+        assert hf.encode(sentence).ids == ours  # the export lowercases, as the corpus stage did
+    assert json.loads((tmp_path / "tok" / "manifest.json").read_text())["version"] == version
+
+
+def test_export_refuses_a_file_as_destination(store, tmp_path):
+    (tmp_path / "file").write_text("x")
+    assert cli(["artifacts", "export", "corpus", str(tmp_path / "file"), "--store", store.url]) == 2

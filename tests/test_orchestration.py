@@ -1,0 +1,400 @@
+"""Production orchestration through real components on loopback: a `prefect server`, a `cpu` and a
+`gpu` process worker (started by `deployments.serve`, exactly as `lexiflow serve` does), the
+deployments, REST-triggered runs as the UI makes them, the cron schedule, the UI in headless
+Chromium, and a plain (lexiflow-free) process reading the embeddings with DuckDB.
+
+Fast unit tests first (registry, strict schemas, stop-by-PID), then the slow integration module.
+Screenshots go to build/test-output/ (ignored by git).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from deployments import serve
+from deployments.definitions import DEFAULT_CRON, DEPLOYMENTS, DeployConfig, _strict, pool_name
+from flows.pipeline import pipeline
+from flows.training import EMBEDDING_TRAINERS, LM_TRAINERS
+from storage import Catalog
+
+ROOT = Path(__file__).resolve().parents[1]
+OUTPUT = ROOT / "build" / "test-output"
+TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
+SMALL = {"vocabulary": {"min_count": 2}, "svd": {"dim": 20}, "embeddings": ["svd"], "lm": [],
+         "evaluation": {"analogy_vocabulary": 1000, "projection_words": 0}}
+
+
+# ---- fast: definitions and parameter validation ----------------------------------------------
+def test_deployments_registry_pools_and_schedule():
+    config = DeployConfig(store="/data/store", sources=["/corpus/*.txt"])
+    by_name = {spec.name: spec for spec in DEPLOYMENTS}
+    assert set(by_name) == {"pipeline", "corpus-rebuild", "train-embeddings", "train-lm"}
+    assert {name: pool_name(spec, config) for name, spec in by_name.items()} == {
+        "pipeline": "cpu", "corpus-rebuild": "cpu", "train-embeddings": "gpu", "train-lm": "gpu"}
+    assert by_name["corpus-rebuild"].cron(config) == DEFAULT_CRON == "0 3 * * 1"
+    assert by_name["pipeline"].cron(config) is None
+    assert by_name["corpus-rebuild"].parameters(config) == {
+        "store": "/data/store", "corpus": {"sources": ["/corpus/*.txt"]}, "training": {"remote": True}}
+    assert set(EMBEDDING_TRAINERS) == {"svd", "sgns", "cbow", "glove"}
+    assert set(LM_TRAINERS) == {"ngram", "ffnn", "rnn", "lstm", "gru", "transformer"}
+
+
+def test_strict_schema_rejects_unknown_names_at_every_level():
+    """The schema the API enforces at run creation (the same validator the server calls)."""
+    from prefect.utilities.callables import parameter_schema
+    from prefect.utilities.schema_tools.validation import ValidationError, validate
+
+    schema = _strict(parameter_schema(pipeline)).model_dump(exclude_unset=True)
+    validate({"store": "s", "svd": {"dim": 20}}, schema, raise_on_error=True)
+    for bad, where in (({"bogus": 1}, "'bogus' was unexpected"), ({"svd": {"dimm": 3}}, "'dimm' was unexpected"),
+                       ({"svd": {"dim": 1}}, "svd.dim")):
+        with pytest.raises(ValidationError, match=re.escape(where)):
+            validate(bad, schema, raise_on_error=True)
+
+
+def test_flow_entry_rejects_unknown_and_invalid_parameters():
+    """What a run created without schema enforcement meets first, before any stage."""
+    from prefect.exceptions import ParameterTypeError, SignatureMismatchError
+
+    with pytest.raises(SignatureMismatchError, match="bogus"):
+        pipeline.validate_parameters({"bogus": 1})
+    with pytest.raises(ParameterTypeError, match="dim"):
+        pipeline.validate_parameters({"svd": {"dim": 1}})
+    assert pipeline.validate_parameters({"svd": {"dim": 20}})["svd"].dim == 20
+
+
+# ---- fast: stop by PID --------------------------------------------------------------------
+def _record(home: Path, procs: list[serve.Started]) -> None:
+    home.mkdir(parents=True, exist_ok=True)
+    (home / serve.STATE_FILE).write_text(json.dumps({"processes": [p.__dict__ for p in procs]}))
+
+
+def test_stop_never_signals_a_process_that_only_reuses_a_recorded_pid(tmp_path):
+    other = subprocess.Popen(["sleep", "30"])
+    try:
+        ticks = serve._start_ticks(other.pid)
+        _record(tmp_path, [serve.Started("server", other.pid, ticks + 1, "")])  # same PID, another start time
+        assert serve.stop(tmp_path, grace=1) == [f"server (pid {other.pid}): not running"]
+        assert other.poll() is None
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_stop_sends_a_second_sigterm_to_a_process_that_survives_the_first(tmp_path):
+    stubborn = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import signal, sys, time
+        hits = []
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(0) if hits else hits.append(1))
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.05)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert stubborn.stdout.readline().strip() == "ready"
+        _record(tmp_path, [serve.Started("worker-gpu0", stubborn.pid, serve._start_ticks(stubborn.pid), "")])
+        assert serve.stop(tmp_path, grace=2) == [f"worker-gpu0 (pid {stubborn.pid}): stopped (second SIGTERM)"]
+        assert stubborn.wait(timeout=5) == 0
+        assert not (tmp_path / serve.STATE_FILE).exists()
+    finally:
+        if stubborn.poll() is None:
+            stubborn.kill()
+
+
+def test_serve_cli_stop_with_nothing_started(tmp_path, capsys):
+    from flows.cli import main
+
+    assert main(["serve", "--stop", "--home", str(tmp_path)]) == 0
+    assert "nothing to stop" in capsys.readouterr().out
+
+
+# ---- slow: the whole thing on loopback ----------------------------------------------------
+class Api:
+    """The REST API, retried as Prefect's own client does: on 503/429 (SQLite busy under load, the
+    request did nothing) and on transport errors, with backoff."""
+
+    def __init__(self, base_url: str) -> None:
+        self.client = httpx.Client(base_url=base_url, timeout=120)  # a busy 2-core box answers slowly
+
+    def request(self, method: str, url: str, **kwargs) -> httpx.Response:
+        for attempt in range(8):
+            try:
+                response = self.client.request(method, url, **kwargs)
+            except httpx.TransportError:
+                if attempt == 7:
+                    raise
+            else:
+                if response.status_code not in (429, 503) or attempt == 7:
+                    return response
+            time.sleep(min(2**attempt, 15))
+        raise AssertionError("unreachable")
+
+    def get(self, url: str, **kwargs) -> httpx.Response:
+        return self.request("GET", url, **kwargs)
+
+    def post(self, url: str, **kwargs) -> httpx.Response:
+        return self.request("POST", url, **kwargs)
+
+
+class Box:
+    def __init__(self, state: dict, config: DeployConfig, home: Path) -> None:
+        self.state, self.config, self.home = state, config, home
+        self.api = Api(state["api_url"])
+
+    def deployment_id(self, name: str) -> str:
+        return next(i for full, i in self.state["deployments"].items() if full.endswith(f"/{name}"))
+
+    def create_run(self, deployment: str, parameters: dict, **extra) -> httpx.Response:
+        """POST /api/deployments/{id}/create_flow_run, the request the UI's Run button sends."""
+        return self.api.post(f"/deployments/{self.deployment_id(deployment)}/create_flow_run",
+                             json={"parameters": parameters, **extra})
+
+    def wait(self, run_id: str, timeout: float = 480) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            run = self.api.get(f"/flow_runs/{run_id}").json()
+            if run["state"]["type"] in TERMINAL:
+                return run
+            time.sleep(2)
+        raise AssertionError(f"run {run_id} not finished after {timeout} s; worker logs:\n" + self.logs_tail())
+
+    def flow_runs(self, **flow_run_filter) -> list[dict]:
+        return self.api.post("/flow_runs/filter", json={"flow_runs": flow_run_filter}).json()
+
+    def logs(self, run_id: str) -> list[str]:
+        return [log["message"] for log in self.api.post(
+            "/logs/filter", json={"logs": {"flow_run_id": {"any_": [run_id]}}, "limit": 200}).json()]
+
+    def logs_tail(self) -> str:
+        return "\n".join(f"--- {p['name']}\n" + Path(p["log"]).read_text()[-3000:]
+                         for p in self.state["processes"] if Path(p["log"]).exists())
+
+
+@pytest.fixture(scope="module")
+def box(tmp_path_factory):
+    home = tmp_path_factory.mktemp("prefect-home")  # an isolated PREFECT_HOME for this session
+    store = tmp_path_factory.mktemp("store")
+    config = DeployConfig(store=str(store), sources=["builtin:lee"])
+    try:
+        yield Box(serve.start(home, config, worker_poll_seconds=2, cpu_limit=3), config, home)
+    finally:
+        serve.stop(home, grace=10)  # idempotent: test_stop... has usually done it already
+
+
+@pytest.fixture(scope="module")
+def runs(box):
+    """The pipeline deployment run as the UI makes it (remote training) and, beside it, two runs
+    created with schema enforcement switched off: one with an unknown name, one with a value out
+    of bounds."""
+    requests = {"pipeline": ({"store": box.config.store, "corpus": {"sources": ["builtin:lee"]}, **SMALL,
+                              "training": {"remote": True}}, {}),
+                "unknown": ({"store": box.config.store, "bogus": 1}, {"enforce_parameter_schema": False}),
+                "invalid": ({"store": box.config.store, "svd": {"dim": 1}}, {"enforce_parameter_schema": False})}
+    ids = {}
+    for name, (parameters, extra) in requests.items():
+        response = box.create_run("pipeline", parameters, **extra)
+        assert response.status_code == 201, response.text
+        ids[name] = response.json()["id"]
+    return {name: box.wait(run_id) for name, run_id in ids.items()}
+
+
+@pytest.mark.slow
+def test_api_refuses_unknown_or_invalid_parameters_before_a_run_exists(box):
+    pipeline_runs = {"deployment_id": {"any_": [box.deployment_id("pipeline")]}}  # (the cron adds its own runs)
+    before = len(box.flow_runs(**pipeline_runs))
+    for parameters, message in (({"bogus": 1}, "Additional properties are not allowed ('bogus' was unexpected)"),
+                                ({"svd": {"dimm": 20}}, "'dimm' was unexpected"),
+                                ({"svd": {"dim": 1}}, "Validation failed for field 'svd.dim'")):
+        response = box.create_run("pipeline", parameters)
+        assert response.status_code == 409 and message in response.json()["detail"], response.text
+    assert len(box.flow_runs(**pipeline_runs)) == before
+
+
+@pytest.mark.slow
+def test_runs_without_schema_enforcement_stop_at_flow_entry_before_any_stage(box, runs):
+    """A client may switch enforcement off per run. Then a bad value fails at the flow's entry
+    (pydantic bounds), and an unknown name stops Prefect's engine before the flow (it reports the
+    run as Crashed, the log names the parameters). Either way no stage starts."""
+    invalid, unknown = runs["invalid"], runs["unknown"]
+    assert invalid["state"]["type"] == "FAILED"
+    assert "Validation of flow parameters failed" in invalid["state"]["message"]
+    assert any("svd.dim" in line and "greater than or equal to 2" in line for line in box.logs(invalid["id"]))
+    assert unknown["state"]["type"] == "CRASHED"
+    assert any("SignatureMismatchError" in line and "'bogus'" in line for line in box.logs(unknown["id"]))
+    for run in (invalid, unknown):
+        assert box.api.post("/task_runs/filter", json={"flow_runs": {"id": {"any_": [run["id"]]}}}).json() == []
+
+
+@pytest.mark.slow
+def test_pipeline_run_hands_training_to_the_gpu_worker(box, runs):
+    run = runs["pipeline"]
+    assert run["state"]["type"] == "COMPLETED", box.logs_tail()
+    assert run["work_pool_name"] == "cpu"
+    children = box.flow_runs(parent_flow_run_id={"any_": [run["id"]]})
+    training = [c for c in children if c["deployment_id"] == box.deployment_id("train-embeddings")]
+    assert len(training) == 1
+    child = training[0]
+    assert child["state"]["type"] == "COMPLETED" and child["work_pool_name"] == "gpu"
+    logs = "\n".join(box.logs(child["id"]))
+    assert re.search(r"Worker 'gpu0-[^']+' submitting flow run", logs)
+    assert "CUDA_VISIBLE_DEVICES=0" in logs  # the GPU worker's environment reached the training run
+    assert "CUDA_VISIBLE_DEVICES=<unset>" not in logs
+    # The artifact came through the store: the embeddings were published by the GPU run.
+    embeddings = Catalog(box.config.store).latest("embeddings")
+    assert embeddings["run"]["flow_run_id"] == child["id"]
+    assert embeddings["metrics"]["dim"] == 20
+
+
+@pytest.mark.slow
+def test_catalog_shows_the_new_artifacts_with_lineage(box, runs):
+    catalog = Catalog(box.config.store)
+    assert set(catalog.kinds()) == {"corpus", "tokenizer", "tokenized_corpus", "cooccurrence", "ppmi", "embeddings",
+                                    "evaluation"}
+    report = catalog.latest("evaluation")
+    assert report["run"]["flow_run_id"] == runs["pipeline"]["id"]
+    lineage = catalog.lineage(report["version"])
+    embeddings = lineage["inputs"]["embeddings"]
+    assert embeddings["parameters"]["params"]["dim"] == 20
+    ppmi = embeddings["inputs"]["ppmi"]
+    corpus = ppmi["inputs"]["cooccurrence"]["inputs"]["tokens"]["inputs"]["corpus"]
+    assert corpus["kind"] == "corpus" and corpus["parameters"]["params"]["sources"] == ["builtin:lee"]
+    # Link artifacts in the run point at each artifact's folder in the store.
+    links = box.api.post("/artifacts/filter", json={"artifacts": {"key": {"any_": ["evaluation-artifact"]}}}).json()
+    assert f"file://{catalog.store.path('evaluation', report['version'])}" in links[0]["data"]
+
+
+@pytest.mark.slow
+def test_corpus_rebuild_on_unchanged_sources_changes_nothing(box, runs):
+    before = {(m["kind"], m["version"]) for m in Catalog(box.config.store).list()}
+    response = box.create_run("corpus-rebuild", SMALL)  # sources, store, remote training: the deployment's
+    assert response.status_code == 201, response.text
+    run = box.wait(response.json()["id"])
+    assert run["state"]["type"] == "COMPLETED", box.logs_tail()
+    assert {(m["kind"], m["version"]) for m in Catalog(box.config.store).list()} == before
+    assert box.flow_runs(parent_flow_run_id={"any_": [run["id"]]}) == []  # no GPU run was needed
+
+
+@pytest.mark.slow
+def test_cron_schedule_creates_scheduled_runs(box):
+    deadline, scheduled = time.monotonic() + 90, []
+    while time.monotonic() < deadline and not scheduled:
+        scheduled = box.flow_runs(deployment_id={"any_": [box.deployment_id("corpus-rebuild")]},
+                                  state={"type": {"any_": ["SCHEDULED"]}})
+        time.sleep(2)
+    assert scheduled, "the scheduler created no run for corpus-rebuild"
+    for run in scheduled:
+        start = dt.datetime.fromisoformat(run["expected_start_time"])
+        assert (start.weekday(), start.hour, start.minute) == (0, 3, 0)  # Mondays 03:00 UTC
+        assert run["work_pool_name"] == "cpu"
+
+
+def _chromium(url: str, *mode: str) -> subprocess.CompletedProcess:
+    browser = shutil.which("chromium")
+    assert browser, "headless Chromium is missing: `make test` installs Debian's chromium package"
+    profile = OUTPUT / "chromium-profile"
+    return subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                           f"--user-data-dir={profile}", "--virtual-time-budget=15000", "--window-size=1400,900",
+                           *mode, url], capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.slow
+def test_ui_renders_the_deployment_and_the_evaluation_table(box, runs):
+    OUTPUT.mkdir(parents=True, exist_ok=True)
+    ui = box.state["ui_url"]
+    deployment_page = f"{ui}/deployments/deployment/{box.deployment_id('corpus-rebuild')}"
+    dom = _chromium(deployment_page, "--dump-dom").stdout
+    (OUTPUT / "deployment-corpus-rebuild.html").write_text(dom)
+    assert "Deployment: corpus-rebuild" in dom and "At 03:00 AM, only on Monday" in dom  # name and cron
+    _chromium(deployment_page + "?tab=Parameters", f"--screenshot={OUTPUT / 'deployment-corpus-rebuild.png'}")
+
+    artifacts = box.api.post("/artifacts/filter", json={"artifacts": {
+        "flow_run_id": {"any_": [runs["pipeline"]["id"]]}, "key": {"any_": ["evaluation-table"]}}}).json()
+    assert len(artifacts) == 1 and artifacts[0]["type"] == "table"
+    artifact_page = f"{ui}/artifacts/artifact/{artifacts[0]['id']}"
+    dom = _chromium(artifact_page, "--dump-dom").stdout
+    (OUTPUT / "evaluation-table.html").write_text(dom)
+    report = Catalog(box.config.store).latest("evaluation")
+    assert "ws353_spearman" in dom and f"evaluation:{report['version']}" in dom
+    assert f"{report['metrics']['ws353_spearman']}" in dom
+    _chromium(artifact_page, f"--screenshot={OUTPUT / 'evaluation-table.png'}")
+
+    charts = box.api.post("/artifacts/filter", json={"artifacts": {
+        "flow_run_id": {"any_": [runs["pipeline"]["id"]]}, "key": {"any_": ["embedding-evaluation-chart"]}}}).json()
+    assert len(charts) == 1 and charts[0]["type"] == "image"
+    assert charts[0]["data"].startswith("data:image/png;base64,")
+    chart_page = f"{ui}/artifacts/artifact/{charts[0]['id']}"
+    assert 'src="data:image/png;base64,' in _chromium(chart_page, "--dump-dom").stdout
+    _chromium(chart_page, f"--screenshot={OUTPUT / 'evaluation-chart.png'}")
+    for name in ("deployment-corpus-rebuild.png", "evaluation-table.png", "evaluation-chart.png"):
+        assert (OUTPUT / name).stat().st_size > 10_000
+
+
+@pytest.mark.slow
+def test_a_plain_process_reads_the_latest_embeddings_with_duckdb(box, runs, tmp_path):
+    script = textwrap.dedent("""
+        import glob, json, sys
+        import duckdb
+        root = sys.argv[1]
+        manifests = [json.load(open(p)) for p in glob.glob(f"{root}/embeddings/*/manifest.json")]
+        latest = max(manifests, key=lambda m: m["created"])
+        path = f"{root}/embeddings/{latest['version']}/vectors.parquet"
+        word, vector, n = duckdb.connect().execute(
+            "SELECT word, vector, (SELECT count(*) FROM read_parquet($path)) FROM read_parquet($path) "
+            "WHERE word = 'the'", {"path": path}).fetchall()[0]
+        ours = sorted(m for m in sys.modules if m.split(".")[0] in ("flows", "tasks", "models", "storage", "prefect"))
+        print(json.dumps({"version": latest["version"], "word": word, "vector": list(vector), "rows": n,
+                          "imported": ours}))
+    """)
+    out = subprocess.run([sys.executable, "-I", "-c", script, box.config.store], capture_output=True, text=True,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    found = json.loads(out.stdout)
+    assert found["imported"] == []
+    catalog = Catalog(box.config.store)
+    assert found["version"] == catalog.latest("embeddings")["version"]
+    kv = catalog.load("embeddings")
+    assert found["rows"] == len(kv.index_to_key) and len(found["vector"]) == 20
+    np.testing.assert_allclose(found["vector"], kv["the"], rtol=1e-6)
+
+
+@pytest.mark.slow
+def test_train_lm_deployment_runs_on_the_gpu_pool(box, runs):
+    """Started by hand (the UI's Run with the form's defaults: the latest tokenized corpus)."""
+    response = box.create_run("train-lm", {"store": box.config.store, "ngram": {"order": 2}})
+    assert response.status_code == 201, response.text
+    run = box.wait(response.json()["id"])
+    assert run["state"]["type"] == "COMPLETED", box.logs_tail()
+    assert run["work_pool_name"] == "gpu"
+    catalog = Catalog(box.config.store)
+    lm = catalog.latest("lm")
+    assert lm["run"]["flow_run_id"] == run["id"]
+    assert lm["inputs"]["tokens"]["version"] == catalog.latest("tokenized_corpus")["version"]
+    assert lm["metrics"]["valid_perplexity"] > 1
+    assert catalog.load("lm").order == 2
+
+
+@pytest.mark.slow
+def test_stop_ends_everything_that_serve_started(box):
+    processes = [serve.Started(**p) for p in box.state["processes"]]
+    assert [p.name for p in processes] == ["server", "worker-cpu", "worker-gpu0"]
+    lines = serve.stop(box.home, grace=10)
+    assert len(lines) == 3 and all("stopped" in line for line in lines), lines
+    assert not any(serve.is_running(p) for p in processes)
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{box.state['api_url']}/health", timeout=5)
+    assert not (box.home / serve.STATE_FILE).exists()
+    assert os.environ.get("PREFECT_API_URL") != box.state["api_url"]  # the test process was never repointed
