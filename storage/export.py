@@ -48,7 +48,7 @@ def hf_tokenizer_json(vocabulary: list[str], pattern: str, lowercase: bool, unk:
 def _tokenizer_extra(catalog: Catalog, manifest: dict[str, Any], dest: Path) -> list[Path]:
     store, kind, version = catalog.store, manifest["kind"], manifest["version"]
     config = store.read_json(kind, version, "config.json")
-    if config.get("type") != "word":
+    if config.get("kind") != "word":
         return []  # subword tokenizers save their own tokenizer.json
     vocabulary = store.read_parquet(kind, version, "vocab.parquet").sort("id")["token"].to_list()
     lowercase = False  # the corpus stage lowercases (or not) before the tokenizer sees the text
