@@ -16,12 +16,14 @@ A crash leaves at most a staging folder, which `ArtifactStore.clean_staging()` r
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
 import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -43,6 +45,28 @@ _FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 class StoreError(Exception):
     """A store problem the user can act on: bad name, missing artifact, failed verification."""
+
+
+READ_RETRY_DELAYS = (0.05, 0.25, 1.0)  # seconds between attempts of a small read
+
+
+def retry_reads(fn: Callable) -> Callable:
+    """Retry a whole small read (open and parse) on transient I/O errors, as object-store clients
+    do. Missing or forbidden files are not transient; writes are retried by the stage instead."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        for delay in (*READ_RETRY_DELAYS, None):
+            try:
+                return fn(*args, **kwargs)
+            except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError):
+                raise
+            except (OSError, ConnectionError):  # TimeoutError is an OSError
+                if delay is None:
+                    raise
+                time.sleep(delay)
+
+    return wrapper
 
 
 def validate_kind(kind: str) -> str:
@@ -112,27 +136,41 @@ class ArtifactStore:
     def ref(self, kind: str, version: str) -> ArtifactRef:
         return ArtifactRef(store=self.url, kind=kind, version=version)
 
+    @retry_reads
     def exists(self, kind: str, version: str) -> bool:
         return self.fs.exists(self.path(kind, version, MANIFEST))
 
+    @retry_reads
     def manifest(self, kind: str, version: str) -> dict[str, Any]:
         try:
             with self.fs.open(self.path(kind, version, MANIFEST), "r") as f:
-                return json.load(f)
+                manifest = json.load(f)
         except FileNotFoundError:
             raise StoreError(f"no artifact {kind}:{version} in {self.url}") from None
+        except (ValueError, UnicodeDecodeError) as exc:  # only tampering can do this: manifests are published whole
+            raise StoreError(f"{kind}:{version}: manifest is not valid JSON ({exc})") from None
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
+            raise StoreError(f"{kind}:{version}: manifest has no file list")
+        return manifest
 
     # ---- reading files --------------------------------------------------------------------
     def open(self, kind: str, version: str, name: str, mode: str = "rb"):
         return self.fs.open(self.path(kind, version, name), mode)
 
+    @retry_reads
     def read_parquet(self, kind: str, version: str, name: str) -> pl.DataFrame:
         with self.open(kind, version, name) as f:
             return pl.from_arrow(pq.read_table(f))
 
+    @retry_reads
     def read_json(self, kind: str, version: str, name: str) -> Any:
         with self.open(kind, version, name, "r") as f:
             return json.load(f)
+
+    @retry_reads
+    def read_text(self, kind: str, version: str, name: str) -> str:
+        with self.open(kind, version, name, "r") as f:
+            return f.read()
 
     @contextmanager
     def local_copy(self, kind: str, version: str, name: str) -> Iterator[Path]:
@@ -222,7 +260,11 @@ class ArtifactStore:
         """Problems with an artifact's files (sizes; checksums too with `full`); empty when sound."""
         problems = []
         for entry in self.manifest(kind, version)["files"]:
-            path = self.path(kind, version, entry["name"])
+            try:
+                path = self.path(kind, version, entry["name"])
+            except (StoreError, KeyError, TypeError):  # a tampered manifest must not steer reads outside the artifact
+                problems.append(f"{kind}:{version}: invalid file entry {entry!r} in the manifest")
+                continue
             if not self.fs.exists(path):
                 problems.append(f"{kind}:{version}/{entry['name']}: missing")
                 continue
@@ -233,6 +275,20 @@ class ArtifactStore:
                     if _sha256(f) != entry["sha256"]:
                         problems.append(f"{kind}:{version}/{entry['name']}: checksum differs from the manifest")
         return problems
+
+    def audit(self, full: bool = False) -> tuple[int, list[str]]:
+        """(artifacts checked, problems) over the whole store: every manifest must parse and every
+        file it lists must match (sizes; checksums with `full`). Used by `lexiflow artifacts verify`."""
+        from storage.catalog import Catalog
+
+        checked, problems = 0, []
+        for kind, version in Catalog(self).entries():
+            checked += 1
+            try:
+                problems.extend(self.verify(kind, version, full=full))
+            except StoreError as exc:
+                problems.append(str(exc))
+        return checked, problems
 
 
 class ArtifactWriter:

@@ -38,8 +38,8 @@ def publish_report(evaluations: list[ArtifactRef]) -> str:
     rows, reports = [], []
     for ref in evaluations:
         manifest = store.manifest(ref.kind, ref.version)
-        with store.open(ref.kind, ref.version, "report.md", "r") as f:
-            reports.append(f.read() + f"\nArtifact: `{store.path(ref.kind, ref.version)}`\n")
+        reports.append(store.read_text(ref.kind, ref.version, "report.md")
+                       + f"\nArtifact: `{store.path(ref.kind, ref.version)}`\n")
         rows.append({"evaluation": str(ref), **{k: v for k, v in manifest["metrics"].items()
                                                  if isinstance(v, int | float | str)}})
     markdown = "\n\n".join(reports)
