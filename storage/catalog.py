@@ -17,7 +17,7 @@ from storage.store import (
     ArtifactRef,
     ArtifactStore,
     StoreError,
-    retry_reads,
+    retry_transient,
     validate_kind,
     validate_version,
 )
@@ -29,7 +29,7 @@ class Catalog:
     def __init__(self, root: str | os.PathLike[str] | ArtifactStore = "artifacts", **storage_options: Any) -> None:
         self.store = root if isinstance(root, ArtifactStore) else ArtifactStore(root, **storage_options)
 
-    @retry_reads
+    @retry_transient
     def entries(self, kind: str | None = None) -> list[tuple[str, str]]:
         """(kind, version) of every published artifact. Only `<kind>/<version>/manifest.json` with
         valid names counts: a writer's staging folder (`.staging/...`, which holds a manifest just

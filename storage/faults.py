@@ -7,10 +7,13 @@ The settings travel inside the URL, so every `ArtifactStore(ref.store)` a stage 
 thread or process, injects faults the same way. The store sees a remote filesystem (not `file`),
 so it takes the object-store path: stage locally, upload data files, upload the manifest last.
 
-A fault is drawn (seeded) before each operation: opening a file, each `read`/`write` on an open
-file, `put_file`/`get_file`/`cat_file`/`pipe_file`, and the metadata reads `info`/`ls`/`exists`.
-An upload fault happens either before the object is written or after it (the acknowledgement is
-lost), as on an object store where a PUT is atomic; a read fault can also strike in mid-file.
+A fault is drawn (seeded) before each operation (`fail`), and with probability `outage` an
+outage starts: the next `outage_ops` operations all fail (longer than the store's own retries of
+one operation, so a whole stage attempt fails and the task's retry takes over). The operations:
+opening a file, each `read`/`write` on an open file, `put_file`/`get_file`/`cat_file`/
+`pipe_file`, and the metadata reads `info`/`ls`/`exists`. An upload fault happens either before
+the object is written or after it (the acknowledgement is lost), as on an object store where a
+PUT is atomic; a read fault can also strike in mid-file.
 `FlakyFileSystem.stats` counts operations and injected faults for the whole process.
 """
 
@@ -43,13 +46,16 @@ class FlakyFileSystem(LocalFileSystem):
     stats: Counter = Counter()  # process-wide: operations, faults (total and per operation)
     _lock = threading.Lock()
 
-    def __init__(self, fail: float = 0.1, seed: int = 0, **kwargs: Any) -> None:
+    def __init__(self, fail: float = 0.1, seed: int = 0, outage: float = 0.0, outage_ops: int = 5,
+                 **kwargs: Any) -> None:
         kwargs.setdefault("auto_mkdir", True)  # like an object store: no folders to create first
         super().__init__(**kwargs)
-        if not 0 <= float(fail) < 1:
-            raise ValueError(f"flaky filesystem: fail={fail} must be in [0, 1)")
-        self.fail = float(fail)
+        for name, value in (("fail", fail), ("outage", outage)):
+            if not 0 <= float(value) < 1:
+                raise ValueError(f"flaky filesystem: {name}={value} must be in [0, 1)")
+        self.fail, self.outage, self.outage_ops = float(fail), float(outage), int(outage_ops)
         self.rng = random.Random(int(seed))
+        self._outage_left = 0
 
     # ---- URLs: flaky:///abs/path?fail=0.1&seed=3 -------------------------------------------
     @classmethod
@@ -63,23 +69,23 @@ class FlakyFileSystem(LocalFileSystem):
     @staticmethod
     def _get_kwargs_from_urls(path: str) -> dict[str, Any]:
         query = parse_qs(urlsplit(path).query)
-        out: dict[str, Any] = {}
-        if "fail" in query:
-            out["fail"] = float(query["fail"][0])
-        if "seed" in query:
-            out["seed"] = int(query["seed"][0])
-        return out
+        types = {"fail": float, "seed": int, "outage": float, "outage_ops": int}
+        return {name: cast(query[name][0]) for name, cast in types.items() if name in query}
 
     # ---- the faults ------------------------------------------------------------------------
     def _draw(self) -> bool:
         with self._lock:
-            return self.rng.random() < self.fail
+            return self.rng.random() < 0.5
 
     def maybe_fail(self, operation: str, path: Any = "") -> None:
         """Count the operation; raise an injected fault with probability `fail`."""
         with self._lock:
             self.stats["operations"] += 1
-            hit = self.rng.random() < self.fail
+            if not self._outage_left and self.rng.random() < self.outage:
+                self._outage_left = self.outage_ops
+                self.stats["outages"] += 1
+            hit = self.rng.random() < self.fail or self._outage_left > 0
+            self._outage_left = max(0, self._outage_left - 1)
             timeout = self.rng.random() < 0.5
             if hit:
                 self.stats["faults"] += 1
@@ -170,9 +176,9 @@ class _FlakyFile:
         return self._inner.write(data)
 
 
-def flaky_url(path: str, fail: float, seed: int = 0) -> str:
+def flaky_url(path: str, fail: float, seed: int = 0, outage: float = 0.0, outage_ops: int = 5) -> str:
     """The store URL of a local folder behind the flaky filesystem."""
-    return f"flaky://{path}?fail={fail}&seed={seed}"
+    return f"flaky://{path}?fail={fail}&seed={seed}&outage={outage}&outage_ops={outage_ops}"
 
 
 fsspec.register_implementation("flaky", FlakyFileSystem, clobber=True)

@@ -47,16 +47,17 @@ class StoreError(Exception):
     """A store problem the user can act on: bad name, missing artifact, failed verification."""
 
 
-READ_RETRY_DELAYS = (0.05, 0.25, 1.0)  # seconds between attempts of a small read
+RETRY_DELAYS = (0.05, 0.25, 1.0)  # seconds between attempts of one storage operation
 
 
-def retry_reads(fn: Callable) -> Callable:
-    """Retry a whole small read (open and parse) on transient I/O errors, as object-store clients
-    do. Missing or forbidden files are not transient; writes are retried by the stage instead."""
+def retry_transient(fn: Callable) -> Callable:
+    """Retry one whole storage operation (open and parse a file, upload a file) on transient I/O
+    errors, as object-store clients do; the stage task's retries are the outer layer. Missing or
+    forbidden files are not transient. Every operation wrapped here is idempotent."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        for delay in (*READ_RETRY_DELAYS, None):
+        for delay in (*RETRY_DELAYS, None):
             try:
                 return fn(*args, **kwargs)
             except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError):
@@ -136,11 +137,11 @@ class ArtifactStore:
     def ref(self, kind: str, version: str) -> ArtifactRef:
         return ArtifactRef(store=self.url, kind=kind, version=version)
 
-    @retry_reads
+    @retry_transient
     def exists(self, kind: str, version: str) -> bool:
         return self.fs.exists(self.path(kind, version, MANIFEST))
 
-    @retry_reads
+    @retry_transient
     def manifest(self, kind: str, version: str) -> dict[str, Any]:
         try:
             with self.fs.open(self.path(kind, version, MANIFEST), "r") as f:
@@ -157,17 +158,20 @@ class ArtifactStore:
     def open(self, kind: str, version: str, name: str, mode: str = "rb"):
         return self.fs.open(self.path(kind, version, name), mode)
 
-    @retry_reads
     def read_parquet(self, kind: str, version: str, name: str) -> pl.DataFrame:
-        with self.open(kind, version, name) as f:
-            return pl.from_arrow(pq.read_table(f))
+        return pl.from_arrow(self.read_arrow(kind, version, name))
 
-    @retry_reads
+    @retry_transient
+    def read_arrow(self, kind: str, version: str, name: str) -> pa.Table:
+        with self.open(kind, version, name) as f:
+            return pq.read_table(f)
+
+    @retry_transient
     def read_json(self, kind: str, version: str, name: str) -> Any:
         with self.open(kind, version, name, "r") as f:
             return json.load(f)
 
-    @retry_reads
+    @retry_transient
     def read_text(self, kind: str, version: str, name: str) -> str:
         with self.open(kind, version, name, "r") as f:
             return f.read()
@@ -234,10 +238,11 @@ class ArtifactStore:
                 if not self.exists(kind, version):
                     raise
             return
+        upload = retry_transient(self.fs.put_file)  # a repeated upload writes the same bytes again
         for file in sorted(staging.iterdir()):
             if file.name != MANIFEST:
-                self.fs.put_file(str(file), f"{final}/{file.name}")
-        self.fs.put_file(str(staging / MANIFEST), f"{final}/{MANIFEST}")  # the commit point
+                upload(str(file), f"{final}/{file.name}")
+        upload(str(staging / MANIFEST), f"{final}/{MANIFEST}")  # the commit point
 
     def delete(self, kind: str, version: str) -> None:
         """Remove an artifact: manifest first, so readers stop seeing it before its files go."""
