@@ -171,18 +171,31 @@ def _read_bytes(path: Path, compression: str | None, limit: int) -> bytes:
         raise InputError(f"{path}: cannot open ({exc.strerror}); check the path in corpus.sources") from None
     with raw:
         if compression is None:
-            data = raw.read(limit + 1)  # other OSErrors here are I/O trouble: raised as is (transient)
+            # Other OSErrors here are I/O trouble, raised as they are (transient: the stage retries).
+            data = raw.read(min(limit, os.fstat(raw.fileno()).st_size) + 1)  # read(n) allocates n bytes
         else:
             try:
                 opened = gzip.GzipFile(fileobj=raw, mode="rb") if compression == "gz" else bz2.BZ2File(raw, mode="rb")
                 with opened as f:
-                    data = f.read(limit + 1)
+                    data = _read_at_most(f, limit + 1)
             except (OSError, EOFError, ValueError) as exc:  # truncated or corrupt archives
                 raise InputError(f"{path}: cannot read ({_one_line(exc)}); the file is damaged or not "
                                  f"{compression} data") from None
     if len(data) > limit:
         raise InputError(f"{path}: more than {limit} bytes once decompressed; raise corpus.max_file_bytes if intended")
     return data
+
+
+def _read_at_most(f, size: int, chunk: int = 16 << 20) -> bytes:
+    """Up to `size` bytes of a stream of unknown length, in chunks (never allocating `size` up front)."""
+    parts, total = [], 0
+    while total < size:
+        part = f.read(min(chunk, size - total))
+        if not part:
+            break
+        parts.append(part)
+        total += len(part)
+    return b"".join(parts)
 
 
 def _one_line(exc: BaseException, limit: int = 200) -> str:
@@ -224,9 +237,18 @@ def _text_documents(path: Path, text: str, unit: str) -> list[str]:
     return text.splitlines()
 
 
+def _lines(text: str) -> list[str]:
+    """Lines of a line-based format (JSONL, CoNLL-U): split at LF only (CRLF tolerated). Unicode
+    line separators (U+2028, U+0085, ...) may appear inside JSON strings and words."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
 def _jsonl_documents(path: Path, text: str, field_name: str) -> list[str]:
     docs = []
-    for line_no, line in enumerate(text.splitlines(), start=1):
+    for line_no, line in enumerate(_lines(text), start=1):
         if not line.strip():
             continue
         try:
@@ -316,7 +338,7 @@ def read_file(path: Path, options: IngestOptions) -> tuple[list[str], pl.DataFra
     if fmt == "jsonl":
         return _jsonl_documents(path, text, options.text_field), None
     if fmt == "conllu":
-        sents = list(parse_lines(text.splitlines(), source=str(path)))
+        sents = list(parse_lines(_lines(text), source=str(path)))
         tagged = pl.DataFrame(
             {
                 "sent_id": [s.sent_id or f"{path.name}:{s.line}" for s in sents],

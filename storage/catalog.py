@@ -39,7 +39,7 @@ class Catalog:
         found = []
         for path in fs.glob(pattern):
             found_kind, found_version = path.rsplit("/", 3)[-3:-1]
-            if _KIND.match(found_kind) and _VERSION.match(found_version):
+            if _KIND.fullmatch(found_kind) and _VERSION.fullmatch(found_version):
                 found.append((found_kind, found_version))
         return sorted(found)
 

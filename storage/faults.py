@@ -46,7 +46,7 @@ class FlakyFileSystem(LocalFileSystem):
     stats: Counter = Counter()  # process-wide: operations, faults (total and per operation)
     _lock = threading.Lock()
 
-    def __init__(self, fail: float = 0.1, seed: int = 0, outage: float = 0.0, outage_ops: int = 5,
+    def __init__(self, fail: float = 0.1, seed: int = 0, outage: float = 0.0, outage_ops: int = 8,
                  **kwargs: Any) -> None:
         kwargs.setdefault("auto_mkdir", True)  # like an object store: no folders to create first
         super().__init__(**kwargs)
@@ -176,7 +176,7 @@ class _FlakyFile:
         return self._inner.write(data)
 
 
-def flaky_url(path: str, fail: float, seed: int = 0, outage: float = 0.0, outage_ops: int = 5) -> str:
+def flaky_url(path: str, fail: float, seed: int = 0, outage: float = 0.0, outage_ops: int = 8) -> str:
     """The store URL of a local folder behind the flaky filesystem."""
     return f"flaky://{path}?fail={fail}&seed={seed}&outage={outage}&outage_ops={outage_ops}"
 

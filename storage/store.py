@@ -47,7 +47,7 @@ class StoreError(Exception):
     """A store problem the user can act on: bad name, missing artifact, failed verification."""
 
 
-RETRY_DELAYS = (0.05, 0.25, 1.0)  # seconds between attempts of one storage operation
+RETRY_DELAYS = (0.05, 0.1, 0.25, 0.5, 1.0)  # seconds between attempts of one storage operation
 
 
 def retry_transient(fn: Callable) -> Callable:
@@ -71,20 +71,20 @@ def retry_transient(fn: Callable) -> Callable:
 
 
 def validate_kind(kind: str) -> str:
-    if not isinstance(kind, str) or not _KIND.match(kind):
+    if not isinstance(kind, str) or not _KIND.fullmatch(kind):
         raise StoreError(f"invalid artifact kind {kind!r}: use lowercase letters, digits and '_'")
     return kind
 
 
 def validate_version(version: str) -> str:
-    if not isinstance(version, str) or not _VERSION.match(version):
+    if not isinstance(version, str) or not _VERSION.fullmatch(version):
         raise StoreError(f"invalid artifact version {version!r}: expected 16 hexadecimal digits")
     return version
 
 
 def validate_file_name(name: str) -> str:
     """Artifact files live flat in their folder: no separators, no `..`, no hidden files."""
-    if not isinstance(name, str) or not _FILE.match(name) or ".." in name:
+    if not isinstance(name, str) or not _FILE.fullmatch(name) or ".." in name:
         raise StoreError(f"invalid artifact file name {name!r}: letters, digits, '.', '_', '-' only")
     return name
 
@@ -232,17 +232,32 @@ class ArtifactStore:
         final = self.path(kind, version)
         if self.is_local:
             Path(final).parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.rename(staging, final)  # atomic; fails if another run published it first
-            except OSError:
-                if not self.exists(kind, version):
-                    raise
+            for attempt in range(2):
+                try:
+                    os.rename(staging, final)  # atomic; fails if another run published it first
+                    return
+                except OSError:
+                    if self.exists(kind, version):
+                        return  # published by another run: same version, same content
+                    if attempt or not os.path.isdir(final):
+                        raise
+                    self._discard_orphan(final)
             return
         upload = retry_transient(self.fs.put_file)  # a repeated upload writes the same bytes again
         for file in sorted(staging.iterdir()):
             if file.name != MANIFEST:
                 upload(str(file), f"{final}/{file.name}")
         upload(str(staging / MANIFEST), f"{final}/{MANIFEST}")  # the commit point
+
+    def _discard_orphan(self, final: str) -> None:
+        """Move aside a folder without a manifest at an artifact's place (the files an interrupted
+        upload left: never an artifact, since local writers only ever rename whole folders)."""
+        trash = Path(self.root) / STAGING / f"orphan-{os.path.basename(final)}-{os.urandom(4).hex()}"
+        try:
+            os.rename(final, trash)
+        except FileNotFoundError:
+            return  # another writer moved it first
+        shutil.rmtree(trash, ignore_errors=True)
 
     def delete(self, kind: str, version: str) -> None:
         """Remove an artifact: manifest first, so readers stop seeing it before its files go."""
@@ -331,7 +346,7 @@ class ArtifactWriter:
         for file in sorted(self.folder.iterdir()):
             if file.name == MANIFEST:
                 continue
-            if not file.is_file():
+            if file.is_symlink() or not file.is_file():  # a link could point readers outside the store
                 raise StoreError(f"artifact files must be plain files, found {file.name!r}")
             with file.open("rb") as f:
                 entries.append({"name": file.name, "size": file.stat().st_size, "sha256": _sha256(f)})

@@ -40,6 +40,8 @@ SMALL_RUN = ["--corpus", "builtin:lee", "--set", "svd.dim=20", "--set", "vocabul
              "--set", "evaluation.analogy_vocabulary=500"]
 _PUBLISHED = re.compile(r"(\w+): published \w+:([0-9a-f]{16})")
 _REUSED = re.compile(r"(\w+): reusing \w+:([0-9a-f]{16})")
+_CACHED = re.compile(r"Task run '(\w+)-[0-9a-f]+' - Finished in state Cached")  # Prefect's cache: same artifact
+_TIME = re.compile(r"^(\d\d):(\d\d):(\d\d\.\d+) \| .* (\w+): published ", re.M)
 
 
 def free_port() -> int:
@@ -145,7 +147,14 @@ class Run:
         return {m.group(1) for m in _PUBLISHED.finditer(self.output())}
 
     def reused(self) -> set[str]:
-        return {m.group(1) for m in _REUSED.finditer(self.output())}
+        """Stages that found their artifact: our own check, or Prefect's cache keyed on it."""
+        out = self.output()
+        return {m.group(1) for m in _REUSED.finditer(out)} | {m.group(1) for m in _CACHED.finditer(out)}
+
+    def publish_times(self) -> dict[str, float]:
+        """Seconds of the day at which each stage published (from the log's timestamps)."""
+        return {m.group(4): int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3))
+                for m in _TIME.finditer(self.output())}
 
 
 class Zygote:
@@ -262,15 +271,16 @@ class CrashReport:
     problems: list[str] = field(default_factory=list)
 
 
-def crash_loop(zygote: Zygote, workdir: Path, kills: int, seed: int = 0, max_delay: float | None = None,
+def crash_loop(zygote: Zygote, workdir: Path, kills: int, seed: int = 0,
                extra_args: list[str] | None = None) -> CrashReport:
     """Kill -9 pipeline runs at random moments until `kills` kills have struck a running pipeline.
 
     A store lives until a run on it completes (an "episode"): every run after a kill is a rerun of
     the same parameters on the same store. After every kill the store must audit clean; every
-    rerun must reuse (never publish again) each stage that was published before it started, and
-    the final rerun of each episode must complete with every stage present. `max_delay` (seconds
-    after the fork) defaults to 1.2 × a measured cold run.
+    rerun must reuse (never publish again) each stage published before it started, and the rerun
+    that ends an episode must complete with every stage present. Kill moments are uniform over
+    1.1 × the expected rest of the run (a calibration run gives each stage's duration), so most
+    runs are killed somewhere in the work still to do and about one in ten completes.
     """
     rng = random.Random(seed)
     report = CrashReport()
@@ -280,19 +290,23 @@ def crash_loop(zygote: Zygote, workdir: Path, kills: int, seed: int = 0, max_del
         report.stores += 1
         return workdir / f"store-{report.stores:02d}"
 
-    store = new_store()
-    if max_delay is None:
-        run = zygote.start(["run", "--store", str(store), *args])
-        if run.wait() != 0:
-            raise RuntimeError(f"cold run failed:\n{run.output()[-3000:]}")
-        report.runs_completed += 1
-        max_delay = 1.2 * (time.monotonic() - run.started)
-        store = new_store()
+    calibration = zygote.start(["run", "--store", str(new_store()), *args])
+    if calibration.wait() != 0:
+        raise RuntimeError(f"calibration run failed:\n{calibration.output()[-3000:]}")
+    report.runs_completed += 1
+    total = time.monotonic() - calibration.started
+    times = calibration.publish_times()
+    first = min(times.values())
+    # Seconds from the start of a run until each stage has published, on this machine now.
+    finished_at = {kind: (total - (max(times.values()) - first)) * 0.5 + (t - first) for kind, t in times.items()}
 
+    store = new_store()
     while report.kills_tried < kills:
         before = published(store)
+        done = [finished_at.get(kind, 0.0) for kind in before]
+        expected = max(1.0, total - (max(done) if done else 0.0) + 1.0)
         run = zygote.start(["run", "--store", str(store), *args])
-        delay = rng.uniform(0.0, max_delay)
+        delay = rng.uniform(0.0, 1.1 * expected)
         deadline = run.started + delay
         while time.monotonic() < deadline and run.returncode() is None and run.alive():
             time.sleep(0.01)
@@ -305,14 +319,12 @@ def crash_loop(zygote: Zygote, workdir: Path, kills: int, seed: int = 0, max_del
         problems += audit(store)
         if struck:
             report.kills_tried += 1
-            stages = run.published() | run.reused()
-            report.kill_stages.append(f"after {len(stages)} stages, {delay:.1f}s")
+            report.kill_stages.append(f"after {len(set(published(store)))} stages, {delay:.1f}s")
             if not problems:
                 report.kills_survived += 1
         elif rc == 0:
             report.runs_completed += 1
-            missing = published_kinds_missing(store, run)
-            problems += missing
+            problems += published_kinds_missing(store, run)
             store = new_store()  # the episode ended with a complete rerun
         else:
             problems.append(f"run {run.pid} failed with status {rc}:\n{run.output()[-3000:]}")

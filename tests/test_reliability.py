@@ -7,18 +7,16 @@ read the store's manifests, not a list of stages.
 
 from __future__ import annotations
 
-import bz2
-import gzip
 import json
 import logging
 import os
 from pathlib import Path
 
-import polars as pl
 import pytest
 
 from storage import ArtifactStore, Catalog
 from tests.chaos import SMALL_RUN, Zygote, audit, concurrent_runs, crash_loop, prefect_server
+from tests.hostile import hostile_directory
 
 pytestmark = [pytest.mark.prefect, pytest.mark.slow]
 KILLS = int(os.environ.get("LEXIFLOW_CRASH_KILLS", "20"))
@@ -195,36 +193,6 @@ def test_bad_input_is_not_retried_and_transient_errors_are(api, tmp_path, monkey
     ref = ingest_flow(url, CorpusParams(sources=[str(good)]))
     assert len(calls) == 3  # two timeouts retried, the third attempt published
     assert ArtifactStore(str(tmp_path / "store")).verify(ref.kind, ref.version, full=True) == []
-
-
-def hostile_directory(folder: Path) -> dict[str, str]:
-    """One file per kind of bad input, and what the error (or skip reason) must say about it."""
-    folder.mkdir(parents=True, exist_ok=True)
-    ns = b'<mediawiki xmlns="http://www.mediawiki.org/xml/export-0.10/">'
-    noise = os.urandom(100_000).hex().encode()
-    files = {
-        "empty.txt": (b"", "no documents (empty file)"),
-        "binary.txt": (bytes(range(256)) * 64, "binary.txt: looks like a binary file"),
-        "invalid.txt": (b"fine\nbad \xc3\x28 byte\n", "invalid.txt:2: invalid UTF-8"),
-        "mixed.txt": ("caf\u00e9 in UTF-8\n".encode() + "caf\u00e9 in Latin-1\n".encode("latin-1"),
-                      "mixed.txt:2: invalid UTF-8"),
-        "truncated.txt.gz": (gzip.compress(noise)[:4000], "truncated.txt.gz: cannot read"),
-        "truncated.txt.bz2": (bz2.compress(noise)[:4000], "truncated.txt.bz2: cannot read"),
-        "bomb.txt.gz": (gzip.compress(b"\0" * (64 << 20)), "bomb.txt.gz: more than 33554432 bytes"),
-        "garbled.xml": (ns + b"\n<page><title>A</title><ns>0</ns><revision><text>x</text></revision></page>\n<page><ti",
-                        "garbled.xml:3: not well-formed XML"),
-        "columns.conllu": (b"1\tA\t_\tX\t_\t_\t0\troot\t_\t_\n2\tB\t_\tX\n", "columns.conllu:2: expected 10"),
-        "ids.conllu": (b"1\tA\t_\tX\t_\t_\t0\troot\t_\t_\nx\tB\t_\tX\t_\t_\t1\tdep\t_\t_\n",
-                       "ids.conllu:2: token ID 'x'"),
-        "fields.jsonl": (b'{"text": "ok"}\n{"title": "no text"}\n', "fields.jsonl:2: no string field 'text'"),
-        "deep.jsonl": (b"[" * 100_000 + b"]" * 100_000 + b"\n", "deep.jsonl:1: JSON nested too deeply"),
-    }
-    for name, (content, _) in files.items():
-        (folder / name).write_bytes(content)
-    pl.DataFrame({"body": ["no text column"]}).write_parquet(folder / "notext.parquet")
-    expected = {name: message for name, (_, message) in files.items()}
-    expected["notext.parquet"] = "notext.parquet: no column 'text'"
-    return expected
 
 
 def test_hostile_directory_through_the_cli(zygote, tmp_path):
