@@ -300,13 +300,15 @@ def crash_loop(zygote: Zygote, workdir: Path, kills: int, seed: int = 0,
     # Seconds from the start of a run until each stage has published, on this machine now.
     finished_at = {kind: (total - (max(times.values()) - first)) * 0.5 + (t - first) for kind, t in times.items()}
 
+    tail = total - max(finished_at.values())  # from the last publish to the process's exit
     store = new_store()
     while report.kills_tried < kills:
         before = published(store)
         done = [finished_at.get(kind, 0.0) for kind in before]
-        expected = max(1.0, total - (max(done) if done else 0.0) + 1.0)
+        expected = max(1.0, total - (max(done) if done else 0.0) + tail)
         run = zygote.start(["run", "--store", str(store), *args])
-        delay = rng.uniform(0.0, 1.1 * expected)
+        # Once every stage is there, the rerun is let finish: it ends the episode.
+        delay = rng.uniform(0.0, 1.1 * expected) if set(before) != set(finished_at) else float("inf")
         deadline = run.started + delay
         while time.monotonic() < deadline and run.returncode() is None and run.alive():
             time.sleep(0.01)
