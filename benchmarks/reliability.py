@@ -26,7 +26,7 @@ def _row(case: str, metric: str, ours: float, tried: float, notes: str = "") -> 
 def _crash_and_concurrency(quick: bool, work: Path) -> list[Row]:
     from tests.chaos import Zygote, concurrent_runs, crash_loop, prefect_server
 
-    kills = 3 if quick else 40
+    kills = 3 if quick else 30
     rows = []
     with prefect_server(work / "prefect-home") as env, Zygote(env, work / "runs") as zygote:
         start = time.perf_counter()
@@ -35,7 +35,7 @@ def _crash_and_concurrency(quick: bool, work: Path) -> list[Row]:
                          "reruns)", "kills survived", report.kills_survived, report.kills_tried,
                          f"{time.perf_counter() - start:.0f} s; problems: {len(report.problems)}"))
         variants = [[], [], ["--set", "svd.dim=21"], ["--set", "vocabulary.min_count=3"]]
-        rounds = 1 if quick else 3
+        rounds = 1 if quick else 2
         started = completed = problems = 0
         for i in range(rounds):
             result = concurrent_runs(zygote, work / f"concurrent-{i}", variants)
@@ -60,7 +60,7 @@ def _flaky(env: dict[str, str], work: Path) -> list[Row]:
     from tests.chaos import audit
 
     injected = survived = retries = 0
-    seeds = (1, 2, 3)
+    seeds = (1, 2)
 
     class Count(logging.Handler):
         def emit(self, record: logging.LogRecord) -> None:
@@ -136,7 +136,7 @@ def _long_line(work: Path) -> list[Row]:
 
 
 def _fuzz(quick: bool) -> list[Row]:
-    os.environ["LEXIFLOW_FUZZ_EXAMPLES"] = "30" if quick else "1000"
+    os.environ["LEXIFLOW_FUZZ_EXAMPLES"] = "30" if quick else "500"
     import importlib
 
     import tests.test_fuzz as fuzz
