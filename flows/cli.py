@@ -135,14 +135,12 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from storage import ArtifactStore, Catalog
+    from storage import ArtifactStore
 
-    store = ArtifactStore(args.store)
-    manifests = Catalog(store).list()
-    problems = [p for m in manifests for p in store.verify(m["kind"], m["version"], full=args.full)]
+    checked, problems = ArtifactStore(args.store).audit(full=args.full)
     for problem in problems:
         print(problem)
-    print(f"{len(manifests)} artifacts checked ({'checksums' if args.full else 'sizes'}), {len(problems)} problems")
+    print(f"{checked} artifacts checked ({'checksums' if args.full else 'sizes'}), {len(problems)} problems")
     return 1 if problems else 0
 
 

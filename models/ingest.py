@@ -18,14 +18,31 @@ the SHA-1 of its cleaned text (16 hex digits); its split comes from that id (so 
 its split across rebuilds), except for files named like `*-train.*`, `*-dev.*`/`*-valid.*`,
 `*-test.*`, whose split is the file's (UD treebanks, WikiText).
 
-Policy on bad input: a missing source, a binary file, or invalid UTF-8 raises `InputError`
-naming the file (and line); an empty file is skipped and counted in `skipped`; a corpus with
-no document at all raises `InputError`.
+Policy on bad input (see docs/reliability.md). Every problem is one line naming the file, and
+the line where there is one; nothing is published from a failed ingestion.
+
+- Encodings: text must be UTF-8 (a UTF-8 BOM is dropped). Files that start with a UTF-16/UTF-32
+  BOM are decoded as such. Anything else that is not valid UTF-8, including a file that mixes
+  encodings, is rejected (never silently replaced): `file:line: invalid UTF-8`.
+- A NUL byte in the first 8 KiB (without a UTF-16/32 BOM) marks a binary file: rejected.
+- Compressed files: a truncated or corrupt `.gz`/`.bz2` is rejected; so is a file that
+  decompresses to more than `max_file_bytes` (a decompression bomb), reading at most that much.
+- MediaWiki XML must be well-formed with a `<mediawiki>` root (`file:line: not well-formed XML`);
+  entity-expansion bombs are refused by the XML parser (expat ≥ 2.4).
+- JSONL: invalid JSON, nesting too deep to parse, or a line without a string `text_field` is
+  rejected with its line number. Parquet: a damaged file, or no string `text_field` column.
+- CoNLL-U: a line without 10 columns or with an out-of-sequence/non-integer ID is rejected.
+- Lines have no length limit: a single 200 MB line is one document (memory ~13× its size).
+- An empty file (or one with no document) is skipped and listed in the stats' `skipped`.
+- `bad_files="skip"` turns each per-file rejection above into a skip: the file is left out and
+  listed in `skipped` with the one-line reason (the corpus stats count them in `skipped_inputs`).
+  A missing source or an empty corpus still fails.
 """
 
 from __future__ import annotations
 
 import bz2
+import codecs
 import glob
 import gzip
 import hashlib
@@ -33,12 +50,14 @@ import io
 import json
 import os
 import re
+import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import polars as pl
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from models.conllu import parse_lines
@@ -66,11 +85,14 @@ class IngestOptions:
     test_fraction: float = 0.05
     text_field: str = "text"
     max_file_bytes: int = 4 << 30  # decompressed; protects against decompression bombs
+    bad_files: Literal["fail", "skip"] = "fail"  # a file that cannot be read: stop, or skip and count it
 
     def __post_init__(self) -> None:
         for name in ("valid_fraction", "test_fraction"):
             if not 0 <= getattr(self, name) < 1:
                 raise ParameterError(f"{name}={getattr(self, name)}: must be in [0, 1)")
+        if self.bad_files not in ("fail", "skip"):
+            raise ParameterError(f"bad_files={self.bad_files!r}: use 'fail' or 'skip'")
         if self.valid_fraction + self.test_fraction >= 1:
             raise ParameterError("valid_fraction + test_fraction must leave a training split (< 1)")
 
@@ -143,19 +165,57 @@ def _format_of(path: Path) -> tuple[str, str | None]:
 
 
 def _read_bytes(path: Path, compression: str | None, limit: int) -> bytes:
-    opener = {"gz": gzip.open, "bz2": bz2.open, None: open}[compression]
     try:
-        with opener(path, "rb") as f:
-            data = f.read(limit + 1)
-    except (OSError, EOFError, ValueError) as exc:  # truncated or corrupt archives
-        kind = compression or "plain"
-        raise InputError(f"{path}: cannot read ({exc}); the file is damaged or not {kind} data") from None
+        raw = open(path, "rb")  # noqa: SIM115 (closed below; errors here are about the file, not its data)
+    except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
+        raise InputError(f"{path}: cannot open ({exc.strerror}); check the path in corpus.sources") from None
+    with raw:
+        if compression is None:
+            # Other OSErrors here are I/O trouble, raised as they are (transient: the stage retries).
+            data = raw.read(min(limit, os.fstat(raw.fileno()).st_size) + 1)  # read(n) allocates n bytes
+        else:
+            try:
+                opened = gzip.GzipFile(fileobj=raw, mode="rb") if compression == "gz" else bz2.BZ2File(raw, mode="rb")
+                with opened as f:
+                    data = _read_at_most(f, limit + 1)
+            except (OSError, EOFError, ValueError) as exc:  # truncated or corrupt archives
+                raise InputError(f"{path}: cannot read ({_one_line(exc)}); the file is damaged or not "
+                                 f"{compression} data") from None
     if len(data) > limit:
         raise InputError(f"{path}: more than {limit} bytes once decompressed; raise corpus.max_file_bytes if intended")
     return data
 
 
+def _read_at_most(f, size: int, chunk: int = 16 << 20) -> bytes:
+    """Up to `size` bytes of a stream of unknown length, in chunks (never allocating `size` up front)."""
+    parts, total = [], 0
+    while total < size:
+        part = f.read(min(chunk, size - total))
+        if not part:
+            break
+        parts.append(part)
+        total += len(part)
+    return b"".join(parts)
+
+
+def _one_line(exc: BaseException, limit: int = 200) -> str:
+    """A library's error message as one short line (some span several)."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+_WIDE_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
+              (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+
+
 def _decode(path: Path, data: bytes) -> str:
+    for bom, encoding in _WIDE_BOMS:  # UTF-32 first: its LE BOM starts with UTF-16's
+        if data.startswith(bom):
+            try:
+                return data.decode(encoding)
+            except UnicodeDecodeError as exc:
+                raise InputError(f"{path}: invalid {encoding.upper()} at byte {exc.start}; re-encode the file as "
+                                 "UTF-8") from None
     if b"\x00" in data[:_BINARY_SNIFF]:
         raise InputError(f"{path}: looks like a binary file (NUL bytes); remove it from the sources")
     try:
@@ -163,7 +223,8 @@ def _decode(path: Path, data: bytes) -> str:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise InputError(
-            f"{path}:{line}: invalid UTF-8 (byte {exc.start}); re-encode the file as UTF-8"
+            f"{path}:{line}: invalid UTF-8 (byte {exc.start}); re-encode the file as UTF-8 "
+            "(mixed encodings are not guessed)"
         ) from None
 
 
@@ -176,15 +237,26 @@ def _text_documents(path: Path, text: str, unit: str) -> list[str]:
     return text.splitlines()
 
 
+def _lines(text: str) -> list[str]:
+    """Lines of a line-based format (JSONL, CoNLL-U): split at LF only (CRLF tolerated). Unicode
+    line separators (U+2028, U+0085, ...) may appear inside JSON strings and words."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
 def _jsonl_documents(path: Path, text: str, field_name: str) -> list[str]:
     docs = []
-    for line_no, line in enumerate(text.splitlines(), start=1):
+    for line_no, line in enumerate(_lines(text), start=1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
             raise InputError(f"{path}:{line_no}: invalid JSON ({exc.msg}); fix or remove the line") from None
+        except RecursionError:
+            raise InputError(f"{path}:{line_no}: JSON nested too deeply to read; fix or remove the line") from None
         if not isinstance(obj, dict) or not isinstance(obj.get(field_name), str):
             raise InputError(f"{path}:{line_no}: no string field {field_name!r}; set corpus.text_field")
         docs.append(obj[field_name])
@@ -195,23 +267,53 @@ def _parquet_documents(path: Path, data: bytes, column: str) -> list[str]:
     try:
         table = pq.read_table(io.BytesIO(data))
     except Exception as exc:  # pyarrow raises several types for damaged files
-        raise InputError(f"{path}: not a readable Parquet file ({exc})") from None
+        raise InputError(f"{path}: not a readable Parquet file ({_one_line(exc)})") from None
     if column not in table.column_names:
         columns = ", ".join(table.column_names)
         raise InputError(f"{path}: no column {column!r} (columns: {columns}); set corpus.text_field")
+    column_type = table.schema.field(column).type
+    if not (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)
+            or pa.types.is_string_view(column_type)):
+        raise InputError(f"{path}: column {column!r} holds {column_type}, not text; set corpus.text_field")
     return [t for t in table.column(column).to_pylist() if isinstance(t, str)]
 
 
-def _wiki_documents(path: Path, data: bytes) -> list[str]:
-    from gensim.corpora.wikicorpus import extract_pages, filter_wiki
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]  # dumps put every element in the export-0.x namespace
 
-    docs = []
+
+def _wiki_documents(path: Path, data: bytes) -> list[str]:
+    """Articles (namespace 0, not redirects) of a MediaWiki dump, markup stripped by gensim's
+    `filter_wiki`. The XML is read incrementally, page by page, so errors carry a line number."""
+    from gensim.corpora.wikicorpus import filter_wiki
+
+    docs: list[str] = []
+    depth = 0
     try:
-        for _title, text, _pid in extract_pages(io.BytesIO(data), filter_namespaces=("0",)):
-            if text and not text.lstrip().lower().startswith("#redirect"):
+        for event, elem in ET.iterparse(io.BytesIO(data), events=("start", "end")):
+            if event == "start":
+                if depth == 0 and _local(elem.tag) != "mediawiki":
+                    raise InputError(f"{path}: root element <{_local(elem.tag)}> is not <mediawiki>; not a MediaWiki "
+                                     "XML dump")
+                depth += 1
+                continue
+            depth -= 1
+            if _local(elem.tag) != "page":
+                continue
+            fields = {_local(child.tag): child for child in elem}
+            namespace = (fields["ns"].text or "").strip() if "ns" in fields else "0"
+            revision = fields.get("revision")
+            text_elem = next((c for c in revision if _local(c.tag) == "text"), None) if revision is not None else None
+            text = text_elem.text if text_elem is not None else None
+            if (namespace == "0" and text and "redirect" not in fields
+                    and not text.lstrip().lower().startswith("#redirect")):
                 docs.append(_WIKI_QUOTES.sub("", filter_wiki(text)))  # filter_wiki keeps ''bold''/''italic'' quotes
-    except Exception as exc:  # ElementTree.ParseError and friends
-        raise InputError(f"{path}: not a well-formed MediaWiki XML dump ({exc})") from None
+            elem.clear()  # pages are done with: keep memory flat on large dumps
+    except ET.ParseError as exc:
+        line, column = exc.position
+        reason = str(exc).split(":", 1)[0]
+        raise InputError(f"{path}:{line}: not well-formed XML ({reason}, column {column}); the dump is damaged or "
+                         "truncated") from None
     return docs
 
 
@@ -236,7 +338,7 @@ def read_file(path: Path, options: IngestOptions) -> tuple[list[str], pl.DataFra
     if fmt == "jsonl":
         return _jsonl_documents(path, text, options.text_field), None
     if fmt == "conllu":
-        sents = list(parse_lines(text.splitlines(), source=str(path)))
+        sents = list(parse_lines(_lines(text), source=str(path)))
         tagged = pl.DataFrame(
             {
                 "sent_id": [s.sent_id or f"{path.name}:{s.line}" for s in sents],
@@ -261,24 +363,38 @@ def _split_from_id(doc_ids: pl.Expr, options: IngestOptions) -> pl.Expr:
     )
 
 
-def iter_files(files: list[Path], options: IngestOptions, progress: Callable | None = None) -> Iterator:
+def iter_files(files: list[Path], options: IngestOptions, progress: Callable | None = None,
+               skipped: list[dict] | None = None) -> Iterator:
+    """(path, texts, tagged) per readable file. With `bad_files="skip"`, a file that raises
+    `InputError` is left out and recorded in `skipped` (source, reason)."""
     total = sum(p.stat().st_size for p in files)
     with Progress("ingest", total=total, unit="bytes", callback=progress) as bar:
         for path in files:
-            yield path, *read_file(path, options)
+            try:
+                result = read_file(path, options)
+            except InputError as exc:
+                if options.bad_files != "skip":
+                    raise
+                if skipped is not None:
+                    skipped.append({"source": str(path), "reason": str(exc)})
+                result = None
+            if result is not None:
+                yield path, *result
             bar.update(path.stat().st_size)
 
 
 def build_corpus(files: list[Path], options: IngestOptions, progress: Callable | None = None) -> Corpus:
     frames, skipped = [], []
-    for path, texts, _tagged in iter_files(files, options, progress):
+    for path, texts, _tagged in iter_files(files, options, progress, skipped):
         if not texts:
             skipped.append({"source": str(path), "reason": "no documents (empty file)"})
             continue
         frames.append(pl.DataFrame({"source": path.name, "text": texts, "file_split": _file_split(path)},
                                    schema={"source": pl.String, "text": pl.String, "file_split": pl.String}))
     if not frames:
-        raise InputError(f"no documents found in {', '.join(map(str, files))}: the corpus would be empty")
+        reasons = "; ".join(s["reason"] for s in skipped if "empty file" not in s["reason"])
+        raise InputError(f"no documents found in {', '.join(map(str, files))}: the corpus would be empty"
+                         + (f" (skipped: {reasons})" if reasons else ""))
 
     raw = pl.concat(frames)
     docs = raw.with_columns(
@@ -305,8 +421,8 @@ def tagged_files(files: list[Path]) -> list[Path]:
 def build_tagged(files: list[Path], options: IngestOptions, progress: Callable | None = None) -> pl.DataFrame:
     """Tagged sentences (sent_id, source, split, words, upos, xpos) of the CoNLL-U files, in order,
     case and duplicates kept (a tagger learns from every sentence as written)."""
-    frames = []
-    for path, _texts, tagged in iter_files(tagged_files(files), options, progress):
+    frames: list[pl.DataFrame] = []
+    for path, _texts, tagged in iter_files(tagged_files(files), options, progress, []):
         frames.append(tagged.with_columns(source=pl.lit(path.name), file_split=pl.lit(_file_split(path))))
     if not frames or not sum(f.height for f in frames):
         raise InputError("no CoNLL-U sentences among the sources: add a .conllu file to tag")

@@ -7,11 +7,20 @@ artifact is in the catalog exactly when its manifest exists.
 
 from __future__ import annotations
 
-import json
 import os
 from typing import Any
 
-from storage.store import MANIFEST, ArtifactRef, ArtifactStore, StoreError, validate_kind, validate_version
+from storage.store import (
+    _KIND,
+    _VERSION,
+    MANIFEST,
+    ArtifactRef,
+    ArtifactStore,
+    StoreError,
+    retry_transient,
+    validate_kind,
+    validate_version,
+)
 
 
 class Catalog:
@@ -20,15 +29,26 @@ class Catalog:
     def __init__(self, root: str | os.PathLike[str] | ArtifactStore = "artifacts", **storage_options: Any) -> None:
         self.store = root if isinstance(root, ArtifactStore) else ArtifactStore(root, **storage_options)
 
-    def list(self, kind: str | None = None) -> list[dict[str, Any]]:
-        """Manifests, oldest first, each with its `path` added."""
+    @retry_transient
+    def entries(self, kind: str | None = None) -> list[tuple[str, str]]:
+        """(kind, version) of every published artifact. Only `<kind>/<version>/manifest.json` with
+        valid names counts: a writer's staging folder (`.staging/...`, which holds a manifest just
+        before its atomic rename) is never visible to readers."""
         fs, root = self.store.fs, self.store.root
         pattern = f"{root}/{validate_kind(kind) if kind else '*'}/*/{MANIFEST}"
-        manifests = []
+        found = []
         for path in fs.glob(pattern):
-            with fs.open(path, "r") as f:
-                manifest = json.load(f)
-            manifest["path"] = path.rsplit("/", 1)[0]
+            found_kind, found_version = path.rsplit("/", 3)[-3:-1]
+            if _KIND.fullmatch(found_kind) and _VERSION.fullmatch(found_version):
+                found.append((found_kind, found_version))
+        return sorted(found)
+
+    def list(self, kind: str | None = None) -> list[dict[str, Any]]:
+        """Manifests, oldest first, each with its `path` added."""
+        manifests = []
+        for found_kind, version in self.entries(kind):
+            manifest = self.store.manifest(found_kind, version)
+            manifest["path"] = self.store.path(found_kind, version)
             manifests.append(manifest)
         return sorted(manifests, key=lambda m: (m["created"], m["kind"], m["version"]))
 

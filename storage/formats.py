@@ -40,8 +40,7 @@ def write_matrix(out: ArtifactWriter, name: str, matrix: sp.spmatrix) -> None:
 
 
 def read_matrix(ref: ArtifactRef, name: str = "matrix.parquet") -> sp.csr_matrix:
-    with ArtifactStore(ref.store).open(ref.kind, ref.version, name) as f:
-        table = pq.read_table(f)
+    table = ArtifactStore(ref.store).read_arrow(ref.kind, ref.version, name)
     shape = tuple(json.loads(table.schema.metadata[b"shape"]))
     return sp.csr_matrix((table["value"].to_numpy(), (table["row"].to_numpy(), table["col"].to_numpy())), shape=shape)
 
@@ -58,8 +57,7 @@ def write_vectors(out: ArtifactWriter, ids: np.ndarray, words: list[str], counts
 
 def read_vectors(ref: ArtifactRef) -> tuple[list[str], np.ndarray, np.ndarray]:
     """(words, counts, vectors float32 [n × dim]) of an embeddings artifact, in frequency order."""
-    with ArtifactStore(ref.store).open(ref.kind, ref.version, "vectors.parquet") as f:
-        table = pq.read_table(f)
+    table = ArtifactStore(ref.store).read_arrow(ref.kind, ref.version, "vectors.parquet")
     dim = table.schema.field("vector").type.list_size
     vectors = table["vector"].combine_chunks().flatten().to_numpy().reshape(-1, dim)
     return table["word"].to_pylist(), table["count"].to_numpy(), vectors

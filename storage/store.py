@@ -16,12 +16,14 @@ A crash leaves at most a staging folder, which `ArtifactStore.clean_staging()` r
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
 import os
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
@@ -46,21 +48,44 @@ class StoreError(Exception):
     """A store problem the user can act on: bad name, missing artifact, failed verification."""
 
 
+RETRY_DELAYS = (0.05, 0.1, 0.25, 0.5, 1.0)  # seconds between attempts of one storage operation
+
+
+def retry_transient(fn: Callable) -> Callable:
+    """Retry one whole storage operation (open and parse a file, upload a file) on transient I/O
+    errors, as object-store clients do; the stage task's retries are the outer layer. Missing or
+    forbidden files are not transient. Every operation wrapped here is idempotent."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        for delay in (*RETRY_DELAYS, None):
+            try:
+                return fn(*args, **kwargs)
+            except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError):
+                raise
+            except (OSError, ConnectionError):  # TimeoutError is an OSError
+                if delay is None:
+                    raise
+                time.sleep(delay)
+
+    return wrapper
+
+
 def validate_kind(kind: str) -> str:
-    if not isinstance(kind, str) or not _KIND.match(kind):
+    if not isinstance(kind, str) or not _KIND.fullmatch(kind):
         raise StoreError(f"invalid artifact kind {kind!r}: use lowercase letters, digits and '_'")
     return kind
 
 
 def validate_version(version: str) -> str:
-    if not isinstance(version, str) or not _VERSION.match(version):
+    if not isinstance(version, str) or not _VERSION.fullmatch(version):
         raise StoreError(f"invalid artifact version {version!r}: expected 16 hexadecimal digits")
     return version
 
 
 def validate_file_name(name: str) -> str:
     """Artifact files live flat in their folder: no separators, no `..`, no hidden files."""
-    if not isinstance(name, str) or not _FILE.match(name) or ".." in name:
+    if not isinstance(name, str) or not _FILE.fullmatch(name) or ".." in name:
         raise StoreError(f"invalid artifact file name {name!r}: letters, digits, '.', '_', '-' only")
     return name
 
@@ -113,27 +138,44 @@ class ArtifactStore:
     def ref(self, kind: str, version: str) -> ArtifactRef:
         return ArtifactRef(store=self.url, kind=kind, version=version)
 
+    @retry_transient
     def exists(self, kind: str, version: str) -> bool:
         return self.fs.exists(self.path(kind, version, MANIFEST))
 
+    @retry_transient
     def manifest(self, kind: str, version: str) -> dict[str, Any]:
         try:
             with self.fs.open(self.path(kind, version, MANIFEST), "r") as f:
-                return json.load(f)
+                manifest = json.load(f)
         except FileNotFoundError:
             raise StoreError(f"no artifact {kind}:{version} in {self.url}") from None
+        except (ValueError, UnicodeDecodeError) as exc:  # only tampering can do this: manifests are published whole
+            raise StoreError(f"{kind}:{version}: manifest is not valid JSON ({exc})") from None
+        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
+            raise StoreError(f"{kind}:{version}: manifest has no file list")
+        return manifest
 
     # ---- reading files --------------------------------------------------------------------
     def open(self, kind: str, version: str, name: str, mode: str = "rb"):
         return self.fs.open(self.path(kind, version, name), mode)
 
     def read_parquet(self, kind: str, version: str, name: str) -> pl.DataFrame:
-        with self.open(kind, version, name) as f:
-            return pl.from_arrow(pq.read_table(f))
+        return pl.from_arrow(self.read_arrow(kind, version, name))
 
+    @retry_transient
+    def read_arrow(self, kind: str, version: str, name: str) -> pa.Table:
+        with self.open(kind, version, name) as f:
+            return pq.read_table(f)
+
+    @retry_transient
     def read_json(self, kind: str, version: str, name: str) -> Any:
         with self.open(kind, version, name, "r") as f:
             return json.load(f)
+
+    @retry_transient
+    def read_text(self, kind: str, version: str, name: str) -> str:
+        with self.open(kind, version, name, "r") as f:
+            return f.read()
 
     @contextmanager
     def local_copy(self, kind: str, version: str, name: str) -> Iterator[Path]:
@@ -211,16 +253,32 @@ class ArtifactStore:
         final = self.path(kind, version)
         if self.is_local:
             Path(final).parent.mkdir(parents=True, exist_ok=True)
-            try:
-                os.rename(staging, final)  # atomic; fails if another run published it first
-            except OSError:
-                if not self.exists(kind, version):
-                    raise
+            for attempt in range(2):
+                try:
+                    os.rename(staging, final)  # atomic; fails if another run published it first
+                    return
+                except OSError:
+                    if self.exists(kind, version):
+                        return  # published by another run: same version, same content
+                    if attempt or not os.path.isdir(final):
+                        raise
+                    self._discard_orphan(final)
             return
+        upload = retry_transient(self.fs.put_file)  # a repeated upload writes the same bytes again
         for file in sorted(staging.iterdir()):
             if file.name != MANIFEST:
-                self.fs.put_file(str(file), f"{final}/{file.name}")
-        self.fs.put_file(str(staging / MANIFEST), f"{final}/{MANIFEST}")  # the commit point
+                upload(str(file), f"{final}/{file.name}")
+        upload(str(staging / MANIFEST), f"{final}/{MANIFEST}")  # the commit point
+
+    def _discard_orphan(self, final: str) -> None:
+        """Move aside a folder without a manifest at an artifact's place (the files an interrupted
+        upload left: never an artifact, since local writers only ever rename whole folders)."""
+        trash = Path(self.root) / STAGING / f"orphan-{os.path.basename(final)}-{os.urandom(4).hex()}"
+        try:
+            os.rename(final, trash)
+        except FileNotFoundError:
+            return  # another writer moved it first
+        shutil.rmtree(trash, ignore_errors=True)
 
     def delete(self, kind: str, version: str) -> None:
         """Remove an artifact: manifest first, so readers stop seeing it before its files go."""
@@ -243,7 +301,11 @@ class ArtifactStore:
         """Problems with an artifact's files (sizes; checksums too with `full`); empty when sound."""
         problems = []
         for entry in self.manifest(kind, version)["files"]:
-            path = self.path(kind, version, entry["name"])
+            try:
+                path = self.path(kind, version, entry["name"])
+            except (StoreError, KeyError, TypeError):  # a tampered manifest must not steer reads outside the artifact
+                problems.append(f"{kind}:{version}: invalid file entry {entry!r} in the manifest")
+                continue
             if not self.fs.exists(path):
                 problems.append(f"{kind}:{version}/{entry['name']}: missing")
                 continue
@@ -254,6 +316,20 @@ class ArtifactStore:
                     if _sha256(f) != entry["sha256"]:
                         problems.append(f"{kind}:{version}/{entry['name']}: checksum differs from the manifest")
         return problems
+
+    def audit(self, full: bool = False) -> tuple[int, list[str]]:
+        """(artifacts checked, problems) over the whole store: every manifest must parse and every
+        file it lists must match (sizes; checksums with `full`). Used by `lexiflow artifacts verify`."""
+        from storage.catalog import Catalog
+
+        checked, problems = 0, []
+        for kind, version in Catalog(self).entries():
+            checked += 1
+            try:
+                problems.extend(self.verify(kind, version, full=full))
+            except StoreError as exc:
+                problems.append(str(exc))
+        return checked, problems
 
 
 class ArtifactWriter:
@@ -292,7 +368,7 @@ class ArtifactWriter:
         for file in sorted(self.folder.iterdir()):
             if file.name == MANIFEST:
                 continue
-            if not file.is_file():
+            if file.is_symlink() or not file.is_file():  # a link could point readers outside the store
                 raise StoreError(f"artifact files must be plain files, found {file.name!r}")
             with file.open("rb") as f:
                 entries.append({"name": file.name, "size": file.stat().st_size, "sha256": _sha256(f)})

@@ -28,6 +28,9 @@ class CorpusParams(Params):
     test_fraction: float = Field(0.05, ge=0, lt=0.5, description="Share of documents in the test split.")
     text_field: str = Field("text", min_length=1, description="JSONL field / Parquet column holding the text.")
     max_file_bytes: int = Field(4 << 30, ge=1, description="Largest decompressed file accepted, in bytes.")
+    bad_files: Literal["fail", "skip"] = Field(
+        "fail", description="A file that cannot be read (binary, bad encoding, malformed, truncated): stop with "
+                            "its error, or skip it and list it in the corpus stats.")
 
 
 class VocabularyParams(Params):

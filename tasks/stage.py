@@ -37,14 +37,32 @@ from models.errors import LexiflowError
 from storage import ArtifactRef, ArtifactStore, StoreError, content_version
 
 TRANSIENT = (OSError, TimeoutError, ConnectionError)
+USER_ERRORS = (LexiflowError, StoreError)
 logging.getLogger("lexiflow").setLevel(logging.INFO)  # progress lines from models/ reach the run logs
+
+
+class UserErrorsOnOneLine(logging.Filter):
+    """Log a user-caused error (bad input or parameters) as its one-line message, without Prefect's
+    traceback: the message names the file/parameter and the fix; the stack would only hide it.
+    Other exceptions (bugs, I/O failures) keep their tracebacks."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        if isinstance(exc, USER_ERRORS):
+            record.exc_info, record.exc_text = None, None
+        return True
+
+
+for _name in ("prefect.flow_runs", "prefect.task_runs"):
+    if not any(isinstance(f, UserErrorsOnOneLine) for f in logging.getLogger(_name).filters):
+        logging.getLogger(_name).addFilter(UserErrorsOnOneLine())
 
 
 def retry_transient_only(task_obj: Any, task_run_obj: Any, state: Any) -> bool:
     """Retry storage/network hiccups; never bad input (it would fail the same way again)."""
     try:
         state.result()
-    except (LexiflowError, StoreError):
+    except USER_ERRORS:
         return False
     except TRANSIENT:
         return True
@@ -123,10 +141,13 @@ def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dic
             return inputs, params, content_version(kind, {k: r.version for k, r in inputs.items()}, params, code_hash)
 
         def cache_key(_ctx: Any, arguments: dict[str, Any]) -> str | None:
-            store = ArtifactStore(arguments["store"])
-            version = describe(arguments)[2]
-            if not store.exists(kind, version):
-                return None  # nothing to reuse: a stale Prefect record must not answer for it
+            try:
+                store = ArtifactStore(arguments["store"])
+                version = describe(arguments)[2]
+                if not store.exists(kind, version):
+                    return None  # nothing to reuse: a stale Prefect record must not answer for it
+            except (*TRANSIENT, *USER_ERRORS):
+                return None  # store unreachable, or bad input: the task itself retries or reports it
             return f"{kind}-{version}-{hashlib.sha256(store.url.encode()).hexdigest()[:12]}"
 
         # Prefect reads parameters from the signature: `store` first, then the builder's own.

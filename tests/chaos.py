@@ -1,0 +1,398 @@
+"""Chaos machinery shared by tests/test_reliability.py and benchmarks/reliability.py: a Prefect
+server for child processes, pipeline runs in child processes that can be killed with SIGKILL, the
+crash loop, concurrent runs, and the store audit run after every kill.
+
+Pipeline processes are forked from a "zygote" process that has imported lexiflow and Prefect once
+(`python -m tests.chaos zygote`): on two busy cores, importing them takes 10-20 s per process,
+which would leave most random kill moments inside imports instead of inside stages. Each child
+runs exactly what `lexiflow run ARGS` runs (`flows.cli.main`), so whatever stages `pipeline`
+has are covered without change here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+QUIET_PREFECT = {
+    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
+    "DO_NOT_TRACK": "1",
+    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
+    "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
+    "PREFECT_LOGGING_EXTRA_LOGGERS": "lexiflow",
+}
+# A small corpus and small parameters: a cold run takes seconds.
+SMALL_RUN = ["--corpus", "builtin:lee", "--set", "svd.dim=20", "--set", "vocabulary.min_count=2",
+             "--set", "evaluation.analogy_vocabulary=500", "--set", "evaluation.projection_words=0",
+             "--set", 'embeddings=["svd"]', "--set", 'lm=["ngram"]']
+_PUBLISHED = re.compile(r"(\w+): published \w+:([0-9a-f]{16})")
+_REUSED = re.compile(r"(\w+): reusing \w+:([0-9a-f]{16})")
+_CACHED = re.compile(r"Task run '(\w+)-[0-9a-f]+' - Finished in state Cached")  # Prefect's cache: same artifact
+_TIME = re.compile(r"^(\d\d):(\d\d):(\d\d\.\d+) \| .* (\w+): published ", re.M)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def prefect_server(home: Path, timeout: float = 180) -> Iterator[dict[str, str]]:
+    """`prefect server start` on 127.0.0.1 with a private PREFECT_HOME; yields the environment
+    children need (PREFECT_API_URL included). Stopped by its process id."""
+    port = free_port()
+    env = {**os.environ, **QUIET_PREFECT, "PREFECT_HOME": str(home)}
+    env.pop("PREFECT_API_URL", None)
+    home.mkdir(parents=True, exist_ok=True)
+    log = open(home / "server.log", "wb")  # noqa: SIM115 (closed at teardown)
+    prefect = Path(sys.executable).with_name("prefect")
+    proc = subprocess.Popen([str(prefect), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
+                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/api"
+    try:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"prefect server exited ({proc.returncode}); see {home / 'server.log'}")
+            try:
+                with urllib.request.urlopen(f"{url}/health", timeout=2) as response:
+                    if response.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"prefect server not healthy after {timeout} s; see {home / 'server.log'}")
+            time.sleep(0.5)
+        yield {**env, "PREFECT_API_URL": url, "PREFECT_SERVER_PORT": str(port), "PREFECT_SERVER_PID": str(proc.pid)}
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group (start_new_session)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        log.close()
+
+
+# ---- pipeline processes ------------------------------------------------------------------------
+@dataclass
+class Run:
+    """One pipeline process forked by the zygote."""
+
+    pid: int
+    log: Path
+    rc_file: Path
+    started: float = field(default_factory=time.monotonic)
+    killed: bool = False
+
+    def returncode(self) -> int | None:
+        if self.rc_file.exists() and self.rc_file.read_text().strip():
+            return int(self.rc_file.read_text())
+        return None
+
+    def alive(self) -> bool:
+        try:
+            os.kill(self.pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def kill(self) -> bool:
+        """SIGKILL; True if the process was still running its pipeline."""
+        if self.returncode() is not None:
+            return False
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(self.pid, signal.SIGKILL)
+            self.killed = True
+        while self.alive():  # the zygote reaps it
+            time.sleep(0.02)
+        return self.killed and self.returncode() is None
+
+    def wait(self, timeout: float = 600) -> int:
+        deadline = time.monotonic() + timeout
+        while (rc := self.returncode()) is None:
+            if not self.alive():
+                time.sleep(0.2)
+                if (rc := self.returncode()) is None:
+                    return -9 if self.killed else -1
+                return rc
+            if time.monotonic() > deadline:
+                self.kill()
+                raise TimeoutError(f"pipeline run {self.pid} took more than {timeout} s; log {self.log}")
+            time.sleep(0.1)
+        while self.alive():
+            time.sleep(0.02)
+        return rc
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    def published(self) -> set[str]:
+        return {m.group(1) for m in _PUBLISHED.finditer(self.output())}
+
+    def reused(self) -> set[str]:
+        """Stages that found their artifact: our own check, or Prefect's cache keyed on it."""
+        out = self.output()
+        return {m.group(1) for m in _REUSED.finditer(out)} | {m.group(1) for m in _CACHED.finditer(out)}
+
+    def publish_times(self) -> dict[str, float]:
+        """Seconds of the day at which each stage published (from the log's timestamps)."""
+        return {m.group(4): int(m.group(1)) * 3600 + int(m.group(2)) * 60 + float(m.group(3))
+                for m in _TIME.finditer(self.output())}
+
+
+class Zygote:
+    """A process that imported lexiflow once and forks one child per pipeline run."""
+
+    def __init__(self, env: dict[str, str], workdir: Path) -> None:
+        self.workdir = workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.chaos", "zygote"], cwd=ROOT, env=env,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        ready = self.proc.stdout.readline()
+        if ready.strip() != "ready":
+            raise RuntimeError(f"zygote did not start: {ready!r}")
+        self.count = 0
+
+    def start(self, argv: list[str]) -> Run:
+        self.count += 1
+        log = self.workdir / f"run-{self.count:03d}.log"
+        rc_file = self.workdir / f"run-{self.count:03d}.rc"
+        self.proc.stdin.write(json.dumps({"argv": argv, "log": str(log), "rc": str(rc_file)}) + "\n")
+        self.proc.stdin.flush()
+        pid = int(self.proc.stdout.readline())
+        return Run(pid, log, rc_file)
+
+    def close(self) -> None:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            self.proc.stdin.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+
+    def __enter__(self) -> Zygote:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def zygote_main() -> None:
+    """Read one JSON request per line; fork a child running `flows.cli.main(argv)` for each."""
+    for key, value in QUIET_PREFECT.items():
+        os.environ.setdefault(key, value)
+    import flows.cli
+    import flows.pipeline  # noqa: F401 (the expensive imports, done once)
+
+    signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped automatically
+    print("ready", flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        pid = os.fork()
+        if pid == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            code = 70
+            try:
+                fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+                os.dup2(fd, 1), os.dup2(fd, 2)
+                sys.stdin.close()
+                code = flows.cli.main(request["argv"])
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except BaseException:
+                import traceback
+
+                traceback.print_exc()
+                code = 1
+            finally:
+                with contextlib.suppress(Exception):
+                    sys.stdout.flush(), sys.stderr.flush()
+                tmp = request["rc"] + ".tmp"
+                with open(tmp, "w") as f:
+                    f.write(str(code))
+                os.replace(tmp, request["rc"])  # the return code appears whole or not at all
+                os._exit(code)
+        print(pid, flush=True)
+
+
+# ---- store checks ------------------------------------------------------------------------------
+def audit(store_root: Path) -> list[str]:
+    """Problems a reader could see in a local store: an artifact whose files differ from its
+    manifest (sizes and SHA-256), or a visible `<kind>/<version>` folder without a manifest."""
+    from storage import ArtifactStore, Catalog
+
+    store = ArtifactStore(str(store_root))
+    _checked, problems = store.audit(full=True)
+    if store_root.exists():
+        for folder in store_root.glob("*/*"):
+            if not folder.parts[-2].startswith(".") and not (folder / "manifest.json").is_file():
+                problems.append(f"{folder}: visible folder without a manifest")
+    listed = {(m["kind"], m["version"]) for m in Catalog(store).list()}
+    if len(listed) != len(Catalog(store).entries()):
+        problems.append("catalog lists an artifact twice")
+    return problems
+
+
+def published(store_root: Path) -> dict[str, set[str]]:
+    from storage import Catalog
+
+    out: dict[str, set[str]] = {}
+    for kind, version in Catalog(str(store_root)).entries():
+        out.setdefault(kind, set()).add(version)
+    return out
+
+
+# ---- the experiments ---------------------------------------------------------------------------
+@dataclass
+class CrashReport:
+    kills_tried: int = 0
+    kills_survived: int = 0  # the store audited clean after the kill and later runs reused what was there
+    runs_completed: int = 0
+    stores: int = 0
+    kill_stages: list[str] = field(default_factory=list)  # the stage running when each kill struck
+    problems: list[str] = field(default_factory=list)
+
+
+def crash_loop(zygote: Zygote, workdir: Path, kills: int, seed: int = 0,
+               extra_args: list[str] | None = None) -> CrashReport:
+    """Kill -9 pipeline runs at random moments until `kills` kills have struck a running pipeline.
+
+    A store lives until a run on it completes (an "episode"): every run after a kill is a rerun of
+    the same parameters on the same store. After every kill the store must audit clean; every
+    rerun must reuse (never publish again) each stage published before it started, and the rerun
+    that ends an episode must complete with every stage present. Kill moments are uniform over
+    1.1 × the expected rest of the run (a calibration run gives each stage's duration), so most
+    runs are killed somewhere in the work still to do and about one in ten completes.
+    """
+    rng = random.Random(seed)
+    report = CrashReport()
+    args = [*SMALL_RUN, *(extra_args or [])]
+
+    def new_store() -> Path:
+        report.stores += 1
+        return workdir / f"store-{report.stores:02d}"
+
+    calibration = zygote.start(["run", "--store", str(new_store()), *args])
+    if calibration.wait() != 0:
+        raise RuntimeError(f"calibration run failed:\n{calibration.output()[-3000:]}")
+    report.runs_completed += 1
+    total = time.monotonic() - calibration.started
+    times = calibration.publish_times()
+    first = min(times.values())
+    # Seconds from the start of a run until each stage has published, on this machine now.
+    finished_at = {kind: (total - (max(times.values()) - first)) * 0.5 + (t - first) for kind, t in times.items()}
+
+    tail = total - max(finished_at.values())  # from the last publish to the process's exit
+    store = new_store()
+    while report.kills_tried < kills:
+        before = published(store)
+        done = [finished_at.get(kind, 0.0) for kind in before]
+        expected = max(1.0, total - (max(done) if done else 0.0) + tail)
+        run = zygote.start(["run", "--store", str(store), *args])
+        # Once every stage is there, the rerun is let finish: it ends the episode.
+        delay = rng.uniform(0.0, 1.1 * expected) if set(before) != set(finished_at) else float("inf")
+        deadline = run.started + delay
+        while time.monotonic() < deadline and run.returncode() is None and run.alive():
+            time.sleep(0.01)
+        struck = run.kill()
+        rc = run.wait()
+        problems = []
+        republished = {k for k in run.published() if k in before}
+        if republished:
+            problems.append(f"run {run.pid} rebuilt finished stages {sorted(republished)}")
+        problems += audit(store)
+        if struck:
+            report.kills_tried += 1
+            report.kill_stages.append(f"after {len(set(published(store)))} stages, {delay:.1f}s")
+            if not problems:
+                report.kills_survived += 1
+        elif rc == 0:
+            report.runs_completed += 1
+            problems += published_kinds_missing(store, run)
+            store = new_store()  # the episode ended with a complete rerun
+        else:
+            problems.append(f"run {run.pid} failed with status {rc}:\n{run.output()[-3000:]}")
+        report.problems += problems
+
+    # Close the last episode: a rerun without a kill completes and reuses everything there.
+    if published(store):
+        before = published(store)
+        run = zygote.start(["run", "--store", str(store), *args])
+        if run.wait() != 0:
+            report.problems.append(f"final rerun failed:\n{run.output()[-3000:]}")
+        else:
+            report.runs_completed += 1
+            report.problems += published_kinds_missing(store, run)
+            if run.published() & set(before):
+                report.problems.append(f"final rerun rebuilt {sorted(run.published() & set(before))}")
+    return report
+
+
+def published_kinds_missing(store: Path, run: Run) -> list[str]:
+    """A completed run must have published or reused every stage of the pipeline."""
+    seen = run.published() | run.reused()
+    kinds = set(published(store))
+    if not seen or seen != kinds:
+        return [f"completed run {run.pid}: stages seen {sorted(seen)} but store holds {sorted(kinds)}"]
+    return []
+
+
+@dataclass
+class ConcurrencyReport:
+    started: int = 0
+    completed: int = 0
+    problems: list[str] = field(default_factory=list)
+
+
+def concurrent_runs(zygote: Zygote, store: Path, variants: list[list[str]], timeout: float = 600
+                    ) -> ConcurrencyReport:
+    """Start one run per variant at once on one store; all must complete, the store must audit
+    clean, and each run's reported artifacts must be exactly the catalog's (no duplicates)."""
+    report = ConcurrencyReport()
+    runs = [zygote.start(["run", "--store", str(store), *SMALL_RUN, *variant]) for variant in variants]
+    report.started = len(runs)
+    refs: set[tuple[str, str]] = set()
+    for run in runs:
+        rc = run.wait(timeout)
+        if rc != 0:
+            report.problems.append(f"run {run.pid} exited {rc}:\n{run.output()[-3000:]}")
+            continue
+        report.completed += 1
+        refs |= {(m.group(1), m.group(2)) for m in re.finditer(r"/(\w+)/([0-9a-f]{16})$", run.output(), re.M)}
+    report.problems += audit(store)
+    from storage import Catalog
+
+    entries = Catalog(str(store)).entries()
+    if sorted(set(entries)) != sorted(entries) or set(entries) != refs:
+        report.problems.append(f"catalog {sorted(entries)} differs from what the runs reported {sorted(refs)}")
+    return report
+
+
+def temp_dir(prefix: str) -> Path:
+    return Path(tempfile.mkdtemp(prefix=prefix))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] == ["zygote"]:
+        zygote_main()
+    else:
+        sys.exit("usage: python -m tests.chaos zygote")

@@ -1,0 +1,140 @@
+"""Security: no pickle anywhere artifacts are written or read, names validated against path
+traversal, `lexiflow artifacts verify [--full]` catches tampering. (Servers binding to 127.0.0.1:
+tests/test_reliability.py::test_prefect_server_listens_on_loopback_only.)"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+from flows.cli import main
+from storage import ArtifactRef, ArtifactStore, Catalog, StoreError
+from storage.store import validate_file_name, validate_kind, validate_version
+
+ROOT = Path(__file__).resolve().parents[1]
+V1, V2 = "0123456789abcdef", "fedcba9876543210"
+TRAVERSALS = ["..", "../x", "../../etc/passwd", "/etc/passwd", "a/b", "a\\b", ".staging", ".hidden", "", " ",
+              "x\x00y", "C:\\x", "%2e%2e", "kind\n", "~root"]
+
+
+def test_no_pickle_in_code_that_writes_or_reads_artifacts():
+    """Artifacts are Parquet, JSON, text or safetensors: no module that handles them unpickles."""
+    forbidden = re.compile(r"\bimport pickle\b|\bpickle\.|\bcloudpickle\b|\bdill\b|\bjoblib\b|allow_pickle\s*=\s*True"
+                           r"|torch\.load\((?![^)]*weights_only\s*=\s*True)")
+    offenders = []
+    for folder in ("storage", "tasks", "flows", "models"):
+        for path in (ROOT / folder).rglob("*.py"):
+            for number, line in enumerate(path.read_text().splitlines(), start=1):
+                if forbidden.search(line):
+                    offenders.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert offenders == []
+
+
+def test_prefect_results_of_stages_are_json_not_pickle():
+    from prefect.serializers import JSONSerializer
+
+    from tasks.corpus import ingest_corpus
+    from tasks.embeddings import svd_embeddings
+
+    for stage_task in (ingest_corpus, svd_embeddings):
+        assert isinstance(stage_task.result_serializer, JSONSerializer) or stage_task.result_serializer == "json"
+
+
+@pytest.mark.parametrize("name", TRAVERSALS)
+def test_kinds_versions_and_file_names_reject_traversal(name, tmp_path):
+    for validate in (validate_kind, validate_version, validate_file_name):
+        with pytest.raises(StoreError):
+            validate(name)
+    store = ArtifactStore(str(tmp_path))
+    with pytest.raises(StoreError):
+        store.path(name, V1)
+    with pytest.raises(StoreError):
+        store.path("corpus", name)
+    with pytest.raises(StoreError):
+        store.path("corpus", V1, name)
+    with pytest.raises(StoreError):
+        _ = ArtifactRef(store=str(tmp_path), kind=name, version=V1).path
+    with pytest.raises(StoreError):
+        Catalog(store).get("corpus", name)
+
+
+def make_store(tmp_path: Path) -> ArtifactStore:
+    store = ArtifactStore(str(tmp_path / "store"))
+    for version in (V1, V2):
+        with store.writer("corpus", version, parameters={"n": 1}) as out:
+            out.write_parquet("documents.parquet", pl.DataFrame({"text": ["a b c", "d e"]}))
+            out.write_json("config.json", {"version": version})
+    return store
+
+
+def test_writer_refuses_links_out_of_the_artifact(tmp_path):
+    store = ArtifactStore(str(tmp_path / "store"))
+    secret = tmp_path / "secret.txt"
+    secret.write_text("outside the store")
+    with pytest.raises(StoreError, match="plain files"):
+        with store.writer("corpus", V1) as out:
+            out.path("link.txt").symlink_to(secret)
+    assert Catalog(store).entries() == []
+
+
+def test_a_tampered_manifest_cannot_steer_reads_outside_the_artifact(tmp_path):
+    store = make_store(tmp_path)
+    manifest_path = Path(store.path("corpus", V1, "manifest.json"))
+    manifest = json.loads(manifest_path.read_text())
+    manifest["files"].append({"name": "../../../etc/passwd", "size": 1, "sha256": "0" * 64})
+    manifest_path.write_text(json.dumps(manifest))
+    problems = store.verify("corpus", V1, full=True)
+    assert problems == [f"corpus:{V1}: invalid file entry {manifest['files'][-1]!r} in the manifest"]
+
+
+def test_cli_show_rejects_traversal_with_one_line(tmp_path, capsys):
+    make_store(tmp_path)
+    assert main(["artifacts", "show", "../../etc:passwd", "--store", str(tmp_path / "store")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: invalid artifact ") and "\n" not in err
+    assert main(["artifacts", "show", f"../../etc:{V1}", "--store", str(tmp_path / "store")]) == 2
+    assert capsys.readouterr().err.strip() == ("error: invalid artifact kind '../../etc': use lowercase letters, "
+                                               "digits and '_'")
+
+
+def test_cli_verify_sizes_and_checksums(tmp_path, capsys):
+    store = make_store(tmp_path)
+    root = Path(store.root)
+    assert main(["artifacts", "verify", "--store", str(root), "--full"]) == 0
+    assert capsys.readouterr().out.strip() == "2 artifacts checked (checksums), 0 problems"
+
+    # Same size, one byte changed: only the checksum (--full) notices.
+    config = root / "corpus" / V1 / "config.json"
+    data = bytearray(config.read_bytes())
+    data[-2] = ord("X") if data[-2] != ord("X") else ord("Y")
+    config.write_bytes(bytes(data))
+    assert main(["artifacts", "verify", "--store", str(root)]) == 0
+    assert capsys.readouterr().out.strip() == "2 artifacts checked (sizes), 0 problems"
+    assert main(["artifacts", "verify", "--store", str(root), "--full"]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [f"corpus:{V1}/config.json: checksum differs from the manifest",
+                   "2 artifacts checked (checksums), 1 problems"]
+
+    # Truncated file and missing file: sizes are enough.
+    docs = root / "corpus" / V2 / "documents.parquet"
+    docs.write_bytes(docs.read_bytes()[:-10])
+    (root / "corpus" / V1 / "documents.parquet").unlink()
+    assert main(["artifacts", "verify", "--store", str(root)]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [f"corpus:{V1}/documents.parquet: missing",
+                   f"corpus:{V2}/documents.parquet: size differs from the manifest",
+                   "2 artifacts checked (sizes), 2 problems"]
+
+    # A corrupt manifest is a reported problem, not a crash; staging leftovers are not artifacts.
+    (root / "corpus" / V2 / "manifest.json").write_text("{not json")
+    staging = root / ".staging" / f"corpus-{V1}-crashed"
+    staging.mkdir(parents=True)
+    (staging / "manifest.json").write_text("{}")
+    assert main(["artifacts", "verify", "--store", str(root)]) == 1
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[-1] == "2 artifacts checked (sizes), 2 problems"
+    assert out[1].startswith(f"corpus:{V2}: manifest is not valid JSON")
