@@ -117,7 +117,8 @@ def pipeline(
                               training, LM_DEPLOYMENT)
 
     taggers = {}
-    if ingest.tagged_files(ingest.resolve_sources(corpus.sources)):
+    skipped = {s["source"] for s in ArtifactStore(store).manifest("corpus", docs.version)["metrics"].get("skipped", [])}
+    if any(str(path) not in skipped for path in ingest.tagged_files(ingest.resolve_sources(corpus.sources))):
         tagged = ingest_tagged(store, params=corpus)
         taggers = {column: train_tagger(store, tagged=tagged, column=column, params=tagger)
                    for column in tagger.columns}

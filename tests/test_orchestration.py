@@ -262,7 +262,7 @@ def test_pipeline_run_hands_training_to_the_gpu_worker(box, runs):
 def test_catalog_shows_the_new_artifacts_with_lineage(box, runs):
     catalog = Catalog(box.config.store)
     assert set(catalog.kinds()) == {"corpus", "tokenizer", "tokenized_corpus", "cooccurrence", "ppmi", "embeddings",
-                                    "evaluation"}
+                                    "evaluation", "report"}
     report = catalog.latest("evaluation")
     assert report["run"]["flow_run_id"] == runs["pipeline"]["id"]
     lineage = catalog.lineage(report["version"])

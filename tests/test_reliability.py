@@ -159,7 +159,7 @@ def test_flaky_storage_pipeline_completes_through_retries(api, tmp_path):
     for ref in refs.values():
         assert clean.verify(ref.kind, ref.version, full=True) == []
     assert audit(tmp_path / "store") == []
-    assert set(refs) == set(Catalog(clean).kinds())
+    assert {ref.kind for ref in refs.values()} == set(Catalog(clean).kinds())
 
 
 def test_bad_input_is_not_retried_and_transient_errors_are(api, tmp_path, monkeypatch):
