@@ -4,6 +4,7 @@
     lexiflow artifacts list [--store DIR] [--kind KIND] [--json]
     lexiflow artifacts show KIND[:VERSION] [--store DIR]
     lexiflow artifacts verify [--store DIR] [--full]
+    lexiflow generate --prompt TEXT [--lm VERSION] [--strategy greedy|beam|sample] [--top-k K] [--top-p P]
     lexiflow tag INPUT [-o OUTPUT] [--tagger VERSION ...] [--method viterbi|greedy|beam]
     lexiflow artifacts export KIND[:VERSION] DIR [--store DIR]
     lexiflow serve [--home DIR] [--port N] [--store DIR] [--corpus SOURCE ...] [--cron CRON] [--gpus 0,1] | --stop
@@ -182,6 +183,30 @@ def cmd_tag(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_generate(args: argparse.Namespace) -> int:
+    """Continue a prompt with a trained language model and its own tokenizer."""
+    import polars as pl
+
+    from models.lm.decoding import generate
+    from storage import Catalog
+
+    catalog = Catalog(args.store)
+    manifest = catalog.get("lm", None if args.lm == "latest" else args.lm)
+    model = catalog.load("lm", manifest["version"])
+    tokenizer_ref = manifest["inputs"]["tokenizer"]
+    tokenizer = catalog.load("tokenizer", tokenizer_ref["version"])
+    prompt = tokenizer.encode_corpus(pl.Series([args.prompt]))[0].to_list()
+    bos = getattr(tokenizer, "bos_id", 1)
+    options = {"max_new_tokens": args.max_tokens, "eos_id": getattr(tokenizer, "eos_id", 2)}
+    if args.strategy == "beam":
+        options.update(width=args.width)
+    elif args.strategy == "sample":
+        options.update(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    new = generate(model.log_probs, [bos, *prompt], strategy=args.strategy, **options)
+    print(tokenizer.decode(prompt + new))
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from storage import Catalog
     from storage.export import export
@@ -240,6 +265,19 @@ def build_parser() -> argparse.ArgumentParser:
     tag.add_argument("--method", choices=["viterbi", "greedy", "beam"], default="viterbi", help="decoding")
     tag.add_argument("--store", default=DEFAULT_STORE, help=f"artifact store (default {DEFAULT_STORE})")
     tag.set_defaults(func=cmd_tag)
+
+    gen = sub.add_parser("generate", help="continue a prompt with a trained language model")
+    gen.add_argument("--lm", default="latest", metavar="VERSION", help="lm artifact version (default: the latest)")
+    gen.add_argument("--prompt", required=True, help="the text to continue")
+    gen.add_argument("--strategy", choices=["greedy", "beam", "sample"], default="greedy", help="decoding")
+    gen.add_argument("--max-tokens", type=int, default=30, help="tokens to generate at most")
+    gen.add_argument("--width", type=int, default=4, help="beam width")
+    gen.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy)")
+    gen.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
+    gen.add_argument("--top-p", type=float, default=None, help="nucleus: the smallest set with mass >= p")
+    gen.add_argument("--seed", type=int, default=0, help="sampling seed")
+    gen.add_argument("--store", default=DEFAULT_STORE, help=f"artifact store (default {DEFAULT_STORE})")
+    gen.set_defaults(func=cmd_generate)
 
     artifacts = sub.add_parser("artifacts", help="inspect the artifact store")
     art = artifacts.add_subparsers(dest="artifacts_command", required=True)

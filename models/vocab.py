@@ -63,6 +63,11 @@ class Vocabulary:
 
         return self.encode(texts.to_frame("t").select(pretokenize_expr(pl.col("t")))["t"])
 
+    def decode(self, ids) -> str:
+        """Words joined by spaces; `<s>`, `</s>`, `<pad>` dropped (the subword tokenizers' interface)."""
+        tokens = self.tokens
+        return " ".join(tokens[i] for i in ids if i not in (BOS_ID, EOS_ID, PAD_ID))
+
     def encode(self, token_lists: pl.Series) -> pl.Series:
         """Token lists -> id lists (UInt32), unknown words -> `<unk>`."""
         mapping = dict(zip(self.frame["token"], self.frame["id"], strict=True))

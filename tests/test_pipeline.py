@@ -166,6 +166,16 @@ def test_all_stages_on_a_small_treebank(tmp_path, shared_data, capsys):
         assert emb["metrics"]["method"] == method and any(f["name"] == "loss_curve.png" for f in emb["files"])
         assert f"| {method} |" in report
 
+    # lexiflow generate continues a prompt with either LM and its (BPE) tokenizer; greedy is deterministic.
+    capsys.readouterr()
+    for model in ("ngram", "gru"):
+        args = ["generate", "--store", str(store), "--lm", refs[f"lm.{model}"].version, "--prompt", "the",
+                "--max-tokens", "6"]
+        assert main(args) == 0
+        first = capsys.readouterr().out.strip()
+        assert main(args) == 0 and capsys.readouterr().out.strip() == first
+        assert first.startswith("the") and len(first) > len("the")
+
     # lexiflow tag writes predicted UPOS into a CoNLL-U file, leaving every other column as it was.
     source = data / "en_ewt-ud-dev.conllu"
     out = tmp_path / "tagged.conllu"
