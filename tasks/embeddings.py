@@ -42,7 +42,7 @@ def svd_embeddings(out: ArtifactWriter, ppmi: ArtifactRef, params: SVDParams) ->
     out.metrics["top_singular_value"] = float(singular_values[0])
 
 
-@stage("embeddings", code=[word2vec, vectors, embedding_plots], tags=["embeddings", "gpu"])
+@stage("embeddings", code=[word2vec, vectors, embedding_plots])
 def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactRef, method: str,
                         params: Word2VecParams) -> None:
     """Skip-gram (`sgns`) or CBOW (`cbow`) through gensim, streaming the corpus artifact's text
@@ -54,7 +54,7 @@ def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: Art
     write_embeddings(out, vocabulary.frame, model.vectors_, method, model.history_)
 
 
-@stage("embeddings", code=[glove, vectors, embedding_plots], tags=["embeddings", "gpu"])
+@stage("embeddings", code=[glove, vectors, embedding_plots])
 def glove_embeddings(out: ArtifactWriter, cooccurrence: ArtifactRef, params: GloVeParams) -> None:
     """GloVe on the co-occurrence artifact (on CUDA when the worker has one)."""
     model = glove.GloVe(**params.model_dump()).fit(read_matrix(cooccurrence), progress=out.progress)

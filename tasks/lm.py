@@ -61,7 +61,7 @@ def neural_model(kind: str, vocab_size: int, p: NeuralLMParams, out: ArtifactWri
     return transformer.TransformerLM(config, schedule, embeddings)
 
 
-@stage("lm", code=[ngram, neural, train, ffnn, rnn, transformer], tags=["lm", "gpu"])
+@stage("lm", code=[ngram, neural, train, ffnn, rnn, transformer])
 def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, model: str,
              params: NgramParams | NeuralLMParams, embeddings: ArtifactRef | None = None) -> None:
     vocabulary = read_table(tokenizer, "vocab.parquet")
