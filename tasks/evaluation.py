@@ -28,6 +28,6 @@ def evaluate_embeddings(out: ArtifactWriter, embeddings: ArtifactRef, params: Ev
     out.write_parquet("analogy_sections.parquet", result["analogy_sections"])
     if params.projection_words:
         embedding_plots.plot_projection(matrix, words, out.path("projection.png"), n_words=params.projection_words,
-                                        title=f"{name}: {params.projection_words} frequent words")
+                                        title=f"{name} embeddings")
     out.write_text("report.md", evaluation.report_markdown(f"Evaluation of {name} embeddings ({embeddings})",
                                                            {name: result}))
