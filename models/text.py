@@ -25,6 +25,23 @@ WORD_PATTERN = r"</?(?:unk|s|pad)>|\d+(?:[.,]\d+)+|\w+(?:['’-]\w+)*|[^\w\s]"
 _ABBREVIATION = r"\b(Mr|Mrs|Ms|Dr|Prof|Sr|Jr|St|Mt|Gen|Col|Lt|Sgt|Rev|vs|etc|approx|Inc|Ltd|Co|Corp|No|Fig|Vol|[A-Z])\."
 _PROTECT = "\x00"  # stands in for a non-final period while sentences are split
 _SENTENCE_BREAK = r"([.!?][\"'”’)\]]*) ([\"'“‘(\[]?[\p{Lu}\d])"
+# Characters NFC can change or combine with what precedes them, beyond combining marks (\p{M})
+# and unassigned code points (\p{Cn}, covering Unicode versions newer than these tables): the
+# NFC_Quick_Check=No singletons, non-mark second halves of canonical pairs and Hangul jamo
+# (tests/test_text.py recomputes the set from `unicodedata`). Text without any of them is NFC.
+_NFC_UNSAFE = (
+    r"[\p{M}\p{Cn}"
+    r"\x{0374}\x{037E}\x{0387}\x{0958}-\x{095F}\x{09DC}-\x{09DD}\x{09DF}\x{0A33}\x{0A36}"
+    r"\x{0A59}-\x{0A5B}\x{0A5E}\x{0B5C}-\x{0B5D}\x{0F43}\x{0F4D}\x{0F52}\x{0F57}\x{0F5C}\x{0F69}"
+    r"\x{1161}-\x{1175}\x{11A8}-\x{11C2}\x{1F71}\x{1F73}\x{1F75}\x{1F77}\x{1F79}\x{1F7B}\x{1F7D}"
+    r"\x{1FBB}\x{1FBE}\x{1FC9}\x{1FCB}\x{1FD3}\x{1FDB}\x{1FE3}\x{1FEB}\x{1FEE}-\x{1FEF}\x{1FF9}"
+    r"\x{1FFB}\x{1FFD}\x{2000}-\x{2001}\x{2126}\x{212A}-\x{212B}\x{2329}-\x{232A}\x{2ADC}"
+    r"\x{F900}-\x{FA0D}\x{FA10}\x{FA12}\x{FA15}-\x{FA1E}\x{FA20}\x{FA22}\x{FA25}-\x{FA26}"
+    r"\x{FA2A}-\x{FA6D}\x{FA70}-\x{FAD9}\x{FB1D}\x{FB1F}\x{FB2A}-\x{FB36}\x{FB38}-\x{FB3C}\x{FB3E}"
+    r"\x{FB40}-\x{FB41}\x{FB43}-\x{FB44}\x{FB46}-\x{FB4E}\x{1D15E}-\x{1D164}\x{1D1BB}-\x{1D1C0}"
+    r"\x{2F800}-\x{2FA1D}"
+    r"]"
+)
 
 
 def normalize_expr(expr: pl.Expr) -> pl.Expr:
@@ -42,10 +59,10 @@ def _where(texts: pl.Series, needs: pl.Series, transform: Callable[[pl.Series], 
 
 
 def normalize_series(texts: pl.Series) -> pl.Series:
-    """`normalize_expr` on a Series, fast: most text is ASCII with single spaces, and regex
+    """`normalize_expr` on a Series, fast: most text is already NFC with single spaces, and regex
     replacement and NFC cost ~10× a scan, so they run only on the rows that need them."""
     texts = texts.str.strip_chars()
-    texts = _where(texts, texts.str.contains(r"[^\x00-\x7F]"), lambda s: s.str.normalize("NFC"))
+    texts = _where(texts, texts.str.contains(_NFC_UNSAFE), lambda s: s.str.normalize("NFC"))
     return _where(texts, texts.str.contains(r"\s\s|[^ \S]"), lambda s: s.str.replace_all(r"\s+", " "))
 
 

@@ -1,4 +1,18 @@
-from models.text import WORD_PATTERN, normalize, pretokenize, pretokenize_many, split_sentences
+import unicodedata
+
+import polars as pl
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from models.text import (
+    _NFC_UNSAFE,
+    WORD_PATTERN,
+    normalize,
+    normalize_series,
+    pretokenize,
+    pretokenize_many,
+    split_sentences,
+)
 
 
 def test_sentences_break_after_final_punctuation_not_abbreviations():
@@ -28,3 +42,30 @@ def test_pretokenizer_keeps_numbers_contractions_and_hyphenated_words():
     assert pretokenize_many(["a b", ""]) == [["a", "b"], []]
     assert pretokenize("a <unk> b<s>") == ["a", "<unk>", "b", "<s>"]
     assert WORD_PATTERN  # documented constant shared with the tokenizers
+
+
+def test_nfc_fast_path_skips_only_text_nfc_leaves_unchanged():
+    """`normalize_series` runs NFC only on rows matching `_NFC_UNSAFE`: every code point outside
+    that class must be NFC-stable alone, have combining class 0 and never end a canonical pair."""
+    chars = [chr(c) for c in range(0x80, 0x110000) if not 0xD800 <= c < 0xE000]
+    matched = pl.Series(chars).str.contains(_NFC_UNSAFE).to_list()
+    pair_ends = {
+        int(d.split()[1], 16)
+        for ch in chars
+        if (d := unicodedata.decomposition(ch)) and not d.startswith("<") and len(d.split()) == 2
+    }
+    unsafe = [ch for ch, hit in zip(chars, matched, strict=True) if not hit and (
+        unicodedata.normalize("NFC", ch) != ch or unicodedata.combining(ch) or ord(ch) in pair_ends)]
+    assert unsafe == []
+    assert not pl.Series(["plain ascii", "café", "naïve — “quoted”", "東京"]).str.contains(_NFC_UNSAFE).any()
+
+
+_PIECES = list("aeAE o\t\n.") + ["e\u0301", "\u0301", "\u2126", "\u1100", "\u1161", "\u11a8", "\uac00", "\u0958",
+                                     "\u0323\u0307", "\u212b", "\u1e69", "\U0002f800"]
+
+
+@given(st.lists(st.lists(st.sampled_from(_PIECES), max_size=12).map("".join), max_size=20))
+@settings(max_examples=200, deadline=None)
+def test_normalize_series_equals_python_nfc(texts):
+    expected = [" ".join(unicodedata.normalize("NFC", t).split()) for t in texts]
+    assert normalize_series(pl.Series(texts, dtype=pl.String)).to_list() == expected
