@@ -4,7 +4,8 @@ One implementation, as polars expressions, serves ingestion (whole corpora, vect
 single strings (`normalize`, `split_sentences`, `pretokenize`), so a text is cut the same way
 wherever it is seen. The rules:
 
-- normalize: Unicode NFC, every whitespace run (newlines included) becomes one space, stripped;
+- normalize: control characters removed (NUL, escape, C1 controls ...; whitespace is kept), Unicode
+  NFC, every whitespace run (newlines included) becomes one space, stripped;
   lowercasing is a separate, optional step applied after sentence splitting (it needs capitals).
 - sentences: a break after `.`, `!` or `?` (and any closing quotes/brackets) followed by space and
   an uppercase letter, a digit or an opening quote/bracket; not after common abbreviations
@@ -23,7 +24,8 @@ import polars as pl
 WORD_PATTERN = r"</?(?:unk|s|pad)>|\d+(?:[.,]\d+)+|\w+(?:['’-]\w+)*|[^\w\s]"
 
 _ABBREVIATION = r"\b(Mr|Mrs|Ms|Dr|Prof|Sr|Jr|St|Mt|Gen|Col|Lt|Sgt|Rev|vs|etc|approx|Inc|Ltd|Co|Corp|No|Fig|Vol|[A-Z])\."
-_PROTECT = "\x00"  # stands in for a non-final period while sentences are split
+_CONTROL = r"[\x00-\x08\x0E-\x1F\x7F-\x84\x86-\x9F]"  # C0/C1 controls except whitespace (\t \n \v \f \r, U+0085)
+_PROTECT = "\x00"  # stands in for a non-final period while sentences are split (normalized text has no NUL)
 _SENTENCE_BREAK = r"([.!?][\"'”’)\]]*) ([\"'“‘(\[]?[\p{Lu}\d])"
 # Characters NFC can change or combine with what precedes them, beyond combining marks (\p{M})
 # and unassigned code points (\p{Cn}, covering Unicode versions newer than these tables): the
@@ -45,8 +47,8 @@ _NFC_UNSAFE = (
 
 
 def normalize_expr(expr: pl.Expr) -> pl.Expr:
-    """NFC, whitespace runs to one space, stripped."""
-    return expr.str.normalize("NFC").str.replace_all(r"\s+", " ").str.strip_chars(" ")
+    """Controls removed, NFC, whitespace runs to one space, stripped."""
+    return expr.str.replace_all(_CONTROL, "").str.normalize("NFC").str.replace_all(r"\s+", " ").str.strip_chars(" ")
 
 
 def _where(texts: pl.Series, needs: pl.Series, transform: Callable[[pl.Series], pl.Series]) -> pl.Series:
@@ -61,6 +63,7 @@ def _where(texts: pl.Series, needs: pl.Series, transform: Callable[[pl.Series], 
 def normalize_series(texts: pl.Series) -> pl.Series:
     """`normalize_expr` on a Series, fast: most text is already NFC with single spaces, and regex
     replacement and NFC cost ~10× a scan, so they run only on the rows that need them."""
+    texts = _where(texts, texts.str.contains(_CONTROL), lambda s: s.str.replace_all(_CONTROL, ""))
     texts = texts.str.strip_chars()
     texts = _where(texts, texts.str.contains(_NFC_UNSAFE), lambda s: s.str.normalize("NFC"))
     return _where(texts, texts.str.contains(r"\s\s|[^ \S]"), lambda s: s.str.replace_all(r"\s+", " "))

@@ -193,12 +193,6 @@ def test_vectorized_cleaning_equals_one_at_a_time(raws, lowercase, sentences):
     assert series.to_list() == singles
 
 
-def test_nul_character_is_not_preserved_by_sentence_splitting():
-    """Known limitation (models/text.py uses NUL as a placeholder): a NUL inside text becomes '.'.
-    Ingestion rejects files with NUL bytes in their first 8 KiB as binary; later NULs are altered."""
-    assert text.split_sentences("a\x00b") == ["a.b"]
-
-
 # ---- vocabulary ------------------------------------------------------------------------------
 @FUZZ
 @given(st.lists(st.lists(WORD, max_size=10), max_size=10), st.integers(1, 3), st.one_of(st.none(), st.integers(1, 5)))

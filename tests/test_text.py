@@ -60,12 +60,19 @@ def test_nfc_fast_path_skips_only_text_nfc_leaves_unchanged():
     assert not pl.Series(["plain ascii", "café", "naïve — “quoted”", "東京"]).str.contains(_NFC_UNSAFE).any()
 
 
-_PIECES = list("aeAE o\t\n.") + ["e\u0301", "\u0301", "\u2126", "\u1100", "\u1161", "\u11a8", "\uac00", "\u0958",
-                                     "\u0323\u0307", "\u212b", "\u1e69", "\U0002f800"]
+_PIECES = [*"aeAE o\t\n.\x00\x1b\x85", "e\u0301", "\u0301", "\u2126", "\u1100", "\u1161", "\u11a8", "\uac00",
+           "\u0958", "\u0323\u0307", "\u212b", "\u1e69", "\U0002f800"]
 
 
 @given(st.lists(st.lists(st.sampled_from(_PIECES), max_size=12).map("".join), max_size=20))
 @settings(max_examples=200, deadline=None)
 def test_normalize_series_equals_python_nfc(texts):
-    expected = [" ".join(unicodedata.normalize("NFC", t).split()) for t in texts]
+    controls = {c: None for c in [*range(0x00, 0x09), *range(0x0E, 0x20), *range(0x7F, 0x85), *range(0x86, 0xA0)]}
+    expected = [" ".join(unicodedata.normalize("NFC", t.translate(controls)).split()) for t in texts]
     assert normalize_series(pl.Series(texts, dtype=pl.String)).to_list() == expected
+
+
+def test_control_characters_never_reach_the_sentence_splitter():
+    # NUL stands in for protected periods while sentences are split: a NUL in the input must not become "."
+    assert split_sentences("Dr.\x00 Who\x1b went home. Then\x00 he slept.") == ["Dr. Who went home.", "Then he slept."]
+    assert normalize("a\x00b\u0085c\x07") == "ab c"
