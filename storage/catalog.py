@@ -2,12 +2,15 @@
 
 It is derived from the manifests themselves (a listing of `<root>/*/*/manifest.json`), not kept
 in a separate index, so it is correct by construction when several runs publish at once: an
-artifact is in the catalog exactly when its manifest exists.
+artifact is in the catalog exactly when its manifest exists. On object stores every listing
+starts from the store itself, not the client's listing cache, so one catalog sees artifacts that
+other processes or clients published after it was opened.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 from storage.store import (
@@ -26,8 +29,9 @@ from storage.store import (
 class Catalog:
     """Read side of a store: `Catalog(root).latest("embeddings")`, `.get(kind, version)`, `.lineage(version)`."""
 
-    def __init__(self, root: str | os.PathLike[str] | ArtifactStore = "artifacts", **storage_options: Any) -> None:
-        self.store = root if isinstance(root, ArtifactStore) else ArtifactStore(root, **storage_options)
+    def __init__(self, root: str | os.PathLike[str] | ArtifactStore = "artifacts",
+                 storage_options: Mapping[str, Any] | None = None) -> None:
+        self.store = root if isinstance(root, ArtifactStore) else ArtifactStore(root, storage_options)
 
     @retry_transient
     def entries(self, kind: str | None = None) -> list[tuple[str, str]]:
@@ -35,6 +39,7 @@ class Catalog:
         valid names counts: a writer's staging folder (`.staging/...`, which holds a manifest just
         before its atomic rename) is never visible to readers."""
         fs, root = self.store.fs, self.store.root
+        self.store.refresh()  # an object store's cached listing would miss what others published since
         pattern = f"{root}/{validate_kind(kind) if kind else '*'}/*/{MANIFEST}"
         found = []
         for path in fs.glob(pattern):
@@ -73,6 +78,7 @@ class Catalog:
     def find(self, version: str) -> dict[str, Any]:
         """The manifest of a version, whatever its kind."""
         validate_version(version)
+        self.store.refresh()
         matches = self.store.fs.glob(f"{self.store.root}/*/{version}/{MANIFEST}")
         if not matches:
             raise StoreError(f"no artifact with version {version} in {self.store.url}")

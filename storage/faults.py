@@ -109,8 +109,13 @@ class FlakyFileSystem(LocalFileSystem):
         return super().exists(path, **kwargs)
 
     # whole-object transfers
-    def put_file(self, lpath, rpath, callback=None, **kwargs):
-        self._transfer("put", lambda: super(FlakyFileSystem, self).put_file(lpath, rpath, **kwargs), rpath)
+    def put_file(self, lpath, rpath, callback=None, mode="overwrite", **kwargs):
+        def put() -> None:
+            if mode == "create" and super(FlakyFileSystem, self).exists(rpath):  # an exclusive create, as on S3
+                raise FileExistsError(errno.EEXIST, "exists", rpath)
+            super(FlakyFileSystem, self).put_file(lpath, rpath, **kwargs)
+
+        self._transfer("put", put, rpath)
 
     def get_file(self, rpath, lpath, callback=None, **kwargs):
         self._transfer("get", lambda: super(FlakyFileSystem, self).get_file(rpath, lpath, **kwargs), rpath)

@@ -9,8 +9,20 @@ Publishing is atomic. A writer stages files in `<root>/.staging/<kind>-<version>
 manifest, then:
 - local filesystem: renames the staging folder to its final name in one step; if another run
   published the same version first, ours is discarded (same version, same content);
-- object stores (no directory rename): uploads the data files, then the manifest last.
-A crash leaves at most a staging folder, which `ArtifactStore.clean_staging()` removes.
+- object stores (no directory rename): uploads the data files under the final prefix, then the
+  manifest last, as an exclusive create where the store supports it (S3 `If-None-Match: *`): the
+  manifest upload is the commit point, and a concurrent writer of the same version that loses it
+  keeps the winner's manifest.
+A crash leaves at most a staging folder (local), or data files without a manifest (object
+stores: invisible to readers, overwritten by the next publish), which `clean_staging()` removes.
+
+Object stores: `ArtifactStore("s3://bucket/prefix", storage_options={"endpoint_url": ...})`. The
+options are remembered for that URL (and every URL under it) in this process, so the
+`ArtifactStore(ref.store)` each stage and loader opens finds them; other processes (the CLI, Prefect
+workers) take credentials and endpoint from the standard variables (`AWS_ACCESS_KEY_ID`,
+`AWS_SECRET_ACCESS_KEY`, `AWS_ENDPOINT_URL`, or fsspec's `FSSPEC_S3_<OPTION>`). Listings and
+existence checks drop the filesystem's listing cache first, so a catalog sees what other processes
+and clients published since.
 """
 
 from __future__ import annotations
@@ -19,6 +31,7 @@ import datetime as dt
 import functools
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -44,6 +57,10 @@ _VERSION = re.compile(r"^[0-9a-f]{16}$")
 _FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
+log = logging.getLogger("lexiflow")
+_STORAGE_OPTIONS: dict[str, dict[str, Any]] = {}  # URL prefix -> fsspec options (register_storage_options)
+
+
 class StoreError(Exception):
     """A store problem the user can act on: bad name, missing artifact, failed verification."""
 
@@ -61,7 +78,7 @@ def retry_transient(fn: Callable) -> Callable:
         for delay in (*RETRY_DELAYS, None):
             try:
                 return fn(*args, **kwargs)
-            except (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError):
+            except (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError):
                 raise
             except (OSError, ConnectionError):  # TimeoutError is an OSError
                 if delay is None:
@@ -88,6 +105,23 @@ def validate_file_name(name: str) -> str:
     if not isinstance(name, str) or not _FILE.fullmatch(name) or ".." in name:
         raise StoreError(f"invalid artifact file name {name!r}: letters, digits, '.', '_', '-' only")
     return name
+
+
+def register_storage_options(url: str, options: Mapping[str, Any] | None) -> None:
+    """Use fsspec `options` (credentials, `endpoint_url`, ...) for every store at `url` or under it
+    in this process; `None` forgets them. `ArtifactStore(url, storage_options=...)` calls this."""
+    key = str(url).rstrip("/")
+    if options is None:
+        _STORAGE_OPTIONS.pop(key, None)
+    else:
+        _STORAGE_OPTIONS[key] = dict(options)
+
+
+def storage_options_for(url: str) -> dict[str, Any]:
+    """The registered options of the longest registered prefix of `url` (empty when none)."""
+    url = str(url).rstrip("/")
+    matches = [prefix for prefix in _STORAGE_OPTIONS if url == prefix or url.startswith(prefix + "/")]
+    return dict(_STORAGE_OPTIONS[max(matches, key=len)]) if matches else {}
 
 
 def content_version(kind: str, inputs: Mapping[str, str], parameters: Mapping[str, Any], code: str) -> str:
@@ -117,9 +151,12 @@ class ArtifactRef(BaseModel):
 class ArtifactStore:
     """Write side of the store (publish, verify, delete); `Catalog` is the read side."""
 
-    def __init__(self, root: str | os.PathLike[str] = "artifacts", **storage_options: Any) -> None:
+    def __init__(self, root: str | os.PathLike[str] = "artifacts",
+                 storage_options: Mapping[str, Any] | None = None) -> None:
         self.url = str(root)
-        self.fs, self.root = fsspec.core.url_to_fs(self.url, **storage_options)
+        if storage_options is not None:
+            register_storage_options(self.url, storage_options)  # for the ArtifactStore(ref.store) of stages
+        self.fs, self.root = fsspec.core.url_to_fs(self.url, **storage_options_for(self.url))
         self.root = self.root.rstrip("/")
         self.is_local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
         if self.is_local:
@@ -138,12 +175,20 @@ class ArtifactStore:
     def ref(self, kind: str, version: str) -> ArtifactRef:
         return ArtifactRef(store=self.url, kind=kind, version=version)
 
+    def refresh(self) -> None:
+        """Forget the filesystem's cached listings (object stores), so the next existence check or
+        listing sees what other processes and clients have published since."""
+        if not self.is_local:
+            self.fs.invalidate_cache()
+
     @retry_transient
     def exists(self, kind: str, version: str) -> bool:
+        self.refresh()
         return self.fs.exists(self.path(kind, version, MANIFEST))
 
     @retry_transient
     def manifest(self, kind: str, version: str) -> dict[str, Any]:
+        self.refresh()
         try:
             with self.fs.open(self.path(kind, version, MANIFEST), "r") as f:
                 manifest = json.load(f)
@@ -223,6 +268,7 @@ class ArtifactStore:
         else:
             staging = Path(tempfile.mkdtemp(prefix=f"lexiflow-{kind}-{version}-"))
         out = ArtifactWriter(staging, self._scratch(kind, version))
+        self._restore_scratch(kind, version, out.scratch)
         try:
             yield out
             manifest = {
@@ -239,15 +285,58 @@ class ArtifactStore:
             }
             (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
             self._publish(staging, kind, version)
-            shutil.rmtree(out.scratch, ignore_errors=True)  # resumable state is no longer needed
+            self._drop_scratch(kind, version, out.scratch)  # resumable state is no longer needed
+        except BaseException:
+            self._save_scratch(kind, version, out.scratch)
+            raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
     def _scratch(self, kind: str, version: str) -> Path:
         """Where a builder keeps resumable state (checkpoints) across crashes and retries; it
-        survives a failed build and is removed once the artifact is published."""
+        survives a failed build and is removed once the artifact is published. Object stores: a
+        local folder, saved to `<root>/.scratch/<kind>-<version>/` when a build fails and restored
+        by the next attempt, on this machine or another worker."""
         base = Path(self.root) / SCRATCH if self.is_local else Path(tempfile.gettempdir()) / "lexiflow-scratch"
         return base / f"{kind}-{version}"
+
+    def _remote_scratch(self, kind: str, version: str) -> str:
+        return f"{self.root}/{SCRATCH}/{kind}-{version}"
+
+    def _restore_scratch(self, kind: str, version: str, scratch: Path) -> None:
+        if self.is_local or (scratch.is_dir() and any(scratch.iterdir())):
+            return  # local stores keep scratch in place; a local copy is at least as recent
+        remote = self._remote_scratch(kind, version)
+        self.refresh()
+        if not self.fs.exists(remote):
+            return
+        download = retry_transient(self.fs.get_file)
+        for path in self.fs.find(remote):
+            local = scratch / path[len(remote) + 1:]
+            local.parent.mkdir(parents=True, exist_ok=True)
+            download(path, str(local))
+
+    def _save_scratch(self, kind: str, version: str, scratch: Path) -> None:
+        """After a failed build on an object store, upload its resumable state (best effort: the
+        build's own error is what the caller must see)."""
+        if self.is_local or not scratch.is_dir():
+            return
+        remote, upload = self._remote_scratch(kind, version), retry_transient(self.fs.put_file)
+        try:
+            for file in sorted(scratch.rglob("*")):
+                if file.is_file():
+                    upload(str(file), f"{remote}/{file.relative_to(scratch).as_posix()}")
+        except OSError as exc:
+            log.warning("%s:%s: could not save resumable state to %s (%s)", kind, version, remote, exc)
+
+    def _drop_scratch(self, kind: str, version: str, scratch: Path) -> None:
+        shutil.rmtree(scratch, ignore_errors=True)
+        if not self.is_local:
+            try:
+                if self.fs.exists(remote := self._remote_scratch(kind, version)):
+                    self.fs.rm(remote, recursive=True)
+            except OSError:  # left for clean_staging; never an artifact
+                pass
 
     def _publish(self, staging: Path, kind: str, version: str) -> None:
         final = self.path(kind, version)
@@ -264,11 +353,26 @@ class ArtifactStore:
                         raise
                     self._discard_orphan(final)
             return
+        # Object store: no rename. Data files under the final prefix first (invisible without a
+        # manifest), then the manifest as an exclusive create: the commit point.
+        if self.exists(kind, version):
+            return  # another run published it meanwhile: same version, same content
         upload = retry_transient(self.fs.put_file)  # a repeated upload writes the same bytes again
-        for file in sorted(staging.iterdir()):
-            if file.name != MANIFEST:
+        files = [file for file in sorted(staging.iterdir()) if file.name != MANIFEST]
+        for file in files:
+            upload(str(file), f"{final}/{file.name}")
+        try:
+            upload(str(staging / MANIFEST), f"{final}/{MANIFEST}", mode="create")
+        except FileExistsError:  # a concurrent writer committed first (or our own acknowledgement was lost)
+            ours = json.loads((staging / MANIFEST).read_text())["files"]
+            if self.manifest(kind, version)["files"] == ours:
+                return  # its files are byte for byte ours: its manifest describes what is there
+            # A builder that is not deterministic: our uploads may have replaced some of its files.
+            # Upload ours again, all of them, then our manifest: it describes the files now there.
+            log.warning("%s:%s: a concurrent writer published different bytes; publishing ours", kind, version)
+            for file in files:
                 upload(str(file), f"{final}/{file.name}")
-        upload(str(staging / MANIFEST), f"{final}/{MANIFEST}")  # the commit point
+            upload(str(staging / MANIFEST), f"{final}/{MANIFEST}")
 
     def _discard_orphan(self, final: str) -> None:
         """Move aside a folder without a manifest at an artifact's place (the files an interrupted
@@ -287,19 +391,39 @@ class ArtifactStore:
         self.fs.rm(self.path(kind, version, MANIFEST))
         self.fs.rm(self.path(kind, version), recursive=True)
 
-    def clean_staging(self) -> int:
-        """Remove staging folders left by crashed writers; returns how many were removed."""
-        staging = f"{self.root}/{STAGING}"
-        if not self.fs.exists(staging):
-            return 0
-        entries = self.fs.ls(staging, detail=False)
-        for entry in entries:
-            self.fs.rm(entry, recursive=True)
-        return len(entries)
+    def clean_staging(self, older_than: float = 0.0) -> int:
+        """Remove what crashed writers left; returns how many folders were removed: staging
+        folders, saved scratch state (`.scratch`, object stores) and, on object stores, artifact
+        folders without a manifest (an upload that never reached its commit point). A running
+        writer looks the same as a crashed one: call this when none runs, or only remove what is
+        `older_than` seconds (longer than any build takes)."""
+        self.refresh()
+        now, removed = time.time(), 0
+        for folder in (STAGING, *(() if self.is_local else (SCRATCH,))):
+            if not self.fs.exists(f"{self.root}/{folder}"):
+                continue
+            for entry in self.fs.ls(f"{self.root}/{folder}", detail=True):
+                newest = max((_mtime(info) for info in self.fs.find(entry["name"], detail=True).values()),
+                             default=_mtime(entry))
+                if now - newest >= older_than:
+                    self.fs.rm(entry["name"], recursive=True)
+                    removed += 1
+        if not self.is_local:
+            folders: dict[str, list[dict[str, Any]]] = {}
+            for path, info in self.fs.find(self.root, detail=True).items():
+                parts = path[len(self.root) + 1:].split("/")
+                if len(parts) == 3 and _KIND.fullmatch(parts[0]) and _VERSION.fullmatch(parts[1]):
+                    folders.setdefault(f"{self.root}/{parts[0]}/{parts[1]}", []).append(info)
+            for folder, infos in folders.items():
+                if all(not i["name"].endswith("/" + MANIFEST) for i in infos) and \
+                        now - max(map(_mtime, infos)) >= older_than:
+                    self.fs.rm(folder, recursive=True)
+                    removed += 1
+        return removed
 
     def verify(self, kind: str, version: str, full: bool = False) -> list[str]:
         """Problems with an artifact's files (sizes; checksums too with `full`); empty when sound."""
-        problems = []
+        problems = []  # manifest() below drops cached listings, so sizes are the store's own
         for entry in self.manifest(kind, version)["files"]:
             try:
                 path = self.path(kind, version, entry["name"])
@@ -373,6 +497,12 @@ class ArtifactWriter:
             with file.open("rb") as f:
                 entries.append({"name": file.name, "size": file.stat().st_size, "sha256": _sha256(f)})
         return entries
+
+
+def _mtime(info: Mapping[str, Any]) -> float:
+    """Modification time (epoch seconds) from an fsspec `info` entry, local or object store."""
+    value = info.get("LastModified", info.get("mtime", info.get("created", 0.0)))
+    return value.timestamp() if isinstance(value, dt.datetime) else float(value or 0.0)
 
 
 def _sha256(f) -> str:

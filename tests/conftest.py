@@ -3,6 +3,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.backends import backend, moto_s3, store_url  # noqa: F401  storage backends: local, S3 on loopback
+
 # Quiet, offline Prefect for every test (the Makefile sets the same for `make test`).
 os.environ.setdefault("PREFECT_SERVER_ANALYTICS_ENABLED", "false")
 os.environ.setdefault("DO_NOT_TRACK", "1")
