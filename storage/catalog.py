@@ -100,12 +100,13 @@ class Catalog:
                              f"read its files under {manifest['path']}")
         return LOADERS[manifest["kind"]](self.store, manifest)
 
-    def lineage(self, version: str) -> dict[str, Any]:
-        """The artifact and, recursively, the artifacts it was made from."""
-        manifest = self.find(version)
+    def lineage(self, version: str, kind: str | None = None) -> dict[str, Any]:
+        """The artifact and, recursively, the artifacts it was made from (inputs are looked up by
+        kind and version: one manifest read each, no listing)."""
+        manifest = self.find(version) if kind is None else self.get(kind, version)
         return {
             "kind": manifest["kind"],
             "version": manifest["version"],
             "parameters": manifest["parameters"],
-            "inputs": {name: self.lineage(ref["version"]) for name, ref in manifest["inputs"].items()},
+            "inputs": {name: self.lineage(ref["version"], ref["kind"]) for name, ref in manifest["inputs"].items()},
         }

@@ -1,8 +1,10 @@
 """Catalog loaders and export: each kind comes back as its natural object, equal to what the
 stage wrote, and exports open in peer libraries (gensim, HF tokenizers, DuckDB) without lexiflow.
 
-A small store is built once from gensim's Lee corpus by calling the stage builders directly
-(no Prefect): the same code the tasks run, published through `ArtifactStore.writer`.
+A small store is built once per backend (a local folder, and S3 served by moto on loopback:
+tests/backends.py) from gensim's Lee corpus by calling the stage builders directly (no Prefect):
+the same code the tasks run, published through `ArtifactStore.writer`; every stage after the
+corpus reads its inputs back from that store (`ArtifactStore(ref.store)`).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from tasks.params import (
     VocabularyParams,
 )
 from tasks.vocabulary import encode_corpus, learn_vocabulary
+from tests.backends import BACKENDS
 
 
 def build(store: ArtifactStore, stage, **arguments):
@@ -49,9 +52,11 @@ def build(store: ArtifactStore, stage, **arguments):
     return store.ref(stage.name, version)
 
 
-@pytest.fixture(scope="module")
-def store(tmp_path_factory) -> ArtifactStore:
-    s = ArtifactStore(tmp_path_factory.mktemp("store"))
+@pytest.fixture(scope="module", params=BACKENDS)
+def store(request, tmp_path_factory) -> ArtifactStore:
+    url = str(tmp_path_factory.mktemp("store")) if request.param == "local" else request.getfixturevalue(
+        "moto_s3").new_url()
+    s = ArtifactStore(url)
     docs = build(s, ingest_corpus, params=CorpusParams(sources=["builtin:lee"]))
     tok = build(s, learn_vocabulary, corpus=docs, params=VocabularyParams(min_count=2))
     tokens = build(s, encode_corpus, corpus=docs, tokenizer=tok)
@@ -74,7 +79,8 @@ def test_table_kinds_load_as_the_polars_frames_in_the_store(store):
         manifest = catalog.latest(kind)
         frame = catalog.load(kind)
         assert isinstance(frame, pl.DataFrame) and frame.height > 100
-        assert frame.equals(pl.read_parquet(f"{manifest['path']}/{name}"))
+        with store.local_copy(kind, manifest["version"], name) as path:
+            assert frame.equals(pl.read_parquet(path))
     assert catalog.load("corpus").columns == ["doc_id", "source", "split", "text"]
 
 
@@ -87,9 +93,9 @@ def test_tokenizer_loads_as_the_vocabulary_that_encoded_the_corpus(store):
     assert vocabulary.encode(sentences["words"]).to_list() == catalog.load("tokenized_corpus")["ids"].to_list()
 
 
-def test_matrix_loader_known_answer(tmp_path):
+def test_matrix_loader_known_answer(store_url):
     """A hand-made 3×3 matrix round-trips, with words joined onto its cells."""
-    s = ArtifactStore(tmp_path)
+    s = ArtifactStore(store_url)
     dense = np.array([[0, 2.5, 0], [2.5, 0, 1.0], [0, 1.0, 0]])
     with s.writer("ppmi", "00000000000000aa") as out:
         write_matrix(out, "matrix.parquet", sp.csr_matrix(dense))
@@ -101,7 +107,7 @@ def test_matrix_loader_known_answer(tmp_path):
     cells = loaded.to_polars().sort("row", "col")
     assert cells.select("row_word", "col_word", "value").rows() == [("a", "b", 2.5), ("b", "a", 2.5),
                                                                      ("b", "c", 1.0), ("c", "b", 1.0)]
-    assert pl.read_parquet(f"{s.path('ppmi', '00000000000000aa')}/matrix.parquet").schema == pl.Schema(
+    assert s.read_parquet("ppmi", "00000000000000aa", "matrix.parquet").schema == pl.Schema(
         {f.name: pl.from_arrow(MATRIX.empty_table()).schema[f.name] for f in MATRIX})
 
 
@@ -118,7 +124,8 @@ def test_embeddings_load_as_keyed_vectors_equal_to_gensims_reading_of_the_word2v
 
     manifest = Catalog(store).latest("embeddings")
     kv = Catalog(store).load("embeddings")
-    oracle = KeyedVectors.load_word2vec_format(f"{manifest['path']}/vectors.txt", binary=False)
+    with store.local_copy("embeddings", manifest["version"], "vectors.txt") as path:
+        oracle = KeyedVectors.load_word2vec_format(str(path), binary=False)
     assert kv.index_to_key == oracle.index_to_key
     np.testing.assert_allclose(kv.vectors, oracle.vectors, atol=1e-5)
     assert kv.vector_size == 16 and kv.get_vecattr(kv.index_to_key[0], "count") >= kv.get_vecattr(

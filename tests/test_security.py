@@ -1,11 +1,15 @@
 """Security: no pickle anywhere artifacts are written or read, names validated against path
-traversal, `lexiflow artifacts verify [--full]` catches tampering. (Servers binding to 127.0.0.1:
+traversal, `lexiflow artifacts verify [--full]` catches tampering; store tests run on a local folder and
+on S3 (moto on loopback, tests/backends.py). (Servers binding to 127.0.0.1:
 tests/test_reliability.py::test_prefect_server_listens_on_loopback_only.)"""
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import polars as pl
@@ -45,11 +49,11 @@ def test_prefect_results_of_stages_are_json_not_pickle():
 
 
 @pytest.mark.parametrize("name", TRAVERSALS)
-def test_kinds_versions_and_file_names_reject_traversal(name, tmp_path):
+def test_kinds_versions_and_file_names_reject_traversal(name, store_url):
     for validate in (validate_kind, validate_version, validate_file_name):
         with pytest.raises(StoreError):
             validate(name)
-    store = ArtifactStore(str(tmp_path))
+    store = ArtifactStore(store_url)
     with pytest.raises(StoreError):
         store.path(name, V1)
     with pytest.raises(StoreError):
@@ -57,13 +61,15 @@ def test_kinds_versions_and_file_names_reject_traversal(name, tmp_path):
     with pytest.raises(StoreError):
         store.path("corpus", V1, name)
     with pytest.raises(StoreError):
-        _ = ArtifactRef(store=str(tmp_path), kind=name, version=V1).path
+        _ = ArtifactRef(store=store_url, kind=name, version=V1).path
     with pytest.raises(StoreError):
         Catalog(store).get("corpus", name)
+    with pytest.raises(StoreError):
+        Catalog(store).find(name)
 
 
-def make_store(tmp_path: Path) -> ArtifactStore:
-    store = ArtifactStore(str(tmp_path / "store"))
+def make_store(url: str) -> ArtifactStore:
+    store = ArtifactStore(url)
     for version in (V1, V2):
         with store.writer("corpus", version, parameters={"n": 1}) as out:
             out.write_parquet("documents.parquet", pl.DataFrame({"text": ["a b c", "d e"]}))
@@ -71,8 +77,8 @@ def make_store(tmp_path: Path) -> ArtifactStore:
     return store
 
 
-def test_writer_refuses_links_out_of_the_artifact(tmp_path):
-    store = ArtifactStore(str(tmp_path / "store"))
+def test_writer_refuses_links_out_of_the_artifact(tmp_path, store_url):
+    store = ArtifactStore(store_url)
     secret = tmp_path / "secret.txt"
     secret.write_text("outside the store")
     with pytest.raises(StoreError, match="plain files"):
@@ -81,60 +87,76 @@ def test_writer_refuses_links_out_of_the_artifact(tmp_path):
     assert Catalog(store).entries() == []
 
 
-def test_a_tampered_manifest_cannot_steer_reads_outside_the_artifact(tmp_path):
-    store = make_store(tmp_path)
-    manifest_path = Path(store.path("corpus", V1, "manifest.json"))
-    manifest = json.loads(manifest_path.read_text())
+def test_a_tampered_manifest_cannot_steer_reads_outside_the_artifact(store_url):
+    store = make_store(store_url)
+    manifest = store.manifest("corpus", V1)
     manifest["files"].append({"name": "../../../etc/passwd", "size": 1, "sha256": "0" * 64})
-    manifest_path.write_text(json.dumps(manifest))
+    store.fs.pipe_file(store.path("corpus", V1, "manifest.json"), json.dumps(manifest).encode())
     problems = store.verify("corpus", V1, full=True)
     assert problems == [f"corpus:{V1}: invalid file entry {manifest['files'][-1]!r} in the manifest"]
 
 
-def test_cli_show_rejects_traversal_with_one_line(tmp_path, capsys):
-    make_store(tmp_path)
-    assert main(["artifacts", "show", "../../etc:passwd", "--store", str(tmp_path / "store")]) == 2
+def test_cli_show_rejects_traversal_with_one_line(store_url, capsys):
+    make_store(store_url)
+    assert main(["artifacts", "show", "../../etc:passwd", "--store", store_url]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: invalid artifact ") and "\n" not in err
-    assert main(["artifacts", "show", f"../../etc:{V1}", "--store", str(tmp_path / "store")]) == 2
+    assert main(["artifacts", "show", f"../../etc:{V1}", "--store", store_url]) == 2
     assert capsys.readouterr().err.strip() == ("error: invalid artifact kind '../../etc': use lowercase letters, "
                                                "digits and '_'")
 
 
-def test_cli_verify_sizes_and_checksums(tmp_path, capsys):
-    store = make_store(tmp_path)
-    root = Path(store.root)
-    assert main(["artifacts", "verify", "--store", str(root), "--full"]) == 0
+def test_cli_verify_sizes_and_checksums(store_url, capsys):
+    store = make_store(store_url)
+    fs = store.fs
+
+    def put(path: str, data: bytes) -> None:
+        fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        fs.pipe_file(path, data)
+
+    assert main(["artifacts", "verify", "--store", store_url, "--full"]) == 0
     assert capsys.readouterr().out.strip() == "2 artifacts checked (checksums), 0 problems"
 
     # Same size, one byte changed: only the checksum (--full) notices.
-    config = root / "corpus" / V1 / "config.json"
-    data = bytearray(config.read_bytes())
+    config = store.path("corpus", V1, "config.json")
+    data = bytearray(fs.cat_file(config))
     data[-2] = ord("X") if data[-2] != ord("X") else ord("Y")
-    config.write_bytes(bytes(data))
-    assert main(["artifacts", "verify", "--store", str(root)]) == 0
+    put(config, bytes(data))
+    assert main(["artifacts", "verify", "--store", store_url]) == 0
     assert capsys.readouterr().out.strip() == "2 artifacts checked (sizes), 0 problems"
-    assert main(["artifacts", "verify", "--store", str(root), "--full"]) == 1
+    assert main(["artifacts", "verify", "--store", store_url, "--full"]) == 1
     out = capsys.readouterr().out.strip().splitlines()
     assert out == [f"corpus:{V1}/config.json: checksum differs from the manifest",
                    "2 artifacts checked (checksums), 1 problems"]
 
     # Truncated file and missing file: sizes are enough.
-    docs = root / "corpus" / V2 / "documents.parquet"
-    docs.write_bytes(docs.read_bytes()[:-10])
-    (root / "corpus" / V1 / "documents.parquet").unlink()
-    assert main(["artifacts", "verify", "--store", str(root)]) == 1
+    docs = store.path("corpus", V2, "documents.parquet")
+    put(docs, fs.cat_file(docs)[:-10])
+    fs.rm(store.path("corpus", V1, "documents.parquet"))
+    assert main(["artifacts", "verify", "--store", store_url]) == 1
     out = capsys.readouterr().out.strip().splitlines()
     assert out == [f"corpus:{V1}/documents.parquet: missing",
                    f"corpus:{V2}/documents.parquet: size differs from the manifest",
                    "2 artifacts checked (sizes), 2 problems"]
 
     # A corrupt manifest is a reported problem, not a crash; staging leftovers are not artifacts.
-    (root / "corpus" / V2 / "manifest.json").write_text("{not json")
-    staging = root / ".staging" / f"corpus-{V1}-crashed"
-    staging.mkdir(parents=True)
-    (staging / "manifest.json").write_text("{}")
-    assert main(["artifacts", "verify", "--store", str(root)]) == 1
+    put(store.path("corpus", V2, "manifest.json"), b"{not json")
+    put(f"{store.root}/.staging/corpus-{V1}-crashed/manifest.json", b"{}")
+    assert main(["artifacts", "verify", "--store", store_url]) == 1
     out = capsys.readouterr().out.strip().splitlines()
     assert out[-1] == "2 artifacts checked (sizes), 2 problems"
     assert out[1].startswith(f"corpus:{V2}: manifest is not valid JSON")
+
+
+def test_cli_reaches_an_s3_store_through_the_standard_aws_variables(moto_s3, tmp_path):
+    """The documented way for processes that do not share ours (CLI, Prefect workers): endpoint and
+    credentials from AWS_* variables, the store as `--store s3://bucket/prefix`."""
+    url = moto_s3.new_url()
+    make_store(url)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FSSPEC_"))}
+    env.update(AWS_ENDPOINT_URL=moto_s3.endpoint, AWS_ACCESS_KEY_ID="lexiflow-test",
+               AWS_SECRET_ACCESS_KEY="lexiflow-test", AWS_DEFAULT_REGION="eu-west-1", HOME=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", "import sys; from flows.cli import main; sys.exit(main(sys.argv[1:]))",
+                          "artifacts", "verify", "--full", "--store", url],
+                         capture_output=True, text=True, env=env, cwd=ROOT, timeout=120)
+    assert (out.returncode, out.stdout.strip()) == (0, "2 artifacts checked (checksums), 0 problems"), out.stderr
