@@ -1,7 +1,8 @@
 """Property-based fuzzing (hypothesis) of every parser and of the text pipeline that exists:
 CoNLL-U, MediaWiki XML/markup, JSONL, the normalizer, sentence splitter and word pre-tokenizer
-(models/text.py), and the word vocabulary (models/vocab.py). No unexpected exceptions (only
-`InputError` for bad input); round-trips where the code promises them.
+(models/text.py), the word vocabulary (models/vocab.py) and the subword tokenizers (BPE, WordPiece:
+models/tokenizers/). No unexpected exceptions (only `InputError` for bad input, `ParameterError`
+for bad parameters, each where expected); round-trips where the code promises them.
 
 `LEXIFLOW_FUZZ_EXAMPLES` sets the examples per property (default 100; the benchmark runs more).
 `EXAMPLES` counts the examples actually run, for the benchmark's report.
@@ -21,8 +22,9 @@ from hypothesis import strategies as st
 
 from models import text, vocab
 from models.conllu import Sentence, format_sentence, parse_lines
-from models.errors import InputError
+from models.errors import InputError, ParameterError
 from models.ingest import IngestOptions, _jsonl_documents, _wiki_documents, read_file
+from models.tokenizers import BPE, WordPiece
 
 EXAMPLES: Counter = Counter()
 FUZZ = settings(max_examples=int(os.environ.get("LEXIFLOW_FUZZ_EXAMPLES", "100")), deadline=None,
@@ -181,6 +183,8 @@ def test_pretokenize_gives_spaceless_tokens_in_order_and_is_stable(raw):
     for token in tokens:  # tokens are pieces of the input, in order
         position = raw.index(token, position) + len(token)
     assert text.pretokenize(" ".join(tokens)) == tokens  # re-tokenizing the tokens changes nothing
+    # Nothing is dropped but whitespace: the tokens concatenate back to the text without it.
+    assert "".join(tokens) == "".join(c for c in raw if c not in WHITE_SPACE)
 
 
 @FUZZ
@@ -215,3 +219,107 @@ def test_vocabulary_encodes_known_words_to_themselves_and_the_rest_to_unk(senten
     # Order of the input sentences does not change the vocabulary.
     assert vocab.Vocabulary.count(pl.Series("words", sentences[::-1], dtype=pl.List(pl.String)), min_count,
                                   max_size).tokens == tokens
+
+
+# ---- subword tokenizers (BPE, WordPiece) -------------------------------------------------------
+KINDS = st.sampled_from(["bpe-separate", "bpe-glued", "wordpiece"])
+# Round trips are promised for text whose words hold no end-of-word marker / continuation prefix
+# (models/tokenizers: decode cannot tell them apart, and fit warns): `_` and `#` left out there.
+PLAIN = st.text(alphabet=st.one_of(st.characters(blacklist_categories=("Cs",), blacklist_characters="_#"),
+                                   st.sampled_from(list("\t\n \u00a0\u2028\u0301\U0001f600İßﬁ'-.,3"))), max_size=40)
+
+
+def _tokenizer(kind: str, vocab_size: int, min_frequency: int = 1, pretokenizer: str = "word"):
+    if kind == "wordpiece":
+        return WordPiece(vocab_size=vocab_size, min_frequency=min_frequency, pretokenizer=pretokenizer)
+    return BPE(vocab_size=vocab_size, marker=kind.split("-")[1], min_frequency=min_frequency,
+               pretokenizer=pretokenizer)
+
+
+def _ids_in_range(tok, texts: list[str]) -> None:
+    n = len(tok.vocab_)
+    per_text = [tok.encode_ids(t) for t in texts]
+    assert all(0 <= i < n for ids in per_text for i in ids)
+    assert tok.encode_corpus(pl.Series(texts, dtype=pl.String)).to_list() == per_text
+
+
+@FUZZ
+@given(st.lists(TEXT, max_size=6), KINDS, st.integers(1, 80), st.integers(1, 3),
+       st.sampled_from(["word", "whitespace"]), st.lists(TEXT, max_size=3))
+def test_tokenizer_training_on_any_text_fits_or_says_why(texts, kind, vocab_size, min_frequency, pretokenizer, probes):
+    """Any Unicode (controls, NUL, astral, combining marks, Unicode spaces) trains, or fails with the
+    one expected error: `ParameterError` for a vocabulary no larger than the special tokens,
+    `InputError` for a corpus without a single word. Every id of any text is in range."""
+    EXAMPLES["tokenizer fit"] += 1
+    tok = _tokenizer(kind, vocab_size, min_frequency, pretokenizer)
+    if vocab_size <= 4:
+        expected = ParameterError
+    elif not any(c not in WHITE_SPACE for t in texts for c in t):
+        expected = InputError
+    else:
+        expected = None
+    try:
+        tok.fit(texts)
+    except (InputError, ParameterError) as exc:
+        assert type(exc) is expected, f"{type(exc).__name__}: {exc}"
+        assert "\n" not in str(exc)
+        return
+    assert expected is None
+    assert len(set(tok.vocab_)) == len(tok.vocab_) and tok.vocab_[:4] == ["<unk>", "<s>", "</s>", "<pad>"]
+    assert len(tok.vocab_) <= vocab_size or not tok.merges_  # only the alphabet may go past vocab_size
+    assert all(c >= min_frequency for c in tok.merge_counts_)
+    _ids_in_range(tok, texts + probes)
+
+
+def _covered(tok, word: str) -> bool:
+    """Whether a word can be written with the tokenizer's units (known answer, not via encode)."""
+    if isinstance(tok, WordPiece):
+        return len(word) <= tok.max_input_chars_per_word and word[0] in tok.token_to_id_ and all(
+            tok.prefix + c in tok.token_to_id_ for c in word[1:])
+    return all(c in tok._char_ids for c in word)
+
+
+@FUZZ
+@given(st.lists(PLAIN, min_size=1, max_size=5), KINDS, st.integers(5, 60), st.lists(PLAIN, max_size=3))
+def test_tokenizer_decode_encode_is_normalize_and_unknowns_are_unk(texts, kind, vocab_size, probes):
+    """base.py's promise: for text whose characters were seen in training, decode(encode(text)) ==
+    normalize(text) (NFC, pre-tokenized words joined by single spaces). Unseen material becomes
+    `<unk>`: the whole word for WordPiece, the character for BPE (the marker keeps word ends)."""
+    EXAMPLES["tokenizer round trip"] += 1
+    if not any(c not in WHITE_SPACE for t in texts for c in t):
+        return  # no words: the fit property covers it
+    tok = _tokenizer(kind, vocab_size).fit(texts)
+    for t in texts:
+        assert tok.decode(tok.encode_ids(t)) == tok.normalize(t)
+        assert tok.encode(t) == [tok.id_to_token(i) for i in tok.encode_ids(t)]
+    if kind == "bpe-glued":
+        return  # an unknown final character has no glued marker: decode cannot place the word end
+    unk = tok.id_to_token(tok.unk_id)
+    for t in probes:
+        words = tok.pretokenize(t)
+        if isinstance(tok, WordPiece):
+            expected = [w if _covered(tok, w) else unk for w in words]
+        else:
+            expected = ["".join(c if c in tok._char_ids else unk for c in w) for w in words]
+        assert tok.decode(tok.encode_ids(t)) == " ".join(expected)
+        # bos/eos/pad around the ids are dropped by decode
+        assert tok.decode([tok.bos_id, *tok.encode_ids(t), tok.eos_id, tok.pad_id]) == " ".join(expected)
+
+
+@settings(FUZZ, max_examples=max(10, FUZZ.max_examples // 4))  # each example writes and reads a folder
+@given(st.lists(TEXT, min_size=1, max_size=5), KINDS, st.integers(5, 60), st.lists(TEXT, max_size=4))
+def test_tokenizer_save_load_gives_identical_encodings(texts, kind, vocab_size, probes):
+    EXAMPLES["tokenizer save/load"] += 1
+    import tempfile
+
+    if not any(c not in WHITE_SPACE for t in texts for c in t):
+        return
+    tok = _tokenizer(kind, vocab_size).fit(texts)
+    with tempfile.TemporaryDirectory(prefix="lexiflow-fuzz-tok-") as folder:
+        tok.save(folder)
+        back = type(tok).load(folder)
+    assert back.get_params() == tok.get_params() and back.vocab_ == tok.vocab_ and back.merges_ == tok.merges_
+    sample = pl.Series(texts + probes, dtype=pl.String)
+    assert back.encode_corpus(sample).to_list() == tok.encode_corpus(sample).to_list()
+    assert [back.decode(ids) for ids in tok.encode_corpus(sample).to_list()] == [
+        tok.decode(ids) for ids in tok.encode_corpus(sample).to_list()]

@@ -295,3 +295,13 @@ def test_parameter_and_input_errors():
         BPE().encode("x")
     with pytest.raises(ParameterError, match="separate"):
         BPE(vocab_size=60).fit(SLP3).to_hf_json()
+
+
+def test_a_corpus_of_one_character_words_fits_without_merges():
+    """Found by fuzzing (tests/test_fuzz.py): with no adjacent pair at all (one-character words and
+    the glued marker, or WordPiece) the pair counting indexed an empty array and raised IndexError."""
+    for tok in (BPE(vocab_size=10, marker="glued"), WordPiece(vocab_size=10)):
+        tok.fit(["a b a", "0"])
+        assert tok.merges_ == [] and tok.decode(tok.encode_ids("b a 0")) == "b a 0"
+    bpe = BPE(vocab_size=10, marker="glued").fit(["a b a", "0"])
+    assert bpe.vocab_[4:] == ["0", "a", "b", "0_", "a_", "b_"] and bpe.encode("a b") == ["a_", "b_"]

@@ -72,11 +72,13 @@ def initial_pairs(words: list[list[int]], counts: np.ndarray) -> tuple[dict[int,
     same = word_of[:-1] == word_of[1:]
     keys = (flat[:-1] * _S + flat[1:])[same]
     owner = word_of[:-1][same]
+    if not len(keys):  # every word is one symbol (one-character words, glued marker): nothing to merge
+        return {}, {}
     # one sort by (key, word) gives both the counts per key and the deduplicated word lists
     order = np.lexsort((owner, keys))
     keys, owner = keys[order], owner[order]
     starts = np.flatnonzero(np.concatenate([[True], keys[1:] != keys[:-1]]))
-    totals = np.add.reduceat(counts[owner], starts) if len(keys) else np.zeros(0, np.int64)
+    totals = np.add.reduceat(counts[owner], starts)
     first = np.concatenate([[True], (keys[1:] != keys[:-1]) | (owner[1:] != owner[:-1])])
     u_keys, u_owner = keys[first], owner[first]
     u_starts = np.flatnonzero(np.concatenate([[True], u_keys[1:] != u_keys[:-1]]))
