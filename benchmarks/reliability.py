@@ -154,7 +154,8 @@ def _fuzz(quick: bool) -> list[Row]:
             failures.append(f"{prop.__name__}: {type(exc).__name__}")
     total = sum(fuzz.EXAMPLES.values())
     return [_row(f"hypothesis properties ({len(properties)}) on CoNLL-U, MediaWiki, JSONL, any-file ingestion, "
-                 "normalizer/sentences/pre-tokenizer, vocabulary", "fuzz examples passed", passed_examples, total,
+                 "normalizer/sentences/pre-tokenizer, vocabulary, BPE/WordPiece", "fuzz examples passed",
+                 passed_examples, total,
                  "; ".join(failures) or "no failing property")]
 
 
