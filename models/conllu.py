@@ -53,7 +53,7 @@ def parse_lines(lines: Iterable[str], source: str = "<conllu>") -> Iterator[Sent
         token_id = cols[0]
         if "-" in token_id or "." in token_id:
             continue  # multi-word token or empty node: its words appear on their own lines
-        if not token_id.isdigit() or int(token_id) != expected_id:
+        if not (token_id.isascii() and token_id.isdigit()) or int(token_id) != expected_id:  # not '¹', '١'
             raise InputError(
                 f"{source}:{line_no}: token ID {token_id!r} is not the expected integer {expected_id}; "
                 "fix the line or remove the file from the sources"

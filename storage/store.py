@@ -303,6 +303,7 @@ class ArtifactStore:
     def _remote_scratch(self, kind: str, version: str) -> str:
         return f"{self.root}/{SCRATCH}/{kind}-{version}"
 
+    @retry_transient
     def _restore_scratch(self, kind: str, version: str, scratch: Path) -> None:
         if self.is_local or (scratch.is_dir() and any(scratch.iterdir())):
             return  # local stores keep scratch in place; a local copy is at least as recent

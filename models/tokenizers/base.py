@@ -11,7 +11,10 @@ Text path (the same in `fit`, `encode`, `encode_corpus` and the exported `tokeni
 3. each word is segmented on its own; a text's ids are its words' ids in order.
 
 `normalize(text)` renders steps 1-2 back as a string: the words joined by single spaces. For any
-text whose characters were all seen in training, `decode(encode(text)) == normalize(text)`.
+text whose characters were all seen in training, `decode(encode(text)) == normalize(text)`, with
+one exception: WordPiece matches a word that is a special token (the word pre-tokenizer keeps
+`<unk>`, `<s>`, `</s>`, `<pad>` whole) to that token's id, as Hugging Face's WordPiece does (WikiText's
+literal `<unk>` becomes the unknown id), so `decode` drops such `<s>`, `</s>`, `<pad>` words.
 """
 
 from __future__ import annotations
