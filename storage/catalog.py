@@ -53,7 +53,7 @@ class Catalog:
         manifests = []
         for found_kind, version in self.entries(kind):
             manifest = self.store.manifest(found_kind, version)
-            manifest["path"] = self.store.path(found_kind, version)
+            manifest["path"] = self.store.location(found_kind, version)
             manifests.append(manifest)
         return sorted(manifests, key=lambda m: (m["created"], m["kind"], m["version"]))
 
@@ -72,7 +72,7 @@ class Catalog:
                 raise StoreError(f"no {kind} artifact in {self.store.url}")
             return manifest
         manifest = self.store.manifest(kind, validate_version(version))
-        manifest["path"] = self.store.path(kind, version)
+        manifest["path"] = self.store.location(kind, version)
         return manifest
 
     def find(self, version: str) -> dict[str, Any]:

@@ -172,6 +172,11 @@ class ArtifactStore:
             parts.append(validate_file_name(name))
         return "/".join(parts)
 
+    def location(self, kind: str, version: str) -> str:
+        """Where readers outside lexiflow find an artifact: a local path, or a full URL (s3://...)."""
+        path = self.path(kind, version)
+        return path if self.is_local else self.fs.unstrip_protocol(path)
+
     def ref(self, kind: str, version: str) -> ArtifactRef:
         return ArtifactRef(store=self.url, kind=kind, version=version)
 

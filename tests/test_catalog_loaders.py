@@ -13,6 +13,7 @@ import json
 import subprocess
 import sys
 
+import fsspec
 import numpy as np
 import polars as pl
 import pytest
@@ -24,6 +25,7 @@ from models.lm.ngram import NgramLM
 from storage import ArtifactStore, Catalog, StoreError
 from storage.formats import MATRIX, write_matrix
 from storage.loaders import LOADERS, EvaluationReport, MatrixArtifact
+from storage.store import storage_options_for
 from tasks.corpus import ingest_corpus
 from tasks.embeddings import svd_embeddings
 from tasks.evaluation import evaluate_embeddings
@@ -149,6 +151,10 @@ def test_get_by_version_lineage_and_unknown_kind(store):
     catalog = Catalog(store)
     emb = catalog.latest("embeddings")
     assert catalog.load("embeddings", emb["version"]).index_to_key == catalog.load("embeddings").index_to_key
+    # The listed path is what a reader outside lexiflow opens: a full URL on an object store.
+    assert emb["path"].startswith("s3://") != store.is_local
+    fs, root = fsspec.core.url_to_fs(emb["path"], **storage_options_for(emb["path"]))
+    assert json.loads(fs.cat(root + "/manifest.json"))["version"] == emb["version"]
     chain, node = [], catalog.lineage(emb["version"])
     while node["inputs"]:
         chain.append(node["kind"])
