@@ -141,6 +141,7 @@ class HMMTagger:
         emission_weight: float | None = None,
         unknown_weight: float | None = None,
         rare_mix: float | None = None,
+        prior_weight: float | None = None,
         lexicalize: int = 30,
         max_candidates: int = 8,
         prune: float | None = 8.0,
@@ -161,6 +162,7 @@ class HMMTagger:
         self.emission_weight = emission_weight
         self.unknown_weight = unknown_weight
         self.rare_mix = rare_mix
+        self.prior_weight = prior_weight
         self.lexicalize = lexicalize
         self.max_candidates = max_candidates
         self.prune = prune
@@ -172,7 +174,7 @@ class HMMTagger:
     def get_params(self) -> dict:
         keys = ("order", "lambdas", "suffix_length", "rare_threshold", "theta", "unknown", "lr_max_count", "lr_C",
                 "rare_max_count", "lowercase_initial", "unknown_mix", "emission_weight", "unknown_weight",
-                "rare_mix", "lexicalize", "max_candidates", "prune", "max_iter", "seed")
+                "rare_mix", "prior_weight", "lexicalize", "max_candidates", "prune", "max_iter", "seed")
         out = {k: getattr(self, k) for k in keys}
         out["lambdas"] = None if self.lambdas is None else [float(x) for x in self.lambdas]
         return out
@@ -249,7 +251,8 @@ class HMMTagger:
         self.emission_counts_ = emit
         self._fit_suffixes()
         self.lr_features_, self.lr_weights_, self.lr_bias_ = self._fit_logreg(sents)
-        self.calibration_ = {"unknown_mix": 0.5, "emission_weight": 1.0, "unknown_weight": 1.0, "rare_mix": 0.0}
+        self.calibration_ = {"unknown_mix": 0.5, "emission_weight": 1.0, "unknown_weight": 1.0, "rare_mix": 0.0,
+                             "prior_weight": 1.0}
         if self.unknown == "suffix":
             self.calibration_["unknown_mix"] = 0.0
         elif self.unknown == "logreg":
@@ -405,9 +408,12 @@ class HMMTagger:
         keys = sorted(self.suffix_counts_, key=lambda key: (key[0], len(key[1]), key[1]))
         table = np.zeros((len(keys), k))
         theta = self.theta
-        if theta is None:  # TnT: the standard deviation of the unconditioned tag probabilities
-            p = self.tag_counts_ / self.tag_counts_.sum()
-            theta = float(np.std(p, ddof=1)) if k > 1 else 1.0
+        if theta is None:  # TnT: the standard deviation of the unconditioned tag probabilities, over the
+            # output tags (states split from one tag pooled: dozens of small split states would shrink it)
+            outputs = sorted(set(self.state_output_))
+            pooled = np.zeros(len(outputs))
+            np.add.at(pooled, [outputs.index(o) for o in self.state_output_], self.tag_counts_)
+            theta = float(np.std(pooled / pooled.sum(), ddof=1)) if len(outputs) > 1 else 1.0
         self.theta_ = theta
         for r, key in enumerate(keys):
             counts = self.suffix_counts_[key]
@@ -446,11 +452,13 @@ class HMMTagger:
         return suf, logits - _logsumexp(logits)
 
     def _unknown_scores(self, suf: np.ndarray, lr: np.ndarray) -> np.ndarray:
-        """log P(w | t) up to a per-word constant: log P(t | w) - log P(t), P(t | w) a normalised
-        log-linear mix of the suffix and logistic-regression distributions."""
+        """log P(w | t) up to a per-word constant: log P(t | w) - kappa log P(t), P(t | w) a normalised
+        log-linear mix of the suffix and logistic-regression distributions. kappa (`prior_weight`) = 1 is
+        Bayes' rule; a calibrated kappa < 1 is the prior scaling of hybrid HMM/classifier models
+        (Bourlard & Morgan 1994): P(t | w) is fit on rare words and over-divided by a small P(t)."""
         a = self.calibration_["unknown_mix"]
         mix = (1 - a) * suf + a * lr
-        return mix - _logsumexp(mix) - self.log_prior_
+        return mix - _logsumexp(mix) - self.calibration_["prior_weight"] * self.log_prior_
 
     def _apply_calibration(self) -> None:
         """Known-word emission table, rare known words mixed with the unknown-word model."""
@@ -483,6 +491,7 @@ class HMMTagger:
             "unknown_weight": [0.6, 0.8, 0.9, 1.0, 1.1, 1.25, 1.5],
             "emission_weight": [0.7, 0.8, 0.9, 1.0, 1.1, 1.2],
             "rare_mix": [0.0, 0.05, 0.1, 0.2, 0.3, 0.5],
+            "prior_weight": [0.5, 0.6, 0.7, 0.8, 0.9, 1.0],
         }
         if self.unknown != "both":
             grids.pop("unknown_mix")
@@ -1017,7 +1026,8 @@ class HMMTagger:
                 self.lr_bias_[tid[t]] = wgt
             else:
                 self.lr_weights_[fidx[f], tid[t]] = wgt
-        self.calibration_ = {key: float(v) for key, v in config["calibration"].items()}
+        self.calibration_ = {"prior_weight": 1.0}  # artifacts saved before prior_weight existed: Bayes' rule
+        self.calibration_.update({key: float(v) for key, v in config["calibration"].items()})
         if config.get("dev_accuracy") is not None:
             self.dev_accuracy_ = config["dev_accuracy"]
         self._finalize()

@@ -167,6 +167,25 @@ def test_suffix_model_successive_abstraction_by_hand():
     np.testing.assert_allclose(np.exp(suf[0]), [1 / 6, 5 / 6])
 
 
+def test_unknown_emission_with_prior_scaling_by_hand():
+    # Same suffix model; P(t) = (1/3, 2/3) (A once, V twice). Emission of an unknown word:
+    # log P_suffix(t | w) - kappa log P(t), kappa = prior_weight (1 = Bayes' rule).
+    corpus = [[("red", "A"), ("walked", "V")], [("talked", "V")]]
+    for kappa in (1.0, 0.5):
+        m = HMMTagger(order=2, theta=1.0, unknown="suffix", prior_weight=kappa).fit(corpus)
+        expected = np.log([1 / 6, 5 / 6]) - kappa * np.log([1 / 3, 2 / 3])
+        np.testing.assert_allclose(m._emissions(["baked"])[0], expected)
+
+
+def test_default_theta_is_the_spread_of_output_tags_not_of_split_states():
+    # States N|NN 2, N|NNS 1, V|VB 1, V|VBZ 1 -> output tags N 3/5, V 2/5: theta = std(0.6, 0.4) = sqrt(0.02)
+    # (over the four states it would be std(0.4, 0.2, 0.2, 0.2) = 0.1).
+    corpus = [[("dogs", "N", "NNS"), ("run", "V", "VB")], [("dog", "N", "NN"), ("runs", "V", "VBZ")],
+              [("cat", "N", "NN")]]
+    m = HMMTagger(order=2, unknown="suffix", lexicalize=0).fit(corpus)
+    assert len(m.tags_) == 4 and m.theta_ == pytest.approx(math.sqrt(0.02))
+
+
 @pytest.fixture(scope="module")
 def ewt_small():
     def load(split, n):
