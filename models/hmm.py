@@ -16,8 +16,10 @@ part-of-speech tagger", ANLP):
   capitalised and one for other words, combined log-linearly with a discriminative P(t | word
   features) (multinomial logistic regression on suffixes, prefixes, word shape, capitalisation,
   digits, hyphens, the tags the lowercased form or the last hyphen part has as a known word), fit
-  on the rare words of train. Both are turned into an emission score by Bayes' rule,
-  P(w | t) ∝ P(t | w) / P(t); the mixing weight and the emission weights are calibrated on dev;
+  on the rare words of train. Both are turned into an emission score, P(w | t) ∝ P(t | w) / P(t)^kappa
+  (Bayes' rule at kappa = 1; kappa calibrated, the prior scaling of hybrid HMM/classifier models), mixed
+  with the pooled emissions of the word's known other casings (`mexico` -> `Mexico`) when there are any;
+  the mixing weights, kappa and the emission weights are calibrated on dev;
 - state splits (supervised, so still plain MLE): `(word, tag, refinement)` training items make the states
   `tag|refinement` (UPOS split by XPOS, ...), and the `lexicalize` most frequent ambiguous words get
   word-specific states `tag|word` (Pla & Molina 2004, "Improving part-of-speech tagging using
@@ -115,8 +117,10 @@ class HMMTagger:
     lr_max_count, lr_C: the logistic regression learns from tokens of words seen at most this often
       in train; its inverse L2 strength.
     rare_max_count: known words seen at most this often mix in the unknown-word model (weight on dev).
-    unknown_mix, emission_weight, unknown_weight, rare_mix: calibration values; None = tuned on the
-      `dev` sentences given to `fit` (defaults 0.5, 1, 1, 0 without dev).
+    prior_weight: kappa in the unknown-word emission P(t | w) / P(t)^kappa (1 = Bayes' rule).
+    case_mix: weight of the pooled emissions of an unknown word's known other casings (0 = off).
+    unknown_mix, emission_weight, unknown_weight, rare_mix, prior_weight, case_mix: calibration values; None =
+      tuned on the `dev` sentences given to `fit` (defaults 0.5, 1, 1, 0, 1, 0 without dev).
     lexicalize: the N most frequent words seen with more than one tag get states of their own, `state|word`
       (a lexicalised HMM, Pla & Molina 2004): transitions then see which of those words came before.
     max_candidates, prune: Viterbi keeps per position at most this many tags, best by emission score, and
@@ -142,6 +146,7 @@ class HMMTagger:
         unknown_weight: float | None = None,
         rare_mix: float | None = None,
         prior_weight: float | None = None,
+        case_mix: float | None = None,
         lexicalize: int = 30,
         max_candidates: int = 8,
         prune: float | None = 8.0,
@@ -163,6 +168,7 @@ class HMMTagger:
         self.unknown_weight = unknown_weight
         self.rare_mix = rare_mix
         self.prior_weight = prior_weight
+        self.case_mix = case_mix
         self.lexicalize = lexicalize
         self.max_candidates = max_candidates
         self.prune = prune
@@ -174,7 +180,7 @@ class HMMTagger:
     def get_params(self) -> dict:
         keys = ("order", "lambdas", "suffix_length", "rare_threshold", "theta", "unknown", "lr_max_count", "lr_C",
                 "rare_max_count", "lowercase_initial", "unknown_mix", "emission_weight", "unknown_weight",
-                "rare_mix", "prior_weight", "lexicalize", "max_candidates", "prune", "max_iter", "seed")
+                "rare_mix", "prior_weight", "case_mix", "lexicalize", "max_candidates", "prune", "max_iter", "seed")
         out = {k: getattr(self, k) for k in keys}
         out["lambdas"] = None if self.lambdas is None else [float(x) for x in self.lambdas]
         return out
@@ -194,6 +200,10 @@ class HMMTagger:
             raise ParameterError(f"max_candidates={self.max_candidates}: must be >= 1")
         if self.suffix_length < 0 or self.rare_threshold < 1:
             raise ParameterError("suffix_length must be >= 0 and rare_threshold >= 1")
+        if self.prior_weight is not None and self.prior_weight < 0:
+            raise ParameterError(f"prior_weight={self.prior_weight}: must be >= 0 (1 = Bayes' rule) or None")
+        if self.case_mix is not None and not 0 <= self.case_mix < 1:
+            raise ParameterError(f"case_mix={self.case_mix}: must be in [0, 1) or None")
         if self.theta is not None and self.theta < 0:
             raise ParameterError(f"theta={self.theta}: must be >= 0 or None")
 
@@ -252,7 +262,7 @@ class HMMTagger:
         self._fit_suffixes()
         self.lr_features_, self.lr_weights_, self.lr_bias_ = self._fit_logreg(sents)
         self.calibration_ = {"unknown_mix": 0.5, "emission_weight": 1.0, "unknown_weight": 1.0, "rare_mix": 0.0,
-                             "prior_weight": 1.0}
+                             "prior_weight": 1.0, "case_mix": 0.0}
         if self.unknown == "suffix":
             self.calibration_["unknown_mix"] = 0.0
         elif self.unknown == "logreg":
@@ -377,6 +387,9 @@ class HMMTagger:
         self._lr_index = {f: i for i, f in enumerate(self.lr_features_)}
         # (word, sentence-initial) -> (log P_suffix, log P_lr): independent of the calibration values
         self._unk_cache: dict[tuple[str, bool], tuple[np.ndarray, np.ndarray]] = {}
+        self._case_variants: dict[str, list[int]] = defaultdict(list)  # lowercased form -> vocab rows
+        for w, row in self.vocab_.items():
+            self._case_variants[w.lower()].append(row)
         self._rare_components = None
         self._apply_calibration()
 
@@ -492,6 +505,7 @@ class HMMTagger:
             "emission_weight": [0.7, 0.8, 0.9, 1.0, 1.1, 1.2],
             "rare_mix": [0.0, 0.05, 0.1, 0.2, 0.3, 0.5],
             "prior_weight": [0.5, 0.6, 0.7, 0.8, 0.9, 1.0],
+            "case_mix": [0.0, 0.01, 0.03, 0.1, 0.3, 0.5],
         }
         if self.unknown != "both":
             grids.pop("unknown_mix")
@@ -568,8 +582,25 @@ class HMMTagger:
                 self._unk_cache[key] = (a, b)
         suf = np.stack([self._unk_cache[key][0] for key in keys])
         lr = np.stack([self._unk_cache[key][1] for key in keys])
-        scores = self._unknown_scores(suf, lr) * self.calibration_["unknown_weight"]
-        return np.asarray(rows, dtype=np.int64), scores
+        scores = self._unknown_scores(suf, lr)
+        mu = self.calibration_["case_mix"]
+        if mu > 0:
+            self._mix_case_variants([w for w, _ in keys], scores, mu)
+        return np.asarray(rows, dtype=np.int64), scores * self.calibration_["unknown_weight"]
+
+    def _mix_case_variants(self, words: list[str], scores: np.ndarray, mu: float) -> None:
+        """Case-variant backoff, in place: an unknown word whose other casings are known (`mexico`: `Mexico`;
+        `Cigar`: `cigar`) gets P(w | t) = mu P(variants | t) + (1 - mu) P_unknown(w | t), the variants' counts
+        pooled, the unknown model on the rare-word scale P(t | w) P(w) / P(t)^kappa with P(w) = 1 / N (seen once)."""
+        hits = [(i, rows) for i, w in enumerate(words) if (rows := self._case_variants.get(w.lower()))]
+        if not hits:
+            return
+        idx = np.asarray([i for i, _ in hits])
+        counts = np.stack([self.emission_counts_[rows].sum(axis=0) for _, rows in hits])
+        with np.errstate(divide="ignore"):
+            known = np.log(mu) + _log(counts / self.tag_counts_[None, :])
+        unk = np.log1p(-mu) + scores[idx] - np.log(self.word_counts_.sum())
+        scores[idx] = np.logaddexp(known, unk)
 
     def _known_candidates(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Candidates of every known word's emission row, cached per (max_candidates, prune)."""
@@ -1026,7 +1057,8 @@ class HMMTagger:
                 self.lr_bias_[tid[t]] = wgt
             else:
                 self.lr_weights_[fidx[f], tid[t]] = wgt
-        self.calibration_ = {"prior_weight": 1.0}  # artifacts saved before prior_weight existed: Bayes' rule
+        # artifacts saved before these existed: Bayes' rule, no case-variant backoff
+        self.calibration_ = {"prior_weight": 1.0, "case_mix": 0.0}
         self.calibration_.update({key: float(v) for key, v in config["calibration"].items()})
         if config.get("dev_accuracy") is not None:
             self.dev_accuracy_ = config["dev_accuracy"]

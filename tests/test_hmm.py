@@ -177,6 +177,20 @@ def test_unknown_emission_with_prior_scaling_by_hand():
         np.testing.assert_allclose(m._emissions(["baked"])[0], expected)
 
 
+def test_case_variant_backoff_by_hand():
+    # "RED" is unknown, "red" is known (A once). Suffix model: no capitalised rare word, so the lowercase
+    # tables; "D" is not a lowercase suffix: P(t | "") = (1/3, 2/3) = P(t), unknown score log 1 = 0 for both.
+    # On the rare-word scale (P(w) = 1/N, N = 3 tokens) mixed with the variants' P(red | t) = (1/1, 0/2):
+    # mu = 0.25: A: 0.25 * 1 + 0.75 * 1/3 = 1/2, V: 0.25 * 0 + 0.75 * 1/3 = 1/4.
+    corpus = [[("red", "A"), ("walked", "V")], [("talked", "V")]]
+    m = HMMTagger(order=2, theta=1.0, unknown="suffix", prior_weight=1.0, case_mix=0.25).fit(corpus)
+    np.testing.assert_allclose(m._emissions(["red", "RED"])[1], np.log([1 / 2, 1 / 4]))
+    off = HMMTagger(order=2, theta=1.0, unknown="suffix", prior_weight=1.0, case_mix=0.0).fit(corpus)
+    np.testing.assert_allclose(off._emissions(["red", "RED"])[1], [0.0, 0.0], atol=1e-12)
+    with pytest.raises(ParameterError, match="case_mix"):
+        HMMTagger(case_mix=1.5).fit(corpus)
+
+
 def test_default_theta_is_the_spread_of_output_tags_not_of_split_states():
     # States N|NN 2, N|NNS 1, V|VB 1, V|VBZ 1 -> output tags N 3/5, V 2/5: theta = std(0.6, 0.4) = sqrt(0.02)
     # (over the four states it would be std(0.4, 0.2, 0.2, 0.2) = 0.1).
