@@ -80,16 +80,19 @@ def quick_path() -> Path:
 
 
 def prepare(path: Path, window: int = WINDOW):
-    """Vocabulary (min count 5), token count and the harmonic co-occurrence matrix of a corpus."""
-    from models.cooccurrence import cooccurrence_matrix
+    """Vocabulary (min count 5), token count and the harmonic co-occurrence matrix of a corpus.
+
+    As the pipeline's `cooccurrence` stage (and glove.c's `cooccur`): rare words (<unk>) are
+    dropped before windowing, so windows close over them and <unk> is no hub row.
+    """
+    from models.cooccurrence import cooccurrence_matrix, id_stream
+    from models.vocab import SPECIALS
 
     tokens = pl.read_parquet(path)["tokens"]
     vocab = Vocabulary.count(tokens, min_count=MIN_COUNT)
-    ids = vocab.encode(tokens)
-    flat = ids.explode().to_numpy()
-    offsets = np.concatenate(([0], np.cumsum(ids.list.len().to_numpy())))
+    flat, offsets = id_stream(vocab.encode(tokens), min_id=len(SPECIALS))
     matrix = cooccurrence_matrix(flat, offsets, len(vocab), window=window, weighting="harmonic")
-    return vocab, len(flat), matrix
+    return vocab, int(tokens.list.len().sum()), matrix
 
 
 def split_eval_files() -> dict[str, Path]:
@@ -202,7 +205,8 @@ def run(quick: bool) -> list[Row]:
     glove = GloVe(dim=DIM, **({"epochs": 2} if quick else {}))
     glove.fit(matrix)
     g = evaluate(glove.vectors_, vocab.tokens, sets)
-    case = f"GloVe defaults ({glove.epochs} ep, x_max {glove.x_max}, alpha {glove.alpha}, lr {glove.lr}), {corpus}"
+    case = (f"GloVe defaults ({glove.epochs} ep, x_max {glove.x_max}, alpha {glove.alpha}, lr {glove.lr}, "
+            f"AdaGrad G0 {glove.adagrad_init:g}), {corpus}")
     peer = sgns["peer"]
     for metric, key, target in (("WS353 spearman", "ws353", 0.40), ("SimLex-999 spearman", "simlex", 0.15)):
         rows.append(Row("embeddings", case, metric, g[key], peer[key], f"gensim SGNS {w2v_epochs} ep",
