@@ -151,6 +151,38 @@ def tune_glove(grid: list[dict], path: Path | None = None) -> pl.DataFrame:
     return pl.DataFrame(rows)
 
 
+def residual_ceiling(x_max: float, alpha: float = 0.75, clip: bool = False, path: Path | None = None,
+                     dim: int = DIM) -> dict[str, float]:
+    """Dev-half scores of what GloVe's objective leaves for its vectors (docs/embeddings.md).
+
+    Fits the GloVe-optimal biases alone (weighted least squares over the nonzero cells, alternating
+    exact updates), then scores U + V of the rank-`dim` SVD of the sparse residual √f·(log X − b − b̃):
+    the directions gradient descent from a small initialisation learns first. `clip=True` keeps only
+    the positive part of the residual (PPMI-like; no longer GloVe) for comparison.
+    """
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.linalg import svds
+
+    from models.glove import weighting
+
+    vocab, _n_tokens, matrix = prepare(path or corpus_path())
+    coo = matrix.tocoo()
+    i, j, y = coo.row, coo.col, np.log(coo.data)
+    f = weighting(coo.data, x_max, alpha)
+    v = matrix.shape[0]
+    b, b_ctx = np.zeros(v), np.zeros(v)
+    for _ in range(30):  # block coordinate descent: each half-step is the exact weighted mean
+        b = np.bincount(i, f * (y - b_ctx[j]), v) / np.maximum(np.bincount(i, f, v), 1e-12)
+        b_ctx = np.bincount(j, f * (y - b[i]), v) / np.maximum(np.bincount(j, f, v), 1e-12)
+    residual = y - b[i] - b_ctx[j]
+    residual = np.maximum(residual, 0) if clip else residual * np.sqrt(f)
+    u, _s, vt = svds(coo_matrix((residual, (i, j)), shape=(v, v)).tocsr(), k=dim, random_state=0)
+    vectors = (u + vt.T).astype(np.float32)
+    vectors[np.asarray(matrix.getnnz(axis=1)) == 0] = 0.0
+    sets = {k: p for k, p in split_eval_files().items() if k.endswith("-dev")}
+    return {k: round(x, 4) for k, x in evaluate(vectors, vocab.tokens, sets).items() if "oov" not in k}
+
+
 def _w2v_rows(name: str, sg: bool, path: Path, vocab, sets, epochs: int, quick: bool) -> tuple[list[Row], dict]:
     """Our wrapper vs raw gensim (same parameters and seed), and raw gensim with another seed (noise)."""
     import gensim
