@@ -154,3 +154,14 @@ def test_bad_input_and_parameters():
         GloVe(optimizer="sgd").fit(X)
     with pytest.raises(ParameterError, match="adagrad_init"):
         GloVe(adagrad_init=0.0).fit(X)
+
+
+def test_pipeline_parameters_default_to_the_model_defaults():
+    # the documented defaults (docs/embeddings.md) are what both `GloVe()` and the pipeline's glove.* give
+    from dataclasses import asdict
+
+    from models.glove import GloVeConfig
+    from tasks.params import GloVeParams
+
+    assert GloVeParams().model_dump() == asdict(GloVeConfig()) == GloVe().get_params()
+    assert (GloVeConfig.x_max, GloVeConfig.epochs, GloVeConfig.lr, GloVeConfig.adagrad_init) == (0.5, 20, 0.05, 1.0)
