@@ -8,8 +8,12 @@ counted with weight 1 (`uniform`) or 1/d (`harmonic`, as in GloVe); the matrix i
 How it is fast (no Python loop per token): each chunk of the stream turns into one uint64 key per
 forward pair, `(row·V + col)·8 + d`, sorted once (numpy's SIMD sort); runs of equal keys give
 the count per (pair, distance), then per pair the weighted sum; the sorted keys are already CSR
-order, so the chunk's matrix is built without a conversion. Chunk matrices add (counts are
-associative), which is also what lets shards be counted apart and merged.
+order, so the chunk's matrix is built without a conversion.
+
+Chunks (and shards of a corpus counted on other workers) add exactly: each yields integer
+counts per (pair, distance) (`distance_counts`), which sum in any order to the same integers;
+the weights 1/d are applied once at the end (`weigh`). Adding weighted float matrices instead
+would round differently depending on how the corpus was cut.
 """
 
 from __future__ import annotations
@@ -42,10 +46,24 @@ def cooccurrence_matrix(
     ids: flat token ids (any unsigned/int dtype), offsets: sentence start positions with a final
     `len(ids)` (so sentence s is ids[offsets[s]:offsets[s+1]]).
     """
-    if not 1 <= window < 2**_DIST_BITS:
-        raise ParameterError(f"window={window}: must be between 1 and {2**_DIST_BITS - 1}")
     if weighting not in ("uniform", "harmonic"):
         raise ParameterError(f"weighting={weighting!r}: choose 'uniform' or 'harmonic'")
+    return weigh(distance_counts(ids, offsets, vocab_size, window, chunk_tokens, progress), vocab_size, weighting)
+
+
+def distance_counts(
+    ids: np.ndarray,
+    offsets: np.ndarray,
+    vocab_size: int,
+    window: int = 5,
+    chunk_tokens: int = 4_000_000,
+    progress: Callable[[float | None], None] | None = None,
+) -> sp.csr_matrix:
+    """Forward pair counts per distance: an int64 (vocab_size × vocab_size·2^6) matrix whose entry
+    (w, c·2^6 + d) counts w followed by c at distance d. Exact integers: the counts of any split of
+    a corpus into sentence ranges add up to the counts of the whole (`weigh` then finishes)."""
+    if not 1 <= window < 2**_DIST_BITS:
+        raise ParameterError(f"window={window}: must be between 1 and {2**_DIST_BITS - 1}")
     ids = np.asarray(ids)
     offsets = np.asarray(offsets, dtype=np.int64)
     if len(ids) and int(ids.max()) >= vocab_size:
@@ -54,20 +72,48 @@ def cooccurrence_matrix(
     lengths = np.diff(offsets)
     left = np.repeat(offsets[1:], lengths) - np.arange(len(ids)) - 1
 
-    forward = sp.csr_matrix((vocab_size, vocab_size), dtype=np.float64)
+    forward = empty_distance_counts(vocab_size)
     with Progress("cooccurrence", total=len(ids), unit="tokens", callback=progress) as bar:
         for start in range(0, len(ids), chunk_tokens):
             stop = min(start + chunk_tokens + window, len(ids))  # overlap: pairs starting in chunk
             forward = forward + _forward_chunk(
-                ids[start:stop], left[start:stop], min(chunk_tokens, len(ids) - start),
-                vocab_size, window, weighting,
+                ids[start:stop], left[start:stop], min(chunk_tokens, len(ids) - start), vocab_size, window,
             )
             bar.update(min(chunk_tokens, len(ids) - start))
+    forward.sort_indices()
+    return forward
+
+
+def empty_distance_counts(vocab_size: int) -> sp.csr_matrix:
+    return sp.csr_matrix((vocab_size, vocab_size << _DIST_BITS), dtype=np.int64)
+
+
+def weigh(counts: sp.csr_matrix, vocab_size: int, weighting: Weighting = "harmonic") -> sp.csr_matrix:
+    """Per-distance forward counts (`distance_counts`, possibly summed over shards) -> the symmetric
+    weighted matrix X = F + Fᵀ, F[w, c] = Σ_d count(w, c, d) · (1 or 1/d), summed over d ascending."""
+    if weighting not in ("uniform", "harmonic"):
+        raise ParameterError(f"weighting={weighting!r}: choose 'uniform' or 'harmonic'")
+    counts = counts.tocsr()
+    counts.sum_duplicates()  # canonical: sorted (col, d) within each row, so d runs ascending per pair
+    if counts.nnz == 0:
+        return sp.csr_matrix((vocab_size, vocab_size), dtype=np.float64)
+    col_d = counts.indices.astype(np.int64)
+    values = counts.data.astype(np.float64)
+    if weighting == "harmonic":
+        values /= (col_d & (2**_DIST_BITS - 1)).astype(np.float64)
+    rows = np.repeat(np.arange(vocab_size, dtype=np.int64), np.diff(counts.indptr))
+    pairs = rows * vocab_size + (col_d >> _DIST_BITS)
+    pair_starts = np.flatnonzero(np.concatenate(([True], pairs[1:] != pairs[:-1])))
+    values = np.add.reduceat(values, pair_starts)
+    rows, cols = rows[pair_starts], (col_d >> _DIST_BITS)[pair_starts].astype(np.int32)
+    indptr = np.searchsorted(rows, np.arange(vocab_size + 1))  # rows are sorted: already CSR order
+    forward = sp.csr_matrix((values, cols, indptr), shape=(vocab_size, vocab_size))
     return (forward + forward.T).tocsr()
 
 
-def _forward_chunk(ids, left, n_starts, vocab_size, window, weighting) -> sp.csr_matrix:
-    """Forward pairs whose first token is among the chunk's first `n_starts` positions."""
+def _forward_chunk(ids, left, n_starts, vocab_size, window) -> sp.csr_matrix:
+    """Per-distance counts of the forward pairs whose first token is among the chunk's first
+    `n_starts` positions."""
     # key = (row·V + col)·2^bits + d, assembled from two pre-shifted halves: one gather each.
     col_part = ids.astype(np.uint64) << np.uint64(_DIST_BITS)
     row_part = col_part * np.uint64(vocab_size)
@@ -80,22 +126,17 @@ def _forward_chunk(ids, left, n_starts, vocab_size, window, weighting) -> sp.csr
         parts.append(key)
     keys = np.concatenate(parts) if parts else np.empty(0, np.uint64)
     if len(keys) == 0:
-        return sp.csr_matrix((vocab_size, vocab_size), dtype=np.float64)
+        return empty_distance_counts(vocab_size)
     keys.sort()
-    # Runs of equal (pair, d) keys -> count per (pair, d) -> weighted sum per pair.
+    # Runs of equal (pair, d) keys -> count per (pair, d); the sorted keys are already CSR order.
     starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
-    counts = np.diff(np.append(starts, len(keys))).astype(np.float64)
+    counts = np.diff(np.append(starts, len(keys)))
     run_keys = keys[starts]
-    if weighting == "harmonic":
-        counts /= (run_keys & np.uint64(2**_DIST_BITS - 1)).astype(np.float64)
-    pairs = run_keys >> np.uint64(_DIST_BITS)
-    pair_starts = np.flatnonzero(np.concatenate(([True], pairs[1:] != pairs[:-1])))
-    values = np.add.reduceat(counts, pair_starts)
-    pairs = pairs[pair_starts]
-    rows = (pairs // np.uint64(vocab_size)).astype(np.int64)
-    cols = (pairs % np.uint64(vocab_size)).astype(np.int32)
-    indptr = np.searchsorted(rows, np.arange(vocab_size + 1))  # keys are sorted: already CSR order
-    return sp.csr_matrix((values, cols, indptr), shape=(vocab_size, vocab_size))
+    width = np.uint64(vocab_size << _DIST_BITS)
+    rows = (run_keys // width).astype(np.int64)
+    cols = (run_keys % width).astype(np.int64)
+    indptr = np.searchsorted(rows, np.arange(vocab_size + 1))
+    return sp.csr_matrix((counts, cols, indptr), shape=(vocab_size, vocab_size << _DIST_BITS))
 
 
 def term_document_matrix(ids: np.ndarray, doc_offsets: np.ndarray, vocab_size: int) -> sp.csr_matrix:
