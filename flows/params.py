@@ -16,6 +16,7 @@ from tasks.params import (
     LMKind,
     NeuralLMParams,
     NgramParams,
+    ParallelParams,
     Params,
     PPMIParams,
     SVDParams,
@@ -55,6 +56,7 @@ class PipelineParams(Params):
     neural: NeuralLMParams = NeuralLMParams()
     tagger: TaggerParams = TaggerParams()
     training: TrainingParams = TrainingParams()
+    parallel: ParallelParams = ParallelParams()
 
 
 def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:

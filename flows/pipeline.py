@@ -28,6 +28,7 @@ from tasks.params import (
     LMKind,
     NeuralLMParams,
     NgramParams,
+    ParallelParams,
     PPMIParams,
     SVDParams,
     TaggerParams,
@@ -58,6 +59,7 @@ def pipeline(
     neural: NeuralLMParams = NeuralLMParams(),
     tagger: TaggerParams = TaggerParams(),
     training: TrainingParams = TrainingParams(),
+    parallel: ParallelParams = ParallelParams(),
 ) -> dict[str, ArtifactRef]:
     """Build every artifact from the corpus sources; unchanged stages are reused, not recomputed.
     CoNLL-U sources also give a tagged corpus and an HMM tagger per tag set. Training stages run
@@ -80,12 +82,14 @@ def pipeline(
         neural: Neural LM architecture and training settings.
         tagger: HMM part-of-speech taggers (CoNLL-U sources only).
         training: Where training stages run (this process, or the gpu work pool).
+        parallel: How ingestion, vocabulary, encoding and co-occurrence shards run (threads, processes, a Dask
+            cluster); results and versions do not depend on it.
     """
-    docs = ingest_corpus(store, params=corpus)
-    words = learn_vocabulary(store, corpus=docs, params=vocabulary)
-    word_ids = encode_corpus(store, corpus=docs, tokenizer=words)
+    docs = ingest_corpus(store, params=corpus, parallel=parallel)
+    words = learn_vocabulary(store, corpus=docs, params=vocabulary, parallel=parallel)
+    word_ids = encode_corpus(store, corpus=docs, tokenizer=words, parallel=parallel)
 
-    counts = count_cooccurrence(store, tokens=word_ids, tokenizer=words, params=cooccurrence)
+    counts = count_cooccurrence(store, tokens=word_ids, tokenizer=words, params=cooccurrence, parallel=parallel)
     # Training stages run here, or on the gpu work pool when training.remote is set (flows/training.py).
     vectors: dict[str, ArtifactRef] = {}
     for method in embeddings:
@@ -109,7 +113,7 @@ def pipeline(
         lm_tokenizer, lm_ids = words, word_ids
         if tokenizer.kind != "word":
             lm_tokenizer = learn_subword(store, corpus=docs, params=tokenizer)
-            lm_ids = encode_corpus(store, corpus=docs, tokenizer=lm_tokenizer)
+            lm_ids = encode_corpus(store, corpus=docs, tokenizer=lm_tokenizer, parallel=parallel)
         for kind in lm:
             inputs = {"tokens": lm_ids, "tokenizer": lm_tokenizer,
                       "embeddings": None if kind == "ngram" else vectors.get(neural.pretrained)}
@@ -149,22 +153,27 @@ def _ref(store: str, kind: str, version: str) -> ArtifactRef:
 
 # ---- one flow per stage, for running a single step on existing artifacts --------------------
 @flow(name="ingest")
-def ingest_flow(store: str = "artifacts", corpus: CorpusParams = CorpusParams()) -> ArtifactRef:
-    return ingest_corpus(store, params=corpus)
+def ingest_flow(store: str = "artifacts", corpus: CorpusParams = CorpusParams(),
+                parallel: ParallelParams = ParallelParams()) -> ArtifactRef:
+    return ingest_corpus(store, params=corpus, parallel=parallel)
 
 
 @flow(name="vocabulary")
-def vocabulary_flow(store: str, corpus_version: str, vocabulary: VocabularyParams = VocabularyParams()) -> dict:
+def vocabulary_flow(store: str, corpus_version: str, vocabulary: VocabularyParams = VocabularyParams(),
+                    parallel: ParallelParams = ParallelParams()) -> dict:
     docs = _ref(store, "corpus", corpus_version)
-    tokenizer = learn_vocabulary(store, corpus=docs, params=vocabulary)
-    return {"tokenizer": tokenizer, "tokenized_corpus": encode_corpus(store, corpus=docs, tokenizer=tokenizer)}
+    tokenizer = learn_vocabulary(store, corpus=docs, params=vocabulary, parallel=parallel)
+    return {"tokenizer": tokenizer,
+            "tokenized_corpus": encode_corpus(store, corpus=docs, tokenizer=tokenizer, parallel=parallel)}
 
 
 @flow(name="cooccurrence")
 def cooccurrence_flow(store: str, tokenized_corpus_version: str, tokenizer_version: str,
-                      cooccurrence: CooccurrenceParams = CooccurrenceParams()) -> ArtifactRef:
+                      cooccurrence: CooccurrenceParams = CooccurrenceParams(),
+                      parallel: ParallelParams = ParallelParams()) -> ArtifactRef:
     return count_cooccurrence(store, tokens=_ref(store, "tokenized_corpus", tokenized_corpus_version),
-                              tokenizer=_ref(store, "tokenizer", tokenizer_version), params=cooccurrence)
+                              tokenizer=_ref(store, "tokenizer", tokenizer_version), params=cooccurrence,
+                              parallel=parallel)
 
 
 @flow(name="ppmi")

@@ -37,6 +37,17 @@ the line where there is one; nothing is published from a failed ingestion.
 - `bad_files="skip"` turns each per-file rejection above into a skip: the file is left out and
   listed in `skipped` with the one-line reason (the corpus stats count them in `skipped_inputs`).
   A missing source or an empty corpus still fails.
+
+Sharding (for many workers; `plan_shards`, `ingest_shard`, `merge_shards`): a large uncompressed
+plain-text (one document per line) or JSONL file is cut into byte ranges; a range owns the lines
+that *start* inside it, so it reads from the first line start at or after its first byte to the
+first line start at or after its end. Other files (compressed, XML, Parquet, CoNLL-U, UTF-16/32,
+paragraph/file units) are read whole, small ones grouped into one shard. Each shard reads and
+cleans its documents; the merge puts the shards back in file/offset order, applies the bad-file
+policy per file and removes duplicates keeping the first, so the corpus is the same, row for row,
+as `build_corpus`'s (which is the merge of one shard holding every file). An error in a range
+names the file's line (newlines before the range are counted only then) and absolute byte; for a
+file cut in ranges, decoding errors come before JSON errors, as when the file is read whole.
 """
 
 from __future__ import annotations
@@ -164,12 +175,15 @@ def _format_of(path: Path) -> tuple[str, str | None]:
     return "text", compression
 
 
-def _read_bytes(path: Path, compression: str | None, limit: int) -> bytes:
+def _open(path: Path):
     try:
-        raw = open(path, "rb")  # noqa: SIM115 (closed below; errors here are about the file, not its data)
+        return open(path, "rb")  # noqa: SIM115 (the caller closes it; errors here are about the file, not its data)
     except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
         raise InputError(f"{path}: cannot open ({exc.strerror}); check the path in corpus.sources") from None
-    with raw:
+
+
+def _read_bytes(path: Path, compression: str | None, limit: int) -> bytes:
+    with _open(path) as raw:
         if compression is None:
             # Other OSErrors here are I/O trouble, raised as they are (transient: the stage retries).
             data = raw.read(min(limit, os.fstat(raw.fileno()).st_size) + 1)  # read(n) allocates n bytes
@@ -208,7 +222,16 @@ _WIDE_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
               (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
 
 
-def _decode(path: Path, data: bytes) -> str:
+def _decode(path: Path, data: bytes, start: int = 0) -> str:
+    """The text of a file's bytes, or of its bytes from `start` on (a line start; BOMs and the
+    binary sniff concern the file's beginning only, checked when the file was planned)."""
+    if start:
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = _lines_before(path, start) + data[: exc.start].count(b"\n") + 1
+            raise InputError(f"{path}:{line}: invalid UTF-8 (byte {start + exc.start}); re-encode the file as UTF-8 "
+                             "(mixed encodings are not guessed)") from None
     for bom, encoding in _WIDE_BOMS:  # UTF-32 first: its LE BOM starts with UTF-16's
         if data.startswith(bom):
             try:
@@ -246,7 +269,13 @@ def _lines(text: str) -> list[str]:
     return [line[:-1] if line.endswith("\r") else line for line in lines]
 
 
-def _jsonl_documents(path: Path, text: str, field_name: str) -> list[str]:
+def _jsonl_documents(path: Path, text: str, field_name: str, start: int = 0) -> list[str]:
+    """`start`: the byte offset of `text` in the file (a line start); an error's line number adds
+    the lines before it, counted only then."""
+
+    def at(line_no: int) -> str:
+        return f"{path}:{line_no + (_lines_before(path, start) if start else 0)}"
+
     docs = []
     for line_no, line in enumerate(_lines(text), start=1):
         if not line.strip():
@@ -254,11 +283,11 @@ def _jsonl_documents(path: Path, text: str, field_name: str) -> list[str]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as exc:
-            raise InputError(f"{path}:{line_no}: invalid JSON ({exc.msg}); fix or remove the line") from None
+            raise InputError(f"{at(line_no)}: invalid JSON ({exc.msg}); fix or remove the line") from None
         except RecursionError:
-            raise InputError(f"{path}:{line_no}: JSON nested too deeply to read; fix or remove the line") from None
+            raise InputError(f"{at(line_no)}: JSON nested too deeply to read; fix or remove the line") from None
         if not isinstance(obj, dict) or not isinstance(obj.get(field_name), str):
-            raise InputError(f"{path}:{line_no}: no string field {field_name!r}; set corpus.text_field")
+            raise InputError(f"{at(line_no)}: no string field {field_name!r}; set corpus.text_field")
         docs.append(obj[field_name])
     return docs
 
@@ -384,33 +413,196 @@ def iter_files(files: list[Path], options: IngestOptions, progress: Callable | N
 
 
 def build_corpus(files: list[Path], options: IngestOptions, progress: Callable | None = None) -> Corpus:
-    frames, skipped = [], []
-    for path, texts, _tagged in iter_files(files, options, progress, skipped):
-        if not texts:
-            skipped.append({"source": str(path), "reason": "no documents (empty file)"})
-            continue
-        frames.append(pl.DataFrame({"source": path.name, "text": texts, "file_split": _file_split(path)},
-                                   schema={"source": pl.String, "text": pl.String, "file_split": pl.String}))
-    if not frames:
-        reasons = "; ".join(s["reason"] for s in skipped if "empty file" not in s["reason"])
-        raise InputError(f"no documents found in {', '.join(map(str, files))}: the corpus would be empty"
-                         + (f" (skipped: {reasons})" if reasons else ""))
+    """The corpus of these files, read in this process: one shard holding every file whole."""
+    whole = [FileRange(str(path), i) for i, path in enumerate(files)]
+    return merge_shards(files, [ingest_shard(whole, options, progress)], options)
 
-    raw = pl.concat(frames)
+
+# ---- shards: pieces of ingestion that run apart (other processes or machines) and merge ----------
+@dataclass(frozen=True)
+class FileRange:
+    """File number `file` of the sources, whole (`stop` None) or the lines that start in bytes [start, stop)."""
+
+    path: str
+    file: int
+    start: int = 0
+    stop: int | None = None
+
+    @property
+    def size(self) -> int:
+        return os.path.getsize(self.path) if self.stop is None else self.stop - self.start
+
+
+@dataclass
+class ShardResult:
+    """What a shard read: its documents (cleaned, non-empty, duplicates kept, with the number of
+    their `file`), raw documents per file (0: empty) and per-file errors (rank, start, message);
+    rank 0 is a read/decode error, 1 a parse error (reported after any decode error of the file)."""
+
+    documents: pl.DataFrame
+    texts: dict[int, int]
+    errors: dict[int, tuple[int, int, str]]
+
+
+_SHARD_SCHEMA = {"file": pl.UInt32, "doc_id": pl.String, "source": pl.String, "split": pl.String, "text": pl.String}
+
+
+def plan_shards(files: list[Path], options: IngestOptions, shard_bytes: int) -> list[list[FileRange]]:
+    """Shards of about `shard_bytes`, in file then offset order: byte ranges of the large files
+    that can be cut at newlines (uncompressed UTF-8 plain text with line documents, or JSONL),
+    consecutive other files grouped whole."""
+    if shard_bytes < 1:
+        raise ParameterError(f"shard_bytes={shard_bytes}: must be at least 1")
+    shards: list[list[FileRange]] = []
+    group: list[FileRange] = []
+    group_bytes = 0
+    for i, path in enumerate(files):
+        size = path.stat().st_size
+        if size > shard_bytes and _splittable(path, size, options):
+            if group:
+                shards.append(group)
+                group, group_bytes = [], 0
+            shards.extend([FileRange(str(path), i, a, min(a + shard_bytes, size))] for a in range(0, size, shard_bytes))
+            continue
+        if group and group_bytes + size > shard_bytes:
+            shards.append(group)
+            group, group_bytes = [], 0
+        group.append(FileRange(str(path), i))
+        group_bytes += size
+    return shards + ([group] if group else [])
+
+
+def _splittable(path: Path, size: int, options: IngestOptions) -> bool:
+    fmt, compression = _format_of(path)
+    if compression or size > options.max_file_bytes or fmt not in ("text", "jsonl"):
+        return False
+    if fmt == "text" and options.text_unit != "line":
+        return False
+    try:
+        with path.open("rb") as f:
+            head = f.read(_BINARY_SNIFF)
+    except OSError:
+        return False  # read whole: the reader reports it
+    if any(head.startswith(bom) for bom, _ in _WIDE_BOMS) or b"\x00" in head:
+        return False
+    return not (fmt == "text" and head[:512].lstrip().startswith(b"<mediawiki"))
+
+
+class _ParseError(InputError):
+    """A parse error inside a byte range (ranks after decode errors of the same file)."""
+
+
+def _line_start(f, pos: int) -> int:
+    """The first line start at or after byte `pos` (0, just after a newline, or the end)."""
+    if pos <= 0:
+        return 0
+    f.seek(pos - 1)
+    while block := f.read(1 << 16):
+        newline = block.find(b"\n")
+        if newline >= 0:
+            return f.tell() - len(block) + newline + 1
+    return f.tell()
+
+
+def _lines_before(path: Path, start: int) -> int:
+    """Newlines in the file's first `start` bytes (for error line numbers of a range)."""
+    count = 0
+    with path.open("rb") as f:
+        while start > 0 and (block := f.read(min(1 << 24, start))):
+            count += block.count(b"\n")
+            start -= len(block)
+    return count
+
+
+def _range_texts(part: FileRange, options: IngestOptions) -> list[str]:
+    path = Path(part.path)
+    if part.stop is None:
+        return read_file(path, options)[0]
+    with _open(path) as f:
+        begin, end = _line_start(f, part.start), _line_start(f, part.stop)
+        f.seek(begin)
+        data = f.read(max(0, end - begin))
+    text = _decode(path, data, begin)
+    if _format_of(path)[0] == "text":
+        return _text_documents(path, text, "line")
+    try:
+        return _jsonl_documents(path, text, options.text_field, begin)
+    except InputError as exc:
+        raise _ParseError(str(exc)) from None
+
+
+def ingest_shard(shard: list[FileRange], options: IngestOptions, progress: Callable | None = None) -> ShardResult:
+    """Read and clean one shard. Errors are returned per file, not raised: the bad-file policy
+    needs every range of a file (`merge_shards` applies it). With `bad_files="fail"` the shard
+    stops at its first error (what follows would not be used)."""
+    frames, texts, errors = [], {}, {}
+    with Progress("ingest", total=sum(part.size for part in shard), unit="bytes", callback=progress) as bar:
+        for part in shard:
+            try:
+                docs = _range_texts(part, options)
+            except InputError as exc:
+                errors[part.file] = (int(isinstance(exc, _ParseError)), part.start, str(exc))
+                if options.bad_files != "skip":
+                    break
+                docs = []
+            texts[part.file] = texts.get(part.file, 0) + len(docs)
+            if docs:
+                path = Path(part.path)
+                frames.append(pl.DataFrame({"file": part.file, "source": path.name, "text": docs,
+                                            "file_split": _file_split(path)},
+                                           schema={"file": pl.UInt32, "source": pl.String, "text": pl.String,
+                                                   "file_split": pl.String}))
+            bar.update(part.size)
+    documents = _clean(pl.concat(frames), options) if frames else pl.DataFrame(schema=_SHARD_SCHEMA)
+    return ShardResult(documents, texts, errors)
+
+
+def _clean(raw: pl.DataFrame, options: IngestOptions) -> pl.DataFrame:
+    """Raw documents (file, source, text, file_split) -> cleaned, non-empty, with id and split."""
     docs = raw.with_columns(
         text=clean_series(raw["text"], lowercase=options.lowercase, sentences=options.split_sentences)
     ).filter(pl.col("text").str.len_bytes() > 0)
     docs = docs.with_columns(
         doc_id=pl.col("text").map_elements(lambda t: hashlib.sha1(t.encode()).hexdigest()[:16], return_dtype=pl.String)
     )
+    docs = docs.with_columns(split=pl.coalesce("file_split", _split_from_id(pl.col("doc_id"), options)))
+    return docs.select(*_SHARD_SCHEMA)
+
+
+def merge_shards(files: list[Path], results: list[ShardResult], options: IngestOptions) -> Corpus:
+    """The corpus from its shards' results, in shard (= file, offset) order: a file with an error
+    in any range fails the ingestion or, with `bad_files="skip"`, is left out whole; duplicates
+    are removed keeping the first."""
+    texts: dict[int, int] = {}
+    errors: dict[int, tuple[int, int, str]] = {}
+    for result in results:
+        for file, n in result.texts.items():
+            texts[file] = texts.get(file, 0) + n
+        for file, error in result.errors.items():
+            errors[file] = min(errors.get(file, error), error)  # decode before parse errors, then the earliest
+    skipped, bad = [], set()
+    for i, path in enumerate(files):
+        if i in errors:
+            if options.bad_files != "skip":
+                raise InputError(errors[i][2])
+            skipped.append({"source": str(path), "reason": errors[i][2]})
+            bad.add(i)
+        elif not texts.get(i):
+            skipped.append({"source": str(path), "reason": "no documents (empty file)"})
+    if not any(texts.get(i) for i in range(len(files)) if i not in bad):
+        reasons = "; ".join(s["reason"] for s in skipped if "empty file" not in s["reason"])
+        raise InputError(f"no documents found in {', '.join(map(str, files))}: the corpus would be empty"
+                         + (f" (skipped: {reasons})" if reasons else ""))
+
+    docs = pl.concat([r.documents for r in results])
+    if bad:
+        docs = docs.filter(~pl.col("file").is_in(sorted(bad)))
     n_before = docs.height
     if options.dedupe:
         docs = docs.unique(subset="doc_id", keep="first", maintain_order=True)
-    docs = docs.with_columns(split=pl.coalesce("file_split", _split_from_id(pl.col("doc_id"), options)))
     docs = docs.select("doc_id", "source", "split", "text")
     if docs.height == 0:
         raise InputError(f"no non-empty documents in {', '.join(map(str, files))}: the corpus would be empty")
-
     return Corpus(docs, corpus_stats(docs, files, n_before - docs.height, skipped))
 
 

@@ -43,8 +43,7 @@ class Vocabulary:
     @classmethod
     def count(cls, token_lists: pl.Series, min_count: int = 1, max_size: int | None = None) -> Vocabulary:
         """Build from a Series of token lists."""
-        counts = token_lists.explode().drop_nulls().value_counts(name="count").rename({token_lists.name: "token"})
-        return cls.from_counts(counts, min_count, max_size)
+        return cls.from_counts(token_counts(token_lists), min_count, max_size)
 
     def __len__(self) -> int:
         return self.frame.height
@@ -76,10 +75,22 @@ class Vocabulary:
         ).alias("ids")
 
 
-def sentences(documents: pl.DataFrame) -> pl.DataFrame:
-    """Corpus documents -> one row per sentence: doc_index, sentence, split, text."""
+def token_counts(token_lists: pl.Series) -> pl.DataFrame:
+    """token, count (UInt64) of a Series of token lists; counts of shards add (`merge_counts`)."""
+    counts = token_lists.explode().drop_nulls().value_counts(name="count").rename({token_lists.name: "token"})
+    return counts.cast({"count": pl.UInt64})
+
+
+def merge_counts(counts: list[pl.DataFrame]) -> pl.DataFrame:
+    """Sum token counts of several shards (any order: the vocabulary sorts them)."""
+    return pl.concat(counts).group_by("token").agg(pl.col("count").sum())
+
+
+def sentences(documents: pl.DataFrame, first_doc: int = 0) -> pl.DataFrame:
+    """Corpus documents -> one row per sentence: doc_index, sentence, split, text. `first_doc`:
+    the index of the first document (a shard of a corpus)."""
     return (
-        documents.with_row_index("doc_index")
+        documents.with_row_index("doc_index", offset=first_doc)
         .select("doc_index", "split", pl.col("text").str.split("\n").alias("text"))
         .explode("text")
         .with_columns(sentence=pl.int_range(pl.len()).over("doc_index").cast(pl.UInt32))

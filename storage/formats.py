@@ -65,3 +65,27 @@ def read_vectors(ref: ArtifactRef) -> tuple[list[str], np.ndarray, np.ndarray]:
 
 def read_table(ref: ArtifactRef, name: str) -> pl.DataFrame:
     return ArtifactStore(ref.store).read_parquet(ref.kind, ref.version, name)
+
+
+def count_rows(ref: ArtifactRef, name: str) -> int:
+    """Rows of a Parquet file of an artifact, from its footer (nothing else is read)."""
+    with ArtifactStore(ref.store).open(ref.kind, ref.version, name) as f:
+        return pq.ParquetFile(f).metadata.num_rows
+
+
+def read_rows(ref: ArtifactRef, name: str, start: int, stop: int) -> pl.DataFrame:
+    """Rows [start, stop) of a Parquet file of an artifact, reading only the row groups that hold
+    them (a shard of a large table, on any store)."""
+    with ArtifactStore(ref.store).open(ref.kind, ref.version, name) as f:
+        parquet = pq.ParquetFile(f)
+        groups, first, row = [], None, 0
+        for i in range(parquet.num_row_groups):
+            n = parquet.metadata.row_group(i).num_rows
+            if row < stop and row + n > start:
+                groups.append(i)
+                first = row if first is None else first
+            row += n
+        if not groups:
+            return pl.from_arrow(parquet.schema_arrow.empty_table())
+        table = parquet.read_row_groups(groups)
+    return pl.from_arrow(table.slice(start - first, stop - start))

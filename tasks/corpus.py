@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import functools
 from pathlib import Path
+from typing import Any
+
+from prefect import task
 
 from models import conllu, ingest, text
 from storage import ArtifactWriter
 from storage.formats import DOCUMENTS, TAGGED
-from tasks.params import CorpusParams
+from tasks.parallel import SHARD_TASK, deliver, map_shards, parts_folder, receive, remove_parts
+from tasks.params import CorpusParams, ParallelParams
 from tasks.stage import stage
 
 
@@ -28,9 +32,30 @@ def sources_fingerprint(arguments: dict) -> list[dict]:
     return [_file_fingerprint(p, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
 
 
+@task(name="corpus-shard", **SHARD_TASK)
+def corpus_shard(shard: list[ingest.FileRange], options: ingest.IngestOptions, part: str | None
+                 ) -> tuple[Any, dict[int, int], dict[int, tuple[int, int, str]]]:
+    """Read and clean one shard of the sources (documents delivered in memory or as a part)."""
+    result = ingest.ingest_shard(shard, options)
+    return deliver(result.documents, part), result.texts, result.errors
+
+
 @stage("corpus", code=[ingest, text, conllu], fingerprint=sources_fingerprint)
-def ingest_corpus(out: ArtifactWriter, params: CorpusParams) -> None:
-    corpus = ingest.build_corpus(ingest.resolve_sources(params.sources), options(params), out.progress)
+def ingest_corpus(out: ArtifactWriter, params: CorpusParams, parallel: ParallelParams | None = None) -> None:
+    """Shards of the sources (byte ranges of large text/JSONL files, groups of whole files) are
+    read and cleaned in parallel, then merged in order: the same corpus as one process makes."""
+    parallel = parallel or ParallelParams()
+    files, opts = ingest.resolve_sources(params.sources), options(params)
+    shards = ingest.plan_shards(files, opts, parallel.shard_bytes)
+    if len(shards) == 1:  # the common small case: byte-level progress, nothing to merge
+        corpus = ingest.build_corpus(files, opts, out.progress)
+    else:
+        parts = parts_folder(out, len(shards), parallel)
+        calls = [{"shard": shard, "options": opts, "part": part} for shard, part in zip(shards, parts, strict=True)]
+        results = map_shards(corpus_shard, calls, parallel, "corpus", out.progress)
+        corpus = ingest.merge_shards(files, [ingest.ShardResult(receive(documents), texts, errors)
+                                             for documents, texts, errors in results], opts)
+        remove_parts(parts)
     out.write_parquet("documents.parquet", corpus.documents, DOCUMENTS)
     out.metrics.update(corpus.stats)
 

@@ -2,34 +2,72 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import polars as pl
+import scipy.sparse as sp
+from prefect import task
 
 from models import cooccurrence, ppmi, vocab
 from storage import ArtifactRef, ArtifactWriter
-from storage.formats import VOCAB, read_matrix, read_table, write_matrix
-from tasks.params import CooccurrenceParams, PPMIParams
+from storage.formats import VOCAB, count_rows, read_matrix, read_rows, read_table, write_matrix
+from tasks.parallel import (
+    SHARD_TASK,
+    deliver,
+    map_shards,
+    parts_folder,
+    receive,
+    remove_parts,
+    row_ranges,
+    sum_matrices,
+)
+from tasks.params import CooccurrenceParams, ParallelParams, PPMIParams
 from tasks.stage import stage
+
+
+@task(name="cooccurrence-shard", **SHARD_TASK)
+def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, vocab_size: int, window: int,
+                       part: str | None) -> tuple[Any, Any, int]:
+    """Per-distance pair counts and term–document counts of sentences [start, stop) (windows
+    never cross a sentence, so sentence ranges add up exactly), and their number of tokens."""
+    table = read_rows(tokens, "tokens.parquet", start, stop)
+    ids, offsets = cooccurrence.id_stream(table["ids"], min_id=len(vocab.SPECIALS))
+    counts = cooccurrence.distance_counts(ids, offsets, vocab_size, window)
+    per_doc = table.group_by("doc_index", maintain_order=True).agg(pl.col("ids").explode())
+    doc_ids, doc_offsets = cooccurrence.id_stream(per_doc["ids"], min_id=len(vocab.SPECIALS))
+    local = cooccurrence.term_document_matrix(doc_ids, doc_offsets, vocab_size).tocoo()
+    n_docs = int(per_doc["doc_index"].max()) + 1 if per_doc.height else 0  # doc_index runs 0..documents-1
+    first = int(per_doc["doc_index"][0]) if per_doc.height else 0
+    termdoc = sp.csr_matrix((local.data, (local.row, local.col + first)), shape=(vocab_size, n_docs))
+    pairs_part, docs_part = (f"{part}-pairs", f"{part}-docs") if part else (None, None)
+    return deliver(counts, pairs_part), deliver(termdoc, docs_part), len(ids)
 
 
 @stage("cooccurrence", code=[cooccurrence, vocab])
 def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef,
-                       params: CooccurrenceParams) -> None:
+                       params: CooccurrenceParams, parallel: ParallelParams | None = None) -> None:
     """Counts over all splits (intrinsic evaluation uses external word lists, not held-out text);
-    special tokens, <unk> included, are dropped before windowing. Also the term–document matrix."""
-    table = read_table(tokens, "tokens.parquet")
+    special tokens, <unk> included, are dropped before windowing. Also the term–document matrix.
+    Shards of sentences are counted apart; their exact per-distance counts add, then are weighted."""
+    parallel = parallel or ParallelParams()
     vocabulary = read_table(tokenizer, "vocab.parquet")
-    n_special = len(vocab.SPECIALS)
-    ids, offsets = cooccurrence.id_stream(table["ids"], min_id=n_special)
-    matrix = cooccurrence.cooccurrence_matrix(ids, offsets, vocabulary.height, params.window, params.weighting,
-                                              progress=out.progress)
+    ranges = row_ranges(count_rows(tokens, "tokens.parquet"), parallel.shard_rows)
+    parts = parts_folder(out, len(ranges), parallel)
+    calls = [{"tokens": tokens, "start": a, "stop": b, "vocab_size": vocabulary.height, "window": params.window,
+              "part": part} for (a, b), part in zip(ranges, parts, strict=True)]
+    results = map_shards(cooccurrence_shard, calls, parallel, "cooccurrence", out.progress)
+    counts = sum_matrices([receive(pairs) for pairs, _, _ in results])
+    matrix = cooccurrence.weigh(counts, vocabulary.height, params.weighting)
     write_matrix(out, "matrix.parquet", matrix)
-    per_doc = table.group_by("doc_index", maintain_order=True).agg(pl.col("ids").explode())["ids"]
-    doc_ids, doc_offsets = cooccurrence.id_stream(per_doc, min_id=n_special)
-    write_matrix(out, "termdoc.parquet",
-                 cooccurrence.term_document_matrix(doc_ids, doc_offsets, vocabulary.height))
+    docs = [receive(termdoc) for _, termdoc, _ in results]
+    n_docs = max(d.shape[1] for d in docs)
+    termdoc = sum_matrices(docs, shape=(vocabulary.height, n_docs))
+    remove_parts([f"{p}-pairs" for p in parts if p] + [f"{p}-docs" for p in parts if p])
+    write_matrix(out, "termdoc.parquet", termdoc)
     out.write_parquet("vocab.parquet", vocabulary, VOCAB)
-    out.metrics.update({"nonzeros": int(matrix.nnz), "tokens": len(ids), "total_weight": float(matrix.sum()),
-                        "vocabulary_size": vocabulary.height, "documents": len(per_doc)})
+    out.metrics.update({"nonzeros": int(matrix.nnz), "tokens": sum(n for _, _, n in results),
+                        "total_weight": float(matrix.sum()), "vocabulary_size": vocabulary.height,
+                        "documents": n_docs})
 
 
 @stage("ppmi", code=[ppmi])

@@ -33,6 +33,25 @@ class CorpusParams(Params):
                             "its error, or skip it and list it in the corpus stats.")
 
 
+class ParallelParams(Params):
+    """How the sharded stages (ingestion, vocabulary, encoding, co-occurrence) run. It changes
+    where the work happens, never the result: artifact versions do not depend on it."""
+
+    runner: Literal["local", "threads", "processes", "dask"] = Field(
+        "threads", description="Task runner for the shards: local (one after the other, in this process), threads "
+                               "(a thread pool), processes (a process pool), dask (a Dask cluster).")
+    workers: int = Field(2, ge=1, le=1024, description="Parallel shards (threads, processes, or workers of the "
+                                                       "LocalCluster started when no dask_address is given).")
+    dask_address: str | None = Field(
+        None, pattern=r"^[a-z][a-z0-9+]*://\S+$",
+        description="Scheduler of a running Dask cluster, e.g. tcp://10.0.0.5:8786 (workers need the sources and "
+                    "the store at the same paths or URLs). None: a LocalCluster on this machine.")
+    shard_bytes: int = Field(64 << 20, ge=1, le=1 << 40, description="Ingestion shard size: large plain-text and "
+                             "JSONL files are cut into byte ranges of this size; smaller files are grouped up to it.")
+    shard_rows: int = Field(2_000_000, ge=1, le=1 << 40, description="Vocabulary, encoding and co-occurrence shard "
+                            "size in table rows (documents, or sentences for co-occurrence).")
+
+
 class VocabularyParams(Params):
     min_count: int = Field(5, ge=1, description="Words seen fewer times in the train split become <unk>.")
     max_size: int | None = Field(None, ge=1, description="Keep at most this many words (most frequent first).")

@@ -38,6 +38,7 @@ from storage import ArtifactRef, ArtifactStore, StoreError, content_version
 
 TRANSIENT = (OSError, TimeoutError, ConnectionError)
 USER_ERRORS = (LexiflowError, StoreError)
+HOW = {"store", "parallel"}  # arguments that choose where/how a stage runs, not what it makes: not versioned
 logging.getLogger("lexiflow").setLevel(logging.INFO)  # progress lines from models/ reach the run logs
 
 
@@ -91,7 +92,7 @@ def _split_arguments(arguments: dict[str, Any]) -> tuple[dict[str, ArtifactRef],
             inputs[k] = v
         elif _is_refs(v):
             inputs.update({f"{k}.{i}": ref for i, ref in enumerate(v)})
-        elif k != "store":
+        elif k not in HOW:
             params[k] = v.model_dump(mode="json") if isinstance(v, BaseModel) else v
     return inputs, params
 

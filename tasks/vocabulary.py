@@ -3,7 +3,10 @@ split and encode the corpus into a `tokenized_corpus` (one row of ids per senten
 
 from __future__ import annotations
 
+from typing import Any
+
 import polars as pl
+from prefect import task
 
 from models import text, tokenizers, vocab
 from models.tokenizers import BPE, WordPiece
@@ -11,8 +14,9 @@ from models.tokenizers import base as tokenizer_base
 from models.tokenizers import bpe as bpe_module
 from models.tokenizers import wordpiece as wordpiece_module
 from storage import ArtifactRef, ArtifactWriter, Catalog
-from storage.formats import TOKENS, VOCAB, read_table
-from tasks.params import TokenizerParams, VocabularyParams
+from storage.formats import TOKENS, VOCAB, count_rows, read_rows, read_table
+from tasks.parallel import SHARD_TASK, deliver, map_shards, parts_folder, receive, remove_parts, row_ranges
+from tasks.params import ParallelParams, TokenizerParams, VocabularyParams
 from tasks.stage import stage
 
 SUBWORD = {"bpe": BPE, "wordpiece": WordPiece}
@@ -22,16 +26,34 @@ def train_sentences(corpus: ArtifactRef) -> pl.DataFrame:
     return vocab.sentences(read_table(corpus, "documents.parquet").filter(pl.col("split") == "train"))
 
 
+@task(name="tokenizer-shard", **SHARD_TASK)
+def count_words_shard(corpus: ArtifactRef, start: int, stop: int, part: str | None) -> tuple[Any, int]:
+    """Word counts of the train documents among rows [start, stop), and their number of words."""
+    documents = read_rows(corpus, "documents.parquet", start, stop).filter(pl.col("split") == "train")
+    words = vocab.sentence_tokens(documents)["words"]
+    return deliver(vocab.token_counts(words), part), int(words.list.len().sum())
+
+
 @stage("tokenizer", code=[vocab, text])
-def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: VocabularyParams) -> None:
-    """Word-level: count words on the train split only, so held-out text can have unknown words."""
-    words = vocab.sentence_tokens(read_table(corpus, "documents.parquet").filter(pl.col("split") == "train"))["words"]
-    vocabulary = vocab.Vocabulary.count(words, params.min_count, params.max_size)
+def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: VocabularyParams,
+                     parallel: ParallelParams | None = None) -> None:
+    """Word-level: count words on the train split only, so held-out text can have unknown words.
+    Shards of documents are counted apart and their counts added."""
+    parallel = parallel or ParallelParams()
+    ranges = row_ranges(count_rows(corpus, "documents.parquet"), parallel.shard_rows)
+    parts = parts_folder(out, len(ranges), parallel)
+    calls = [{"corpus": corpus, "start": a, "stop": b, "part": part}
+             for (a, b), part in zip(ranges, parts, strict=True)]
+    results = map_shards(count_words_shard, calls, parallel, "tokenizer", out.progress)
+    counts = [receive(c) for c, _ in results]
+    vocabulary = vocab.Vocabulary.from_counts(counts[0] if len(counts) == 1 else vocab.merge_counts(counts),
+                                              params.min_count, params.max_size)
+    remove_parts(parts)
     out.write_parquet("vocab.parquet", vocabulary.frame, VOCAB)
     out.write_json("config.json", {"kind": "word", "special_tokens": list(vocab.SPECIALS),
                                    "pattern": text.WORD_PATTERN, "params": params.model_dump()})
     out.metrics.update({"kind": "word", "vocabulary_size": len(vocabulary),
-                        "train_tokens": int(words.list.len().sum()), "covered_tokens": int(vocabulary.counts.sum())})
+                        "train_tokens": sum(n for _, n in results), "covered_tokens": int(vocabulary.counts.sum())})
 
 
 @stage("tokenizer", code=[text, tokenizers, tokenizer_base, bpe_module, wordpiece_module])
@@ -45,11 +67,27 @@ def learn_subword(out: ArtifactWriter, corpus: ArtifactRef, params: TokenizerPar
     out.metrics.update({"kind": params.kind, "vocabulary_size": len(tokenizer.vocab), "merges": len(tokenizer.merges_)})
 
 
-@stage("tokenized_corpus", code=[vocab, text, tokenizers, tokenizer_base, bpe_module, wordpiece_module])
-def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactRef) -> None:
-    rows = vocab.sentences(read_table(corpus, "documents.parquet"))
+@task(name="tokenized_corpus-shard", **SHARD_TASK)
+def encode_shard(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: int, part: str | None) -> Any:
+    """The sentences of documents [start, stop), encoded (doc_index counts from the corpus start)."""
+    rows = vocab.sentences(read_rows(corpus, "documents.parquet", start, stop), first_doc=start)
     ids = Catalog(tokenizer.store).load(tokenizer.kind, tokenizer.version).encode_corpus(rows["text"]).alias("ids")
-    table = rows.select("doc_index", "sentence", "split").with_columns(ids)
+    return deliver(rows.select("doc_index", "sentence", "split").with_columns(ids), part)
+
+
+@stage("tokenized_corpus", code=[vocab, text, tokenizers, tokenizer_base, bpe_module, wordpiece_module])
+def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactRef,
+                  parallel: ParallelParams | None = None) -> None:
+    """One row of ids per sentence; shards of documents are encoded apart and concatenated in order."""
+    parallel = parallel or ParallelParams()
+    ranges = row_ranges(count_rows(corpus, "documents.parquet"), parallel.shard_rows)
+    parts = parts_folder(out, len(ranges), parallel)
+    calls = [{"corpus": corpus, "tokenizer": tokenizer, "start": a, "stop": b, "part": part}
+             for (a, b), part in zip(ranges, parts, strict=True)]
+    tables = [receive(t) for t in map_shards(encode_shard, calls, parallel, "tokenized_corpus", out.progress)]
+    table = tables[0] if len(tables) == 1 else pl.concat(tables, rechunk=True)
+    remove_parts(parts)
+    ids = table["ids"]
     out.write_parquet("tokens.parquet", table, TOKENS)
     n_tokens = int(ids.list.len().sum())
     unknown = int(ids.explode().eq(vocab.UNK_ID).sum())

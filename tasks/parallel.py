@@ -1,0 +1,142 @@
+"""Sharded stages on a Prefect task runner.
+
+A sharded stage cuts its input into shards (byte ranges of files, row ranges of a table), runs
+one shard task per shard on the runner that `ParallelParams.runner` names, and merges the results
+in shard order (counts add, rows concatenate), so the artifact is the same whatever the runner or
+shard size, and so is its version (`parallel` is not versioned, tasks/stage.py).
+
+- `local`, or a single shard: the shard functions are called here, one after the other: no pool,
+  no extra task runs (the small default corpus pays nothing).
+- `threads`: Prefect's `ThreadPoolTaskRunner`; results stay in memory.
+- `processes`: Prefect's `ProcessPoolTaskRunner`; `dask`: `prefect_dask.DaskTaskRunner` on the
+  cluster at `dask_address`, or a `LocalCluster` of `workers` single-threaded worker processes.
+  Results travel as Parquet parts written to the artifact's scratch folder (`<store>/.scratch/...`,
+  so workers on other machines need the store on a shared filesystem) and only their paths and
+  small counts come back, never pickled tables.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import scipy.sparse as sp
+from prefect.cache_policies import NO_CACHE
+from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
+
+from models.progress import Progress
+from storage import ArtifactWriter
+from tasks.params import ParallelParams
+from tasks.stage import retry_transient_only
+
+# Options of every shard task: no cache or persisted result (the stage around it caches the
+# artifact); transient I/O errors retried like the stages'.
+SHARD_TASK: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False, "retries": 2,
+                              "retry_delay_seconds": [1, 2], "retry_condition_fn": retry_transient_only}
+
+
+def task_runner(params: ParallelParams) -> TaskRunner:
+    """The Prefect task runner `params` describe (not entered)."""
+    if params.runner == "processes":
+        return ProcessPoolTaskRunner(max_workers=params.workers)
+    if params.runner == "dask":
+        from prefect_dask import DaskTaskRunner
+
+        if params.dask_address:
+            return DaskTaskRunner(address=params.dask_address)
+        # One thread per worker process: polars/numpy inside a shard are the parallelism.
+        return DaskTaskRunner(cluster_kwargs={"n_workers": params.workers, "threads_per_worker": 1,
+                                              "dashboard_address": None})
+    return ThreadPoolTaskRunner(max_workers=params.workers)
+
+
+def row_ranges(n_rows: int, shard_rows: int) -> list[tuple[int, int]]:
+    """[start, stop) ranges of at most `shard_rows` rows covering `n_rows` (one range when empty)."""
+    n = max(1, math.ceil(n_rows / shard_rows))
+    return [(i * shard_rows, min((i + 1) * shard_rows, n_rows)) for i in range(n)]
+
+
+def parts_folder(out: ArtifactWriter, n_shards: int, params: ParallelParams) -> list[str | None]:
+    """Where each shard writes its result: a Parquet part in the scratch folder when results cross
+    a process boundary, else None (the result is returned in memory)."""
+    if n_shards <= 1 or params.runner in ("local", "threads"):
+        return [None] * n_shards
+    folder = out.scratch / "shards"
+    shutil.rmtree(folder, ignore_errors=True)  # a retried build starts clean
+    folder.mkdir(parents=True)
+    return [str(folder / f"{i:06d}") for i in range(n_shards)]
+
+
+def map_shards(fn: Any, calls: Sequence[dict[str, Any]], params: ParallelParams, name: str,
+               progress: Callable[[float | None], None] | None = None) -> list[Any]:
+    """fn(**call) for every call, results in call order: inline for one call or the local runner,
+    else as task runs on the runner (`fn` is a Prefect task)."""
+    with Progress(f"{name} shards", total=len(calls), unit="shards", callback=progress) as bar:
+        if len(calls) <= 1 or params.runner == "local":
+            results = []
+            for call in calls:
+                results.append(fn.fn(**call))
+                bar.update()
+            return results
+        with task_runner(params) as runner:
+            futures = [runner.submit(fn, parameters=dict(call)) for call in calls]
+            results = []
+            for future in futures:
+                results.append(future.result())
+                bar.update()
+            return results
+
+
+# ---- shard results: in memory, or a Parquet part (tables; sparse matrices as row, col, value) ----
+def deliver(result: pl.DataFrame | sp.spmatrix, part: str | None) -> Any:
+    """The shard's result itself (`part` None), or its Parquet part's path."""
+    if part is None:
+        return result
+    path = f"{part}.parquet"
+    if isinstance(result, pl.DataFrame):
+        result.write_parquet(path)
+    else:
+        coo = sp.coo_matrix(result)
+        table = pa.table({"row": coo.row.astype(np.int64), "col": coo.col.astype(np.int64), "value": coo.data})
+        pq.write_table(table.replace_schema_metadata({"shape": json.dumps(list(coo.shape))}), path)
+    return path
+
+
+def receive(result: Any) -> Any:
+    """What `deliver` sent: the object, or read back from its part."""
+    if not isinstance(result, str):
+        return result
+    table = pq.read_table(result)
+    metadata = table.schema.metadata or {}
+    if b"shape" not in metadata:
+        return pl.from_arrow(table)
+    shape = tuple(json.loads(metadata[b"shape"]))
+    return sp.csr_matrix((table["value"].to_numpy(), (table["row"].to_numpy(), table["col"].to_numpy())), shape=shape)
+
+
+def sum_matrices(matrices: list[sp.spmatrix], shape: tuple[int, int] | None = None) -> sp.csr_matrix:
+    """Sum of shard matrices (exact for integer counts, in any order), of `shape` (default: the first's)."""
+    shape = shape or matrices[0].shape
+    if len(matrices) == 1 and matrices[0].shape == shape:
+        return matrices[0].tocsr()
+    coos = [sp.coo_matrix(m) for m in matrices]
+    data = np.concatenate([c.data for c in coos])
+    rows = np.concatenate([c.row.astype(np.int64) for c in coos])
+    cols = np.concatenate([c.col.astype(np.int64) for c in coos])
+    total = sp.csr_matrix((data, (rows, cols)), shape=shape)  # duplicates are summed
+    total.sum_duplicates()
+    return total
+
+
+def remove_parts(parts: list[str | None]) -> None:
+    for part in parts:
+        if part is not None:
+            Path(f"{part}.parquet").unlink(missing_ok=True)

@@ -1,0 +1,176 @@
+"""Sharded stages give exactly the single-process results: ingestion by byte ranges (boundaries in
+the middle of lines), vocabulary counts, encoding and co-occurrence by row ranges."""
+
+import bz2
+import gzip
+import json
+
+import numpy as np
+import polars as pl
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from models.cooccurrence import cooccurrence_matrix, distance_counts, id_stream, weigh
+from models.errors import InputError
+from models.ingest import FileRange, IngestOptions, build_corpus, ingest_shard, merge_shards, plan_shards
+from storage import ArtifactStore
+from tasks.corpus import ingest_corpus
+from tasks.matrices import count_cooccurrence
+from tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
+from tasks.vocabulary import encode_corpus, learn_vocabulary
+
+
+def sharded(files, options, shard_bytes):
+    shards = plan_shards(files, options, shard_bytes)
+    return merge_shards(files, [ingest_shard(shard, options) for shard in shards], options), shards
+
+
+LINES = ["The cat sat. Dr. Smith came home!", "", "  a   second   line  ", "The cat sat. Dr. Smith came home!",
+         "é café\u2028split by a line separator", "crlf line\r", "Ünïcödé ÅÄÖ text. Another sentence here.",
+         "x" * 40, "last line without newline"]
+
+
+@pytest.fixture()
+def files(tmp_path):
+    text = tmp_path / "a.txt"
+    text.write_bytes(b"\xef\xbb\xbf" + "\n".join(LINES).encode())  # UTF-8 BOM, CRLF, U+2028, no final newline
+    jsonl = tmp_path / "b.jsonl"
+    jsonl.write_text("".join(json.dumps({"text": t, "n": i}) + "\n" + ("\n" if i == 2 else "")
+                             for i, t in enumerate(LINES[:6])))
+    packed = tmp_path / "c.txt.gz"
+    packed.write_bytes(gzip.compress("gzipped one\nThe cat sat. Dr. Smith came home!\n".encode()))
+    bad = tmp_path / "d.txt"
+    bad.write_bytes(b"fine line\n" * 6 + b"bad \xff byte\n" + b"more\n")  # invalid UTF-8 on line 7
+    empty = tmp_path / "e.txt"
+    empty.write_bytes(b"")
+    wiki = tmp_path / "f.xml.bz2"
+    wiki.write_bytes(bz2.compress(b"<mediawiki><page><title>T</title><ns>0</ns><revision><text>Wiki text "
+                                  b"here.</text></revision></page></mediawiki>"))
+    return [text, jsonl, packed, bad, empty, wiki]
+
+
+@pytest.mark.parametrize("shard_bytes", [1, 3, 7, 16, 29, 64, 1 << 30])
+def test_sharded_ingestion_equals_single_process(files, shard_bytes):
+    options = IngestOptions(bad_files="skip", valid_fraction=0.3, test_fraction=0.3)
+    whole = build_corpus(files, options)
+    corpus, shards = sharded(files, options, shard_bytes)
+    assert corpus.documents.equals(whole.documents)
+    assert corpus.stats == whole.stats
+    assert whole.stats["skipped_inputs"] == 2 and "d.txt:7: invalid UTF-8 (byte 64)" in whole.stats["skipped"][0]["reason"]
+    if shard_bytes < 64:  # the text files were cut in byte ranges, mid-line; compressed/XML files stay whole
+        assert sum(1 for s in shards for part in s if part.path.endswith("a.txt")) > 3
+        assert all(part.stop is None for s in shards for part in s if part.path.endswith((".gz", ".bz2")))
+
+
+def test_a_range_owns_the_lines_that_start_inside_it(tmp_path):
+    path = tmp_path / "t.txt"
+    path.write_text("aa\nbbbb\ncc\n")  # lines start at bytes 0, 3, 8
+    options = IngestOptions(split_sentences=False, lowercase=False)
+    texts = [ingest_shard([FileRange(str(path), 0, a, a + 4)], options).documents["text"].to_list()
+             for a in (0, 4, 8)]
+    assert texts == [["aa", "bbbb"], [], ["cc"]]
+
+
+def test_errors_in_a_later_range_name_the_files_line_and_byte(tmp_path):
+    text = tmp_path / "big.txt"
+    text.write_bytes(b"line\n" * 50 + b"bad \xc3\x28 here\n" + b"after\n" * 10)
+    jsonl = tmp_path / "big.jsonl"
+    jsonl.write_text('{"text": "ok"}\n' * 40 + "{not json\n" + '{"text": "ok"}\n' * 5)
+    mixed = tmp_path / "mixed.jsonl"  # a JSON error early, invalid UTF-8 later: decoding errors come first
+    mixed.write_bytes(b'{"text": "a"}\n' + b"{oops\n" + b'{"text": "b"}\n' * 30 + b'{"text": "\xff"}\n')
+    options = IngestOptions()
+    for path, expected in ((text, f"{text}:51: invalid UTF-8 (byte 254)"), (jsonl, f"{jsonl}:41: invalid JSON"),
+                           (mixed, f"{mixed}:33: invalid UTF-8")):
+        with pytest.raises(InputError) as whole:
+            build_corpus([path], options)
+        with pytest.raises(InputError) as parts:
+            sharded([path], options, 16)
+        assert str(parts.value) == str(whole.value) and str(whole.value).startswith(expected)
+
+
+@settings(max_examples=40, deadline=None)
+@given(lines=st.lists(st.text(alphabet="ab .A\n\r\u2028é", max_size=12), min_size=1, max_size=15),
+       shard_bytes=st.integers(1, 40))
+def test_any_cut_of_random_lines_gives_the_same_corpus(tmp_path_factory, lines, shard_bytes):
+    path = tmp_path_factory.mktemp("h") / "r.txt"
+    path.write_text("\n".join(lines), encoding="utf-8", newline="")
+    options = IngestOptions(dedupe=True)
+    try:
+        whole = build_corpus([path], options)
+    except InputError as exc:
+        with pytest.raises(InputError, match="empty"):
+            sharded([path], options, shard_bytes)
+        assert "empty" in str(exc)
+        return
+    corpus, _ = sharded([path], options, shard_bytes)
+    assert corpus.documents.equals(whole.documents) and corpus.stats == whole.stats
+
+
+@settings(max_examples=40, deadline=None)
+@given(lengths=st.lists(st.integers(0, 25), min_size=1, max_size=10), cut=st.integers(0, 10),
+       window=st.integers(1, 6), weighting=st.sampled_from(["uniform", "harmonic"]))
+def test_cooccurrence_counts_of_sentence_ranges_add_up_exactly(lengths, cut, window, weighting):
+    rng = np.random.default_rng(len(lengths) * 31 + cut)
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
+    ids = rng.integers(0, 7, offsets[-1])
+    cut = min(cut, len(lengths))
+    first = distance_counts(ids[: offsets[cut]], offsets[: cut + 1], 7, window)
+    second = distance_counts(ids[offsets[cut]:], offsets[cut:] - offsets[cut], 7, window)
+    merged = weigh(second + first, 7, weighting)  # any order
+    whole = cooccurrence_matrix(ids, offsets, 7, window, weighting, chunk_tokens=5)
+    assert np.array_equal(merged.toarray(), whole.toarray())  # bit for bit, harmonic weights included
+
+
+def build(store: ArtifactStore, stage, **arguments):
+    """Publish one stage's artifact without Prefect (the `local` runner calls shards inline)."""
+    version = stage.version_of({"store": store.url, **arguments})
+    if not store.exists(stage.name, version):
+        with store.writer(stage.name, version) as out:
+            stage.fn.__wrapped__(out, **arguments)
+    return store.ref(stage.name, version)
+
+
+def stage_outputs(store: ArtifactStore, sources: list[str], parallel: ParallelParams) -> dict:
+    corpus = CorpusParams(sources=sources, valid_fraction=0.2, test_fraction=0.2)
+    docs = build(store, ingest_corpus, params=corpus, parallel=parallel)
+    words = build(store, learn_vocabulary, corpus=docs, params=VocabularyParams(min_count=1), parallel=parallel)
+    tokens = build(store, encode_corpus, corpus=docs, tokenizer=words, parallel=parallel)
+    counts = build(store, count_cooccurrence, tokens=tokens, tokenizer=words,
+                   params=CooccurrenceParams(window=3), parallel=parallel)
+    return {ref.kind: ref for ref in (docs, words, tokens, counts)}
+
+
+def assert_same_artifacts(a: dict, b: dict) -> None:
+    assert {k: r.version for k, r in a.items()} == {k: r.version for k, r in b.items()}
+    for kind, ref in a.items():
+        left, right = ArtifactStore(ref.store), ArtifactStore(b[kind].store)
+        files = sorted(f["name"] for f in left.manifest(kind, ref.version)["files"])
+        for name in files:
+            if name.endswith(".parquet"):
+                assert left.read_parquet(kind, ref.version, name).equals(right.read_parquet(kind, ref.version, name))
+        assert left.manifest(kind, ref.version)["metrics"] == right.manifest(kind, ref.version)["metrics"]
+
+
+@pytest.fixture()
+def sources(tmp_path, files):
+    """Text with duplicates across files and a file cut mid-line, a JSONL file, a gzip file."""
+    big = tmp_path / "big.txt"
+    big.write_text("\n".join(f"Sentence {i % 37} about cats. And dogs number {i % 11}!" for i in range(300)))
+    return [str(big), str(files[0]), str(files[1]), str(files[2])]
+
+
+def test_sharded_stages_publish_the_same_artifacts_and_versions(tmp_path, sources):
+    single = stage_outputs(ArtifactStore(tmp_path / "single"), sources, ParallelParams(runner="local"))
+    small = ParallelParams(runner="local", shard_bytes=700, shard_rows=13)
+    sharded_refs = stage_outputs(ArtifactStore(tmp_path / "sharded"), sources, small)
+    assert_same_artifacts(single, sharded_refs)
+    metrics = ArtifactStore(tmp_path / "single").manifest("cooccurrence", single["cooccurrence"].version)["metrics"]
+    assert metrics["documents"] > 50 and metrics["tokens"] > 1000
+    assert "parallel" not in ArtifactStore(tmp_path / "single").manifest("corpus", single["corpus"].version)["parameters"]
+    tokens = pl.read_parquet(ArtifactStore(tmp_path / "sharded").path("tokenized_corpus",
+                                                                       sharded_refs["tokenized_corpus"].version,
+                                                                       "tokens.parquet"))
+    assert tokens["doc_index"].is_sorted() and tokens["doc_index"].n_unique() == tokens["doc_index"].max() + 1
+    ids, offsets = id_stream(tokens["ids"], min_id=4)
+    assert len(ids) == metrics["tokens"]
