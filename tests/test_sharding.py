@@ -39,7 +39,7 @@ def files(tmp_path):
     jsonl.write_text("".join(json.dumps({"text": t, "n": i}) + "\n" + ("\n" if i == 2 else "")
                              for i, t in enumerate(LINES[:6])))
     packed = tmp_path / "c.txt.gz"
-    packed.write_bytes(gzip.compress("gzipped one\nThe cat sat. Dr. Smith came home!\n".encode()))
+    packed.write_bytes(gzip.compress(b"gzipped one\nThe cat sat. Dr. Smith came home!\n"))
     bad = tmp_path / "d.txt"
     bad.write_bytes(b"fine line\n" * 6 + b"bad \xff byte\n" + b"more\n")  # invalid UTF-8 on line 7
     empty = tmp_path / "e.txt"
@@ -57,7 +57,8 @@ def test_sharded_ingestion_equals_single_process(files, shard_bytes):
     corpus, shards = sharded(files, options, shard_bytes)
     assert corpus.documents.equals(whole.documents)
     assert corpus.stats == whole.stats
-    assert whole.stats["skipped_inputs"] == 2 and "d.txt:7: invalid UTF-8 (byte 64)" in whole.stats["skipped"][0]["reason"]
+    assert whole.stats["skipped_inputs"] == 2
+    assert "d.txt:7: invalid UTF-8 (byte 64)" in whole.stats["skipped"][0]["reason"]
     if shard_bytes < 64:  # the text files were cut in byte ranges, mid-line; compressed/XML files stay whole
         assert sum(1 for s in shards for part in s if part.path.endswith("a.txt")) > 3
         assert all(part.stop is None for s in shards for part in s if part.path.endswith((".gz", ".bz2")))
@@ -167,7 +168,8 @@ def test_sharded_stages_publish_the_same_artifacts_and_versions(tmp_path, source
     assert_same_artifacts(single, sharded_refs)
     metrics = ArtifactStore(tmp_path / "single").manifest("cooccurrence", single["cooccurrence"].version)["metrics"]
     assert metrics["documents"] > 50 and metrics["tokens"] > 1000
-    assert "parallel" not in ArtifactStore(tmp_path / "single").manifest("corpus", single["corpus"].version)["parameters"]
+    corpus_manifest = ArtifactStore(tmp_path / "single").manifest("corpus", single["corpus"].version)
+    assert "parallel" not in corpus_manifest["parameters"]
     tokens = pl.read_parquet(ArtifactStore(tmp_path / "sharded").path("tokenized_corpus",
                                                                        sharded_refs["tokenized_corpus"].version,
                                                                        "tokens.parquet"))
