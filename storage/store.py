@@ -475,12 +475,14 @@ class ArtifactWriter:
         """Where to write file `name` (for libraries that write to a path themselves)."""
         return self.folder / validate_file_name(name)
 
-    def write_parquet(self, name: str, data: pl.DataFrame | pa.Table, schema: pa.Schema | None = None) -> Path:
+    def write_parquet(self, name: str, data: pl.DataFrame | pa.Table, schema: pa.Schema | None = None,
+                      row_group_size: int | None = None) -> Path:
+        """`row_group_size`: rows per row group (smaller groups let shards read only their rows)."""
         table = data.to_arrow() if isinstance(data, pl.DataFrame) else data
         if schema is not None:
             table = table.select(schema.names).cast(schema)
         path = self.path(name)
-        pq.write_table(table, path, compression="zstd")
+        pq.write_table(table, path, compression="zstd", row_group_size=row_group_size)
         return path
 
     def write_json(self, name: str, obj: Any) -> Path:

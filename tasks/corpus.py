@@ -11,7 +11,7 @@ from prefect import task
 from models import conllu, ingest, text
 from storage import ArtifactWriter
 from storage.formats import DOCUMENTS, TAGGED
-from tasks.parallel import SHARD_TASK, deliver, map_shards, parts_folder, receive, remove_parts
+from tasks.parallel import SHARD_TASK, SHARDED_ROW_GROUP, deliver, map_shards, parts_folder, receive, remove_parts
 from tasks.params import CorpusParams, ParallelParams
 from tasks.stage import stage
 
@@ -56,7 +56,7 @@ def ingest_corpus(out: ArtifactWriter, params: CorpusParams, parallel: ParallelP
         corpus = ingest.merge_shards(files, [ingest.ShardResult(receive(documents), texts, errors)
                                              for documents, texts, errors in results], opts)
         remove_parts(parts)
-    out.write_parquet("documents.parquet", corpus.documents, DOCUMENTS)
+    out.write_parquet("documents.parquet", corpus.documents, DOCUMENTS, row_group_size=SHARDED_ROW_GROUP)
     out.metrics.update(corpus.stats)
 
 

@@ -15,7 +15,16 @@ from models.tokenizers import bpe as bpe_module
 from models.tokenizers import wordpiece as wordpiece_module
 from storage import ArtifactRef, ArtifactWriter, Catalog
 from storage.formats import TOKENS, VOCAB, count_rows, read_rows, read_table
-from tasks.parallel import SHARD_TASK, deliver, map_shards, parts_folder, receive, remove_parts, row_ranges
+from tasks.parallel import (
+    SHARD_TASK,
+    SHARDED_ROW_GROUP,
+    deliver,
+    map_shards,
+    parts_folder,
+    receive,
+    remove_parts,
+    row_ranges,
+)
 from tasks.params import ParallelParams, TokenizerParams, VocabularyParams
 from tasks.stage import stage
 
@@ -88,7 +97,7 @@ def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactR
     table = tables[0] if len(tables) == 1 else pl.concat(tables, rechunk=True)
     remove_parts(parts)
     ids = table["ids"]
-    out.write_parquet("tokens.parquet", table, TOKENS)
+    out.write_parquet("tokens.parquet", table, TOKENS, row_group_size=SHARDED_ROW_GROUP)
     n_tokens = int(ids.list.len().sum())
     unknown = int(ids.explode().eq(vocab.UNK_ID).sum())
     per_split = table.group_by("split").agg(pl.col("ids").list.len().sum()).sort("split").iter_rows()

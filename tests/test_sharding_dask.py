@@ -42,8 +42,8 @@ def test_dask_and_threads_publish_what_one_process_does_and_reruns_reuse_it(tmp_
         # The shards went through Parquet parts (a process boundary), now cleaned up.
         assert not list((tmp_path / "dask" / ".scratch").rglob("*.parquet"))
     assert_same_artifacts(local, on_dask)
-    threads = counts_flow(str(tmp_path / "threads"), sources, ParallelParams(workers=2, shard_bytes=4000, shard_rows=250))
-    assert_same_artifacts(local, threads)
+    threads = ParallelParams(workers=2, shard_bytes=4000, shard_rows=250)
+    assert_same_artifacts(local, counts_flow(str(tmp_path / "threads"), sources, threads))
 
     store = ArtifactStore(tmp_path / "dask")
     created = {kind: store.manifest(kind, ref.version)["created"] for kind, ref in on_dask.items()}

@@ -1,0 +1,106 @@
+"""Sharded counting on Dask: word counting (vocabulary) and co-occurrence counting, in tokens/s,
+on a Dask LocalCluster with 1 and with 2 worker processes (one thread each) against the
+single-process path, in the same run, on the same tokenized corpus (WikiText-2 lines).
+
+The clusters are started and warmed up before timing, as a running cluster would be; each timed run is the
+whole stage as the pipeline runs it (plan, shard task runs through Prefect, Parquet parts, merge,
+publish), its output deleted first so it is recomputed. Every run's artifact is checked equal to
+the single-process one.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from distributed import LocalCluster
+from prefect import flow, task
+from prefect.testing.utilities import prefect_test_harness
+
+from benchmarks.corpora import plain_text_file
+from benchmarks.harness import Row
+from storage import ArtifactRef, ArtifactStore
+from tasks.corpus import ingest_corpus
+from tasks.matrices import count_cooccurrence
+from tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
+from tasks.vocabulary import encode_corpus, learn_vocabulary
+
+
+@flow(name="benchmark-stage")
+def _run_stage(stage: Any, store: str, arguments: dict[str, Any]) -> ArtifactRef:
+    return stage(store, **arguments)
+
+
+def time_stage(stage: Any, store: str, arguments: dict[str, Any],
+               parallel: ParallelParams) -> tuple[float, ArtifactRef]:
+    """Seconds to build one stage's artifact from scratch with this runner (inside a flow run)."""
+    artifacts = ArtifactStore(store)
+    version = stage.version_of({"store": store, **arguments})
+    if artifacts.exists(stage.name, version):
+        artifacts.delete(stage.name, version)
+    start = time.perf_counter()
+    ref = _run_stage(stage, store, {**arguments, "parallel": parallel})
+    return time.perf_counter() - start, ref
+
+
+def dask_params(cluster: LocalCluster, **shards: int) -> ParallelParams:
+    return ParallelParams(runner="dask", dask_address=cluster.scheduler_address, **shards)
+
+
+@task
+def _warm_up() -> None:
+    import tasks.matrices  # noqa: F401 - what the shard tasks import, loaded once per worker
+    import tasks.vocabulary  # noqa: F401
+
+
+def cluster(workers: int) -> LocalCluster:
+    """A running cluster, as in production: worker processes started and warm (modules imported,
+    a Prefect client made) before anything is timed."""
+    started = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+    from prefect_dask import DaskTaskRunner
+
+    with DaskTaskRunner(address=started.scheduler_address) as runner:
+        for future in [runner.submit(_warm_up, parameters={}) for _ in range(4 * workers)]:
+            future.result()
+    return started
+
+
+def _same(a: ArtifactRef, b: ArtifactRef, name: str) -> bool:
+    return ArtifactStore(a.store).read_parquet(a.kind, a.version, name).equals(
+        ArtifactStore(b.store).read_parquet(b.kind, b.version, name))
+
+
+def run(quick: bool = False) -> list[Row]:
+    size = 4_000_000 if quick else 40_000_000
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory() as tmp, prefect_test_harness(server_startup_timeout=120):
+        source = plain_text_file(Path(tmp) / "corpus.txt", size)
+        store = str(Path(tmp) / "store")
+        local = ParallelParams(runner="local")
+        docs = _run_stage(ingest_corpus, store, {"params": CorpusParams(sources=[str(source)]), "parallel": local})
+        words = _run_stage(learn_vocabulary, store, {"corpus": docs, "params": VocabularyParams(), "parallel": local})
+        tokens = _run_stage(encode_corpus, store, {"corpus": docs, "tokenizer": words, "parallel": local})
+        n_docs = ArtifactStore(store).manifest("corpus", docs.version)["metrics"]["documents"]
+        n_sentences = ArtifactStore(store).manifest("tokenized_corpus", tokens.version)["metrics"]["sentences"]
+        stages = {
+            "word counting (vocabulary, train split)": (
+                learn_vocabulary, {"corpus": docs, "params": VocabularyParams()}, "vocab.parquet", "train_tokens",
+                -(-n_docs // 8)),
+            "co-occurrence counting (window 5 harmonic + term-document)": (
+                count_cooccurrence, {"tokens": tokens, "tokenizer": words, "params": CooccurrenceParams()},
+                "matrix.parquet", "tokens", -(-n_sentences // 8)),
+        }
+        for case, (stage, arguments, table, count, shard_rows) in stages.items():
+            t_single, single = time_stage(stage, store, arguments, local)
+            n_tokens = ArtifactStore(store).manifest(stage.name, single.version)["metrics"][count]
+            for workers in (1, 2):
+                with cluster(workers) as dask:
+                    t_dask, ref = time_stage(stage, store, arguments, dask_params(dask, shard_rows=shard_rows))
+                assert ref.version == single.version and _same(ref, single, table), "sharded result differs"
+                rows.append(Row("sharding", f"{case}, {n_tokens / 1e6:.1f}M tokens, 8 shards on {workers} Dask "
+                                f"worker{'s' if workers > 1 else ''}", "tokens/s", n_tokens / t_dask,
+                                n_tokens / t_single, "single process", True, "", None,
+                                f"dask {t_dask:.2f} s vs single {t_single:.2f} s; identical artifact"))
+    return rows
