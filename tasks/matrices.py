@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import polars as pl
+import numpy as np
 import scipy.sparse as sp
 from prefect import task
 
@@ -33,11 +33,11 @@ def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, vocab_size: i
     table = read_rows(tokens, "tokens.parquet", start, stop)
     ids, offsets = cooccurrence.id_stream(table["ids"], min_id=len(vocab.SPECIALS))
     counts = cooccurrence.distance_counts(ids, offsets, vocab_size, window)
-    per_doc = table.group_by("doc_index", maintain_order=True).agg(pl.col("ids").explode())
-    doc_ids, doc_offsets = cooccurrence.id_stream(per_doc["ids"], min_id=len(vocab.SPECIALS))
-    local = cooccurrence.term_document_matrix(doc_ids, doc_offsets, vocab_size).tocoo()
-    n_docs = int(per_doc["doc_index"].max()) + 1 if per_doc.height else 0  # doc_index runs 0..documents-1
-    first = int(per_doc["doc_index"][0]) if per_doc.height else 0
+    # Documents are runs of sentences: their id ranges come from the sentence offsets (no regrouping).
+    doc_index = table["doc_index"].to_numpy()
+    doc_starts = np.flatnonzero(np.concatenate(([True], doc_index[1:] != doc_index[:-1]))) if len(doc_index) else []
+    local = cooccurrence.term_document_matrix(ids, np.append(offsets[doc_starts], offsets[-1]), vocab_size).tocoo()
+    first, n_docs = (int(doc_index[0]), int(doc_index[-1]) + 1) if len(doc_index) else (0, 0)  # 0..documents-1
     termdoc = sp.csr_matrix((local.data, (local.row, local.col + first)), shape=(vocab_size, n_docs))
     pairs_part, docs_part = (f"{part}-pairs", f"{part}-docs") if part else (None, None)
     return deliver(counts, pairs_part), deliver(termdoc, docs_part), len(ids)

@@ -11,10 +11,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.cooccurrence import cooccurrence_matrix, distance_counts, id_stream, weigh
+from models.cooccurrence import cooccurrence_matrix, distance_counts, id_stream, term_document_matrix, weigh
 from models.errors import InputError
 from models.ingest import FileRange, IngestOptions, build_corpus, ingest_shard, merge_shards, plan_shards
 from storage import ArtifactStore
+from storage.formats import read_matrix
 from tasks.corpus import ingest_corpus
 from tasks.matrices import count_cooccurrence
 from tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
@@ -176,3 +177,9 @@ def test_sharded_stages_publish_the_same_artifacts_and_versions(tmp_path, source
     assert tokens["doc_index"].is_sorted() and tokens["doc_index"].n_unique() == tokens["doc_index"].max() + 1
     ids, offsets = id_stream(tokens["ids"], min_id=4)
     assert len(ids) == metrics["tokens"]
+    # The term–document matrix equals the one built from whole documents (sentences regrouped).
+    per_doc = tokens.group_by("doc_index", maintain_order=True).agg(pl.col("ids").explode())["ids"]
+    doc_ids, doc_offsets = id_stream(per_doc, min_id=4)
+    expected = term_document_matrix(doc_ids, doc_offsets, metrics["vocabulary_size"])
+    got = read_matrix(sharded_refs["cooccurrence"], "termdoc.parquet")
+    assert got.shape == expected.shape and (got != expected).nnz == 0
