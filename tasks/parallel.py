@@ -127,16 +127,16 @@ def receive(result: Any) -> Any:
 
 
 def sum_matrices(matrices: list[sp.spmatrix], shape: tuple[int, int] | None = None) -> sp.csr_matrix:
-    """Sum of shard matrices (exact for integer counts, in any order), of `shape` (default: the first's)."""
+    """Sum of shard matrices (exact for integer counts, in any order), of `shape` (default: the
+    first's; smaller ones are padded). CSR additions: linear merges of sorted rows, no re-sort."""
     shape = shape or matrices[0].shape
-    if len(matrices) == 1 and matrices[0].shape == shape:
-        return matrices[0].tocsr()
-    coos = [sp.coo_matrix(m) for m in matrices]
-    data = np.concatenate([c.data for c in coos])
-    rows = np.concatenate([c.row.astype(np.int64) for c in coos])
-    cols = np.concatenate([c.col.astype(np.int64) for c in coos])
-    total = sp.csr_matrix((data, (rows, cols)), shape=shape)  # duplicates are summed
-    total.sum_duplicates()
+    total = None
+    for matrix in matrices:
+        matrix = matrix.tocsr()
+        if matrix.shape != shape:
+            matrix = matrix.copy()
+            matrix.resize(shape)
+        total = matrix if total is None else total + matrix
     return total
 
 
