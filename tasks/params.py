@@ -48,7 +48,7 @@ class ParallelParams(Params):
                     "the store at the same paths or URLs). None: a LocalCluster on this machine.")
     shard_bytes: int = Field(64 << 20, ge=1, le=1 << 40, description="Ingestion shard size: large plain-text and "
                              "JSONL files are cut into byte ranges of this size; smaller files are grouped up to it.")
-    shard_rows: int = Field(2_000_000, ge=1, le=1 << 40, description="Vocabulary, encoding and co-occurrence shard "
+    shard_rows: int = Field(500_000, ge=1, le=1 << 40, description="Vocabulary, encoding and co-occurrence shard "
                             "size in table rows (documents, or sentences for co-occurrence).")
 
 
