@@ -71,6 +71,7 @@ class LMModule(nn.Module):
     """
 
     max_context: int | None = None
+    state_batch_dim: int = 0  # the batch dimension of each carried state tensor (RNNs: 1)
     embedding: nn.Embedding
 
     def forward(self, x: torch.Tensor, state: State = None) -> tuple[torch.Tensor, State]:  # pragma: no cover
@@ -150,7 +151,7 @@ class NeuralLM:
                                  window=self._window, on_step=on_step)
         self.metrics_ = pl.DataFrame(history, schema=METRIC_COLUMNS) if history else pl.DataFrame(
             schema=METRIC_COLUMNS)
-        self.device_ = training.resolve_device(self.train.device)
+        self.device_ = next(self.module_.parameters()).device  # under torchrun, this rank's GPU
         return self
 
     # -- scoring -----------------------------------------------------------------------------

@@ -48,6 +48,8 @@ class RNNConfig(LMConfig):
 
 
 class RNN(LMModule):
+    state_batch_dim = 1  # (layers, B, hidden)
+
     def __init__(self, config: RNNConfig) -> None:
         super().__init__()
         config.validate()

@@ -18,6 +18,13 @@ optional `torch.compile`. Checkpoints (safetensors + JSON, no pickle) every `che
 steps and at each epoch end hold the weights, optimizer moments, RNG state, carried state and the
 position in the data, so a killed run resumes where it stopped and ends where an uninterrupted run
 would (bit-for-bit on CPU).
+
+Data parallelism (torch DistributedDataParallel; launched by `models.lm.distributed` through
+`torchrun`): when a process group is initialised, rank r of W trains rows [r B/W, (r+1) B/W) of the
+same batchified stream (its shard of every batch), the loss is scaled so that DDP's gradient average
+equals the one-process gradient of the global batch, validation rows are split across ranks and
+summed, and only rank 0 logs progress and writes checkpoints (holding every rank's carried state and
+RNG state, gathered), so W processes at global batch B follow the loss curve of one process at B.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -35,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
@@ -98,14 +107,23 @@ class TrainConfig:
 
 
 # ---------------------------------------------------------------------------------------------
-# devices and precision
+# devices, precision and data-parallel ranks
+
+
+def dist_info() -> tuple[int, int]:
+    """(rank, world size) of the initialised torch.distributed group; (0, 1) without one."""
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 def resolve_device(device: str) -> torch.device:
     """`auto` picks CUDA when present, else CPU."""
     if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        device = "cuda" if torch.cuda.is_available() else "cpu"
     dev = torch.device(device)
+    if dev.type == "cuda" and dev.index is None and dist_info()[1] > 1:
+        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))  # one GPU per rank (torchrun)
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ParameterError(f"TrainConfig.device={device!r} but CUDA is not available: use 'auto' or 'cpu'")
     return dev
@@ -157,8 +175,8 @@ def pad_sequences(seqs: Sequence[np.ndarray], pad_id: int) -> torch.Tensor:
 
 
 def windows(n_cols: int, bptt: int) -> Iterator[tuple[int, int]]:
-    """(start, length) of the bptt windows over columns 0..n_cols-2 (each needs a next column)."""
-    for i in range(0, n_cols - 1, bptt):
+    """(start, length) of the bptt windows over columns 0..n_cols-2 (each needs a next column); none for bptt 0."""
+    for i in range(0, n_cols - 1, bptt) if bptt else ():
         yield i, min(bptt, n_cols - 1 - i)
 
 
@@ -171,11 +189,13 @@ def targets_of(y: torch.Tensor, bos_id: int, pad_id: int) -> torch.Tensor:
 def evaluate(module: LMModule, data: torch.Tensor, window: int, device: torch.device, precision: str,
              bos_id: int, pad_id: int) -> tuple[float, int]:
     """Summed NLL (nats) and count of predicted tokens over (B, N) data, state carried across windows."""
+    rank, world = dist_info()
+    data = data[rank::world]  # data parallel: each rank scores every W-th row; the sums are added below
     was_training = module.training
     module.eval()
     state = None
     total, count = 0.0, 0
-    for i, length in windows(data.shape[1], window):
+    for i, length in windows(data.shape[1], window if len(data) else 0):
         x = data[:, i : i + length].to(device)
         y = targets_of(data[:, i + 1 : i + 1 + length], bos_id, pad_id).to(device)
         with autocast(device, precision):
@@ -184,6 +204,10 @@ def evaluate(module: LMModule, data: torch.Tensor, window: int, device: torch.de
                                  ignore_index=IGNORE, reduction="sum").item()
         count += int((y != IGNORE).sum())
     module.train(was_training)
+    if world > 1:
+        sums = torch.tensor([total, count], dtype=torch.float64, device=device)
+        dist.all_reduce(sums)
+        total, count = float(sums[0]), int(sums[1])
     return total, count
 
 
@@ -205,9 +229,12 @@ def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
 
 def make_optimizer(module: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     params = [p for p in module.parameters() if p.requires_grad]
+    # foreach: one multi-tensor kernel per update instead of a Python loop over parameters (CPU too).
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay)
-    return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
+                               foreach=True)
+    return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
+                             foreach=True)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -247,9 +274,32 @@ class _Position:
     done: bool = False
 
 
+def _gather_rows(state: tuple[torch.Tensor, ...], dim: int) -> tuple[torch.Tensor, ...]:
+    """Every rank's carried state (its rows of the batch) concatenated along the batch dimension."""
+    out = []
+    for t in state:
+        parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, t.detach().contiguous())
+        out.append(torch.cat(parts, dim))
+    return tuple(out)
+
+
+def _gather_rng(device: torch.device) -> dict[str, torch.Tensor]:
+    """Every rank's RNG states (dropout masks differ per rank), as `rng.{cpu,cuda}.rank{r}` tensors."""
+    states = {"cpu": torch.get_rng_state()}
+    if device.type == "cuda":
+        states["cuda"] = torch.cuda.get_rng_state(device)
+    out = {}
+    for name, st in states.items():
+        parts = [torch.empty_like(st, device=device) for _ in range(dist.get_world_size())]
+        dist.all_gather(parts, st.to(device))
+        out.update({f"rng.{name}.rank{r}": part.cpu() for r, part in enumerate(parts)})
+    return out
+
+
 def _save_checkpoint(path: Path, module: torch.nn.Module, opt: torch.optim.Optimizer, pos: _Position,
                      state: tuple[torch.Tensor, ...], history: list[dict], best: dict[str, torch.Tensor] | None,
-                     ) -> None:
+                     rank_rng: dict[str, torch.Tensor] | None = None) -> None:
     tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -257,6 +307,7 @@ def _save_checkpoint(path: Path, module: torch.nn.Module, opt: torch.optim.Optim
     extra: dict[str, torch.Tensor] = {"rng.cpu": torch.get_rng_state()}
     if torch.cuda.is_available():
         extra["rng.cuda"] = torch.cuda.get_rng_state()
+    extra.update(rank_rng or {})
     for i, t in enumerate(state):
         extra[f"carry.{i}"] = t.detach().cpu().contiguous()
     scalars: dict[str, Any] = {}
@@ -289,15 +340,22 @@ def _find_checkpoint(checkpoint_dir: str | None) -> Path | None:
     return None
 
 
-def _load_checkpoint(path: Path, module: torch.nn.Module, opt: torch.optim.Optimizer, device: torch.device,
+def _load_checkpoint(path: Path, module: LMModule, opt: torch.optim.Optimizer, device: torch.device,
                      ) -> tuple[_Position, tuple[torch.Tensor, ...], list[dict], dict[str, torch.Tensor] | None]:
+    """Restore weights, optimizer, RNG and position; under data parallelism this rank's rows of the carried
+    state and its own RNG state (checkpoints hold every rank's)."""
     meta = json.loads((path / "trainer.json").read_text())
     load_module_tensors(module, load_file(str(path / "model.safetensors")), str(path / "model.safetensors"))
     extra = load_file(str(path / "state.safetensors"))
-    torch.set_rng_state(extra["rng.cpu"])
-    if "rng.cuda" in extra and torch.cuda.is_available():
-        torch.cuda.set_rng_state(extra["rng.cuda"])
-    state = tuple(extra[f"carry.{i}"].to(device) for i in range(meta["n_carry"]))
+    rank, world = dist_info()
+    suffix = f".rank{rank}" if world > 1 and f"rng.cpu.rank{rank}" in extra else ""
+    torch.set_rng_state(extra["rng.cpu" + suffix])
+    if f"rng.cuda{suffix}" in extra and device.type == "cuda":
+        torch.cuda.set_rng_state(extra[f"rng.cuda{suffix}"], device)
+    state = tuple(extra[f"carry.{i}"] for i in range(meta["n_carry"]))
+    if world > 1:  # this rank's rows of the batch
+        state = tuple(t.chunk(world, module.state_batch_dim)[rank] for t in state)
+    state = tuple(t.to(device) for t in state)
     opt_state: dict[int, dict[str, Any]] = {}
     for key, t in extra.items():
         if key.startswith("opt."):
@@ -327,19 +385,37 @@ def train(module: LMModule, train_stream: np.ndarray, valid_stream: np.ndarray |
     """Train `module` in place on the stream; return per-epoch metrics rows.
 
     `window` is the bptt length the module accepts (Transformer: min(bptt, max_len)).
-    `on_step(step, loss)` is called after every optimizer step (raise StopTraining to simulate a kill).
+    `on_step(step, loss)` is called after every optimizer step with the global batch's mean loss (raise
+    StopTraining to simulate a kill). Inside a torch.distributed group every rank calls this with the
+    same arguments and trains its shard of each batch (see the module docstring).
     """
     cfg.validate()
+    rank, world = dist_info()
+    if cfg.batch_size % world:
+        raise ParameterError(f"TrainConfig.batch_size={cfg.batch_size} is not divisible by the world size {world}: "
+                             "use a multiple of the number of processes (the global batch is split evenly)")
     device = resolve_device(cfg.device)
     module.to(device)
     module.train()
-    data = batchify(train_stream, cfg.batch_size)
+    full = batchify(train_stream, cfg.batch_size)
+    rows = cfg.batch_size // world
+    data = full[rank * rows : (rank + 1) * rows]  # this rank's shard of every batch (all of it in one process)
+    if world > 1:
+        logger.info("rank %d/%d trains rows %d-%d of %d", rank, world, rank * rows, (rank + 1) * rows - 1,
+                    cfg.batch_size)
+        torch.manual_seed(cfg.seed * 1000 + rank)  # independent dropout masks per rank (weights already equal)
     valid = batchify(valid_stream, min(cfg.eval_batch_size, max(1, len(valid_stream) // 2))) \
         if valid_stream is not None else None
     per_epoch = len(range(0, data.shape[1] - 1, window))
     total_steps = cfg.epochs * per_epoch if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * per_epoch)
     opt = make_optimizer(module, cfg)
     fwd = torch.compile(module) if cfg.compile else module
+    if world > 1:
+        from torch.nn.parallel import DistributedDataParallel
+
+        # Buffers (sinusoidal positions) never change: no per-step broadcast.
+        fwd = DistributedDataParallel(fwd, device_ids=[device] if device.type == "cuda" else None,
+                                      broadcast_buffers=False)
 
     pos, history, best = _Position(), [], None
     state: tuple[torch.Tensor, ...] | None = None
@@ -347,15 +423,22 @@ def train(module: LMModule, train_stream: np.ndarray, valid_stream: np.ndarray |
     if ckpt is not None:
         pos, carried, history, best = _load_checkpoint(ckpt, module, opt, device)
         state = carried if carried else None
-        logger.info("resuming from %s at step %d (epoch %d, window %d)", ckpt, pos.step, pos.epoch + 1, pos.batch)
+        if rank == 0:
+            logger.info("resuming from %s at step %d (epoch %d, window %d)", ckpt, pos.step, pos.epoch + 1,
+                        pos.batch)
     ckpt_path = Path(cfg.checkpoint_dir) / "checkpoint" if cfg.checkpoint_dir else None
 
     def checkpoint() -> None:
-        if ckpt_path is not None:
-            _save_checkpoint(ckpt_path, module, opt, pos, state or (), history, best)
+        if ckpt_path is None:
+            return
+        carry, rank_rng = state or (), None
+        if world > 1:  # collective: every rank sends its rows and RNG state, rank 0 writes
+            carry, rank_rng = _gather_rows(carry, module.state_batch_dim), _gather_rng(device)
+        if rank == 0:
+            _save_checkpoint(ckpt_path, module, opt, pos, carry, history, best, rank_rng)
 
     progress = Progress("lm.train", total=total_steps * cfg.batch_size * window, unit="tokens",
-                        every_s=cfg.log_every_s)
+                        every_s=cfg.log_every_s if rank == 0 else math.inf)
     progress.done = pos.step * cfg.batch_size * window
     while not pos.done and pos.epoch < cfg.epochs and pos.step < total_steps:
         if pos.batch == 0:
@@ -371,25 +454,32 @@ def train(module: LMModule, train_stream: np.ndarray, valid_stream: np.ndarray |
                 group["lr"] = lr
             x = data[:, i : i + length].to(device, non_blocking=True)
             y = targets_of(data[:, i + 1 : i + 1 + length], bos_id, pad_id).to(device, non_blocking=True)
+            # Tokens predicted in the global batch (every rank holds the whole stream: no communication).
+            n = int((targets_of(full[:, i + 1 : i + 1 + length], bos_id, pad_id) != IGNORE).sum()) if world > 1 \
+                else int((y != IGNORE).sum())
             if state is not None:
                 state = tuple(s.detach() for s in state)  # truncated BPTT: keep the values, drop the graph
             with autocast(device, cfg.precision):
                 logits, state = fwd(x, state)
-            n = int((y != IGNORE).sum())
-            loss = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
-                                   ignore_index=IGNORE, reduction="sum") / max(n, 1)
+            nll = F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1),
+                                  ignore_index=IGNORE, reduction="sum")
+            # DDP averages gradients over the W ranks: W * (rank's summed NLL) / n gives the global mean's gradient.
+            loss = nll * (world / max(n, 1))
             opt.zero_grad(set_to_none=True)
             loss.backward()
             if cfg.clip_grad_norm is not None:
                 torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.clip_grad_norm)
             opt.step()
-            loss_value = loss.item()
+            if world > 1:
+                nll = nll.detach().clone()
+                dist.all_reduce(nll)  # the global batch's summed NLL, for the reported loss
+            loss_value = nll.item() / max(n, 1)
             pos.step += 1
             pos.batch = b + 1
             pos.epoch_loss += loss_value * n
             pos.epoch_count += n
-            pos.epoch_tokens += x.numel()
-            progress.update(x.numel())
+            pos.epoch_tokens += x.numel() * world
+            progress.update(x.numel() * world)
             if not math.isfinite(loss_value):
                 raise ParameterError(f"training diverged at step {pos.step} (loss {loss_value}): "
                                      "lower TrainConfig.lr or set clip_grad_norm")
@@ -402,8 +492,9 @@ def train(module: LMModule, train_stream: np.ndarray, valid_stream: np.ndarray |
         pos.epoch_seconds += time.perf_counter() - t0
         history.append(_epoch_row(module, pos, valid, window, device, cfg, bos_id, pad_id))
         row = history[-1]
-        logger.info("epoch %d: train ppl %.2f, valid ppl %s, %.0f tokens/s", row["epoch"], row["train_ppl"],
-                    f"{row['valid_ppl']:.2f}" if row["valid_ppl"] is not None else "-", row["tokens_per_s"])
+        if rank == 0:
+            logger.info("epoch %d: train ppl %.2f, valid ppl %s, %.0f tokens/s", row["epoch"], row["train_ppl"],
+                        f"{row['valid_ppl']:.2f}" if row["valid_ppl"] is not None else "-", row["tokens_per_s"])
         if row["valid_loss"] is not None:
             if row["valid_loss"] < pos.best_valid:
                 pos.best_valid, pos.bad_epochs = row["valid_loss"], 0
@@ -418,7 +509,8 @@ def train(module: LMModule, train_stream: np.ndarray, valid_stream: np.ndarray |
         pos.batch = 0
         pos.epoch_loss, pos.epoch_count, pos.epoch_tokens, pos.epoch_seconds = 0.0, 0, 0, 0.0
         checkpoint()
-    progress.close()
+    if rank == 0:
+        progress.close()
     if best is not None:
         load_module_tensors(module, best, "best weights")  # early stopping keeps the best epoch
     module.eval()
