@@ -1,14 +1,16 @@
 """The `lm` stage: train a language model on a `tokenized_corpus` (word or subword ids), report
 validation and test perplexity. N-gram models save Parquet count tables; neural ones
 config.json + model.safetensors + metrics.parquet + loss_curve.png. Neural training checkpoints
-into the artifact's scratch folder, so a killed or retried run resumes where it stopped."""
+into the artifact's scratch folder, so a killed or retried run resumes where it stopped. With
+`neural.world_size` > 1 the stage launches that many data-parallel ranks with torchrun (one per
+GPU of the worker; `models.lm.distributed`) and publishes what rank 0 wrote."""
 
 from __future__ import annotations
 
 import numpy as np
 import polars as pl
 
-from models.lm import ffnn, neural, ngram, rnn, train, transformer
+from models.lm import distributed, ffnn, neural, ngram, rnn, train, transformer
 from storage import ArtifactRef, ArtifactWriter
 from storage.formats import read_table, read_vectors
 from tasks.params import NeuralLMParams, NgramParams
@@ -61,7 +63,7 @@ def neural_model(kind: str, vocab_size: int, p: NeuralLMParams, out: ArtifactWri
     return transformer.TransformerLM(config, schedule, embeddings)
 
 
-@stage("lm", code=[ngram, neural, train, ffnn, rnn, transformer])
+@stage("lm", code=[ngram, neural, train, ffnn, rnn, transformer, distributed])
 def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, model: str,
              params: NgramParams | NeuralLMParams, embeddings: ArtifactRef | None = None) -> None:
     vocabulary = read_table(tokenizer, "vocab.parquet")
@@ -73,7 +75,14 @@ def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, m
     else:
         dim = params.d_model if model == "transformer" else params.emb_dim
         init = pretrained_matrix(embeddings, vocabulary["token"].to_list(), dim) if embeddings else None
-        lm = neural_model(model, vocabulary.height, params, out, init).fit(data["train"], data["valid"] or None)
+        lm = neural_model(model, vocabulary.height, params, out, init)
+        if params.world_size > 1:
+            lm = distributed.fit_distributed(lm, data["train"], data["valid"] or None, world_size=params.world_size,
+                                             workdir=out.scratch / "ddp",
+                                             device=str(train.resolve_device(params.device)))
+        else:
+            lm.fit(data["train"], data["valid"] or None)
+        out.metrics["world_size"] = params.world_size
         out.metrics["parameters"] = lm.n_parameters
         out.metrics["pretrained"] = str(embeddings) if embeddings else None
     lm.save(out.folder)

@@ -161,6 +161,9 @@ class NeuralLMParams(Params):
     checkpoint_every: int = Field(200, ge=0, description="Steps between checkpoints (0: epoch ends only).")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto picks CUDA when present.")
     seed: int = Field(0, ge=0, description="Random seed.")
+    world_size: int = Field(1, ge=1, le=64, description="Data-parallel processes (DDP, one per GPU) the stage launches "
+                                                        "with torchrun; batch_size is the global batch. 1: train in "
+                                                        "the stage's own process.")
 
 
 class TaggerParams(Params):
