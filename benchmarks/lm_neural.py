@@ -9,10 +9,16 @@ counted).
 
 The LSTM 2x200 row races our `RNNLM` against a plain reference PyTorch LSTM LM written here in the
 pytorch/examples word_language_model recipe (embedding -> nn.LSTM -> linear, SGD lr 20, clip 0.25,
-dropout 0.2, bptt 35, batch 20), same data, same epochs, torch threads = 2 for both.
+dropout 0.2, bptt 35, batch 20, untied): the same architecture, initialisation, data and epochs; ours
+adds only its cosine learning-rate decay. Fairness: the two train at the same time in two spawned
+processes with one torch thread each, so whatever load the shared machine has hits both alike (on two
+busy cores, two OpenMP threads per process spin-wait and run ~3x slower than one). Tokens/s is
+training tokens over training seconds (evaluation excluded) for both.
 Targets: our held-out perplexity <= the reference's, our training tokens/s >= 1x the reference's.
 
-FFNN / Elman RNN / GRU / Transformer rows train at smaller stated budgets for fewer epochs.
+KN3 / KN5 (modified Kneser-Ney, `models.lm.ngram`) are scored on the same split and token counts.
+FFNN / Elman RNN / GRU / Transformer rows train at smaller stated budgets for fewer epochs
+(`LSTM_EPOCHS`, `SMALL_EPOCHS`), two at a time.
 The GPU rows (Transformer >= 100M parameters, bf16, tokens/s and MFU) run only where CUDA is
 present; elsewhere the same code path runs on CPU at a tiny size (bf16 autocast) and the GPU rows
 record that no GPU was available.

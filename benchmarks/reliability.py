@@ -24,7 +24,7 @@ def _row(case: str, metric: str, ours: float, tried: float, notes: str = "") -> 
 
 
 def _crash_and_concurrency(quick: bool, work: Path) -> list[Row]:
-    from tests.chaos import Zygote, concurrent_runs, crash_loop, prefect_server
+    from tests.chaos import Zygote, concurrent_runs, crash_loop, neural_crash_loop, prefect_server
 
     kills = 3 if quick else 30
     rows = []
@@ -34,6 +34,13 @@ def _crash_and_concurrency(quick: bool, work: Path) -> list[Row]:
         rows.append(_row(f"kill -9 at random moments ({report.stores} stores, {report.runs_completed} completed "
                          "reruns)", "kills survived", report.kills_survived, report.kills_tried,
                          f"{time.perf_counter() - start:.0f} s; problems: {len(report.problems)}"))
+        start = time.perf_counter()
+        neural = neural_crash_loop(zygote, work / "neural-crash", kills=2 if quick else 8, seed=2)
+        rows.append(_row(f"kill -9 during neural LM training (LSTM, {neural.total_steps} steps, checkpoints every 10; "
+                         f"{neural.episodes} store(s))", "kills survived", neural.kills_survived, neural.kills_tried,
+                         f"{time.perf_counter() - start:.0f} s; reruns resumed at steps {neural.resumed_at}, the "
+                         f"completing rerun trained {neural.steps_trained[-1:]} steps; final weights vs uninterrupted "
+                         f"run: max diff {neural.max_weight_diff:.1e}; problems: {len(neural.problems)}"))
         variants = [[], [], ["--set", "svd.dim=21"], ["--set", "vocabulary.min_count=3"]]
         rounds = 1 if quick else 2
         started = completed = problems = 0

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import random
 import re
@@ -164,6 +165,8 @@ class Zygote:
     def __init__(self, env: dict[str, str], workdir: Path) -> None:
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
+        # One torch thread per run: several runs share two busy cores, where OpenMP threads spin-wait.
+        env = {**env, "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
         self.proc = subprocess.Popen([sys.executable, "-m", "tests.chaos", "zygote"], cwd=ROOT, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         ready = self.proc.stdout.readline()
@@ -354,6 +357,140 @@ def published_kinds_missing(store: Path, run: Run) -> list[str]:
     if not seen or seen != kinds:
         return [f"completed run {run.pid}: stages seen {sorted(seen)} but store holds {sorted(kinds)}"]
     return []
+
+
+# A small LSTM, 120 steps (~10-30 s here): long enough for kills to land between its checkpoints (every 10 steps).
+NEURAL_RUN = [*SMALL_RUN, "--set", 'lm=["lstm"]', "--set", "neural.emb_dim=32", "--set", "neural.hidden_dim=32",
+              "--set", "neural.num_layers=1", "--set", "neural.batch_size=8", "--set", "neural.epochs=1",
+              "--set", "neural.max_steps=120",
+              "--set", "neural.warmup_steps=5", "--set", "neural.checkpoint_every=10", "--set", "neural.lr=0.005"]
+_RESUMED = re.compile(r"resuming from \S+ at step (\d+)")
+_TRAINED = re.compile(r"trained (\d+) steps in this process \(steps (\d+)-(\d+) of (\d+)\)")
+
+
+@dataclass
+class NeuralCrashReport:
+    kills_tried: int = 0
+    kills_survived: int = 0  # the store audited clean and the next run resumed from the checkpoint the kill left
+    resumed_at: list[int] = field(default_factory=list)  # the step each rerun resumed from
+    steps_trained: list[int] = field(default_factory=list)  # steps each rerun performed (fewer than the total)
+    total_steps: int = 0
+    max_weight_diff: float = math.nan  # resumed vs uninterrupted final weights, max |difference|
+    episodes: int = 1  # stores used: a run that finished before its kill moment starts a new one
+    problems: list[str] = field(default_factory=list)
+
+
+def _checkpoint_step(store: Path) -> int | None:
+    """The step of the neural LM checkpoint in the store's scratch space (None: no checkpoint yet)."""
+    from models.lm.train import _find_checkpoint
+
+    for folder in sorted((store / ".scratch").glob("lm-*")):
+        found = _find_checkpoint(str(folder))
+        if found is not None:
+            with contextlib.suppress(OSError, ValueError):  # being swapped in right now: ask again
+                return int(json.loads((found / "trainer.json").read_text())["position"]["step"])
+    return None
+
+
+def _lm_weights(store: Path) -> tuple[dict, dict]:
+    from safetensors.numpy import load_file
+
+    from storage import ArtifactStore, Catalog
+
+    manifest = Catalog(str(store)).latest("lm")
+    path = Path(ArtifactStore(str(store)).path("lm", manifest["version"]))
+    return manifest, load_file(str(path / "model.safetensors"))
+
+
+def neural_crash_loop(zygote: Zygote, workdir: Path, kills: int, seed: int = 0) -> NeuralCrashReport:
+    """Kill -9 pipeline runs while the neural LM trains, each time after its run wrote at least one new
+    checkpoint, at a random moment within about two checkpoint intervals; then rerun until one completes.
+
+    Checked: after every kill the store audits clean; every rerun logs that it resumed at the step of
+    the checkpoint on disk and trains only the remaining steps; the final `lm` artifact verifies and its
+    weights and perplexities equal those of an uninterrupted run on a fresh store (same version).
+    """
+    rng = random.Random(seed)
+    report = NeuralCrashReport()
+    reference_store, store = workdir / "uninterrupted", workdir / "killed"
+    reference = zygote.start(["run", "--store", str(reference_store), *NEURAL_RUN])
+    if reference.wait() != 0:
+        raise RuntimeError(f"uninterrupted neural run failed:\n{reference.output()[-3000:]}")
+    trained = _TRAINED.search(reference.output())
+    if trained is None:
+        raise RuntimeError(f"no training summary in the uninterrupted run's log:\n{reference.output()[-3000:]}")
+    report.total_steps = int(trained.group(4))
+    # Warm the upstream stages (reused by every later run), so kills land in training, not before it.
+    warm = zygote.start(["run", "--store", str(store), *SMALL_RUN])
+    if warm.wait() != 0:
+        raise RuntimeError(f"upstream run failed:\n{warm.output()[-3000:]}")
+
+    expected_resume: int | None = None
+    last_kill_clean = False
+    while True:
+        run = zygote.start(["run", "--store", str(store), *NEURAL_RUN])
+        struck = False
+        if report.kills_tried < kills:
+            # Wait for a checkpoint newer than the one this run resumed from, then a random moment.
+            start_step = expected_resume or 0
+            while run.returncode() is None and run.alive() and (_checkpoint_step(store) or 0) <= start_step:
+                time.sleep(0.01)
+            started = time.monotonic()
+            while run.returncode() is None and run.alive() and (_checkpoint_step(store) or 0) <= start_step + 10:
+                time.sleep(0.01)  # one more checkpoint: the time between two checkpoints on this machine now
+            interval = time.monotonic() - started
+            deadline = time.monotonic() + rng.uniform(0.0, 2.0 * interval)
+            while time.monotonic() < deadline and run.returncode() is None and run.alive():
+                time.sleep(0.01)
+            struck = run.kill()
+        rc = run.wait()
+        output = run.output()
+        if expected_resume is not None:  # the run after a kill
+            resumed = _RESUMED.search(output)
+            if resumed is None or int(resumed.group(1)) != expected_resume:
+                report.problems.append(f"run {run.pid} did not resume at step {expected_resume}: "
+                                       f"{resumed.group(0) if resumed else 'no resume line'}")
+            else:
+                report.resumed_at.append(expected_resume)
+                report.kills_survived += last_kill_clean
+            done = _TRAINED.search(output)
+            if done is not None:
+                report.steps_trained.append(int(done.group(1)))
+                if int(done.group(1)) != report.total_steps - expected_resume:
+                    report.problems.append(f"run {run.pid} trained {done.group(1)} steps after resuming at "
+                                           f"{expected_resume} of {report.total_steps}")
+        if struck:
+            report.kills_tried += 1
+            kill_problems = audit(store)
+            expected_resume = _checkpoint_step(store)
+            if expected_resume is None:
+                kill_problems.append("the kill left no checkpoint")
+            last_kill_clean = not kill_problems
+            report.problems += kill_problems
+            continue
+        if rc != 0:
+            report.problems.append(f"run {run.pid} failed with status {rc}:\n{output[-3000:]}")
+        elif report.kills_tried < kills:  # finished before the kill struck: the next kills go to a new store
+            report.episodes += 1
+            store = workdir / f"killed-{report.episodes}"
+            if zygote.start(["run", "--store", str(store), *SMALL_RUN]).wait() != 0:
+                raise RuntimeError("upstream run failed")
+            expected_resume = None
+            continue
+        break
+    report.problems += audit(store)
+    from storage import ArtifactStore
+
+    (ours, weights), (theirs, reference_weights) = _lm_weights(store), _lm_weights(reference_store)
+    report.problems += ArtifactStore(str(store)).verify("lm", ours["version"], full=True)
+    if ours["version"] != theirs["version"]:
+        report.problems.append(f"resumed lm {ours['version']} differs from the uninterrupted {theirs['version']}")
+    report.max_weight_diff = max(float(abs(weights[k] - reference_weights[k]).max()) for k in reference_weights)
+    for key in ("valid_perplexity", "test_perplexity"):
+        a, b = ours["metrics"][key], theirs["metrics"][key]
+        if not math.isclose(a, b, rel_tol=1e-4):
+            report.problems.append(f"{key}: resumed {a} vs uninterrupted {b}")
+    return report
 
 
 @dataclass

@@ -15,11 +15,20 @@ from pathlib import Path
 import pytest
 
 from storage import ArtifactStore, Catalog
-from tests.chaos import SMALL_RUN, Zygote, audit, concurrent_runs, crash_loop, prefect_server
+from tests.chaos import (
+    SMALL_RUN,
+    Zygote,
+    audit,
+    concurrent_runs,
+    crash_loop,
+    neural_crash_loop,
+    prefect_server,
+)
 from tests.hostile import hostile_directory
 
 pytestmark = [pytest.mark.prefect, pytest.mark.slow]
 KILLS = int(os.environ.get("LEXIFLOW_CRASH_KILLS", "20"))
+NEURAL_KILLS = int(os.environ.get("LEXIFLOW_NEURAL_KILLS", "2"))
 FAULT_RATE, OUTAGE_RATE, FAULT_SEED = 0.15, 0.02, 3
 
 
@@ -76,6 +85,20 @@ def test_kill_9_at_random_moments_leaves_only_complete_artifacts(zygote, tmp_pat
         ArtifactStore(str(store)).clean_staging()
         assert not any((store / ".staging").iterdir()) if (store / ".staging").exists() else True
         assert audit(store) == []
+
+
+def test_kill_9_during_neural_lm_training_resumes_from_the_last_checkpoint(zygote, tmp_path):
+    report = neural_crash_loop(zygote, tmp_path, kills=NEURAL_KILLS, seed=5)
+    print(f"neural crash test: {report}")
+    assert report.problems == []
+    assert report.kills_tried == NEURAL_KILLS and report.kills_survived == report.kills_tried
+    # Each rerun resumed at the checkpoint the kill left (a later one each time) ...
+    assert len(report.resumed_at) == NEURAL_KILLS and 0 < report.resumed_at[0] < report.resumed_at[-1] \
+        or NEURAL_KILLS == 1
+    # ... the completing rerun trained only the remaining steps ...
+    assert report.steps_trained[-1] == report.total_steps - report.resumed_at[-1] < report.total_steps
+    # ... and ended where the uninterrupted run did (same version; weights equal to float tolerance).
+    assert report.max_weight_diff <= 1e-5
 
 
 def test_four_concurrent_runs_on_one_store(zygote, tmp_path):

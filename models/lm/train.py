@@ -427,6 +427,7 @@ def train(module: LMModule, train_stream: np.ndarray, valid_stream: np.ndarray |
             logger.info("resuming from %s at step %d (epoch %d, window %d)", ckpt, pos.step, pos.epoch + 1,
                         pos.batch)
     ckpt_path = Path(cfg.checkpoint_dir) / "checkpoint" if cfg.checkpoint_dir else None
+    first_step = pos.step  # 0, or where the resumed run picks up
 
     def checkpoint() -> None:
         if ckpt_path is None:
@@ -511,6 +512,8 @@ def train(module: LMModule, train_stream: np.ndarray, valid_stream: np.ndarray |
         checkpoint()
     if rank == 0:
         progress.close()
+        logger.info("trained %d steps in this process (steps %d-%d of %d)", pos.step - first_step, first_step + 1,
+                    pos.step, total_steps)
     if best is not None:
         load_module_tensors(module, best, "best weights")  # early stopping keeps the best epoch
     module.eval()
