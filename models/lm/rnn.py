@@ -57,7 +57,8 @@ class RNN(LMModule):
         V, d, h = config.vocab_size, config.emb_dim, config.hidden_dim
         self.embedding = nn.Embedding(V, d)
         self.drop = nn.Dropout(config.dropout)
-        self.rnn = CELLS[config.cell](d, h, num_layers=config.num_layers, batch_first=True,
+        # Time-major inside (the native layout of torch's RNN kernels; batch-first costs two transposes).
+        self.rnn = CELLS[config.cell](d, h, num_layers=config.num_layers,
                                       dropout=config.dropout if config.num_layers > 1 else 0.0)
         self.decoder = nn.Linear(h, V)
         # Uniform(-0.1, 0.1) embeddings and decoder, zero bias: the word_language_model init.
@@ -68,12 +69,12 @@ class RNN(LMModule):
             self.decoder.weight = self.embedding.weight  # E = V^T: one (V, d) matrix
 
     def forward(self, x: torch.Tensor, state: State = None) -> tuple[torch.Tensor, State]:
-        e = self.drop(self.embedding(x))  # (B, T, d)
+        e = self.drop(self.embedding(x.t().contiguous()))  # (T, B, d)
         hx = None
         if state is not None:
             hx = state if self.config.cell == "lstm" else state[0]
-        out, new = self.rnn(e, hx)  # (B, T, h); new: (h_n, c_n) or h_n, each (layers, B, h)
-        logits = self.decoder(self.drop(out))  # (B, T, V)
+        out, new = self.rnn(e, hx)  # (T, B, h); new: (h_n, c_n) or h_n, each (layers, B, h)
+        logits = self.decoder(self.drop(out)).transpose(0, 1)  # (B, T, V), a view of time-major logits
         return logits, tuple(new) if isinstance(new, tuple) else (new,)
 
 
