@@ -6,7 +6,16 @@ import polars as pl
 import pytest
 
 from models.errors import InputError, ParameterError
-from models.ingest import IngestOptions, build_corpus, build_tagged, fingerprint, resolve_sources
+from models.ingest import (
+    IngestOptions,
+    _line_documents,
+    _word_counts,
+    build_corpus,
+    build_tagged,
+    fingerprint,
+    read_file,
+    resolve_sources,
+)
 
 OPTS = IngestOptions()
 
@@ -99,3 +108,34 @@ def test_bad_parameters():
         resolve_sources(["builtin:nope"])
     with pytest.raises(ParameterError, match="sources is empty"):
         resolve_sources([])
+
+
+@pytest.mark.parametrize("data", [
+    b"", b"\n", b"a\n\n", b"no final newline", b"\xef\xbb\xbf", b"\xef\xbb\xbfbom\r\nthen crlf\r\n\r\nend",
+    b"lone\rcr\n", b"cr at the end\r", b"two\r\r\n", "other\u2028breaks\x85and\x0cform feed\n".encode(),
+    " caf\u00e9 \u201cquoted\u201d\t\n\n".encode(), b"\x1cfile separator\n",
+])
+def test_plain_text_lines_are_those_of_str_splitlines(tmp_path, data):
+    """Lines are cut from the bytes (fast path) or from the decoded text (other line breaks): the
+    same lines either way, for a whole file and for a byte range."""
+    path = tmp_path / "t.txt"
+    path.write_bytes(data)
+    expected = data.decode("utf-8-sig").splitlines()
+    assert read_file(path, OPTS)[0] == expected
+    body = data.removeprefix(b"\xef\xbb\xbf")
+    assert _line_documents(path, body, start=7).to_list() == body.decode().splitlines()
+
+
+def test_invalid_utf8_is_reported_at_its_line_by_the_fast_path_too(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"fine\r\nstill fine\n\xed\xa0\x80 surrogate\n")
+    with pytest.raises(InputError, match=r"bad.txt:3: invalid UTF-8 \(byte 17\)"):
+        read_file(path, OPTS)
+
+
+def test_word_counts_are_those_of_splitting_at_spaces_and_newlines():
+    texts = pl.Series(["a b", "b\nc", "a  b ", " x", "b"])  # irregular spacing: empty words count too
+    words = texts.str.replace_all("\n", " ").str.split(" ").explode()
+    assert _word_counts(texts) == (words.len(), words.n_unique()) == (11, 5)
+    assert _word_counts(texts, chunk_bytes=3) == (11, 5)  # one or two texts a chunk
+    assert _word_counts(pl.Series([], dtype=pl.String)) == (0, 0)
