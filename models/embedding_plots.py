@@ -26,13 +26,17 @@ METHODS = ("pca", "tsne")
 
 
 def plot_loss(history: Sequence[Mapping[str, float]], path: str | Path, title: str = "training loss") -> Path:
-    """Write the loss-per-epoch curve of a `history_` to a PNG; returns the path."""
+    """Write the loss-per-epoch curves of a `history_` (every `*loss` column, e.g. GloVe's observed and
+    unobserved cells) to a PNG; returns the path."""
     if not history:
         raise InputError("plot_loss: the history is empty (was the model fitted?)")
     epochs = [h["epoch"] for h in history]
-    losses = [h["loss"] for h in history]
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
-    ax.plot(epochs, losses, marker="o", markersize=3)
+    curves = [key for key in history[0] if key.endswith("loss")]
+    for key in curves:
+        ax.plot(epochs, [h[key] for h in history], marker="o", markersize=3, label=key.replace("_", " "))
+    if len(curves) > 1:
+        ax.legend()
     ax.set_xlabel("epoch")
     ax.set_ylabel("loss")
     ax.set_title(title)

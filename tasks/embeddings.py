@@ -29,7 +29,8 @@ def write_embeddings(out: ArtifactWriter, vocabulary: pl.DataFrame, word_vectors
     if history:
         out.write_parquet("history.parquet", pl.DataFrame(history))
         embedding_plots.plot_loss(history, out.path("loss_curve.png"), title=f"{method} training loss")
-        out.metrics.update({"final_loss": float(history[-1]["loss"]), "epochs": len(history),
+        out.metrics.update({f"final_{k}": float(v) for k, v in history[-1].items() if k.endswith("loss")})
+        out.metrics.update({"epochs": len(history),
                             **{k: float(np.mean([h[k] for h in history])) for k in ("words_per_s", "cells_per_s")
                                if k in history[0]}})
 

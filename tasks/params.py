@@ -104,11 +104,14 @@ class GloVeParams(Params):
     x_max: float = Field(0.5, gt=0, description="f(x) = min(1, (x/x_max)^alpha); tuned for ~1M-token corpora.")
     alpha: float = Field(0.75, gt=0, le=2, description="Exponent of the weighting f.")
     epochs: int = Field(20, ge=1, le=1000, description="Passes over the nonzero cells.")
-    lr: float = Field(0.05, gt=0, le=10, description="AdaGrad (or Adam) step size.")
+    lr: float = Field(0.1, gt=0, le=10, description="AdaGrad (or Adam) step size.")
     batch_size: int = Field(65536, ge=1, description="Nonzero cells per step.")
     optimizer: Literal["adagrad", "adam"] = Field("adagrad", description="AdaGrad as in the original, or Adam.")
     adagrad_init: float = Field(1.0, gt=0, description="AdaGrad's initial accumulator G0 (glove.c with learning "
                                                        "rate eta = lr 1, adagrad_init 1/eta^2).")
+    negative: int = Field(5, ge=0, le=100, description="Unobserved (zero) cells drawn per observed cell and held "
+                                                       "below the smallest count; 0 = the paper's objective.")
+    negative_weight: float = Field(1.0, gt=0, description="Weight of an unobserved cell's one-sided squared error.")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto picks CUDA when present.")
     seed: int = Field(0, ge=0, description="Random seed.")
 

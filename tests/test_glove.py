@@ -9,7 +9,7 @@ import torch
 from models.conllu import read_conllu
 from models.cooccurrence import cooccurrence_matrix
 from models.errors import InputError, ParameterError
-from models.glove import GloVe, initial_parameters, resolve_device, weighting
+from models.glove import GloVe, initial_parameters, noise_table, resolve_device, weighting
 from models.vocab import Vocabulary
 
 torch.set_num_threads(1)
@@ -56,7 +56,7 @@ def _hand_step(x_max, alpha, lr, dim, seed, init):
 
 def test_one_adagrad_step_matches_hand_computation():
     model = GloVe(dim=3, x_max=10.0, alpha=0.75, epochs=1, lr=0.3, adagrad_init=0.01, batch_size=64,
-                  device="cpu", seed=7).fit(X)
+                  negative=0, device="cpu", seed=7).fit(X)
     want, want_loss, (w0, c0) = _hand_step(10.0, 0.75, 0.3, 3, 7, init=0.01)
     np.testing.assert_allclose(model.vectors_[:3], want[:3], rtol=1e-5, atol=1e-7)
     assert model.history_[0]["loss"] == pytest.approx(want_loss, rel=1e-6)
@@ -70,25 +70,79 @@ def test_one_adagrad_step_matches_hand_computation():
 def test_glove_c_adagrad_is_lr_one_with_initial_accumulator_one_over_eta_squared():
     # glove.c: u = eta·g, G = 1 + u², θ -= u / sqrt(G)  ==  AdaGrad with lr 1 and G0 = 1/eta².
     eta = 0.3
-    model = GloVe(dim=3, x_max=10.0, epochs=1, lr=1.0, adagrad_init=1 / eta**2, batch_size=64, device="cpu",
-                  seed=7).fit(X)
+    model = GloVe(dim=3, x_max=10.0, epochs=1, lr=1.0, adagrad_init=1 / eta**2, batch_size=64, negative=0,
+                  device="cpu", seed=7).fit(X)
     (w, c), (gw, gc), _ = _hand_gradient(10.0, 0.75, 3, 7)
     u_w, u_c = eta * gw, eta * gc
     glove_c = (w - u_w / np.sqrt(1 + u_w**2)) + (c - u_c / np.sqrt(1 + u_c**2))
     np.testing.assert_allclose(model.vectors_[:3], glove_c[:3], rtol=1e-5, atol=1e-7)
     # ... and differs from the same lr with the default accumulator (the test can fail)
-    other = GloVe(dim=3, x_max=10.0, epochs=1, lr=1.0, batch_size=64, device="cpu", seed=7).fit(X)
+    other = GloVe(dim=3, x_max=10.0, epochs=1, lr=1.0, batch_size=64, negative=0, device="cpu", seed=7).fit(X)
     assert np.abs(other.vectors_[:3] - glove_c[:3]).max() > 1e-3
 
 
 def test_first_adam_step_is_lr_times_gradient_sign():
     # Bias-corrected Adam's first step is lr·g/(|g|+eps) = lr·sign(g) for every touched parameter.
-    model = GloVe(dim=3, epochs=1, lr=0.01, batch_size=64, optimizer="adam", device="cpu", seed=7).fit(X)
+    model = GloVe(dim=3, epochs=1, lr=0.01, batch_size=64, optimizer="adam", negative=0, device="cpu",
+                  seed=7).fit(X)
     w, c, *_ = initial_parameters(4, 3, 7)
     moved = model.vectors_[:3] - (w + c)[:3]
     # each of w and w̃ moves by exactly ±lr per coordinate, so w + w̃ moves by 0 or ±2·lr
     np.testing.assert_allclose(np.abs(moved) / 0.01, np.round(np.abs(moved) / 0.01), atol=1e-3)
     assert set(np.round(np.abs(moved) / 0.01).ravel().tolist()) <= {0.0, 2.0}
+
+
+def test_one_step_with_unobserved_cells_matches_hand_computation():
+    # negative=2: each observed cell brings two cells of its row word with contexts drawn ∝ count^0.75
+    # (replayed here from the same generator), penalised by max(0, prediction - log x_min)², x_min = 0.5.
+    k, lr, init, seed = 2, 0.3, 0.01, 7
+    model = GloVe(dim=3, x_max=10.0, epochs=1, lr=lr, adagrad_init=init, batch_size=64, negative=k,
+                  negative_weight=0.7, device="cpu", seed=seed).fit(X)
+    w, c, b, bc = (p.astype(np.float64) for p in initial_parameters(4, 3, seed))
+    coo = X.tocoo()
+    rows, cols, counts = coo.row, coo.col, coo.data
+    gen = torch.Generator().manual_seed(seed)
+    order = torch.randperm(len(counts), generator=gen).numpy()
+    table = noise_table(np.array([X[:, m].sum() for m in range(4)]) ** 0.75)
+    drawn = table[torch.randint(len(table), (len(counts), k), generator=gen).numpy()]  # (cells, k)
+    assert 3 not in drawn and len(set(drawn.ravel())) > 1  # the empty column is never drawn
+    cells = [(rows[o], cols[o], np.log(counts[o]), min(1.0, (counts[o] / 10.0) ** 0.75), False) for o in order]
+    cells += [(rows[o], m, np.log(0.5), 0.7, True) for o, ms in zip(order, drawn, strict=True) for m in ms]
+    gw, gc = np.zeros_like(w), np.zeros_like(c)
+    loss = unobserved = 0.0
+    for i, j, target, f, censored in cells:
+        diff = w[i] @ c[j] + b[i] + bc[j] - target
+        diff = max(diff, 0.0) if censored else diff
+        unobserved, loss = (unobserved + f * diff**2, loss) if censored else (unobserved, loss + f * diff**2)
+        gw[i] += 2 * f * diff * c[j]
+        gc[j] += 2 * f * diff * w[i]
+    want = (w - lr * gw / np.sqrt(init + gw**2)) + (c - lr * gc / np.sqrt(init + gc**2))
+    np.testing.assert_allclose(model.vectors_[:3], want[:3], rtol=1e-5, atol=1e-7)
+    assert model.history_[0]["loss"] == pytest.approx(loss / len(order), rel=1e-6)
+    assert model.history_[0]["unobserved_loss"] == pytest.approx(unobserved / drawn.size, rel=1e-6)
+    assert unobserved > 0  # near-zero initial predictions sit above log 0.5: the term is active here
+    paper = GloVe(dim=3, x_max=10.0, epochs=1, lr=lr, adagrad_init=init, batch_size=64, negative=0,
+                  device="cpu", seed=seed).fit(X)
+    assert np.abs(paper.vectors_[:3] - want[:3]).max() > 1e-3 and "unobserved_loss" not in paper.history_[0]
+
+
+def test_noise_table_draws_in_proportion_to_mass():
+    mass = np.array([0.0, 3.0, 1.0, 0.0, 6.0])
+    table = noise_table(mass, size=1000)
+    assert len(table) == 1000 and np.bincount(table, minlength=5).tolist() == [0, 300, 100, 0, 600]
+    # ids with tiny mass still get their rounded share, and the table is filled exactly
+    assert np.bincount(noise_table(np.array([1.0, 1.0, 1.0]), size=10), minlength=3).tolist() == [3, 3, 4]
+
+
+def test_unobserved_cells_predicted_below_the_smallest_count_cost_nothing():
+    # Counts of 2 and more: log x_min = log 2 > 0 lies above every initial prediction (~0), so the
+    # one-sided term is zero and the first full-batch step is the paper's.
+    X2 = X.copy()
+    X2.data = np.where(X2.data < 2, 2.0, X2.data)
+    args = dict(dim=3, x_max=10.0, epochs=1, lr=0.3, batch_size=64, device="cpu", seed=7)
+    ours, paper = GloVe(negative=3, **args).fit(X2), GloVe(negative=0, **args).fit(X2)
+    np.testing.assert_array_equal(ours.vectors_, paper.vectors_)
+    assert ours.history_[0]["unobserved_loss"] == 0.0
 
 
 @pytest.fixture(scope="module")
@@ -106,11 +160,12 @@ def test_loss_decreases_on_real_text(ewt_matrix):
     seen = []
     model = GloVe(dim=16, epochs=6, batch_size=4096, device="cpu")
     model.fit(ewt_matrix, on_epoch=lambda rec, vec: seen.append((rec, vec)))
-    losses = [h["loss"] for h in model.history_]
+    # the objective per observed cell: the observed cells' loss plus their `negative` unobserved cells'
+    losses = [h["loss"] + model.negative * h["unobserved_loss"] for h in model.history_]
     assert [rec for rec, _ in seen] == model.history_
     assert np.array_equal(seen[-1][1], model.vectors_) and not np.array_equal(seen[0][1], model.vectors_)
     assert all(b < a for a, b in zip(losses, losses[1:], strict=False)), losses
-    assert losses[-1] < 0.65 * losses[0]  # default AdaGrad (lr 0.05, G0 1): 0.70 -> 0.40 here
+    assert losses[-1] < 0.65 * losses[0]  # defaults: 4.5 -> 2.0 here
     assert [h["epoch"] for h in model.history_] == list(range(1, 7))
     assert all(h["cells_per_s"] > 0 and h["seconds"] > 0 for h in model.history_)
     assert np.isfinite(model.vectors_).all()
@@ -154,6 +209,8 @@ def test_bad_input_and_parameters():
         GloVe(optimizer="sgd").fit(X)
     with pytest.raises(ParameterError, match="adagrad_init"):
         GloVe(adagrad_init=0.0).fit(X)
+    with pytest.raises(ParameterError, match="negative=-1"):
+        GloVe(negative=-1).fit(X)
 
 
 def test_pipeline_parameters_default_to_the_model_defaults():
@@ -164,4 +221,5 @@ def test_pipeline_parameters_default_to_the_model_defaults():
     from tasks.params import GloVeParams
 
     assert GloVeParams().model_dump() == asdict(GloVeConfig()) == GloVe().get_params()
-    assert (GloVeConfig.x_max, GloVeConfig.epochs, GloVeConfig.lr, GloVeConfig.adagrad_init) == (0.5, 20, 0.05, 1.0)
+    assert (GloVeConfig.x_max, GloVeConfig.epochs, GloVeConfig.lr, GloVeConfig.adagrad_init, GloVeConfig.negative,
+            GloVeConfig.negative_weight) == (0.5, 20, 0.1, 1.0, 5, 1.0)

@@ -17,7 +17,7 @@ from models.lm import neural
 from models.lm.distributed import fit_distributed
 from models.lm.ffnn import FFNN, FFNNLM, FFNNConfig
 from models.lm.rnn import RNN, RNNLM, RNNConfig
-from models.lm.train import StopTraining, TrainConfig, lr_at, resolve_device
+from models.lm.train import StopTraining, TrainConfig, clip_grad_norm, lr_at, resolve_device, sparse_embedding_grads
 from models.lm.transformer import (
     CausalSelfAttention,
     Transformer,
@@ -226,6 +226,47 @@ def test_same_seed_same_model_other_seed_other_model():
     c = RNNLM(small_rnn(), quick(max_steps=6, seed=4)).fit(TRAIN)
     np.testing.assert_array_equal(a.log_probs([BOS, 5]), b.log_probs([BOS, 5]))
     assert not np.allclose(a.log_probs([BOS, 5]), c.log_probs([BOS, 5]))
+
+
+def test_sparse_embedding_gradients_train_like_dense_ones():
+    # Plain SGD with clipping (the word_language_model recipe): the embedding's gradient holds only the
+    # rows a batch used, and training follows the dense run step for step.
+    seen = {}
+
+    def fit(sparse):
+        lm = RNNLM(small_rnn(dropout=0.0), quick(optimizer="sgd", lr=2.0, clip_grad_norm=0.25, max_steps=8,
+                                                 sparse_grads=sparse))
+        lm.fit(TRAIN, on_step=lambda step, loss: seen.setdefault(sparse, lm.module_.embedding.weight.grad.layout))
+        return lm
+
+    sparse, dense = fit(True), fit(False)
+    assert seen == {True: torch.sparse_coo, False: torch.strided}
+    for (name, a), b in zip(sparse.module_.state_dict().items(), dense.module_.state_dict().values(), strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
+    assert not sparse.module_.embedding.sparse and sparse.module_.embedding.weight.grad is None
+    assert not torch.equal(dense.module_.embedding.weight, RNNLM(small_rnn(), quick())._build().embedding.weight)
+
+
+@pytest.mark.parametrize("change, sparse", [({}, True), ({"optimizer": "adamw"}, False), ({"momentum": 0.9}, False),
+                                            ({"weight_decay": 0.1}, False), ({"sparse_grads": False}, False),
+                                            ({"tie": True}, False), ({"freeze": True}, False)])
+def test_sparse_embedding_gradients_only_where_plain_sgd_applies_them(change, sparse):
+    change = dict(change)
+    module = RNN(small_rnn(emb_dim=16, hidden_dim=16, tie_weights=change.pop("tie", False)))
+    module.embedding.weight.requires_grad_(not change.pop("freeze", False))
+    cfg = quick(**{"optimizer": "sgd", **change})
+    assert sparse_embedding_grads(module, cfg, world=1) is sparse
+    assert not sparse_embedding_grads(module, cfg, world=2)
+
+
+def test_clip_grad_norm_counts_a_sparse_gradient_by_its_rows():
+    # row 1 twice (coalesced: one row [3, 4]), row 2 zero, and a dense [0, 12]: norm 13; clipped to 1.3 = x 0.1
+    a, b = nn.Parameter(torch.zeros(3, 2)), nn.Parameter(torch.zeros(2))
+    a.grad = torch.sparse_coo_tensor([[1, 1, 2]], torch.tensor([[1.0, 4.0], [2.0, 0.0], [0.0, 0.0]]), (3, 2))
+    b.grad = torch.tensor([0.0, 12.0])
+    assert float(clip_grad_norm([a, b], 1.3)) == pytest.approx(13.0)
+    torch.testing.assert_close(a.grad.to_dense(), torch.tensor([[0.0, 0.0], [0.3, 0.4], [0.0, 0.0]]))
+    torch.testing.assert_close(b.grad, torch.tensor([0.0, 1.2]))
 
 
 def test_resume_after_kill_ends_like_an_uninterrupted_run(tmp_path):
