@@ -63,6 +63,7 @@ import os
 import re
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -602,6 +603,10 @@ def ingest_shard(shard: list[FileRange], options: IngestOptions, progress: Calla
 
 def _clean(raw: pl.DataFrame, options: IngestOptions) -> pl.DataFrame:
     """Raw documents (file, source, text, file_split) -> cleaned, non-empty, with id and split."""
+    return pl.concat(_in_threads(lambda part: _clean_rows(part, options), raw))
+
+
+def _clean_rows(raw: pl.DataFrame, options: IngestOptions) -> pl.DataFrame:
     docs = raw.with_columns(
         text=clean_series(raw["text"], lowercase=options.lowercase, sentences=options.split_sentences)
     ).filter(pl.col("text").str.len_bytes() > 0)
@@ -611,6 +616,23 @@ def _clean(raw: pl.DataFrame, options: IngestOptions) -> pl.DataFrame:
     docs = docs.with_columns(doc_id=pl.Series(ids, dtype=pl.String))
     docs = docs.with_columns(split=pl.coalesce("file_split", _split_from_id(pl.col("doc_id"), options)))
     return docs.select(*_SHARD_SCHEMA)
+
+
+_THREAD_MIN_BYTES = 4 << 20  # below this a thread's start and the concat cost more than they save
+
+
+def _in_threads(fn: Callable, rows: pl.DataFrame | pl.Series, text: str = "text") -> list:
+    """`fn` over consecutive row slices of `rows`, one slice per polars thread (POLARS_MAX_THREADS),
+    results in row order. polars' and Arrow's string kernels release the GIL, so a slice per core
+    runs ~2x faster on 2 cores (a single Series op runs on one)."""
+    column = rows[text] if isinstance(rows, pl.DataFrame) else rows
+    size = int(column.str.len_bytes().sum() or 0)
+    n = max(1, min(pl.thread_pool_size(), size // _THREAD_MIN_BYTES, len(rows)))
+    if n == 1:
+        return [fn(rows)]
+    step = -(-len(rows) // n)
+    with ThreadPoolExecutor(n) as pool:
+        return list(pool.map(fn, [rows.slice(i, step) for i in range(0, len(rows), step)]))
 
 
 def merge_shards(files: list[Path], results: list[ShardResult], options: IngestOptions) -> Corpus:
@@ -694,15 +716,19 @@ def _word_counts(texts: pl.Series, chunk_bytes: int = 1 << 24) -> tuple[int, int
     than splitting the Series, which makes a 16-byte view per word: here a chunk of texts is
     joined in one buffer, numpy finds the word ends and Arrow the distinct words, each word
     keeping its following space (so they compare as the words do). Chunks of ~16 MB reuse their
-    memory (first-touched memory costs about as much as the counting)."""
+    memory (first-touched memory costs about as much as the counting); they run in threads."""
     step = max(1, -(-len(texts) * chunk_bytes // max(1, int(texts.str.len_bytes().sum()))))
-    tokens, distinct = 0, []
-    for i in range(0, len(texts), step):
-        joined = texts.slice(i, step).str.replace_all("\n", " ", literal=True).str.join(" ").cast(pl.Binary).item()
-        joined += b" "
-        ends = np.flatnonzero(np.frombuffer(joined, np.uint8) == ord(" ")) + 1
-        words = pa.LargeStringArray.from_buffers(len(ends), pa.py_buffer(np.concatenate(([0], ends))),
-                                                 pa.py_buffer(joined))
-        tokens += len(words)
-        distinct.append(pc.unique(words))
-    return tokens, pc.count_distinct(pa.chunked_array(distinct, pa.large_string())).as_py()
+    counted = [part for rows in _in_threads(lambda rows: [_chunk_words(rows.slice(i, step))
+                                                          for i in range(0, len(rows), step)], texts)
+               for part in rows]
+    distinct = pa.chunked_array([unique for _tokens, unique in counted], pa.large_string())
+    return sum(tokens for tokens, _unique in counted), pc.count_distinct(distinct).as_py()
+
+
+def _chunk_words(texts: pl.Series) -> tuple[int, pa.Array]:
+    """Word count and distinct words of a chunk of texts (see `_word_counts`)."""
+    joined = texts.str.replace_all("\n", " ", literal=True).str.join(" ").cast(pl.Binary).item() + b" "
+    ends = np.flatnonzero(np.frombuffer(joined, np.uint8) == ord(" ")) + 1
+    words = pa.LargeStringArray.from_buffers(len(ends), pa.py_buffer(np.concatenate(([0], ends))),
+                                             pa.py_buffer(joined))
+    return len(words), pc.unique(words)
