@@ -24,8 +24,9 @@ def test_large_blocks_are_reused_inside_and_returned_after():
         inside = _page_faults_of_a_second_large_array()
     after = _page_faults_of_a_second_large_array()
     assert active
-    assert outside > 100 and after > 100  # fresh pages each time (even with transparent huge pages)
-    assert inside < 0.05 * outside  # the freed block came back
+    # fresh pages each time: 128 MB is >= 64 faults even when the kernel backs it with 2 MB huge pages
+    assert outside >= 32 and after >= 32
+    assert inside <= min(8, outside // 4)  # the freed block came back
 
 
 def test_does_nothing_without_glibc(monkeypatch):
