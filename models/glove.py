@@ -226,13 +226,8 @@ class GloVe:
             gn = over.mul_(2.0 * cfg.negative_weight)  # (B,k)
             g_w.index_add_(0, i, row_grad.add_(torch.einsum("bk,bkd->bd", gn, wn)))
             g_b.index_add_(0, i, g.add_(gn.sum(1)))
-            if dev.type == "cpu":  # scatter only the cells above x_min (nonzero() would sync a GPU)
-                cell, slot = gn.nonzero(as_tuple=True)
-                ctx, ctx_g, ctx_grad = drawn[cell, slot], gn[cell, slot], wi[cell] * gn[cell, slot, None]
-            else:
-                ctx, ctx_g, ctx_grad = drawn.view(-1), gn.view(-1), (wi[:, None] * gn[..., None]).view(-1, d)
-            g_ctx.index_add_(0, ctx, ctx_grad)
-            g_bctx.index_add_(0, ctx, ctx_g)
+            # CPU: scatter only the cells above x_min; on a GPU selecting them (nonzero) would sync every chunk
+            add_context_gradients(g_ctx, g_bctx, drawn, gn, wi, only_active=dev.type == "cpu")
             return loss, unobserved
 
         # CPU: gradients in chunks whose temporaries stay small enough for the allocator to reuse
@@ -270,6 +265,19 @@ class GloVe:
         self.vectors_ = _output(w, w_ctx, trained)
         self.n_cells_ = n
         return self
+
+
+def add_context_gradients(g_ctx: torch.Tensor, g_bctx: torch.Tensor, drawn: torch.Tensor, gn: torch.Tensor,
+                          wi: torch.Tensor, only_active: bool) -> None:
+    """Scatter the unobserved cells' gradients into the context rows they drew: w̃_j gets gn·w_i and
+    b̃_j gets gn (drawn, gn: (B, k); wi: (B, d)). `only_active` skips the cells with gn = 0 first."""
+    if only_active:
+        cell, slot = gn.nonzero(as_tuple=True)
+        ctx, ctx_g, ctx_grad = drawn[cell, slot], gn[cell, slot], wi[cell] * gn[cell, slot, None]
+    else:
+        ctx, ctx_g, ctx_grad = drawn.reshape(-1), gn.reshape(-1), (wi[:, None] * gn[..., None]).reshape(-1, wi.shape[1])
+    g_ctx.index_add_(0, ctx, ctx_grad)
+    g_bctx.index_add_(0, ctx, ctx_g)
 
 
 def noise_table(mass: np.ndarray, size: int = 10_000_000) -> np.ndarray:

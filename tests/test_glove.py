@@ -9,7 +9,7 @@ import torch
 from models.conllu import read_conllu
 from models.cooccurrence import cooccurrence_matrix
 from models.errors import InputError, ParameterError
-from models.glove import GloVe, initial_parameters, noise_table, resolve_device, weighting
+from models.glove import GloVe, add_context_gradients, initial_parameters, noise_table, resolve_device, weighting
 from models.vocab import Vocabulary
 
 torch.set_num_threads(1)
@@ -124,6 +124,24 @@ def test_one_step_with_unobserved_cells_matches_hand_computation():
     paper = GloVe(dim=3, x_max=10.0, epochs=1, lr=lr, adagrad_init=init, batch_size=64, negative=0,
                   device="cpu", seed=seed).fit(X)
     assert np.abs(paper.vectors_[:3] - want[:3]).max() > 1e-3 and "unobserved_loss" not in paper.history_[0]
+
+
+def test_context_gradients_of_the_gpu_path_equal_the_cpu_path():
+    # CUDA scatters every drawn cell (zeros included) to avoid a sync; the CPU only the active ones.
+    gen = torch.Generator().manual_seed(0)
+    drawn = torch.randint(0, 6, (50, 3), generator=gen)
+    gn = torch.rand(50, 3, generator=gen).sub_(0.6).clamp_(min=0)  # ~60 % inactive, as late in training
+    wi = torch.rand(50, 4, generator=gen)
+    want_w, want_b = torch.zeros(6, 4, dtype=torch.float64), torch.zeros(6, dtype=torch.float64)
+    for c in range(50):
+        for s in range(3):
+            want_w[drawn[c, s]] += gn[c, s].double() * wi[c].double()
+            want_b[drawn[c, s]] += gn[c, s].double()
+    for only_active in (True, False):
+        g_w, g_b = torch.zeros(6, 4), torch.zeros(6)
+        add_context_gradients(g_w, g_b, drawn, gn, wi, only_active=only_active)
+        torch.testing.assert_close(g_w.double(), want_w, rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(g_b.double(), want_b, rtol=1e-6, atol=1e-6)
 
 
 def test_noise_table_draws_in_proportion_to_mass():
