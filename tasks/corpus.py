@@ -11,7 +11,7 @@ from prefect import task
 from models import conllu, ingest, text
 from storage import ArtifactWriter
 from storage.formats import DOCUMENTS, TAGGED
-from tasks.parallel import SHARD_TASK, SHARDED_ROW_GROUP, deliver, map_shards, parts_folder, receive, remove_parts
+from tasks.parallel import SHARD_TASK, SHARDED_ROW_GROUP, deliver, map_shards
 from tasks.params import CorpusParams, ParallelParams
 from tasks.stage import stage
 
@@ -50,12 +50,9 @@ def ingest_corpus(out: ArtifactWriter, params: CorpusParams, parallel: ParallelP
     if len(shards) == 1:  # the common small case: byte-level progress, nothing to merge
         corpus = ingest.build_corpus(files, opts, out.progress)
     else:
-        parts = parts_folder(out, len(shards), parallel)
-        calls = [{"shard": shard, "options": opts, "part": part} for shard, part in zip(shards, parts, strict=True)]
-        results = map_shards(corpus_shard, calls, parallel, "corpus", out.progress)
-        corpus = ingest.merge_shards(files, [ingest.ShardResult(receive(documents), texts, errors)
-                                             for documents, texts, errors in results], opts)
-        remove_parts(parts)
+        results = map_shards(corpus_shard, [{"shard": shard, "options": opts} for shard in shards], parallel,
+                             "corpus", out)
+        corpus = ingest.merge_shards(files, [ingest.ShardResult(*result) for result in results], opts)
     out.write_parquet("documents.parquet", corpus.documents, DOCUMENTS, row_group_size=SHARDED_ROW_GROUP)
     out.metrics.update(corpus.stats)
 

@@ -15,9 +15,6 @@ from tasks.parallel import (
     SHARD_TASK,
     deliver,
     map_shards,
-    parts_folder,
-    receive,
-    remove_parts,
     row_ranges,
     sum_matrices,
 )
@@ -39,8 +36,7 @@ def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, vocab_size: i
     local = cooccurrence.term_document_matrix(ids, np.append(offsets[doc_starts], offsets[-1]), vocab_size).tocoo()
     first, n_docs = (int(doc_index[0]), int(doc_index[-1]) + 1) if len(doc_index) else (0, 0)  # 0..documents-1
     termdoc = sp.csr_matrix((local.data, (local.row, local.col + first)), shape=(vocab_size, n_docs))
-    pairs_part, docs_part = (f"{part}-pairs", f"{part}-docs") if part else (None, None)
-    return deliver(counts, pairs_part), deliver(termdoc, docs_part), len(ids)
+    return deliver(counts, part, "pairs"), deliver(termdoc, part, "docs"), len(ids)
 
 
 @stage("cooccurrence", code=[cooccurrence, vocab])
@@ -52,17 +48,15 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
     parallel = parallel or ParallelParams()
     vocabulary = read_table(tokenizer, "vocab.parquet")
     ranges = row_ranges(count_rows(tokens, "tokens.parquet"), parallel.shard_rows)
-    parts = parts_folder(out, len(ranges), parallel)
-    calls = [{"tokens": tokens, "start": a, "stop": b, "vocab_size": vocabulary.height, "window": params.window,
-              "part": part} for (a, b), part in zip(ranges, parts, strict=True)]
-    results = map_shards(cooccurrence_shard, calls, parallel, "cooccurrence", out.progress)
-    counts = sum_matrices([receive(pairs) for pairs, _, _ in results])
+    calls = [{"tokens": tokens, "start": a, "stop": b, "vocab_size": vocabulary.height, "window": params.window}
+             for a, b in ranges]
+    results = map_shards(cooccurrence_shard, calls, parallel, "cooccurrence", out)
+    counts = sum_matrices([pairs for pairs, _, _ in results])
     matrix = cooccurrence.weigh(counts, vocabulary.height, params.weighting)
     write_matrix(out, "matrix.parquet", matrix)
-    docs = [receive(termdoc) for _, termdoc, _ in results]
+    docs = [termdoc for _, termdoc, _ in results]
     n_docs = max(d.shape[1] for d in docs)
     termdoc = sum_matrices(docs, shape=(vocabulary.height, n_docs))
-    remove_parts([f"{p}-pairs" for p in parts if p] + [f"{p}-docs" for p in parts if p])
     write_matrix(out, "termdoc.parquet", termdoc)
     out.write_parquet("vocab.parquet", vocabulary, VOCAB)
     out.metrics.update({"nonzeros": int(matrix.nnz), "tokens": sum(n for _, _, n in results),

@@ -20,8 +20,8 @@ from __future__ import annotations
 import json
 import math
 import shutil
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -68,57 +68,66 @@ def row_ranges(n_rows: int, shard_rows: int) -> list[tuple[int, int]]:
     return [(i * shard_rows, min((i + 1) * shard_rows, n_rows)) for i in range(n)]
 
 
-def parts_folder(out: ArtifactWriter, n_shards: int, params: ParallelParams) -> list[str | None]:
-    """Where each shard writes its result: a Parquet part in the scratch folder when results cross
-    a process boundary, else None (the result is returned in memory)."""
-    if n_shards <= 1 or params.runner in ("local", "threads"):
-        return [None] * n_shards
-    folder = out.scratch / "shards"
-    shutil.rmtree(folder, ignore_errors=True)  # a retried build starts clean
-    folder.mkdir(parents=True)
-    return [str(folder / f"{i:06d}") for i in range(n_shards)]
-
-
 def map_shards(fn: Any, calls: Sequence[dict[str, Any]], params: ParallelParams, name: str,
-               progress: Callable[[float | None], None] | None = None) -> list[Any]:
-    """fn(**call) for every call, results in call order: inline for one call or the local runner,
-    else as task runs on the runner (`fn` is a Prefect task)."""
-    with Progress(f"{name} shards", total=len(calls), unit="shards", callback=progress) as bar:
+               out: ArtifactWriter) -> list[Any]:
+    """fn(**call, part=...) for every call, results in call order with every `Part` read back:
+    inline for one call or the local runner, else as task runs on the runner (`fn` is a Prefect task
+    that passes its large results through `deliver(result, part)`). Parts live in the stage's scratch
+    folder while the shards run and are removed once read."""
+    folder = out.scratch / "shards" if len(calls) > 1 and params.runner not in ("local", "threads") else None
+    if folder is not None:  # results cross a process boundary: each shard writes Parquet parts
+        shutil.rmtree(folder, ignore_errors=True)  # a retried build starts clean
+        folder.mkdir(parents=True)
+    calls = [{**call, "part": None if folder is None else str(folder / f"{i:06d}")} for i, call in enumerate(calls)]
+    with Progress(f"{name} shards", total=len(calls), unit="shards", callback=out.progress) as bar:
         if len(calls) <= 1 or params.runner == "local":
             results = []
             for call in calls:
                 results.append(fn.fn(**call))
                 bar.update()
-            return results
-        with task_runner(params) as runner:
-            futures = [runner.submit(fn, parameters=dict(call)) for call in calls]
-            results = []
-            for future in futures:
-                results.append(future.result())
-                bar.update()
-            return results
+        else:
+            with task_runner(params) as runner:
+                futures = [runner.submit(fn, parameters=call) for call in calls]
+                results = []
+                for future in futures:
+                    results.append(future.result())
+                    bar.update()
+    results = [_received(result) for result in results]
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
+    return results
 
 
 # ---- shard results: in memory, or a Parquet part (tables; sparse matrices as row, col, value) ----
-def deliver(result: pl.DataFrame | sp.spmatrix, part: str | None) -> Any:
-    """The shard's result itself (`part` None), or its Parquet part's path."""
+@dataclass(frozen=True)
+class Part:
+    """A shard result written to a Parquet file (what crosses the process boundary instead)."""
+
+    path: str
+
+
+def deliver(result: pl.DataFrame | sp.spmatrix, part: str | None, name: str = "") -> Any:
+    """The shard's result itself (`part` None), or the `Part` it was written to (`name` tells apart
+    several results of one shard)."""
     if part is None:
         return result
-    path = f"{part}.parquet"
+    path = f"{part}{'-' + name if name else ''}.parquet"
     if isinstance(result, pl.DataFrame):
         result.write_parquet(path)
     else:
         coo = sp.coo_matrix(result)
         table = pa.table({"row": coo.row.astype(np.int64), "col": coo.col.astype(np.int64), "value": coo.data})
         pq.write_table(table.replace_schema_metadata({"shape": json.dumps(list(coo.shape))}), path)
-    return path
+    return Part(path)
 
 
-def receive(result: Any) -> Any:
-    """What `deliver` sent: the object, or read back from its part."""
-    if not isinstance(result, str):
+def _received(result: Any) -> Any:
+    """A shard's result with its `Part`s (also inside a tuple) read back."""
+    if isinstance(result, tuple):
+        return tuple(_received(item) for item in result)
+    if not isinstance(result, Part):
         return result
-    table = pq.read_table(result)
+    table = pq.read_table(result.path)
     metadata = table.schema.metadata or {}
     if b"shape" not in metadata:
         return pl.from_arrow(table)
@@ -138,9 +147,3 @@ def sum_matrices(matrices: list[sp.spmatrix], shape: tuple[int, int] | None = No
             matrix.resize(shape)
         total = matrix if total is None else total + matrix
     return total
-
-
-def remove_parts(parts: list[str | None]) -> None:
-    for part in parts:
-        if part is not None:
-            Path(f"{part}.parquet").unlink(missing_ok=True)

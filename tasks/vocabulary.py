@@ -20,9 +20,6 @@ from tasks.parallel import (
     SHARDED_ROW_GROUP,
     deliver,
     map_shards,
-    parts_folder,
-    receive,
-    remove_parts,
     row_ranges,
 )
 from tasks.params import ParallelParams, TokenizerParams, VocabularyParams
@@ -50,14 +47,11 @@ def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: Vocabular
     Shards of documents are counted apart and their counts added."""
     parallel = parallel or ParallelParams()
     ranges = row_ranges(count_rows(corpus, "documents.parquet"), parallel.shard_rows)
-    parts = parts_folder(out, len(ranges), parallel)
-    calls = [{"corpus": corpus, "start": a, "stop": b, "part": part}
-             for (a, b), part in zip(ranges, parts, strict=True)]
-    results = map_shards(count_words_shard, calls, parallel, "tokenizer", out.progress)
-    counts = [receive(c) for c, _ in results]
+    results = map_shards(count_words_shard, [{"corpus": corpus, "start": a, "stop": b} for a, b in ranges],
+                         parallel, "tokenizer", out)
+    counts = [c for c, _ in results]
     vocabulary = vocab.Vocabulary.from_counts(counts[0] if len(counts) == 1 else vocab.merge_counts(counts),
                                               params.min_count, params.max_size)
-    remove_parts(parts)
     out.write_parquet("vocab.parquet", vocabulary.frame, VOCAB)
     out.write_json("config.json", {"kind": "word", "special_tokens": list(vocab.SPECIALS),
                                    "pattern": text.WORD_PATTERN, "params": params.model_dump()})
@@ -90,12 +84,9 @@ def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactR
     """One row of ids per sentence; shards of documents are encoded apart and concatenated in order."""
     parallel = parallel or ParallelParams()
     ranges = row_ranges(count_rows(corpus, "documents.parquet"), parallel.shard_rows)
-    parts = parts_folder(out, len(ranges), parallel)
-    calls = [{"corpus": corpus, "tokenizer": tokenizer, "start": a, "stop": b, "part": part}
-             for (a, b), part in zip(ranges, parts, strict=True)]
-    tables = [receive(t) for t in map_shards(encode_shard, calls, parallel, "tokenized_corpus", out.progress)]
+    calls = [{"corpus": corpus, "tokenizer": tokenizer, "start": a, "stop": b} for a, b in ranges]
+    tables = map_shards(encode_shard, calls, parallel, "tokenized_corpus", out)
     table = tables[0] if len(tables) == 1 else pl.concat(tables, rechunk=True)
-    remove_parts(parts)
     ids = table["ids"]
     out.write_parquet("tokens.parquet", table, TOKENS, row_group_size=SHARDED_ROW_GROUP)
     n_tokens = int(ids.list.len().sum())
