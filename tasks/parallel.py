@@ -21,6 +21,7 @@ import json
 import math
 import shutil
 from collections.abc import Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,25 +75,20 @@ def map_shards(fn: Any, calls: Sequence[dict[str, Any]], params: ParallelParams,
     inline for one call or the local runner, else as task runs on the runner (`fn` is a Prefect task
     that passes its large results through `deliver(result, part)`). Parts live in the stage's scratch
     folder while the shards run and are removed once read."""
-    folder = out.scratch / "shards" if len(calls) > 1 and params.runner not in ("local", "threads") else None
+    inline = len(calls) <= 1 or params.runner == "local"
+    folder = None if inline or params.runner == "threads" else out.scratch / "shards"
     if folder is not None:  # results cross a process boundary: each shard writes Parquet parts
         shutil.rmtree(folder, ignore_errors=True)  # a retried build starts clean
         folder.mkdir(parents=True)
     calls = [{**call, "part": None if folder is None else str(folder / f"{i:06d}")} for i, call in enumerate(calls)]
-    with Progress(f"{name} shards", total=len(calls), unit="shards", callback=out.progress) as bar:
-        if len(calls) <= 1 or params.runner == "local":
-            results = []
-            for call in calls:
-                results.append(fn.fn(**call))
-                bar.update()
-        else:
-            with task_runner(params) as runner:
-                futures = [runner.submit(fn, parameters=call) for call in calls]
-                results = []
-                for future in futures:
-                    results.append(future.result())
-                    bar.update()
-    results = [_received(result) for result in results]
+    results = []
+    with (Progress(f"{name} shards", total=len(calls), unit="shards", callback=out.progress) as bar,
+          nullcontext() if inline else task_runner(params) as runner):
+        outcomes = (fn.fn(**call) for call in calls) if inline else \
+            (future.result() for future in [runner.submit(fn, parameters=call) for call in calls])
+        for outcome in outcomes:
+            results.append(_received(outcome))
+            bar.update()
     if folder is not None:
         shutil.rmtree(folder, ignore_errors=True)
     return results
