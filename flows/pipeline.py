@@ -69,7 +69,7 @@ def pipeline(
         store: Artifact store shared by every worker: a folder or an fsspec URL (s3://...).
         corpus: Corpus sources and cleaning.
         vocabulary: Word-level vocabulary (counts, co-occurrence and embeddings use it).
-        cooccurrence: Co-occurrence window and weighting.
+        cooccurrence: Co-occurrence window, weighting and frequent-word subsampling.
         ppmi: Positive PMI smoothing and shift.
         embeddings: Embedding methods to train and evaluate side by side.
         svd: SVD (LSA) embeddings of the PPMI matrix.

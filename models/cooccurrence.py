@@ -157,3 +157,38 @@ def id_stream(id_lists: pl.Series, min_id: int = 0) -> tuple[np.ndarray, np.ndar
     sentence_of = np.repeat(np.arange(len(lengths)), lengths)
     kept_lengths = np.bincount(sentence_of[keep], minlength=len(lengths))
     return flat[keep], np.concatenate(([0], np.cumsum(kept_lengths)))
+
+
+def keep_probabilities(counts: np.ndarray, threshold: float) -> np.ndarray:
+    """word2vec's frequent-word subsampling: a word of relative frequency f > threshold t is kept
+    with probability (√(f/t) + 1)·t/f (gensim's formula), every other word always."""
+    counts = np.asarray(counts, dtype=np.float64)
+    if threshold <= 0 or counts.sum() <= 0:
+        return np.ones(len(counts))
+    f = counts / counts.sum()
+    with np.errstate(divide="ignore"):
+        return np.minimum(1.0, (np.sqrt(f / threshold) + 1) * threshold / f)  # f = 0 -> inf -> 1
+
+
+def subsample(ids: np.ndarray, offsets: np.ndarray, keep_prob: np.ndarray, seed: int,
+              first_sentence: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """Drop tokens of an (ids, offsets) stream before windowing, token k of sentence s kept when
+    u(seed, s, k) < keep_prob[id]. Windows then close over the dropped words and reach further
+    ("dirty" subsampling, Levy et al. 2015). u hashes the sentence's number in the whole corpus
+    (`first_sentence` + its index here) and k, so shards drop exactly the tokens the whole would."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    sentence = np.repeat(np.arange(len(offsets) - 1, dtype=np.uint64), np.diff(offsets))
+    position = np.arange(len(ids), dtype=np.uint64) - offsets[:-1].astype(np.uint64)[sentence.astype(np.int64)]
+    key = ((sentence + np.uint64(first_sentence)) << np.uint64(24)) + (position & np.uint64(2**24 - 1))
+    mixed = _splitmix64(key ^ _splitmix64(np.array([seed], dtype=np.uint64)))
+    keep = (mixed >> np.uint64(11)).astype(np.float64) * 2.0**-53 < keep_prob[ids]
+    kept_lengths = np.bincount(sentence[keep].astype(np.int64), minlength=len(offsets) - 1)
+    return ids[keep], np.concatenate(([0], np.cumsum(kept_lengths)))
+
+
+def _splitmix64(x: np.ndarray) -> np.ndarray:
+    """Steele et al.'s SplitMix64 finaliser: a counter-based hash, uint64 -> well-mixed uint64."""
+    x = x + np.uint64(0x9E3779B97F4A7C15)
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))

@@ -23,43 +23,51 @@ from tasks.stage import stage
 
 
 @task(name="cooccurrence-shard", **SHARD_TASK)
-def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, vocab_size: int, window: int,
-                       part: str | None) -> tuple[Any, Any, int]:
-    """Per-distance pair counts and term–document counts of sentences [start, stop) (windows
-    never cross a sentence, so sentence ranges add up exactly), and their number of tokens."""
+def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, keep_prob: np.ndarray, window: int, seed: int,
+                       part: str | None) -> tuple[Any, Any, int, int]:
+    """Per-distance pair counts (after subsampling) and term–document counts (all tokens) of
+    sentences [start, stop) (windows never cross a sentence, and a token's subsampling draw depends
+    on its sentence number, so sentence ranges add up exactly), and their numbers of tokens (all, kept)."""
     table = read_rows(tokens, "tokens.parquet", start, stop)
+    vocab_size = len(keep_prob)
     ids, offsets = cooccurrence.id_stream(table["ids"], min_id=len(vocab.SPECIALS))
-    counts = cooccurrence.distance_counts(ids, offsets, vocab_size, window)
+    kept, kept_offsets = cooccurrence.subsample(ids, offsets, keep_prob, seed, first_sentence=start)
+    counts = cooccurrence.distance_counts(kept, kept_offsets, vocab_size, window)
     # Documents are runs of sentences: their id ranges come from the sentence offsets (no regrouping).
     doc_index = table["doc_index"].to_numpy()
     doc_starts = np.flatnonzero(np.concatenate(([True], doc_index[1:] != doc_index[:-1]))) if len(doc_index) else []
     local = cooccurrence.term_document_matrix(ids, np.append(offsets[doc_starts], offsets[-1]), vocab_size).tocoo()
     first, n_docs = (int(doc_index[0]), int(doc_index[-1]) + 1) if len(doc_index) else (0, 0)  # 0..documents-1
     termdoc = sp.csr_matrix((local.data, (local.row, local.col + first)), shape=(vocab_size, n_docs))
-    return deliver(counts, part, "pairs"), deliver(termdoc, part, "docs"), len(ids)
+    return deliver(counts, part, "pairs"), deliver(termdoc, part, "docs"), len(ids), len(kept)
 
 
 @stage("cooccurrence", code=[cooccurrence, vocab])
 def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef,
                        params: CooccurrenceParams, parallel: ParallelParams | None = None) -> None:
     """Counts over all splits (intrinsic evaluation uses external word lists, not held-out text);
-    special tokens, <unk> included, are dropped before windowing. Also the term–document matrix.
+    special tokens, <unk> included, are dropped before windowing, then frequent words are
+    subsampled (`params.subsample`; the term–document matrix counts every token).
     Shards of sentences are counted apart; their exact per-distance counts add, then are weighted."""
     parallel = parallel or ParallelParams()
     vocabulary = read_table(tokenizer, "vocab.parquet")
     ranges = row_ranges(count_rows(tokens, "tokens.parquet"), parallel.shard_rows)
-    calls = [{"tokens": tokens, "start": a, "stop": b, "vocab_size": vocabulary.height, "window": params.window}
-             for a, b in ranges]
+    word_counts = vocabulary["count"].to_numpy().astype(np.float64)
+    word_counts[: len(vocab.SPECIALS)] = 0  # specials never reach a window
+    keep_prob = cooccurrence.keep_probabilities(word_counts, params.subsample)
+    calls = [{"tokens": tokens, "start": a, "stop": b, "keep_prob": keep_prob, "window": params.window,
+              "seed": params.seed} for a, b in ranges]
     results = map_shards(cooccurrence_shard, calls, parallel, "cooccurrence", out)
-    counts = sum_matrices([pairs for pairs, _, _ in results])
+    counts = sum_matrices([pairs for pairs, *_ in results])
     matrix = cooccurrence.weigh(counts, vocabulary.height, params.weighting)
     write_matrix(out, "matrix.parquet", matrix)
-    docs = [termdoc for _, termdoc, _ in results]
+    docs = [termdoc for _, termdoc, *_ in results]
     n_docs = max(d.shape[1] for d in docs)
     termdoc = sum_matrices(docs, shape=(vocabulary.height, n_docs))
     write_matrix(out, "termdoc.parquet", termdoc)
     out.write_parquet("vocab.parquet", vocabulary, VOCAB)
-    out.metrics.update({"nonzeros": int(matrix.nnz), "tokens": sum(n for _, _, n in results),
+    out.metrics.update({"nonzeros": int(matrix.nnz), "tokens": sum(r[2] for r in results),
+                        "tokens_after_subsampling": sum(r[3] for r in results),
                         "total_weight": float(matrix.sum()), "vocabulary_size": vocabulary.height,
                         "documents": n_docs})
 

@@ -73,6 +73,11 @@ class CooccurrenceParams(Params):
     window: int = Field(5, ge=1, le=63, description="Words on each side counted as context.")
     weighting: Literal["uniform", "harmonic"] = Field(
         "harmonic", description="Weight of a pair at distance d: 1, or 1/d (harmonic, as GloVe).")
+    subsample: float = Field(
+        1e-4, ge=0, lt=1,
+        description="word2vec's frequent-word subsampling before windowing: a word of frequency f > t is "
+                    "kept with probability (√(f/t) + 1)·t/f (0 = off; 1e-4 tuned on dev pairs, docs/embeddings.md).")
+    seed: int = Field(0, ge=0, description="Seed of the subsampling draws.")
 
 
 class PPMIParams(Params):

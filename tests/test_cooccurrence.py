@@ -3,7 +3,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.cooccurrence import cooccurrence_matrix, term_document_matrix
+from models.cooccurrence import cooccurrence_matrix, keep_probabilities, subsample, term_document_matrix
 from models.errors import ParameterError
 
 
@@ -60,3 +60,48 @@ def test_bad_parameters_are_named():
 def test_term_document_counts():
     m = term_document_matrix(np.array([0, 1, 1, 2, 0]), np.array([0, 3, 3, 5]), 3).toarray()
     np.testing.assert_array_equal(m, [[1, 0, 1], [2, 0, 0], [0, 0, 1]])
+
+
+def test_keep_probabilities_by_hand_and_as_gensim_computes_them():
+    # f = .6, .2, .2 at t = .1: (√6 + 1)·.1/.6 = .5749; (√2 + 1)·.1/.2 > 1 -> 1; unseen words are kept.
+    np.testing.assert_allclose(keep_probabilities(np.array([6, 2, 2, 0]), 0.1),
+                               [(6**0.5 + 1) / 6, 1, 1, 1], rtol=1e-12)
+    np.testing.assert_array_equal(keep_probabilities(np.array([6, 2]), 0), [1, 1])
+    from gensim.models import Word2Vec
+
+    rng = np.random.default_rng(0)
+    words = [f"w{k}" for k in rng.zipf(1.3, 20_000) if k < 400]
+    model = Word2Vec(vector_size=4, min_count=1, sample=1e-3)
+    model.build_vocab([words])
+    vocab = sorted(model.wv.key_to_index)
+    counts = np.array([model.wv.get_vecattr(w, "count") for w in vocab])
+    gensim_p = np.array([model.wv.get_vecattr(w, "sample_int") for w in vocab]) / 2**32
+    np.testing.assert_allclose(keep_probabilities(counts, 1e-3), gensim_p, atol=1e-9)
+
+
+def test_subsampling_keeps_each_word_at_its_rate_and_shards_agree_with_the_whole():
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(0, 40, 5000)
+    offsets = np.concatenate(([0], np.cumsum(lengths)))
+    ids = rng.integers(0, 4, offsets[-1])
+    keep_prob = np.array([0.1, 0.5, 0.9, 1.0])
+    kept, kept_offsets = subsample(ids, offsets, keep_prob, seed=3)
+    assert kept_offsets[-1] == len(kept) and np.all(np.diff(kept_offsets) <= lengths)
+    for word, p in enumerate(keep_prob):
+        n = np.sum(ids == word)
+        assert abs(np.sum(kept == word) / n - p) <= 4 * np.sqrt(p * (1 - p) / n) + 1e-12
+    # A sentence keeps an order-preserving subsequence of its own tokens.
+    for s in (0, 17, 4999):
+        sentence = iter(ids[offsets[s]:offsets[s + 1]].tolist())
+        assert all(t in sentence for t in kept[kept_offsets[s]:kept_offsets[s + 1]].tolist())  # consumes in order
+    # Shards cut at sentence 1234: each draws by its sentences' numbers in the whole corpus.
+    cut = 1234
+    head = subsample(ids[:offsets[cut]], offsets[:cut + 1], keep_prob, seed=3)
+    tail = subsample(ids[offsets[cut]:], offsets[cut:] - offsets[cut], keep_prob, seed=3, first_sentence=cut)
+    np.testing.assert_array_equal(np.concatenate((head[0], tail[0])), kept)
+    np.testing.assert_array_equal(np.concatenate((head[1], tail[1][1:] + head[1][-1])), kept_offsets)
+    other_seed, _ = subsample(ids, offsets, keep_prob, seed=4)
+    assert not np.array_equal(other_seed, kept)
+    everything, same_offsets = subsample(ids, offsets, np.ones(4), seed=3)
+    np.testing.assert_array_equal(everything, ids)
+    np.testing.assert_array_equal(same_offsets, offsets)

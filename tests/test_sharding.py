@@ -169,6 +169,7 @@ def test_sharded_stages_publish_the_same_artifacts_and_versions(tmp_path, source
     assert_same_artifacts(single, sharded_refs)
     metrics = ArtifactStore(tmp_path / "single").manifest("cooccurrence", single["cooccurrence"].version)["metrics"]
     assert metrics["documents"] > 50 and metrics["tokens"] > 1000
+    assert 0 < metrics["tokens_after_subsampling"] < metrics["tokens"]  # frequent words were subsampled
     corpus_manifest = ArtifactStore(tmp_path / "single").manifest("corpus", single["corpus"].version)
     assert "parallel" not in corpus_manifest["parameters"]
     tokens = pl.read_parquet(ArtifactStore(tmp_path / "sharded").path("tokenized_corpus",
