@@ -177,12 +177,12 @@ def subsample(ids: np.ndarray, offsets: np.ndarray, keep_prob: np.ndarray, seed:
     ("dirty" subsampling, Levy et al. 2015). u hashes the sentence's number in the whole corpus
     (`first_sentence` + its index here) and k, so shards drop exactly the tokens the whole would."""
     offsets = np.asarray(offsets, dtype=np.int64)
-    sentence = np.repeat(np.arange(len(offsets) - 1, dtype=np.uint64), np.diff(offsets))
-    position = np.arange(len(ids), dtype=np.uint64) - offsets[:-1].astype(np.uint64)[sentence.astype(np.int64)]
-    key = ((sentence + np.uint64(first_sentence)) << np.uint64(24)) + (position & np.uint64(2**24 - 1))
+    sentence = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    position = np.arange(len(ids)) - offsets[sentence]
+    key = ((sentence + first_sentence).astype(np.uint64) << np.uint64(24)) + (position & (2**24 - 1)).astype(np.uint64)
     mixed = _splitmix64(key ^ _splitmix64(np.array([seed], dtype=np.uint64)))
-    keep = (mixed >> np.uint64(11)).astype(np.float64) * 2.0**-53 < keep_prob[ids]
-    kept_lengths = np.bincount(sentence[keep].astype(np.int64), minlength=len(offsets) - 1)
+    keep = (mixed >> np.uint64(11)).astype(np.float64) * 2.0**-53 < keep_prob[ids]  # 53-bit uniforms in [0, 1)
+    kept_lengths = np.bincount(sentence[keep], minlength=len(offsets) - 1)
     return ids[keep], np.concatenate(([0], np.cumsum(kept_lengths)))
 
 
