@@ -117,6 +117,9 @@ class GloVeParams(Params):
     negative: int = Field(5, ge=0, le=100, description="Unobserved (zero) cells drawn per observed cell and held "
                                                        "below the smallest count; 0 = the paper's objective.")
     negative_weight: float = Field(1.0, gt=0, description="Weight of an unobserved cell's one-sided squared error.")
+    spectrum_power: float = Field(2.0, gt=0, le=10, description="The vectors' singular values raised to this power "
+                                                               "(1 = as trained; > 1 favours similarity over "
+                                                               "relatedness).")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto picks CUDA when present.")
     seed: int = Field(0, ge=0, description="Random seed.")
 

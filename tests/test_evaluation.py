@@ -8,7 +8,7 @@ from models.cooccurrence import cooccurrence_matrix, id_stream
 from models.ingest import IngestOptions, build_corpus, resolve_sources
 from models.ppmi import ppmi_matrix
 from models.svd import svd_vectors
-from models.vectors import keyed_vectors
+from models.vectors import keyed_vectors, reweight_spectrum
 from models.vocab import SPECIALS, Vocabulary, sentence_tokens
 
 
@@ -83,3 +83,22 @@ def test_report_lists_metrics_and_neighbours():
     md = evaluation.report_markdown("Title", {"svd": res})
     assert "| svd |" in md and "**king**" in md and "absent" not in md
     assert res["neighbours"].height == 8
+
+
+def test_reweight_spectrum_raises_the_singular_values_to_the_power():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(40, 5)).astype(np.float32) * np.array([5, 3, 2, 1, 0.5], dtype=np.float32)
+    x[7] = 0.0
+    u, s, vt = np.linalg.svd(x.astype(np.float64), full_matrices=False)
+    for power in (0.5, 2.0, 3.0):
+        want = (u * s**power) @ vt / s[0] ** (power - 1)  # U Σ^p Vᵀ, the leading singular value kept
+        got = reweight_spectrum(x, power)
+        assert got.dtype == np.float32
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+        assert not got[7].any()
+    assert reweight_spectrum(x, 1.0) is x
+    # Rank-deficient: a direction with no variance is dropped, not blown up by σ^(p-1) with p < 1.
+    flat = np.hstack([x[:, :3], np.zeros((40, 2), dtype=np.float32)])
+    got = reweight_spectrum(flat, 0.5)
+    assert np.isfinite(got).all() and not got[:, 3:].any()
+    assert not reweight_spectrum(np.zeros((3, 2), dtype=np.float32), 2.0).any()

@@ -9,10 +9,20 @@ import torch
 from models.conllu import read_conllu
 from models.cooccurrence import cooccurrence_matrix
 from models.errors import InputError, ParameterError
-from models.glove import GloVe, add_context_gradients, initial_parameters, noise_table, resolve_device, weighting
+from models.glove import (
+    GloVe,
+    GloVeConfig,
+    add_context_gradients,
+    initial_parameters,
+    noise_table,
+    resolve_device,
+    weighting,
+)
+from models.vectors import reweight_spectrum
 from models.vocab import Vocabulary
 
 torch.set_num_threads(1)
+AS_TRAINED = {"spectrum_power": 1.0}  # hand-computed steps check the trained w + w̃, not its reweighting
 
 # A 3-word co-occurrence matrix with one cell above x_max and an empty 4th row/column (a "special").
 X = sp.csr_matrix(np.array([
@@ -55,7 +65,7 @@ def _hand_step(x_max, alpha, lr, dim, seed, init):
 
 
 def test_one_adagrad_step_matches_hand_computation():
-    model = GloVe(dim=3, x_max=10.0, alpha=0.75, epochs=1, lr=0.3, adagrad_init=0.01, batch_size=64,
+    model = GloVe(dim=3, **AS_TRAINED, x_max=10.0, alpha=0.75, epochs=1, lr=0.3, adagrad_init=0.01, batch_size=64,
                   negative=0, device="cpu", seed=7).fit(X)
     want, want_loss, (w0, c0) = _hand_step(10.0, 0.75, 0.3, 3, 7, init=0.01)
     np.testing.assert_allclose(model.vectors_[:3], want[:3], rtol=1e-5, atol=1e-7)
@@ -70,20 +80,21 @@ def test_one_adagrad_step_matches_hand_computation():
 def test_glove_c_adagrad_is_lr_one_with_initial_accumulator_one_over_eta_squared():
     # glove.c: u = eta·g, G = 1 + u², θ -= u / sqrt(G)  ==  AdaGrad with lr 1 and G0 = 1/eta².
     eta = 0.3
-    model = GloVe(dim=3, x_max=10.0, epochs=1, lr=1.0, adagrad_init=1 / eta**2, batch_size=64, negative=0,
+    model = GloVe(dim=3, **AS_TRAINED, x_max=10.0, epochs=1, lr=1.0, adagrad_init=1 / eta**2, batch_size=64, negative=0,
                   device="cpu", seed=7).fit(X)
     (w, c), (gw, gc), _ = _hand_gradient(10.0, 0.75, 3, 7)
     u_w, u_c = eta * gw, eta * gc
     glove_c = (w - u_w / np.sqrt(1 + u_w**2)) + (c - u_c / np.sqrt(1 + u_c**2))
     np.testing.assert_allclose(model.vectors_[:3], glove_c[:3], rtol=1e-5, atol=1e-7)
     # ... and differs from the same lr with the default accumulator (the test can fail)
-    other = GloVe(dim=3, x_max=10.0, epochs=1, lr=1.0, batch_size=64, negative=0, device="cpu", seed=7).fit(X)
+    other = GloVe(dim=3, **AS_TRAINED, x_max=10.0, epochs=1, lr=1.0, batch_size=64, negative=0, device="cpu",
+                  seed=7).fit(X)
     assert np.abs(other.vectors_[:3] - glove_c[:3]).max() > 1e-3
 
 
 def test_first_adam_step_is_lr_times_gradient_sign():
     # Bias-corrected Adam's first step is lr·g/(|g|+eps) = lr·sign(g) for every touched parameter.
-    model = GloVe(dim=3, epochs=1, lr=0.01, batch_size=64, optimizer="adam", negative=0, device="cpu",
+    model = GloVe(dim=3, **AS_TRAINED, epochs=1, lr=0.01, batch_size=64, optimizer="adam", negative=0, device="cpu",
                   seed=7).fit(X)
     w, c, *_ = initial_parameters(4, 3, 7)
     moved = model.vectors_[:3] - (w + c)[:3]
@@ -96,7 +107,7 @@ def test_one_step_with_unobserved_cells_matches_hand_computation():
     # negative=2: each observed cell brings two cells of its row word with contexts drawn ∝ count^0.75
     # (replayed here from the same generator), penalised by max(0, prediction - log x_min)², x_min = 0.5.
     k, lr, init, seed = 2, 0.3, 0.01, 7
-    model = GloVe(dim=3, x_max=10.0, epochs=1, lr=lr, adagrad_init=init, batch_size=64, negative=k,
+    model = GloVe(dim=3, **AS_TRAINED, x_max=10.0, epochs=1, lr=lr, adagrad_init=init, batch_size=64, negative=k,
                   negative_weight=0.7, device="cpu", seed=seed).fit(X)
     w, c, b, bc = (p.astype(np.float64) for p in initial_parameters(4, 3, seed))
     coo = X.tocoo()
@@ -121,7 +132,7 @@ def test_one_step_with_unobserved_cells_matches_hand_computation():
     assert model.history_[0]["loss"] == pytest.approx(loss / len(order), rel=1e-6)
     assert model.history_[0]["unobserved_loss"] == pytest.approx(unobserved / drawn.size, rel=1e-6)
     assert unobserved > 0  # near-zero initial predictions sit above log 0.5: the term is active here
-    paper = GloVe(dim=3, x_max=10.0, epochs=1, lr=lr, adagrad_init=init, batch_size=64, negative=0,
+    paper = GloVe(dim=3, **AS_TRAINED, x_max=10.0, epochs=1, lr=lr, adagrad_init=init, batch_size=64, negative=0,
                   device="cpu", seed=seed).fit(X)
     assert np.abs(paper.vectors_[:3] - want[:3]).max() > 1e-3 and "unobserved_loss" not in paper.history_[0]
 
@@ -194,6 +205,18 @@ def test_loss_decreases_on_real_text(ewt_matrix):
     assert model.vectors_[has_cells].any(axis=1).all()
 
 
+def test_output_is_the_trained_sum_with_its_singular_values_raised_to_spectrum_power(ewt_matrix):
+    def fit(power):
+        return GloVe(dim=12, epochs=2, batch_size=4096, device="cpu", spectrum_power=power).fit(ewt_matrix).vectors_
+
+    trained, default = fit(1.0), fit(GloVeConfig.spectrum_power)
+    np.testing.assert_allclose(default, reweight_spectrum(trained, GloVeConfig.spectrum_power), rtol=1e-5, atol=1e-6)
+    s_trained = np.linalg.svd(trained, compute_uv=False)
+    s_default = np.linalg.svd(default, compute_uv=False)
+    np.testing.assert_allclose(s_default / s_default[0], (s_trained / s_trained[0]) ** 2, rtol=1e-4, atol=1e-6)
+    assert np.array_equal(default.any(axis=1), trained.any(axis=1))  # untrained rows stay zero
+
+
 def test_deterministic_with_a_seed_on_cpu(ewt_matrix):
     def fit(seed):
         return GloVe(dim=10, epochs=2, batch_size=4096, device="cpu", seed=seed).fit(ewt_matrix)
@@ -229,15 +252,16 @@ def test_bad_input_and_parameters():
         GloVe(adagrad_init=0.0).fit(X)
     with pytest.raises(ParameterError, match="negative=-1"):
         GloVe(negative=-1).fit(X)
+    with pytest.raises(ParameterError, match="spectrum_power=0"):
+        GloVe(spectrum_power=0).fit(X)
 
 
 def test_pipeline_parameters_default_to_the_model_defaults():
     # the documented defaults (docs/embeddings.md) are what both `GloVe()` and the pipeline's glove.* give
     from dataclasses import asdict
 
-    from models.glove import GloVeConfig
     from tasks.params import GloVeParams
 
     assert GloVeParams().model_dump() == asdict(GloVeConfig()) == GloVe().get_params()
     assert (GloVeConfig.x_max, GloVeConfig.epochs, GloVeConfig.lr, GloVeConfig.adagrad_init, GloVeConfig.negative,
-            GloVeConfig.negative_weight) == (0.5, 20, 0.1, 1.0, 5, 1.0)
+            GloVeConfig.negative_weight, GloVeConfig.spectrum_power) == (0.5, 20, 0.1, 1.0, 5, 1.0, 2.0)
