@@ -6,10 +6,9 @@ The model fits, over the nonzero cells X_ij of the co-occurrence matrix, the wei
     J = Σ_ij f(X_ij) · (w_i·w̃_j + b_i + b̃_j − log X_ij)²,     f(x) = min(1, (x / x_max)^α)
 
 and returns w + w̃ per word (the paper's section 4.2: the sum is a little better than either),
-its singular values raised to `spectrum_power` (default 2; 1 leaves them as trained): stretching
-the leading directions moves cosine similarity from relatedness towards similarity (Artetxe et
-al. 2018); on the dev halves it lifted SimLex-999 on every seed for a smaller WS353 cost
-(docs/embeddings.md).
+its singular values raised to `spectrum_power` (default 2; 1 leaves them as trained). Stretching
+the leading directions trades relatedness for similarity (after Artetxe et al. 2018): on the dev
+halves it lifted SimLex-999 on every seed for a smaller WS353 cost (docs/embeddings.md).
 
 Unobserved cells (`negative` > 0, the default; `negative=0` is the paper's objective). The sum
 above ignores every zero cell, so "i and j never occur together" reaches the vectors only through

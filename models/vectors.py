@@ -1,4 +1,5 @@
-"""Word vectors as gensim `KeyedVectors`, the interface downstream users already know."""
+"""Word vectors as gensim `KeyedVectors` (the interface downstream users already know), and a
+reweighting of their singular values."""
 
 from __future__ import annotations
 
@@ -20,9 +21,10 @@ def reweight_spectrum(vectors: np.ndarray, power: float) -> np.ndarray:
     """X = U Σ Vᵀ → U Σ^power Vᵀ / σ₁^(power−1): the singular values raised to `power`, the leading
     one kept (so the vectors' scale stays).
 
-    power > 1 stretches the leading directions against the trailing ones; Artetxe et al. (2018,
-    "Uncovering divergent linguistic information in word embeddings") show that this moves cosine
-    similarity from relatedness towards similarity (SimLex-999 up, WS353 down). Computed from the
+    power > 1 stretches the leading directions against the trailing ones. Artetxe et al. (2018,
+    "Uncovering divergent linguistic information in word embeddings") tune such a transformation to
+    move a space between similarity and relatedness; on our dev halves power > 1 raised SimLex-999
+    and lowered WS353 (docs/embeddings.md). Computed from the
     d × d Gram matrix (X·V·Σ^(power−1)·Vᵀ), so the singular vectors' signs do not matter and zero
     rows stay zero; directions with σ ≈ 0 (rank-deficient X) are dropped rather than blown up when
     power < 1. power 1 returns the vectors unchanged.
