@@ -151,12 +151,15 @@ def tune_glove(grid: list[dict], path: Path | None = None, seeds: tuple[int, ...
     settings by their mean over seeds (`.group_by(...).mean()`): one seed of a ~150-pair half is noise.
     """
     sets = {k: v for k, v in split_eval_files().items() if k.endswith("-dev")}
-    rows = []
+    rows, prepared = [], {}
     for seed in seeds:
         for setting in grid:
             params = {"seed": seed, **setting}
             every = params.pop("every", 1)
-            vocab, _n_tokens, matrix = prepare(path or corpus_path(), sample=params.pop("sample", None), seed=seed)
+            key = (params.pop("sample", None), seed)
+            if key not in prepared:  # one subsampled count per (threshold, seed), shared by the settings
+                prepared[key] = prepare(path or corpus_path(), sample=key[0], seed=seed)
+            vocab, _n_tokens, matrix = prepared[key]
 
             def score(record, vectors, params=params, every=every, words=vocab.tokens):
                 if record["epoch"] % every == 0:
