@@ -24,10 +24,10 @@ def reweight_spectrum(vectors: np.ndarray, power: float) -> np.ndarray:
     power > 1 stretches the leading directions against the trailing ones. Artetxe et al. (2018,
     "Uncovering divergent linguistic information in word embeddings") tune such a transformation to
     move a space between similarity and relatedness; on our dev halves power > 1 raised SimLex-999
-    and lowered WS353 (docs/embeddings.md). Computed from the
-    d × d Gram matrix (X·V·Σ^(power−1)·Vᵀ), so the singular vectors' signs do not matter and zero
-    rows stay zero; directions with σ ≈ 0 (rank-deficient X) are dropped rather than blown up when
-    power < 1. power 1 returns the vectors unchanged.
+    and lowered WS353 (docs/embeddings.md). Computed from the d × d Gram matrix
+    (X·V·Σ^(power−1)·Vᵀ), so the singular vectors' signs do not matter and zero rows stay zero;
+    directions with σ ≈ 0 (rank-deficient X) are dropped rather than blown up when power < 1.
+    power 1 returns the vectors unchanged.
     """
     if power == 1 or not vectors.any():
         return vectors
@@ -35,6 +35,7 @@ def reweight_spectrum(vectors: np.ndarray, power: float) -> np.ndarray:
     eigenvalues, basis = np.linalg.eigh(gram)  # eigenvalues σ², ascending
     ratio = eigenvalues / eigenvalues[-1]
     present = ratio > len(ratio) * np.finfo(vectors.dtype).eps
-    scale = np.where(present, np.where(present, ratio, 1.0) ** ((power - 1) / 2), 0.0)
+    scale = np.zeros_like(ratio)
+    scale[present] = ratio[present] ** ((power - 1) / 2)  # (σ/σ₁)^(power−1)
     transform = (basis * scale) @ basis.T
     return (vectors @ transform).astype(vectors.dtype)
