@@ -111,16 +111,7 @@ def _naive_bpe(words: Counter, marker: str, eow: str, vocab_size: int, min_frequ
         merges.append(best)
         new = best[0] + best[1]
         ids.setdefault(new, len(ids))
-        for w, seg in segs.items():
-            out, j = [], 0
-            while j < len(seg):
-                if j + 1 < len(seg) and (seg[j], seg[j + 1]) == best:
-                    out.append(new)
-                    j += 2
-                else:
-                    out.append(seg[j])
-                    j += 1
-            segs[w] = out
+        _apply_merge(segs, best, new)
     return merges
 
 
@@ -144,17 +135,22 @@ def _naive_wordpiece(words: Counter, vocab_size: int) -> list[tuple[str, str]]:
         merges.append(best)
         new = best[0] + best[1].removeprefix("##")
         ids.setdefault(new, len(ids))
-        for w, seg in segs.items():
-            out, j = [], 0
-            while j < len(seg):
-                if j + 1 < len(seg) and (seg[j], seg[j + 1]) == best:
-                    out.append(new)
-                    j += 2
-                else:
-                    out.append(seg[j])
-                    j += 1
-            segs[w] = out
+        _apply_merge(segs, best, new)
     return merges
+
+
+def _apply_merge(segs: dict[str, list[str]], pair: tuple[str, str], new: str) -> None:
+    """Replace every non-overlapping occurrence of `pair`, left to right, in each word's segments."""
+    for w, seg in segs.items():
+        out, j = [], 0
+        while j < len(seg):
+            if j + 1 < len(seg) and (seg[j], seg[j + 1]) == pair:
+                out.append(new)
+                j += 2
+            else:
+                out.append(seg[j])
+                j += 1
+        segs[w] = out
 
 
 def _random_corpus(seed: int) -> list[str]:
