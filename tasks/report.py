@@ -1,19 +1,21 @@
 """The `report` stage: one markdown report (with its PNGs) over everything a run evaluated —
 embeddings side by side, language-model perplexities, tagger accuracy — and the same in the
-Prefect UI as table and markdown artifacts."""
+Prefect UI as table, markdown and image artifacts."""
 
 from __future__ import annotations
 
 import logging
+import re
 
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from models import evaluation
 from storage import ArtifactRef, ArtifactStore, ArtifactWriter
-from tasks.report_image import publish_chart
+from tasks.report_image import publish_chart, publish_image
 from tasks.stage import stage
 
 LM_COLUMNS = ("model", "vocabulary_size", "train_tokens", "parameters", "valid_perplexity", "test_perplexity")
+FIGURE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+\.png)\)")
 
 
 def _manifest(ref: ArtifactRef) -> dict:
@@ -45,19 +47,21 @@ def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[
                  taggers: list[ArtifactRef] | None = None) -> None:
     store = ArtifactStore(evaluations[0].store)
     lines = ["# lexiflow evaluation report", ""]
-    rows = []
-    for ref in evaluations:
-        metrics = _manifest(ref)["metrics"]
-        rows.append({**metrics, "embeddings": metrics["method"]})
+    manifests = [_manifest(ref) for ref in evaluations]
+    rows = [{**m["metrics"], "embeddings": m["metrics"]["method"]} for m in manifests]
     lines += ["## Word embeddings", ""]
     lines += _table(rows, ("embeddings", "ws353_spearman", "simlex999_spearman", "analogy_add_accuracy",
                            "analogy_mul_accuracy", "analogy_coverage", "ws353_oov_rate", "vocabulary"))
-    for ref in evaluations:
+    for ref, manifest in zip(evaluations, manifests, strict=True):
         with store.open(ref.kind, ref.version, "report.md", "r") as f:
             detail = f.read()
         detail = detail[detail.find("## "):]  # its neighbours and analogy sections; the table is above
         lines += ["", detail.replace("## ", "### ")]
-        lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, f"evaluation-{ref.version}")]
+        # figures named by method (one evaluation per method in a run): its projection, and the loss
+        # curve of the embeddings it evaluated (trained methods)
+        trained = ArtifactRef(store=ref.store, **manifest["inputs"]["embeddings"])
+        method = manifest["metrics"]["method"]
+        lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, method) + _copy_pngs(out, trained, method)]
     if lms:
         lines += ["", "## Language models", "", "Perplexity per token (every word and `</s>`), each sentence "
                   "scored from `<s>`; validation tunes, test is reported once.", ""]
@@ -73,7 +77,8 @@ def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[
 
 
 def publish_report(report: ArtifactRef) -> str:
-    """Show the report in the Prefect UI: the markdown, and a table row per evaluated artifact."""
+    """Show the report in the Prefect UI: the markdown, a table row per evaluated artifact, the headline
+    chart and each of the report's figures as an image artifact."""
     store = ArtifactStore(report.store)
     try:
         manifest = _manifest(report)
@@ -84,13 +89,28 @@ def publish_report(report: ArtifactRef) -> str:
             metrics = store.manifest(ref["kind"], ref["version"])["metrics"]
             rows.append({"input": name, "artifact": f"{ref['kind']}:{ref['version']}",
                          **{k: v for k, v in metrics.items() if isinstance(v, int | float | str)}})
+        # the UI cannot follow report.md's relative image links: each figure is its own image artifact
+        figures = {}
+        for entry in manifest["files"]:
+            if entry["name"].endswith(".png"):
+                with store.open(report.kind, report.version, entry["name"]) as f:
+                    figures[entry["name"]] = f.read()
     except OSError as exc:  # storage down after everything is published: skip the UI copy, keep the run
         logging.getLogger("lexiflow").warning("evaluation report not shown in the Prefect UI: %s", exc)
         return ""
     try:
         create_table_artifact(rows, key="evaluation-table", description="Evaluation of this run's artifacts")
-        create_markdown_artifact(markdown, key="evaluation-report", description="lexiflow evaluation report")
+        ui_markdown = FIGURE_LINK.sub(lambda m: f"*Figure: image artifact `{figure_key(m[1])}`*", markdown)
+        create_markdown_artifact(ui_markdown, key="evaluation-report", description="lexiflow evaluation report")
         publish_chart([{**row, "embeddings": row["method"]} for row in rows if "ws353_spearman" in row])
+        for name, png in figures.items():
+            publish_image(png, figure_key(name), name)
     except Exception:  # no Prefect run context (a plain function call): the report is still returned
         pass
     return markdown
+
+
+def figure_key(name: str) -> str:
+    """A report PNG's image-artifact key (Prefect keys: lowercase letters, digits and dashes); the
+    names carry the method or model, not a version, so each key's history spans the runs."""
+    return "report-" + re.sub(r"[^a-z0-9]+", "-", name.removesuffix(".png").lower()).strip("-")

@@ -1,6 +1,7 @@
-"""The evaluation report as a Prefect image artifact: a bar chart of the headline figures.
+"""The evaluation report's figures as Prefect image artifacts: a bar chart of the headline figures,
+and each PNG of the report (projections, loss curves, confusion heatmap).
 
-The image travels inside the artifact as a `data:` URL, so the UI shows it without any file
+An image travels inside the artifact as a `data:` URL, so the UI shows it without any file
 server (the store may be a local folder the browser cannot reach).
 """
 
@@ -41,12 +42,17 @@ def chart_png(rows: list[dict[str, Any]]) -> bytes:
     return buffer.getvalue()
 
 
-def publish_chart(rows: list[dict[str, Any]], key: str = "embedding-evaluation-chart") -> None:
-    """Create the image artifact; outside a run (or when the API is busy) do nothing."""
+def publish_image(png: bytes, key: str, description: str) -> None:
+    """An image artifact carrying the PNG as a `data:` URL; outside a run (or when the API is busy)
+    do nothing: the same figure is in the report artifact's folder."""
     try:
         from prefect.artifacts import create_image_artifact
 
-        url = "data:image/png;base64," + base64.b64encode(chart_png(rows)).decode()
-        create_image_artifact(url, key=key, description="Headline evaluation figures")
-    except Exception:  # the report is also a table and markdown artifact: the chart is a nicety
+        create_image_artifact("data:image/png;base64," + base64.b64encode(png).decode(), key=key,
+                              description=description)
+    except Exception:  # the report is also a table and markdown artifact: the images are a nicety
         pass
+
+
+def publish_chart(rows: list[dict[str, Any]], key: str = "embedding-evaluation-chart") -> None:
+    publish_image(chart_png(rows), key, "Headline evaluation figures")

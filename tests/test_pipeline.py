@@ -1,14 +1,18 @@
 """The pipeline through real Prefect (a temporary local server for the session)."""
 
+import base64
 import json
 
 import pytest
+from prefect.client.orchestration import get_client
+from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 from prefect.testing.utilities import prefect_test_harness
 
 from flows.cli import main
 from flows.params import PipelineParams, validate
 from flows.pipeline import run_pipeline
 from storage import ArtifactStore, Catalog
+from tasks.report import figure_key
 
 pytestmark = pytest.mark.prefect
 SMALL = {"corpus": {"sources": ["builtin:lee"]}, "vocabulary": {"min_count": 3}, "svd": {"dim": 40},
@@ -164,7 +168,23 @@ def test_all_stages_on_a_small_treebank(tmp_path, shared_data, capsys):
     for method in ("sgns", "cbow", "glove"):
         emb = store_obj.manifest("embeddings", refs[f"embeddings.{method}"].version)
         assert emb["metrics"]["method"] == method and any(f["name"] == "loss_curve.png" for f in emb["files"])
-        assert f"| {method} |" in report
+        assert f"| {method} |" in report and f"![{method}-loss_curve.png]({method}-loss_curve.png)" in report
+    figures = sorted(p.name for p in (store / "report" / refs["report"].version).glob("*.png"))
+    assert figures == ["cbow-loss_curve.png", "cbow-projection.png", "glove-loss_curve.png", "glove-projection.png",
+                       "lm-gru-loss_curve.png", "sgns-loss_curve.png", "sgns-projection.png", "svd-projection.png",
+                       "tagger-confusion.png"]
+    # In the Prefect UI each figure is an image artifact carrying the PNG, and the markdown names it
+    # instead of linking a file the browser cannot reach.
+    run_id = store_obj.manifest("report", refs["report"].version)["run"]["flow_run_id"]
+    with get_client(sync_client=True) as client:
+        shown = {a.key: a for a in client.read_artifacts(artifact_filter=ArtifactFilter(
+            flow_run_id=ArtifactFilterFlowRunId(any_=[run_id]),
+            key=ArtifactFilterKey(any_=[figure_key(name) for name in figures] + ["evaluation-report"])))}
+    for name in figures:
+        png = (store / "report" / refs["report"].version / name).read_bytes()
+        assert shown[figure_key(name)].data == "data:image/png;base64," + base64.b64encode(png).decode()
+    ui_report = shown["evaluation-report"].data
+    assert ".png)" not in ui_report and "image artifact `report-glove-loss-curve`" in ui_report
 
     # lexiflow generate continues a prompt with either LM and its (BPE) tokenizer; greedy is deterministic.
     capsys.readouterr()
