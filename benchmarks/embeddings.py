@@ -261,7 +261,8 @@ def run(quick: bool) -> list[Row]:
     glove = runs[0]  # seed 0 (the pipeline's defaults): the run reported since this benchmark began; speed, plots
     scores = [evaluate(r.vectors_, vocab.tokens, sets) for r in runs]
     case = (f"GloVe defaults ({glove.epochs} ep, x_max {glove.x_max}, alpha {glove.alpha}, lr {glove.lr}, "
-            f"AdaGrad G0 {glove.adagrad_init:g}, {glove.negative} unobserved cells per cell), {corpus}")
+            f"AdaGrad G0 {glove.adagrad_init:g}, {glove.negative} unobserved cells per cell held below "
+            f"{glove.negative_bound:g} x_min, spectrum power {glove.spectrum_power:g}), {corpus}")
     peer = sgns["peer"]
     paper = GloVe(dim=DIM, negative=0, **short).fit(matrix)  # the paper's objective: nonzero cells only
     p = evaluate(paper.vectors_, vocab.tokens, sets)

@@ -6,9 +6,9 @@ The model fits, over the nonzero cells X_ij of the co-occurrence matrix, the wei
     J = Σ_ij f(X_ij) · (w_i·w̃_j + b_i + b̃_j − log X_ij)²,     f(x) = min(1, (x / x_max)^α)
 
 and returns w + w̃ per word (the paper's section 4.2: the sum is a little better than either),
-its singular values raised to `spectrum_power` (default 2; 1 leaves them as trained). Stretching
+its singular values raised to `spectrum_power` (default 1.5; 1 leaves them as trained). Stretching
 the leading directions trades relatedness for similarity (after Artetxe et al. 2018): on the dev
-halves it lifted SimLex-999 on every seed for a smaller WS353 cost (docs/embeddings.md).
+halves it lifted SimLex-999 for a smaller WS353 cost (docs/embeddings.md).
 
 Unobserved cells (`negative` > 0, the default; `negative=0` is the paper's objective). The sum
 above ignores every zero cell, so "i and j never occur together" reaches the vectors only through
@@ -18,11 +18,14 @@ is below the smallest count an observed pair has, x_min (1/window for harmonic c
 batch also draws `negative` unobserved cells per observed cell — the observed cell's row word with
 a context drawn ∝ count^0.75, as word2vec draws its negatives — and adds a one-sided penalty
 
-    negative_weight · max(0, w_i·w̃_j + b_i + b̃_j − log x_min)²
+    negative_weight · max(0, w_i·w̃_j + b_i + b̃_j − log(negative_bound · x_min))²
 
-that is zero whenever the model already predicts the pair below x_min (a Tobit-style censored
-least squares; Swivel, Shazeer et al. 2016, treats GloVe's zeros with a similar soft hinge). A
-drawn pair that did occur is rare (~1 % of pairs do here) and left as it is drawn.
+that is zero whenever the model already predicts the pair below the bound (a Tobit-style censored
+least squares; Swivel, Shazeer et al. 2016, treats GloVe's zeros with a similar soft hinge). The
+bound is half the smallest count by default, not x_min itself: an unseen pair's count is below
+any observed one, and half an occurrence is the usual point estimate for it (add-½ smoothing);
+on the dev pairs it lifted SimLex-999 with WS353 unchanged (docs/embeddings.md). A drawn pair
+that did occur is rare (~1 % of pairs do here) and left as it is drawn.
 
 Training, as in the reference C code (glove.c), with mini-batches instead of Hogwild threads:
 - every epoch the nonzero cells are shuffled (seeded) and visited once, in batches of
@@ -84,7 +87,8 @@ class GloVeConfig:
     adagrad_init: float = 1.0  # AdaGrad's G0: SGD with step lr while Σg² << G0 (glove.c: lr 1, G0 1/eta²)
     negative: int = 5  # unobserved cells drawn per observed cell, held below the smallest count (0: the paper's)
     negative_weight: float = 1.0  # weight of an unobserved cell's one-sided squared error
-    spectrum_power: float = 2.0  # output's singular values raised to this (1: as trained)
+    negative_bound: float = 0.5  # unobserved cells held below this fraction of the smallest count x_min
+    spectrum_power: float = 1.5  # output's singular values raised to this (1: as trained)
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     seed: int = 0
 
@@ -99,6 +103,7 @@ class GloVeConfig:
             (self.adagrad_init > 0, "adagrad_init", "must be positive"),
             (self.negative >= 0, "negative", "must be 0 (the paper's objective) or more"),
             (self.negative_weight > 0, "negative_weight", "must be positive"),
+            (0 < self.negative_bound <= 1, "negative_bound", "must be in (0, 1]: a fraction of the smallest count"),
             (self.spectrum_power > 0, "spectrum_power", "must be positive (1 leaves the vectors as trained)"),
             (self.optimizer in ("adagrad", "adam"), "optimizer", "choose 'adagrad' or 'adam'"),
         ]
@@ -152,6 +157,7 @@ class GloVe:
         adagrad_init: float = GloVeConfig.adagrad_init,
         negative: int = GloVeConfig.negative,
         negative_weight: float = GloVeConfig.negative_weight,
+        negative_bound: float = GloVeConfig.negative_bound,
         spectrum_power: float = GloVeConfig.spectrum_power,
         device: str = GloVeConfig.device,
         seed: int = GloVeConfig.seed,
@@ -159,7 +165,7 @@ class GloVe:
         self.dim, self.x_max, self.alpha, self.epochs, self.lr = dim, x_max, alpha, epochs, lr
         self.batch_size, self.optimizer, self.device, self.seed = batch_size, optimizer, device, seed
         self.adagrad_init, self.negative, self.negative_weight = adagrad_init, negative, negative_weight
-        self.spectrum_power = spectrum_power
+        self.negative_bound, self.spectrum_power = negative_bound, spectrum_power
 
     def get_params(self) -> dict[str, Any]:
         """The configuration as a JSON-ready dict (what determines the vectors)."""
@@ -169,7 +175,7 @@ class GloVe:
     def config(self) -> GloVeConfig:
         return GloVeConfig(self.dim, self.x_max, self.alpha, self.epochs, self.lr, self.batch_size,
                            self.optimizer, self.adagrad_init, self.negative, self.negative_weight,
-                           self.spectrum_power, self.device, self.seed)
+                           self.negative_bound, self.spectrum_power, self.device, self.seed)
 
     def fit(
         self,
@@ -205,10 +211,10 @@ class GloVe:
         trained[rows] = True
         trained[cols] = True
 
-        if cfg.negative:  # unobserved cells: contexts drawn ∝ count^0.75, held below log x_min
+        if cfg.negative:  # unobserved cells: contexts drawn ∝ count^0.75, held below negative_bound · x_min
             context_mass = np.bincount(cols, weights=counts, minlength=vocab_size) ** 0.75
             noise = torch.from_numpy(noise_table(context_mass)).to(dev)
-            log_bound = float(np.log(counts.min()))
+            log_bound = float(np.log(cfg.negative_bound * counts.min()))
 
         def accumulate(idx: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             """Add these cells' gradients (and their unobserved cells') to `grads`; their two loss sums."""
@@ -229,12 +235,12 @@ class GloVe:
             drawn = noise[torch.randint(len(noise), (len(idx), cfg.negative), generator=shuffle, device=dev)]  # (B,k)
             wn = w_ctx.index_select(0, drawn.view(-1)).view(len(idx), cfg.negative, d)  # (B,k,d)
             over = torch.einsum("bd,bkd->bk", wi, wn) + b[i][:, None] + b_ctx[drawn] - log_bound
-            over.clamp_(min=0.0)  # an unobserved cell costs only when predicted above x_min
+            over.clamp_(min=0.0)  # an unobserved cell costs only when predicted above the bound
             unobserved = cfg.negative_weight * over.square().sum(dtype=torch.float64)
             gn = over.mul_(2.0 * cfg.negative_weight)  # (B,k)
             g_w.index_add_(0, i, row_grad.add_(torch.einsum("bk,bkd->bd", gn, wn)))
             g_b.index_add_(0, i, g.add_(gn.sum(1)))
-            # CPU: scatter only the cells above x_min; on a GPU selecting them (nonzero) would sync every chunk
+            # CPU: scatter only the cells above the bound; on a GPU selecting them (nonzero) would sync every chunk
             add_context_gradients(g_ctx, g_bctx, drawn, gn, wi, only_active=dev.type == "cpu")
             return loss, unobserved
 

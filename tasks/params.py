@@ -115,9 +115,12 @@ class GloVeParams(Params):
     adagrad_init: float = Field(1.0, gt=0, description="AdaGrad's initial accumulator G0 (glove.c with learning "
                                                        "rate eta = lr 1, adagrad_init 1/eta^2).")
     negative: int = Field(5, ge=0, le=100, description="Unobserved (zero) cells drawn per observed cell and held "
-                                                       "below the smallest count; 0 = the paper's objective.")
+                                                       "below a fraction of the smallest count; 0 = the paper's "
+                                                       "objective.")
     negative_weight: float = Field(1.0, gt=0, description="Weight of an unobserved cell's one-sided squared error.")
-    spectrum_power: float = Field(2.0, gt=0, le=10, description="The vectors' singular values raised to this power "
+    negative_bound: float = Field(0.5, gt=0, le=1, description="Unobserved cells are held below this fraction of the "
+                                                              "smallest count (0.5 tuned on dev pairs).")
+    spectrum_power: float = Field(1.5, gt=0, le=10, description="The vectors' singular values raised to this power "
                                                                "(1 = as trained; > 1 favours similarity over "
                                                                "relatedness).")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto picks CUDA when present.")

@@ -105,10 +105,10 @@ def test_first_adam_step_is_lr_times_gradient_sign():
 
 def test_one_step_with_unobserved_cells_matches_hand_computation():
     # negative=2: each observed cell brings two cells of its row word with contexts drawn ∝ count^0.75
-    # (replayed here from the same generator), penalised by max(0, prediction - log x_min)², x_min = 0.5.
+    # (replayed here from the same generator), penalised by max(0, prediction - log(0.6 · x_min))², x_min = 0.5.
     k, lr, init, seed = 2, 0.3, 0.01, 7
     model = GloVe(dim=3, **AS_TRAINED, x_max=10.0, epochs=1, lr=lr, adagrad_init=init, batch_size=64, negative=k,
-                  negative_weight=0.7, device="cpu", seed=seed).fit(X)
+                  negative_weight=0.7, negative_bound=0.6, device="cpu", seed=seed).fit(X)
     w, c, b, bc = (p.astype(np.float64) for p in initial_parameters(4, 3, seed))
     coo = X.tocoo()
     rows, cols, counts = coo.row, coo.col, coo.data
@@ -118,7 +118,7 @@ def test_one_step_with_unobserved_cells_matches_hand_computation():
     drawn = table[torch.randint(len(table), (len(counts), k), generator=gen).numpy()]  # (cells, k)
     assert 3 not in drawn and len(set(drawn.ravel())) > 1  # the empty column is never drawn
     cells = [(rows[o], cols[o], np.log(counts[o]), min(1.0, (counts[o] / 10.0) ** 0.75), False) for o in order]
-    cells += [(rows[o], m, np.log(0.5), 0.7, True) for o, ms in zip(order, drawn, strict=True) for m in ms]
+    cells += [(rows[o], m, np.log(0.6 * 0.5), 0.7, True) for o, ms in zip(order, drawn, strict=True) for m in ms]
     gw, gc = np.zeros_like(w), np.zeros_like(c)
     loss = unobserved = 0.0
     for i, j, target, f, censored in cells:
@@ -131,7 +131,7 @@ def test_one_step_with_unobserved_cells_matches_hand_computation():
     np.testing.assert_allclose(model.vectors_[:3], want[:3], rtol=1e-5, atol=1e-7)
     assert model.history_[0]["loss"] == pytest.approx(loss / len(order), rel=1e-6)
     assert model.history_[0]["unobserved_loss"] == pytest.approx(unobserved / drawn.size, rel=1e-6)
-    assert unobserved > 0  # near-zero initial predictions sit above log 0.5: the term is active here
+    assert unobserved > 0  # near-zero initial predictions sit above log 0.3: the term is active here
     paper = GloVe(dim=3, **AS_TRAINED, x_max=10.0, epochs=1, lr=lr, adagrad_init=init, batch_size=64, negative=0,
                   device="cpu", seed=seed).fit(X)
     assert np.abs(paper.vectors_[:3] - want[:3]).max() > 1e-3 and "unobserved_loss" not in paper.history_[0]
@@ -164,10 +164,10 @@ def test_noise_table_draws_in_proportion_to_mass():
 
 
 def test_unobserved_cells_predicted_below_the_smallest_count_cost_nothing():
-    # Counts of 2 and more: log x_min = log 2 > 0 lies above every initial prediction (~0), so the
-    # one-sided term is zero and the first full-batch step is the paper's.
+    # Counts of 4 and more: the bound log(0.5 · x_min) = log 2 > 0 lies above every initial prediction
+    # (~0), so the one-sided term is zero and the first full-batch step is the paper's.
     X2 = X.copy()
-    X2.data = np.where(X2.data < 2, 2.0, X2.data)
+    X2.data = np.where(X2.data < 4, 4.0, X2.data)
     args = dict(dim=3, x_max=10.0, epochs=1, lr=0.3, batch_size=64, device="cpu", seed=7)
     ours, paper = GloVe(negative=3, **args).fit(X2), GloVe(negative=0, **args).fit(X2)
     np.testing.assert_array_equal(ours.vectors_, paper.vectors_)
@@ -255,6 +255,8 @@ def test_bad_input_and_parameters():
         GloVe(negative=-1).fit(X)
     with pytest.raises(ParameterError, match="spectrum_power=0"):
         GloVe(spectrum_power=0).fit(X)
+    with pytest.raises(ParameterError, match="negative_bound=1.5"):
+        GloVe(negative_bound=1.5).fit(X)
 
 
 def test_pipeline_parameters_default_to_the_model_defaults():
@@ -265,4 +267,5 @@ def test_pipeline_parameters_default_to_the_model_defaults():
 
     assert GloVeParams().model_dump() == asdict(GloVeConfig()) == GloVe().get_params()
     assert (GloVeConfig.x_max, GloVeConfig.epochs, GloVeConfig.lr, GloVeConfig.adagrad_init, GloVeConfig.negative,
-            GloVeConfig.negative_weight, GloVeConfig.spectrum_power) == (0.5, 20, 0.1, 1.0, 5, 1.0, 2.0)
+            GloVeConfig.negative_weight, GloVeConfig.negative_bound, GloVeConfig.spectrum_power) == \
+        (0.5, 20, 0.1, 1.0, 5, 1.0, 0.5, 1.5)
