@@ -19,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from models.errors import InputError, ParameterError  # noqa: E402
 
@@ -38,6 +39,7 @@ def plot_loss(history: Sequence[Mapping[str, float]], path: str | Path, title: s
     if len(curves) > 1:
         ax.legend()
     ax.set_xlabel("epoch")
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole numbers
     ax.set_ylabel("loss")
     ax.set_title(title)
     ax.grid(alpha=0.3)
