@@ -100,3 +100,15 @@ def test_keyed_vectors_skip_zero_rows():
     kv = keyed_vectors(vectors, ["<unk>", "a", "<s>", "b"])
     assert kv.index_to_key == ["a", "b"]
     assert np.array_equal(kv["b"], [0, 2])
+
+
+def test_pipeline_parameters_default_to_the_model_defaults():
+    # glove's twin: the pipeline's word2vec.* and `Word2Vec()` share the documented defaults (25 epochs for
+    # ~1 M-token corpora, docs/embeddings.md; gensim's own default is 5)
+    from dataclasses import asdict
+
+    from tasks.params import Word2VecParams
+
+    model = asdict(Word2Vec().config)
+    assert Word2VecParams().model_dump() == {k: model[k] for k in Word2VecParams.model_fields}
+    assert model["epochs"] == 25 and gensim.models.Word2Vec().epochs == 5
