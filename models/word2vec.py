@@ -84,7 +84,7 @@ class Word2VecConfig:
     window: int = 5
     negative: int = 5  # noise words per positive pair
     sample: float = 1e-3  # subsampling threshold for frequent words (0 = off)
-    epochs: int = 25  # small corpora want many passes: dev pairs rose to ~25 at 1 M tokens (gensim: 5)
+    epochs: int = 25  # small corpora need many passes (dev pairs peak near 25 at 1 M tokens); gensim: 5
     ns_exponent: float = 0.75  # noise distribution ∝ count^0.75 (Mikolov et al. 2013)
     seed: int = 0
     workers: int = 1  # gensim threads; 1 is deterministic
