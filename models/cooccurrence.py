@@ -153,10 +153,15 @@ def id_stream(id_lists: pl.Series, min_id: int = 0) -> tuple[np.ndarray, np.ndar
     (the special tokens) and closing the gaps they leave, as word2vec and GloVe do."""
     lengths = id_lists.list.len().fill_null(0).to_numpy()
     flat = id_lists.explode().drop_nulls().to_numpy()
-    keep = flat >= min_id
-    sentence_of = np.repeat(np.arange(len(lengths)), lengths)
-    kept_lengths = np.bincount(sentence_of[keep], minlength=len(lengths))
-    return flat[keep], np.concatenate(([0], np.cumsum(kept_lengths)))
+    return _kept_stream(flat, np.repeat(np.arange(len(lengths)), lengths), len(lengths), flat >= min_id)
+
+
+def _kept_stream(ids: np.ndarray, sentence: np.ndarray, n_sentences: int,
+                 keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (ids, offsets) stream of the tokens where `keep` holds; `sentence` is each token's
+    sentence number, so sentences left empty keep their (empty) place."""
+    kept_lengths = np.bincount(sentence[keep], minlength=n_sentences)
+    return ids[keep], np.concatenate(([0], np.cumsum(kept_lengths)))
 
 
 def keep_probabilities(counts: np.ndarray, threshold: float) -> np.ndarray:
@@ -182,8 +187,7 @@ def subsample(ids: np.ndarray, offsets: np.ndarray, keep_prob: np.ndarray, seed:
     key = ((sentence + first_sentence).astype(np.uint64) << np.uint64(24)) + (position & (2**24 - 1)).astype(np.uint64)
     mixed = _splitmix64(key ^ _splitmix64(np.array([seed], dtype=np.uint64)))
     keep = (mixed >> np.uint64(11)).astype(np.float64) * 2.0**-53 < keep_prob[ids]  # 53-bit uniforms in [0, 1)
-    kept_lengths = np.bincount(sentence[keep], minlength=len(offsets) - 1)
-    return ids[keep], np.concatenate(([0], np.cumsum(kept_lengths)))
+    return _kept_stream(ids, sentence, len(offsets) - 1, keep)
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:

@@ -57,17 +57,15 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
     keep_prob = cooccurrence.keep_probabilities(word_counts, params.subsample)
     calls = [{"tokens": tokens, "start": a, "stop": b, "keep_prob": keep_prob, "window": params.window,
               "seed": params.seed} for a, b in ranges]
-    results = map_shards(cooccurrence_shard, calls, parallel, "cooccurrence", out)
-    counts = sum_matrices([pairs for pairs, *_ in results])
-    matrix = cooccurrence.weigh(counts, vocabulary.height, params.weighting)
+    pairs, docs, n_tokens, n_kept = zip(*map_shards(cooccurrence_shard, calls, parallel, "cooccurrence", out),
+                                        strict=True)
+    matrix = cooccurrence.weigh(sum_matrices(list(pairs)), vocabulary.height, params.weighting)
     write_matrix(out, "matrix.parquet", matrix)
-    docs = [termdoc for _, termdoc, *_ in results]
     n_docs = max(d.shape[1] for d in docs)
-    termdoc = sum_matrices(docs, shape=(vocabulary.height, n_docs))
+    termdoc = sum_matrices(list(docs), shape=(vocabulary.height, n_docs))
     write_matrix(out, "termdoc.parquet", termdoc)
     out.write_parquet("vocab.parquet", vocabulary, VOCAB)
-    out.metrics.update({"nonzeros": int(matrix.nnz), "tokens": sum(r[2] for r in results),
-                        "tokens_after_subsampling": sum(r[3] for r in results),
+    out.metrics.update({"nonzeros": int(matrix.nnz), "tokens": sum(n_tokens), "tokens_after_subsampling": sum(n_kept),
                         "total_weight": float(matrix.sum()), "vocabulary_size": vocabulary.height,
                         "documents": n_docs})
 
