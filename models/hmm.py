@@ -347,11 +347,14 @@ class HMMTagger:
         with threadpool_limits(1), warnings.catch_warnings():  # small BLAS calls: threads only contend
             warnings.simplefilter("ignore", ConvergenceWarning)  # max_iter is the chosen budget; logged below
             clf.fit(x, np.asarray(y))
+        coef, intercept = clf.coef_, clf.intercept_
+        if len(clf.classes_) == 2:  # scikit-learn's binary model scores classes_[1]; as a softmax, classes_[0] scores 0
+            coef, intercept = np.vstack([np.zeros_like(coef), coef]), np.array([0.0, intercept[0]])
         weights = np.zeros((len(names), k))
         # Tags never seen on a rare word get a bias far below the others: possible, but very unlikely.
-        bias = np.full(k, float(np.min(clf.intercept_)) - 10.0)
-        weights[:, clf.classes_] = clf.coef_.T
-        bias[clf.classes_] = clf.intercept_
+        bias = np.full(k, float(np.min(intercept)) - 10.0)
+        weights[:, clf.classes_] = coef.T
+        bias[clf.classes_] = intercept
         logger.info("hmm.fit: logistic regression on %d rare-word tokens, %d features, %d iterations",
                     len(y), len(names), int(np.max(clf.n_iter_)))
         return names, weights, bias

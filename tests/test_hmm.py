@@ -177,6 +177,29 @@ def test_unknown_emission_with_prior_scaling_by_hand():
         np.testing.assert_allclose(m._emissions(["baked"])[0], expected)
 
 
+@pytest.mark.parametrize("rare_tags", [("NOUN", "VERB"), ("NOUN", "VERB", "ADJ")])
+def test_rare_word_classifier_equals_scikit_learns_probabilities(rare_tags):
+    # Two tags on rare words is scikit-learn's binary case (one coefficient row); three, its multinomial one.
+    from sklearn.linear_model import LogisticRegression
+
+    endings = {"NOUN": "ax", "VERB": "ed", "ADJ": "ous"}
+    rare = [[("the", "DET"), (f"w{i}{endings[t]}", t)] for i, t in enumerate(rare_tags * 4)]
+    m = HMMTagger(order=2, unknown="logreg").fit([[("the", "DET"), ("dog", "NOUN")]] * 5 + rare)
+    words = [w for s in rare for w, _ in s[1:]]
+    features = [m._lr_word_features(w, False) for w in words]
+    names = sorted({f for row in features for f in row})
+    x = np.array([[f in row for f in names] for row in features], dtype=float)
+    tags = [t for s in rare for _, t in s[1:]]
+    clf = LogisticRegression(C=m.lr_C, max_iter=m.max_iter, random_state=m.seed).fit(x, tags)
+    probe = ["zorbax", "glimped"]
+    _, lr = m._unknown_components(probe, [False, False])
+    expected = clf.predict_proba(np.array([[f in m._lr_word_features(w, False) for f in names] for w in probe], float))
+    columns = [m.tags_.index(t) for t in clf.classes_]
+    seen = np.exp(lr[:, columns])  # DET, never on a rare word, keeps a sliver (bias 10 below the others)
+    assert (seen.sum(axis=1) > 0.999).all()
+    np.testing.assert_allclose(seen / seen.sum(axis=1, keepdims=True), expected, atol=1e-9)
+
+
 def test_case_variant_backoff_by_hand():
     # "RED" is unknown, "red" is known (A once). Suffix model: no capitalised rare word, so the lowercase
     # tables; "D" is not a lowercase suffix: P(t | "") = (1/3, 2/3) = P(t), unknown score log 1 = 0 for both.
