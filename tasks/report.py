@@ -54,8 +54,7 @@ def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[
                            "analogy_mul_accuracy", "analogy_coverage", "ws353_oov_rate", "simlex999_oov_rate",
                            "vocabulary"))
     for ref, manifest in zip(evaluations, manifests, strict=True):
-        with store.open(ref.kind, ref.version, "report.md", "r") as f:
-            detail = f.read()
+        detail = store.read_text(ref.kind, ref.version, "report.md")
         detail = detail[detail.find("## "):]  # its neighbours and analogy sections; the table is above
         lines += ["", detail.replace("## ", "### ")]
         # figures named by method (one evaluation per method in a run): its projection, and the loss
@@ -70,9 +69,10 @@ def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[
         for ref in lms:
             lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, f"lm-{_manifest(ref)['metrics']['model']}")]
     for ref in taggers or []:
-        with store.open(ref.kind, ref.version, "report.md", "r") as f:
-            lines += ["", f.read().replace("\n# ", "\n## ", 1)]
-        lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, "tagger")]
+        detail = store.read_text(ref.kind, ref.version, "report.md")
+        lines += ["", re.sub(r"(?m)^(#+) ", r"#\1 ", detail)]  # its headings, one level down
+        column = _manifest(ref)["metrics"]["column"]
+        lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, f"tagger-{column}")]
     out.write_text("report.md", "\n".join(lines) + "\n")
     out.metrics.update({"embeddings": len(evaluations), "lms": len(lms or []), "taggers": len(taggers or [])})
 

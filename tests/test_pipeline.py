@@ -150,7 +150,7 @@ def test_all_stages_on_a_small_treebank(tmp_path, shared_data, capsys):
         "glove": {"epochs": 2, "dim": 16},
         "neural": {"emb_dim": 16, "hidden_dim": 16, "num_layers": 1, "epochs": 1, "max_steps": 30,
                    "batch_size": 8, "bptt": 16, "device": "cpu"},
-        "tagger": {"columns": ["upos"]},
+        "tagger": {"columns": ["upos", "xpos"]},
     })
     refs = run_pipeline(params)
     store_obj = ArtifactStore(store)
@@ -163,8 +163,10 @@ def test_all_stages_on_a_small_treebank(tmp_path, shared_data, capsys):
         assert store_obj.manifest("lm", refs[f"lm.{model}"].version)["inputs"]["tokenizer"]["version"] != \
             refs["tokenizer"].version  # subword tokens, not the word vocabulary
     report = (store / "report" / refs["report"].version / "report.md").read_text()
-    assert "## Language models" in report and "UPOS HMM tagger" in report and "tagger-confusion.png" in report
-    assert (store / "report" / refs["report"].version / "tagger-confusion.png").stat().st_size > 1000
+    assert "## Language models" in report and "\n## UPOS HMM tagger" in report and "\n## XPOS HMM tagger" in report
+    for column in ("upos", "xpos"):  # each tagger's own heatmap, under its own name
+        png = (store / "report" / refs["report"].version / f"tagger-{column}-confusion.png").read_bytes()
+        assert png == (store / "tagger" / refs[f"tagger.{column}"].version / "confusion.png").read_bytes()
     for method in ("sgns", "cbow", "glove"):
         emb = store_obj.manifest("embeddings", refs[f"embeddings.{method}"].version)
         assert emb["metrics"]["method"] == method and any(f["name"] == "loss_curve.png" for f in emb["files"])
@@ -172,7 +174,7 @@ def test_all_stages_on_a_small_treebank(tmp_path, shared_data, capsys):
     figures = sorted(p.name for p in (store / "report" / refs["report"].version).glob("*.png"))
     assert figures == ["cbow-loss_curve.png", "cbow-projection.png", "glove-loss_curve.png", "glove-projection.png",
                        "lm-gru-loss_curve.png", "sgns-loss_curve.png", "sgns-projection.png", "svd-projection.png",
-                       "tagger-confusion.png"]
+                       "tagger-upos-confusion.png", "tagger-xpos-confusion.png"]
     # In the Prefect UI each figure is an image artifact carrying the PNG, and the markdown names it
     # instead of linking a file the browser cannot reach.
     run_id = store_obj.manifest("report", refs["report"].version)["run"]["flow_run_id"]
@@ -199,7 +201,8 @@ def test_all_stages_on_a_small_treebank(tmp_path, shared_data, capsys):
     # lexiflow tag writes predicted UPOS into a CoNLL-U file, leaving every other column as it was.
     source = data / "en_ewt-ud-dev.conllu"
     out = tmp_path / "tagged.conllu"
-    assert main(["tag", str(source), "-o", str(out), "--store", str(store)]) == 0
+    upos = refs["tagger.upos"].version
+    assert main(["tag", str(source), "-o", str(out), "--store", str(store), "--tagger", upos]) == 0
     before, after = source.read_text().splitlines(), out.read_text().splitlines()
     assert len(before) == len(after)
     changed_columns = {i for b, a in zip(before, after, strict=True) if b != a
