@@ -125,9 +125,9 @@ def split_eval_files() -> dict[str, Path]:
 
 def evaluate(vectors: np.ndarray, tokens: list[str], sets: dict[str, Path]) -> dict[str, float]:
     """Spearman rho per evaluation set, through gensim KeyedVectors (zero rows left out)."""
-    from models.word2vec import keyed_vectors
+    from models.vectors import keyed_vectors
 
-    return evaluate_kv(keyed_vectors(vectors, tokens), sets)
+    return evaluate_kv(keyed_vectors(tokens, vectors), sets)
 
 
 def evaluate_kv(kv, sets: dict[str, Path]) -> dict[str, float]:

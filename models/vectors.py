@@ -3,17 +3,22 @@ reweighting of their singular values."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from gensim.models import KeyedVectors
 
 
-def keyed_vectors(words: list[str], vectors: np.ndarray, counts: np.ndarray | None = None) -> KeyedVectors:
+def keyed_vectors(words: Sequence[str], vectors: np.ndarray, counts: np.ndarray | None = None) -> KeyedVectors:
     """Words in the given order (most frequent first, so `restrict_vocab` works as in gensim);
-    counts, when given, are kept as gensim's `count` attribute (written to word2vec exports' order)."""
+    counts, when given, are kept as gensim's `count` attribute (written to word2vec exports' order).
+    Zero rows (specials, words a method never trained) are left out: a zero vector has no direction,
+    and gensim's cosines with it are NaN, which would poison similarity rankings and analogies."""
+    keep = np.flatnonzero(np.any(vectors != 0, axis=1))
     kv = KeyedVectors(vector_size=vectors.shape[1], dtype=np.float32)
-    kv.add_vectors(words, vectors.astype(np.float32))
+    kv.add_vectors([words[i] for i in keep], np.ascontiguousarray(vectors[keep], dtype=np.float32))
     if counts is not None:
-        kv.expandos["count"] = np.asarray(counts, dtype=np.int64)
+        kv.expandos["count"] = np.asarray(counts, dtype=np.int64)[keep]
     return kv
 
 

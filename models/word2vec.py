@@ -198,10 +198,3 @@ class _EpochLog(CallbackAny2Vec):
         self.loss_before = total
         self.bar.update(self.n_words)
 
-
-def keyed_vectors(vectors: np.ndarray, tokens: Sequence[str]) -> KeyedVectors:
-    """gensim KeyedVectors of the nonzero rows (zero rows = specials / untrained words are left out)."""
-    keep = np.flatnonzero(np.any(vectors != 0, axis=1))
-    kv = KeyedVectors(vectors.shape[1])
-    kv.add_vectors([tokens[i] for i in keep], np.ascontiguousarray(vectors[keep], dtype=np.float32))
-    return kv

@@ -76,6 +76,21 @@ def test_similarity_uses_gensim_word_pairs_and_reports_oov():
     assert datapath("wordsim353.tsv")
 
 
+def test_untrained_zero_rows_change_no_figure():
+    # GloVe leaves words it never trained as zero rows; a zero vector has no cosine, so it must count
+    # as out of vocabulary, not win every argmax as NaN (which scored every analogy wrong).
+    words = ["king", "queen", "man", "woman", "tiger", "cat"]
+    vectors = np.array([[1, 1, 0], [1, 0, 1], [0, 1, 0], [0, 0, 1], [0.3, 0.2, 0.9], [0.2, 0.3, 0.8]])
+    questions = pl.DataFrame([("man", "woman", "king", "queen")], schema=["a", "b", "c", "d"],
+                             orient="row").with_columns(section=pl.lit("s"))
+    trained = evaluation.analogies(keyed_vectors(words, vectors), questions=questions)
+    ghost = keyed_vectors(words + ["ghost", "cat2"], np.vstack([vectors, np.zeros((2, 3))]))
+    with_ghost = evaluation.analogies(ghost, questions=questions)
+    assert trained.add_accuracy == with_ghost.add_accuracy == with_ghost.mul_accuracy == 1.0
+    assert evaluation.word_similarity(ghost, "ws353") == evaluation.word_similarity(keyed_vectors(words, vectors),
+                                                                                    "ws353")
+
+
 def test_report_lists_metrics_and_neighbours():
     words = [f"w{i}" for i in range(20)] + ["king"]  # no WS353/SimLex word but king: NaN, not a crash
     kv = keyed_vectors(words, np.random.default_rng(1).normal(size=(21, 5)))

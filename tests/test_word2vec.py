@@ -4,8 +4,9 @@ import polars as pl
 import pytest
 
 from models.errors import InputError, ParameterError
+from models.vectors import keyed_vectors
 from models.vocab import Vocabulary
-from models.word2vec import ParquetSentences, Word2Vec, keyed_vectors
+from models.word2vec import ParquetSentences, Word2Vec
 
 
 def distinct_count_corpus(seed: int = 0) -> list[list[str]]:
@@ -97,8 +98,8 @@ def test_errors():
 
 def test_keyed_vectors_skip_zero_rows():
     vectors = np.array([[0, 0], [1, 0], [0, 0], [0, 2]], dtype=np.float32)
-    kv = keyed_vectors(vectors, ["<unk>", "a", "<s>", "b"])
-    assert kv.index_to_key == ["a", "b"]
+    kv = keyed_vectors(["<unk>", "a", "<s>", "b"], vectors, counts=np.array([9, 8, 7, 6]))
+    assert kv.index_to_key == ["a", "b"] and list(kv.expandos["count"]) == [8, 6]
     assert np.array_equal(kv["b"], [0, 2])
 
 
