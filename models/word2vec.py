@@ -38,6 +38,7 @@ import polars as pl
 from gensim.models import KeyedVectors
 from gensim.models import Word2Vec as GensimWord2Vec
 from gensim.models.callbacks import CallbackAny2Vec
+from gensim.models.word2vec_inner import MAX_WORDS_IN_BATCH
 
 from models.errors import InputError, ParameterError
 from models.progress import Progress
@@ -151,6 +152,7 @@ class Word2Vec:
         word_freq = {w: int(c) for w, c in zip(reversed(words), reversed(counts[n_special:n_special + k]),
                                                 strict=True)}
 
+        sentences = _Pieces(sentences)
         n_sentences = n_words = 0  # one streaming pass: gensim's lr decay runs on the sentence count
         for sentence in sentences:
             n_sentences += 1
@@ -177,6 +179,21 @@ class Word2Vec:
         self.history_ = log.history
         self.n_sentences_, self.n_words_ = n_sentences, n_words
         return self
+
+
+class _Pieces:
+    """A restartable corpus with every sentence cut into pieces of at most MAX_WORDS_IN_BATCH tokens:
+    gensim's compiled training silently ignores the rest of a longer one (as its LineSentence cuts)."""
+
+    def __init__(self, sentences: Iterable[list[str]]) -> None:
+        self.sentences = sentences
+
+    def __iter__(self) -> Iterator[list[str]]:
+        for sentence in self.sentences:
+            if len(sentence) <= MAX_WORDS_IN_BATCH:
+                yield sentence
+            else:
+                yield from (sentence[i:i + MAX_WORDS_IN_BATCH] for i in range(0, len(sentence), MAX_WORDS_IN_BATCH))
 
 
 class _EpochLog(CallbackAny2Vec):

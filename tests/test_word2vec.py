@@ -50,6 +50,21 @@ def test_equals_raw_gensim_with_same_params(sg, tmp_path):
     assert ours.n_sentences_ == len(sentences) and ours.n_words_ == sum(map(len, sentences))
 
 
+def test_sentences_longer_than_gensims_limit_are_trained_in_pieces():
+    # gensim's compiled loop stops a sentence at 10,000 tokens; an unsplit document (split_sentences off,
+    # text8-style files) must still train every word: as raw gensim does on the same text cut in pieces.
+    rng = np.random.default_rng(0)
+    first, second = ([f"{p}{i}" for i in rng.integers(0, 30, 12_000)] for p in "ab")
+    document = first[:10_000] + second[:10_000] + first[10_000:]  # "b" words only after token 10,000
+    vocab = vocab_of([document], 1)
+    whole = Word2Vec(sg=True, dim=8, window=2, epochs=1, seed=3, workers=1).fit([document], vocab)
+    pieces = Word2Vec(sg=True, dim=8, window=2, epochs=1, seed=3, workers=1)
+    pieces.fit([document[:10_000], document[10_000:20_000], document[20_000:]], vocab)
+    assert np.array_equal(whole.vectors_, pieces.vectors_)
+    start = Word2Vec(sg=True, dim=8, window=2, epochs=1, seed=3, workers=1).fit([["a0"]], vocab)  # b0 unseen
+    assert not np.array_equal(start.keyed_vectors_["b0"], whole.keyed_vectors_["b0"])  # trained: moved
+
+
 def test_vectors_aligned_with_our_vocabulary_ids_and_words_exactly_ours():
     sentences = tied_corpus()
     vocab = vocab_of(sentences, 1)
