@@ -33,8 +33,8 @@ equal-length sentences; order 3: over (previous, current) state pairs, all sente
 arrays of candidate triples), each position restricted to its candidate tags (possible, within `prune`
 of the best emission score, at most `max_candidates`; `max_candidates >= K` with `prune=None` is
 exact). Greedy: s_t = argmax P(s | s_{t-1}) P(o_t | s), batched. Beam search of width beta with
-recombination of hypotheses ending in the same state: O(n K beta), equal to Viterbi when beta is at
-least the number of states.
+recombination of hypotheses ending in the same state (order 3: the same pair of states): O(n K beta),
+equal to Viterbi when beta is at least the number of states (order 3: of state pairs, K (K + 1) with <s>).
 
 Everything learned is kept as counts and coefficients and saved as Parquet plus a JSON config;
 `load` rebuilds the decoding tables with the same code as `fit`, so a round trip is exact.
@@ -206,6 +206,13 @@ class HMMTagger:
             raise ParameterError(f"case_mix={self.case_mix}: must be in [0, 1) or None")
         if self.theta is not None and self.theta < 0:
             raise ParameterError(f"theta={self.theta}: must be >= 0 or None")
+        calibration = {"unknown_mix": (lambda v: 0 <= v <= 1, "in [0, 1]"),
+                       "rare_mix": (lambda v: 0 <= v < 1, "in [0, 1)"),
+                       "emission_weight": (lambda v: v > 0, "> 0"), "unknown_weight": (lambda v: v > 0, "> 0")}
+        for name, (valid, span) in calibration.items():
+            value = getattr(self, name)
+            if value is not None and not valid(value):  # NaN fails too
+                raise ParameterError(f"{name}={value}: must be {span}, or None to tune it on dev")
 
     # ------------------------------------------------------------------ training
 
@@ -1114,12 +1121,4 @@ def _validate_words(sentences: Sequence[Sequence[str]]) -> list[list[str]]:
     return out
 
 
-def accuracy(tagger: HMMTagger, sentences: Sequence[Sequence[tuple[str, str]]], method: str = "viterbi") -> float:
-    """Token accuracy of `tagger` on tagged sentences."""
-    words = [[w for w, _ in s] for s in sentences]
-    pred = tagger.tag_many(words, method=method)
-    pairs = [(p, g) for s, ps in zip(sentences, pred, strict=True) for (_, g), p in zip(s, ps, strict=True)]
-    return sum(p == g for p, g in pairs) / max(len(pairs), 1)
-
-
-__all__ = ["HMMTagger", "accuracy", "case_class", "word_shape"]
+__all__ = ["HMMTagger", "case_class", "word_shape"]

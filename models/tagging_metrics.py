@@ -15,14 +15,17 @@ import polars as pl
 from models.errors import InputError
 
 
-def _flatten(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]]) -> tuple[list[str], list[str]]:
+def _flatten(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]],
+             names: tuple[str, str] = ("gold", "pred")) -> tuple[list[str], list[str]]:
     if len(gold) != len(pred):
-        raise InputError(f"gold has {len(gold)} sentences but pred has {len(pred)}; tag the same sentences")
+        raise InputError(f"{names[0]} has {len(gold)} sentences but {names[1]} has {len(pred)}; "
+                         "give the same sentences")
     g: list[str] = []
     p: list[str] = []
     for n, (gs, ps) in enumerate(zip(gold, pred, strict=True)):
         if len(gs) != len(ps):
-            raise InputError(f"sentence {n}: {len(gs)} gold tags but {len(ps)} predicted; tag the same tokens")
+            raise InputError(f"sentence {n}: {len(gs)} {names[0]} tokens but {len(ps)} {names[1]}; "
+                             "give the same tokens")
         g.extend(gs)
         p.extend(ps)
     return g, p
@@ -37,7 +40,7 @@ def accuracy_report(
     """Accuracy overall, on known and on unknown words (known: a vocabulary or a predicate such as
     `tagger.is_known`), with token counts. An empty split gives accuracy NaN."""
     g, p = _flatten(gold, pred)
-    w, _ = _flatten(words, gold)
+    w, _ = _flatten(words, gold, ("words", "gold"))
     is_known = known if callable(known) else known.__contains__
     k = np.fromiter((bool(is_known(x)) for x in w), dtype=bool, count=len(w))
     ok = np.asarray(g, dtype=object) == np.asarray(p, dtype=object)

@@ -294,6 +294,9 @@ def test_user_errors():
         HMMTagger().fit([["the", "dog"]])
     with pytest.raises(ParameterError, match="not fitted"):
         HMMTagger().tag(["a"])
+    for bad in ({"rare_mix": 1.5}, {"unknown_mix": -0.1}, {"emission_weight": 0.0}, {"unknown_weight": float("nan")}):
+        with pytest.raises(ParameterError, match=next(iter(bad))):  # out of range used to crash decoding later
+            HMMTagger(order=2, **bad).fit(TOY)
     m = toy()
     with pytest.raises(ParameterError, match="method"):
         m.tag(["the"], method="posterior")
@@ -340,3 +343,5 @@ def test_confusion_and_accuracy_report(tmp_path):
     assert img.shape[0] > 100 and img.shape[1] > 100
     with pytest.raises(InputError, match="sentence 0"):
         per_tag_scores([["D"]], [["D", "N"]])
+    with pytest.raises(InputError, match="words has 2 sentences but gold has 3"):  # names what is short
+        accuracy_report(words[:2], GOLD, PRED, known={"a"})
