@@ -166,7 +166,7 @@ def cmd_tag(args: argparse.Namespace) -> int:
         if source.suffix == ".conllu":
             sentences = [s.words for s in conllu.read_conllu(source)]
             tags = {col: t.tag_many(sentences, method=args.method) for col, t in taggers.items()}
-            with source.open(encoding="utf-8") as f:
+            with source.open(encoding="utf-8-sig") as f:
                 output.writelines(conllu.replace_tags(f, tags))
         else:
             from models.text import pretokenize, split_sentences

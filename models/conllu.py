@@ -67,9 +67,9 @@ def parse_lines(lines: Iterable[str], source: str = "<conllu>") -> Iterator[Sent
 
 
 def read_conllu(path: str | Path) -> Iterator[Sentence]:
-    """Sentences of a UTF-8 CoNLL-U file."""
+    """Sentences of a UTF-8 CoNLL-U file (a leading byte-order mark is skipped, as ingestion does)."""
     path = Path(path)
-    with path.open(encoding="utf-8") as f:
+    with path.open(encoding="utf-8-sig") as f:
         yield from parse_lines(f, source=str(path))
 
 

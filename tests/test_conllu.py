@@ -46,3 +46,10 @@ def test_reads_real_ewt(shared_data):
     sents = list(read_conllu(shared_data / "ud-english-ewt" / "en_ewt-ud-dev.conllu"))
     assert len(sents) == 2001
     assert all(len(s.words) == len(s.upos) == len(s.xpos) for s in sents)
+
+
+def test_byte_order_mark_is_skipped(tmp_path):
+    # Editors on Windows save UTF-8 with a BOM; ingestion already accepts such files, so tagging must too.
+    path = tmp_path / "bom.conllu"
+    path.write_bytes("\ufeff".encode() + SAMPLE.encode())
+    assert [s.words for s in read_conllu(path)] == [s.words for s in parse_lines(SAMPLE.splitlines())]
