@@ -12,6 +12,7 @@ class Progress:
     """Log `name: 45% (4.5M/10M tokens, 6.1M tokens/s)` at most every `every_s` seconds.
 
     `callback(fraction)` is called on the same schedule, with 0..1 (or None when total is unknown).
+    `done`: work finished before this run (a resumed job); it counts towards the total, not the rate.
     """
 
     def __init__(
@@ -21,9 +22,10 @@ class Progress:
         unit: str = "items",
         every_s: float = 5.0,
         callback: Callable[[float | None], None] | None = None,
+        done: float = 0.0,
     ) -> None:
         self.name, self.total, self.unit, self.every_s, self.callback = name, total, unit, every_s, callback
-        self.done = 0.0
+        self.done = self._done_before = float(done)
         self.logger = logging.getLogger(f"lexiflow.{name}")
         self._start = self._last = time.perf_counter()
 
@@ -40,7 +42,7 @@ class Progress:
 
     @property
     def rate(self) -> float:
-        return self.done / max(self.elapsed, 1e-9)
+        return (self.done - self._done_before) / max(self.elapsed, 1e-9)
 
     def update(self, n: float = 1) -> None:
         self.done += n

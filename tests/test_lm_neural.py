@@ -179,6 +179,15 @@ def test_log_probs_batch_equals_single_contexts_and_full_forward(make):
     assert lm.perplexity([sent]) == pytest.approx(math.exp(nll / 4), rel=1e-4)
 
 
+def test_transformer_uses_only_the_positions_it_was_trained_on():
+    # Trained on windows of bptt=4 < max_len: positions 4.. never learned anything, so a longer context
+    # is cut to its last 4 tokens (it used to run through untrained positions, disagreeing with perplexity).
+    lm = TransformerLM(small_transformer(), quick(max_steps=3, bptt=4)).fit(TRAIN)
+    assert lm.module_.max_context > 4
+    context = [BOS, 5, 6, 7, 8, 9, 10]
+    np.testing.assert_allclose(lm.log_probs(context), lm.log_probs(context[-4:]), atol=1e-6)
+
+
 def test_lr_schedule_warmup_then_cosine():
     cfg = TrainConfig(lr=1.0, warmup_steps=4, min_lr_ratio=0.1)
     assert [lr_at(s, cfg, 104) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
@@ -290,6 +299,16 @@ def test_resume_after_kill_ends_like_an_uninterrupted_run(tmp_path):
     np.testing.assert_allclose(resumed.log_probs([BOS, 5, 6]), whole.log_probs([BOS, 5, 6]), atol=1e-5)
 
 
+def test_resumed_progress_counts_done_work_in_the_total_not_in_the_rate(monkeypatch):
+    from models import progress
+
+    clock = iter([100.0, 102.0, 102.0])  # start; the update; the rate: 2 s of this run
+    monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))
+    bar = progress.Progress("lm.train", total=100, unit="tokens", done=60)  # 60 tokens trained before the kill
+    bar.update(10)
+    assert bar.done == 70 and bar.rate == 5.0  # 10 tokens in 2 s; was (60 + 10) / 2
+
+
 def test_early_stopping_keeps_the_best_epoch():
     # Train on "+1" sentences, validate on "-1" sentences: valid loss worsens once the +1 rule is learnt.
     valid = successor_corpus(40, seed=3, step=-1)
@@ -389,6 +408,11 @@ def test_user_errors_name_the_parameter(tmp_path):
         RNNLM(small_rnn(), quick(optimizer="adam")).fit(TRAIN)
     with pytest.raises(InputError, match="outside"):
         RNNLM(small_rnn(), quick()).fit([np.array([5, V + 1])])
+    with pytest.raises(InputError, match="sentence 1 holds float64"):  # 4.7 used to train as id 4
+        RNNLM(small_rnn(), quick()).fit([np.array([5, 6]), np.array([4.7, 5.0])])
+    for bad in ({"eval_batch_size": 0}, {"min_lr_ratio": -5.0}, {"device": "gpu"}):
+        with pytest.raises(ParameterError, match=f"TrainConfig.{next(iter(bad))}="):
+            RNNLM(small_rnn(), quick(**bad)).fit(TRAIN)
     with pytest.raises(InputError, match="empty"):
         RNNLM(small_rnn(), quick()).fit([])
     with pytest.raises(ParameterError, match="not fitted"):

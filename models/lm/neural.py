@@ -169,7 +169,7 @@ class NeuralLM:
             if len(a) == 0:
                 a = np.array([c.bos_id], dtype=np.int64)
             if module.max_context is not None:
-                a = a[-module.max_context :]  # a Transformer sees its last max_len tokens
+                a = a[-self._window :]  # a Transformer sees the last tokens of the window it was trained on
             if a.min() < 0 or a.max() >= c.vocab_size:
                 raise InputError(f"context holds an id outside [0, {c.vocab_size})")
             seqs.append(a)
@@ -188,8 +188,11 @@ class NeuralLM:
         """exp(mean NLL) over every word and every `</s>` (never `<s>`/`<pad>`).
 
         carry=False (default): each sentence is scored on its own from `<s>`, like the n-gram models
-        and `log_probs`. carry=True: the sentences form one stream `<s> s1 </s> <s> s2 </s> ...` cut into
-        `eval_batch_size` rows, the state carried across sentences (the usual WikiText evaluation).
+        and `log_probs` (a Transformer: in windows of the min(bptt, max_len) tokens it was trained on,
+        so a longer sentence's later windows start without context). carry=True: the sentences form
+        one stream `<s> s1 </s> <s> s2 </s> ...` cut into `eval_batch_size` rows, the state carried
+        across sentences (the usual WikiText evaluation); the stream's tail beyond a whole number of
+        rows is not scored, so the count can be a little smaller than with carry=False.
         """
         nll, count = self.score(sentences, carry=carry)
         return math.exp(nll / max(count, 1))

@@ -101,6 +101,9 @@ class TrainConfig:
             ("checkpoint_every", self.checkpoint_every >= 0, "use 0 (epoch ends only) or more"),
             ("patience", self.patience is None or self.patience >= 1, "use None or 1 or more"),
             ("clip_grad_norm", self.clip_grad_norm is None or self.clip_grad_norm > 0, "use None or > 0"),
+            ("eval_batch_size", self.eval_batch_size >= 1, "use 1 or more"),
+            ("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "use a fraction of lr in [0, 1]"),
+            ("device", _known_device(self.device), "use 'auto', 'cpu', 'cuda' or 'cuda:N'"),
         ]
         for name, ok, fix in checks:
             if not ok:
@@ -109,6 +112,13 @@ class TrainConfig:
 
 # ---------------------------------------------------------------------------------------------
 # devices, precision and data-parallel ranks
+
+
+def _known_device(device: str) -> bool:
+    try:
+        return device == "auto" or torch.device(device).type in ("cpu", "cuda")
+    except (RuntimeError, TypeError):
+        return False
 
 
 def dist_info() -> tuple[int, int]:
@@ -155,9 +165,11 @@ def to_stream(sentences: Sequence[np.ndarray], bos_id: int, eos_id: int, vocab_s
     if len(sentences) == 0:
         raise InputError(f"{what} is empty: give at least one sentence of token ids")
     parts: list[np.ndarray] = []
-    for s in sentences:
-        a = np.asarray(s, dtype=np.int64).ravel()
-        parts.append(np.concatenate(([bos_id], a, [eos_id])))
+    for i, s in enumerate(sentences):
+        a = np.asarray(s)
+        if a.size and not np.issubdtype(a.dtype, np.integer):  # a float id would be truncated silently
+            raise InputError(f"{what}: sentence {i} holds {a.dtype} values; give integer token ids")
+        parts.append(np.concatenate(([bos_id], a.astype(np.int64).ravel(), [eos_id])))
     stream = np.concatenate(parts)
     lo, hi = int(stream.min()), int(stream.max())
     if lo < 0 or hi >= vocab_size:
@@ -485,8 +497,7 @@ def train(module: LMModule, train_stream: np.ndarray, valid_stream: np.ndarray |
             _save_checkpoint(ckpt_path, module, opt, pos, carry, history, best, rank_rng)
 
     progress = Progress("lm.train", total=total_steps * cfg.batch_size * window, unit="tokens",
-                        every_s=cfg.log_every_s if rank == 0 else math.inf)
-    progress.done = pos.step * cfg.batch_size * window
+                        every_s=cfg.log_every_s if rank == 0 else math.inf, done=pos.step * cfg.batch_size * window)
     while not pos.done and pos.epoch < cfg.epochs and pos.step < total_steps:
         if pos.batch == 0:
             state = None  # each epoch starts the stream afresh
