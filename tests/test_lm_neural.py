@@ -420,6 +420,12 @@ def test_user_errors_name_the_parameter(tmp_path):
     RNNLM(small_rnn(), quick(max_steps=1)).fit(TRAIN).save(tmp_path)
     with pytest.raises(InputError, match="kind 'rnn'"):
         TransformerLM.load(tmp_path)
+    (tmp_path / "metrics.parquet").unlink()  # an artifact damaged outside lexiflow: named, not a raw error
+    with pytest.raises(InputError, match="damaged lm artifact.*metrics.parquet"):
+        RNNLM.load(tmp_path)
+    (tmp_path / "config.json").write_text("{")
+    with pytest.raises(InputError, match="damaged lm artifact.*JSONDecodeError"):
+        RNNLM.load(tmp_path)
 
 
 # ---------------------------------------------------------------------------------------------

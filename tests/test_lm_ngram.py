@@ -161,6 +161,19 @@ def test_save_load_round_trips_exactly_as_parquet_and_json(tmp_path) -> None:
             np.testing.assert_array_equal(loaded.log_probs(ctx), model.log_probs(ctx))
 
 
+def test_damaged_saved_model_names_the_file(tmp_path) -> None:
+    model = NgramLM(order=2).fit(_random_corpus(5))
+    model.save(tmp_path / "m")
+    (tmp_path / "m" / "ngrams_2.parquet").write_bytes(b"not parquet")  # was polars' ComputeError, no file name
+    with pytest.raises(InputError, match="ngrams_2.parquet: cannot read the n-gram table"):
+        NgramLM.load(tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    del config["order"]
+    (tmp_path / "m" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(InputError, match="config.json: the n-gram config lacks order"):  # was KeyError
+        NgramLM.load(tmp_path / "m")
+
+
 def test_ngram_tables_hold_hand_counted_ngrams() -> None:
     model = NgramLM(order=2, discount=0.5).fit(TINY + [np.array([A, B])])
     bigrams = model.ngram_table(2).sort(["w1", "w2"])

@@ -26,6 +26,7 @@ import numpy as np
 import polars as pl
 import torch
 import torch.nn.functional as F
+from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -237,20 +238,26 @@ class NeuralLM:
         path = Path(path)
         if not (path / "config.json").exists():
             raise InputError(f"{path / 'config.json'} is missing: is {path} an lm artifact?")
-        meta = json.loads((path / "config.json").read_text())
-        kind_cls = NeuralLM._registry.get(meta["kind"])
-        if kind_cls is None or (cls is not NeuralLM and kind_cls is not cls):
-            raise InputError(f"{path / 'config.json'} holds kind {meta['kind']!r}, not a {cls.__name__}")
-        config = _from_dict(kind_cls.config_class, meta["config"], path / "config.json")
-        train = _from_dict(TrainConfig, meta["train"], path / "config.json")
-        lm = kind_cls(config, train)
-        lm.module_ = lm._build()
-        lm.module_.embedding.weight.requires_grad_(not config.freeze_embeddings)
-        training.load_module_tensors(lm.module_, load_file(str(path / "model.safetensors")),
-                                     str(path / "model.safetensors"))
+        try:
+            meta = json.loads((path / "config.json").read_text())
+            kind_cls = NeuralLM._registry.get(meta["kind"])
+            if kind_cls is None or (cls is not NeuralLM and kind_cls is not cls):
+                raise InputError(f"{path / 'config.json'} holds kind {meta['kind']!r}, not a {cls.__name__}")
+            config = _from_dict(kind_cls.config_class, meta["config"], path / "config.json")
+            train = _from_dict(TrainConfig, meta["train"], path / "config.json")
+            lm = kind_cls(config, train)
+            lm.module_ = lm._build()
+            lm.module_.embedding.weight.requires_grad_(not config.freeze_embeddings)
+            training.load_module_tensors(lm.module_, load_file(str(path / "model.safetensors")),
+                                         str(path / "model.safetensors"))
+            lm.metrics_ = pl.read_parquet(path / "metrics.parquet")
+        except (OSError, ValueError, KeyError, TypeError, pl.exceptions.PolarsError, SafetensorError) as e:
+            if isinstance(e, InputError | ParameterError):
+                raise
+            raise InputError(f"{path}: damaged lm artifact ({type(e).__name__}: {e}); rebuild it, "
+                             "or check it with `lexiflow artifacts verify --full`") from e
         lm.device_ = training.resolve_device(device)
         lm.module_.to(lm.device_).eval()
-        lm.metrics_ = pl.read_parquet(path / "metrics.parquet")
         return lm
 
     @property

@@ -421,15 +421,17 @@ class NgramLM:
                              f"NgramLM.save") from e
         if config.get("format") != FORMAT or config.get("format_version") != FORMAT_VERSION:
             raise InputError(f"{path}: not a {FORMAT} v{FORMAT_VERSION} model config")
-        params = {k: config[k] for k in (
-            "order", "smoothing", "discount", "k", "min_count", "vocab_size", "unk_id", "bos_id", "eos_id", "pad_id")}
-        model = cls(**params)
+        names = ("order", "smoothing", "discount", "k", "min_count", "vocab_size", "unk_id", "bos_id", "eos_id",
+                 "pad_id", "vocab_size_")
+        if missing := [k for k in names if k not in config]:
+            raise InputError(f"{path}: the n-gram config lacks {', '.join(missing)}; rebuild the model")
+        model = cls(**{k: config[k] for k in names[:-1]})
         n, V = model.order, int(config["vocab_size_"])
         table_path = d / f"ngrams_{n}.parquet"
         try:
             table = pl.read_parquet(table_path)
-        except OSError as e:
-            raise InputError(f"{table_path}: cannot read the n-gram table ({e})") from e
+        except (OSError, pl.exceptions.PolarsError) as e:
+            raise InputError(f"{table_path}: cannot read the n-gram table ({e}); rebuild the model") from e
         rows = np.stack([table[f"w{i}"].to_numpy().astype(np.int64) for i in range(1, n + 1)], axis=1)
         model.vocab_size_ = V
         known = np.zeros(V, dtype=bool)
