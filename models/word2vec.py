@@ -52,14 +52,15 @@ class ParquetSentences:
     """A restartable stream of token lists read from Parquet file(s) in record batches.
 
     `column` holds either token lists (`list[str]`, one sentence per row) or text (`str`): text is
-    split into sentences at `\\n` and cut with lexiflow's pre-tokenizer. Only one batch of
-    `batch_rows` rows is in memory at a time.
+    split into sentences at `\\n` and cut with lexiflow's pre-tokenizer. `split`: only the rows whose
+    `split` column holds this value (a corpus artifact's "train"). Only one batch of `batch_rows` rows
+    is in memory at a time.
     """
 
     def __init__(self, paths: str | Path | Sequence[str | Path], column: str = "tokens",
-                 batch_rows: int = 10_000) -> None:
+                 batch_rows: int = 10_000, split: str | None = None) -> None:
         self.paths = [Path(paths)] if isinstance(paths, str | Path) else [Path(p) for p in paths]
-        self.column, self.batch_rows = column, batch_rows
+        self.column, self.batch_rows, self.split = column, batch_rows, split
         for path in self.paths:
             if not path.exists():
                 raise InputError(f"{path}: Parquet corpus file not found")
@@ -69,10 +70,14 @@ class ParquetSentences:
 
         for path in self.paths:
             file = pq.ParquetFile(path)
-            if self.column not in file.schema_arrow.names:
-                raise InputError(f"{path}: no column {self.column!r} (columns: {file.schema_arrow.names})")
-            for batch in file.iter_batches(batch_size=self.batch_rows, columns=[self.column]):
-                series = pl.from_arrow(batch).to_series()
+            columns = [self.column] + (["split"] if self.split is not None else [])
+            if missing := [c for c in columns if c not in file.schema_arrow.names]:
+                raise InputError(f"{path}: no column {missing[0]!r} (columns: {file.schema_arrow.names})")
+            for batch in file.iter_batches(batch_size=self.batch_rows, columns=columns):
+                frame = pl.from_arrow(batch)
+                if self.split is not None:
+                    frame = frame.filter(pl.col("split") == self.split)
+                series = frame[self.column]
                 if series.dtype == pl.String:
                     series = pl.select(pretokenize_expr(series.str.split("\n").explode())).to_series()
                 yield from (s for s in series.to_list() if s)

@@ -46,12 +46,14 @@ def svd_embeddings(out: ArtifactWriter, ppmi: ArtifactRef, params: SVDParams) ->
 @stage("embeddings", code=[word2vec, vectors, embedding_plots])
 def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactRef, method: str,
                         params: Word2VecParams) -> None:
-    """Skip-gram (`sgns`) or CBOW (`cbow`) through gensim, streaming the corpus artifact's text
-    (one record batch in memory at a time) on our word vocabulary."""
+    """Skip-gram (`sgns`) or CBOW (`cbow`) through gensim, streaming the corpus artifact's train text
+    (one record batch in memory at a time; held-out text never reaches vectors that may initialise a
+    language model) on our word vocabulary."""
     vocabulary = vocab.Vocabulary(read_table(tokenizer, "vocab.parquet"))
     model = word2vec.Word2Vec(sg=method == "sgns", **params.model_dump())
     with ArtifactStore(corpus.store).local_copy(corpus.kind, corpus.version, "documents.parquet") as path:
-        model.fit(word2vec.ParquetSentences(path, column="text"), vocabulary, progress=out.progress)
+        model.fit(word2vec.ParquetSentences(path, column="text", split="train"), vocabulary,
+                  progress=out.progress)
     write_embeddings(out, vocabulary.frame, model.vectors_, method, model.history_)
 
 

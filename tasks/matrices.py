@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+import polars as pl
 import scipy.sparse as sp
 from prefect import task
 
@@ -25,12 +26,14 @@ from tasks.stage import stage
 @task(name="cooccurrence-shard", **SHARD_TASK)
 def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, keep_prob: np.ndarray, window: int, seed: int,
                        part: str | None) -> tuple[Any, Any, int, int]:
-    """Per-distance pair counts (after subsampling) and term–document counts (all tokens) of
-    sentences [start, stop) (windows never cross a sentence, and a token's subsampling draw depends
+    """Per-distance pair counts (after subsampling) and term–document counts (every token) of the train
+    sentences among [start, stop) (windows never cross a sentence, and a token's subsampling draw depends
     on its sentence number, so sentence ranges add up exactly), and their numbers of tokens (all, kept)."""
     table = read_rows(tokens, "tokens.parquet", start, stop)
     vocab_size = len(keep_prob)
-    ids, offsets = cooccurrence.id_stream(table["ids"], min_id=len(vocab.SPECIALS))
+    # held-out sentences keep their row (and number) but no tokens: nothing of them reaches the vectors
+    train_ids = table.select(pl.when(pl.col("split") == "train").then(pl.col("ids"))).to_series()
+    ids, offsets = cooccurrence.id_stream(train_ids, min_id=len(vocab.SPECIALS))
     kept, kept_offsets = cooccurrence.subsample(ids, offsets, keep_prob, seed, first_sentence=start)
     counts = cooccurrence.distance_counts(kept, kept_offsets, vocab_size, window)
     # Documents are runs of sentences: their id ranges come from the sentence offsets (no regrouping).
@@ -45,9 +48,10 @@ def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, keep_prob: np
 @stage("cooccurrence", code=[cooccurrence, vocab])
 def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef,
                        params: CooccurrenceParams, parallel: ParallelParams | None = None) -> None:
-    """Counts over all splits (intrinsic evaluation uses external word lists, not held-out text);
-    special tokens, <unk> included, are dropped before windowing, then frequent words are
-    subsampled (`params.subsample`; the term–document matrix counts every token).
+    """Counts over the train split only, as the vocabulary: embeddings built on these counts may
+    initialise a language model (`neural.pretrained`), whose held-out perplexity must not have seen
+    the held-out text. Special tokens, <unk> included, are dropped before windowing, then frequent
+    words are subsampled (`params.subsample`; the term–document matrix counts every train token).
     Shards of sentences are counted apart; their exact per-distance counts add, then are weighted."""
     parallel = parallel or ParallelParams()
     vocabulary = read_table(tokenizer, "vocab.parquet")

@@ -11,9 +11,18 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from models.cooccurrence import cooccurrence_matrix, distance_counts, id_stream, term_document_matrix, weigh
+from models.cooccurrence import (
+    cooccurrence_matrix,
+    distance_counts,
+    id_stream,
+    keep_probabilities,
+    subsample,
+    term_document_matrix,
+    weigh,
+)
 from models.errors import InputError
 from models.ingest import FileRange, IngestOptions, build_corpus, ingest_shard, merge_shards, plan_shards
+from models.vocab import SPECIALS
 from storage import ArtifactStore
 from storage.formats import read_matrix
 from tasks.corpus import ingest_corpus
@@ -162,6 +171,25 @@ def sources(tmp_path, files):
     return [str(big), str(files[0]), str(files[1]), str(files[2])]
 
 
+def test_cooccurrence_counts_only_the_train_split(tmp_path, sources):
+    # Embeddings built on these counts may initialise a language model; its held-out perplexity must not
+    # have seen the held-out text. Known answer: the matrix of the train sentences' ids alone.
+    outputs = stage_outputs(ArtifactStore(tmp_path / "store"), sources, ParallelParams())
+    tokens = ArtifactStore(tmp_path / "store").read_parquet("tokenized_corpus", outputs["tokenized_corpus"].version,
+                                                            "tokens.parquet")
+    assert set(tokens["split"]) == {"train", "valid", "test"}
+    train = tokens.with_columns(pl.when(pl.col("split") == "train").then(pl.col("ids")).alias("ids"))["ids"]
+    ids, offsets = id_stream(train, min_id=len(SPECIALS))
+    defaults = CooccurrenceParams(window=3)
+    vocabulary = ArtifactStore(tmp_path / "store").read_parquet("tokenizer", outputs["tokenizer"].version,
+                                                                "vocab.parquet")
+    counts = vocabulary["count"].to_numpy().astype(float)
+    counts[: len(SPECIALS)] = 0
+    kept, kept_offsets = subsample(ids, offsets, keep_probabilities(counts, defaults.subsample), defaults.seed)
+    expected = cooccurrence_matrix(kept, kept_offsets, vocabulary.height, window=3, weighting=defaults.weighting)
+    assert np.array_equal(read_matrix(outputs["cooccurrence"]).toarray(), expected.toarray())
+
+
 def test_sharded_stages_publish_the_same_artifacts_and_versions(tmp_path, sources):
     single = stage_outputs(ArtifactStore(tmp_path / "single"), sources, ParallelParams(runner="local"))
     small = ParallelParams(runner="local", shard_bytes=700, shard_rows=13)
@@ -176,10 +204,11 @@ def test_sharded_stages_publish_the_same_artifacts_and_versions(tmp_path, source
                                                                        sharded_refs["tokenized_corpus"].version,
                                                                        "tokens.parquet"))
     assert tokens["doc_index"].is_sorted() and tokens["doc_index"].n_unique() == tokens["doc_index"].max() + 1
-    ids, offsets = id_stream(tokens["ids"], min_id=4)
-    assert len(ids) == metrics["tokens"]
+    train = tokens.with_columns(pl.when(pl.col("split") == "train").then(pl.col("ids")).alias("ids"))
+    ids, offsets = id_stream(train["ids"], min_id=4)
+    assert len(ids) == metrics["tokens"] < len(id_stream(tokens["ids"], min_id=4)[0])  # the train split's
     # The term–document matrix equals the one built from whole documents (sentences regrouped).
-    per_doc = tokens.group_by("doc_index", maintain_order=True).agg(pl.col("ids").explode())["ids"]
+    per_doc = train.group_by("doc_index", maintain_order=True).agg(pl.col("ids").explode().drop_nulls())["ids"]
     doc_ids, doc_offsets = id_stream(per_doc, min_id=4)
     expected = term_document_matrix(doc_ids, doc_offsets, metrics["vocabulary_size"])
     got = read_matrix(sharded_refs["cooccurrence"], "termdoc.parquet")

@@ -98,6 +98,12 @@ def test_parquet_text_column_is_pretokenized(tmp_path):
         list(ParquetSentences(path, column="tokens"))
     with pytest.raises(InputError, match="not found"):
         ParquetSentences(tmp_path / "missing.parquet")
+    # a corpus artifact's documents: only the train rows are read (held-out text never trains vectors)
+    pl.DataFrame({"text": ["a b", "c d", "e f"], "split": ["train", "test", "train"]}).write_parquet(path)
+    assert list(ParquetSentences(path, column="text", split="train")) == [["a", "b"], ["e", "f"]]
+    pl.DataFrame({"tokens": [["a"]]}).write_parquet(tmp_path / "tokens.parquet")
+    with pytest.raises(InputError, match="no column 'split'"):
+        list(ParquetSentences(tmp_path / "tokens.parquet", split="train"))
 
 
 def test_errors():
