@@ -15,8 +15,11 @@ The format follows the name, after an optional `.gz`/`.bz2`:
 Text is cleaned by `models.text.clean_series` (NFC, whitespace, sentence split, optional
 lowercase). Exact duplicates (after cleaning) are dropped, keeping the first. Each document's id is
 the SHA-1 of its cleaned text (16 hex digits); its split comes from that id (so a document keeps
-its split across rebuilds), except for files named like `*-train.*`, `*-dev.*`/`*-valid.*`,
-`*-test.*`, whose split is the file's (UD treebanks, WikiText).
+its split across rebuilds), except in files whose name gives a split, which is then the file's: a
+split word (`train`; `dev`, `valid` or `validation`; `test`) that starts or ends a dot-separated part
+of the name, cut at `-`/`_` (`train.txt`, `en_ewt-ud-dev.conllu`, `wiki.test.tokens`,
+`validation-00000-of-00001.parquet`). One in the middle of a part (`my_test_notes.txt`) or inside a
+word (`latest.txt`) is just part of the name.
 
 Policy on bad input (see docs/reliability.md). Every problem is one line naming the file, and
 the line where there is one; nothing is published from a failed ingestion.
@@ -84,7 +87,7 @@ BUILTIN = {
     "builtin:lee": "lee_background.cor",
 }
 SPLITS = ("train", "valid", "test")
-_FILE_SPLIT = re.compile(r"[-_.](train|dev|valid|test)(?=[-_.])", re.IGNORECASE)
+_SPLIT_WORDS = {"train": "train", "dev": "valid", "valid": "valid", "validation": "valid", "test": "test"}
 _BINARY_SNIFF = 8192
 _WIKI_QUOTES = re.compile(r"'{2,}")
 
@@ -379,10 +382,14 @@ def _wiki_documents(path: Path, data: bytes) -> list[str]:
 
 
 def _file_split(path: Path) -> str | None:
-    match = _FILE_SPLIT.search(path.name)
-    if not match:
-        return None
-    return {"dev": "valid"}.get(match.group(1).lower(), match.group(1).lower())
+    """The split the file's name gives (see the module's docstring), or None."""
+    for part in path.name.lower().split("."):
+        words = re.split(r"[-_]", part)
+        # First or last word only: a split word between others is part of a description (`my_test_notes`)
+        for word in (words[0], words[-1]):
+            if word in _SPLIT_WORDS:
+                return _SPLIT_WORDS[word]
+    return None
 
 
 def read_file(path: Path, options: IngestOptions) -> tuple[list[str], pl.DataFrame | None]:

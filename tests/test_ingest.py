@@ -1,6 +1,7 @@
 import bz2
 import gzip
 import json
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -8,6 +9,7 @@ import pytest
 from models.errors import InputError, ParameterError
 from models.ingest import (
     IngestOptions,
+    _file_split,
     _line_documents,
     _word_counts,
     build_corpus,
@@ -65,6 +67,28 @@ def test_split_follows_document_id_or_file_name(tmp_path, shared_data):
     assert dict(shares.iter_rows()) == pytest.approx({"test": 0.05, "train": 0.9, "valid": 0.05}, abs=0.02)
     dev = build_tagged([shared_data / "ud-english-ewt" / "en_ewt-ud-dev.conllu"], OPTS)
     assert set(dev["split"]) == {"valid"} and dev.height == 2001
+
+
+@pytest.mark.parametrize("name, split", [
+    ("train.txt", "train"), ("test.jsonl", "test"), ("dev.conllu", "valid"), ("Valid.txt.gz", "valid"),
+    ("en_ewt-ud-train.conllu", "train"), ("en_ewt-ud-dev.conllu", "valid"), ("wiki.test.tokens", "test"),
+    ("ptb.valid.txt", "valid"), ("train-00000-of-00002.parquet", "train"),
+    ("validation-00000-of-00001.parquet", "valid"), ("test", "test"),
+    ("my_test_notes.txt", None), ("latest.txt", None), ("contest.txt", None), ("devices.jsonl", None),
+    ("notes.txt", None),
+])
+def test_split_words_that_start_or_end_a_part_of_the_file_name_give_its_split(name, split):
+    assert _file_split(Path(name)) == split
+
+
+def test_held_out_files_keep_their_split(tmp_path):
+    """Test text never leaks into training through the hashed split, and a name that merely mentions
+    a split word is not held out whole."""
+    for name in ("train.txt", "test.txt", "my_test_notes.txt"):
+        (tmp_path / name).write_text("\n".join(f"{name} document {i}" for i in range(400)))
+    docs = corpus_of([tmp_path]).documents
+    splits = {name: set(group["split"]) for (name,), group in docs.group_by("source")}
+    assert splits == {"train.txt": {"train"}, "test.txt": {"test"}, "my_test_notes.txt": {"train", "valid", "test"}}
 
 
 def test_fingerprint_follows_content_not_name(tmp_path):
