@@ -262,7 +262,7 @@ def _text_documents(path: Path, text: str, unit: str) -> list[str]:
     if unit == "file":
         return [text]
     if unit == "paragraph":
-        return re.split(r"\n[ \t]*\n", text)
+        return re.split(r"\r?\n[ \t]*\r?\n", text)  # a blank line, LF or CRLF (Windows) line ends
     return text.splitlines()
 
 

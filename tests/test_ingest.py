@@ -150,6 +150,15 @@ def test_plain_text_lines_are_those_of_str_splitlines(tmp_path, data):
     assert _line_documents(path, body, start=7).to_list() == body.decode().splitlines()
 
 
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_paragraphs_are_cut_at_blank_lines_whatever_the_line_ends(tmp_path, newline):
+    path = tmp_path / "p.txt"
+    path.write_bytes(f"First paragraph.{newline}Still first.{newline}{newline}Second.{newline} \t{newline}Third."
+                     .encode())
+    docs = corpus_of([path], text_unit="paragraph", split_sentences=False).documents["text"].to_list()
+    assert docs == ["first paragraph. still first.", "second.", "third."]
+
+
 def test_invalid_utf8_is_reported_at_its_line_by_the_fast_path_too(tmp_path):
     path = tmp_path / "bad.txt"
     path.write_bytes(b"fine\r\nstill fine\n\xed\xa0\x80 surrogate\n")
