@@ -138,13 +138,13 @@ def resolve_sources(sources: list[str]) -> list[Path]:
             if not found:
                 raise InputError(f"{source}: directory holds no files")
             files.extend(found)
+        elif os.path.isfile(source):  # before globs: an existing name may hold `[`, `*` or `?`
+            files.append(Path(source))
         elif any(c in source for c in "*?["):
             found = sorted(Path(p) for p in glob.glob(source, recursive=True) if os.path.isfile(p))
             if not found:
                 raise InputError(f"{source}: no file matches this pattern")
             files.extend(found)
-        elif os.path.isfile(source):
-            files.append(Path(source))
         else:
             raise InputError(f"{source}: no such file or directory; check the path in corpus.sources")
     return list(dict.fromkeys(p.resolve() for p in files))

@@ -125,6 +125,13 @@ def test_empty_file_among_others_is_skipped_and_counted(tmp_path):
     assert c.stats["skipped_inputs"] == 1 and c.stats["documents"] == 1
 
 
+def test_an_existing_file_with_glob_characters_in_its_name_is_that_file(tmp_path):
+    (tmp_path / "notes[1].txt").write_text("bracketed\n")
+    (tmp_path / "notes1.txt").write_text("what the pattern would match\n")
+    assert resolve_sources([str(tmp_path / "notes[1].txt")]) == [(tmp_path / "notes[1].txt").resolve()]
+    assert resolve_sources([str(tmp_path / "notes[0-9].txt")]) == [(tmp_path / "notes1.txt").resolve()]
+
+
 def test_bad_parameters():
     with pytest.raises(ParameterError, match="valid_fraction"):
         IngestOptions(valid_fraction=1.5)
