@@ -108,6 +108,8 @@ class IngestOptions:
         for name in ("valid_fraction", "test_fraction"):
             if not 0 <= getattr(self, name) < 1:
                 raise ParameterError(f"{name}={getattr(self, name)}: must be in [0, 1)")
+        if self.text_unit not in ("line", "paragraph", "file"):  # a typo would silently read lines
+            raise ParameterError(f"text_unit={self.text_unit!r}: use 'line', 'paragraph' or 'file'")
         if self.bad_files not in ("fail", "skip"):
             raise ParameterError(f"bad_files={self.bad_files!r}: use 'fail' or 'skip'")
         if self.valid_fraction + self.test_fraction >= 1:

@@ -135,6 +135,8 @@ def test_an_existing_file_with_glob_characters_in_its_name_is_that_file(tmp_path
 def test_bad_parameters():
     with pytest.raises(ParameterError, match="valid_fraction"):
         IngestOptions(valid_fraction=1.5)
+    with pytest.raises(ParameterError, match="text_unit='paragraphs': use 'line', 'paragraph' or 'file'"):
+        IngestOptions(text_unit="paragraphs")
     with pytest.raises(ParameterError, match="unknown built-in"):
         resolve_sources(["builtin:nope"])
     with pytest.raises(ParameterError, match="sources is empty"):
