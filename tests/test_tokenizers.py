@@ -260,6 +260,13 @@ def test_encode_corpus_matches_per_text_encoding():
     assert out[4].to_list() == [bpe.unk_id] * 3 + [bpe.token_to_id("_")]  # unseen characters -> <unk>
 
 
+@pytest.mark.parametrize("make", [lambda: BPE(vocab_size=60, marker="glued"), lambda: BPE(vocab_size=60),
+                                  lambda: WordPiece(vocab_size=60)])
+def test_an_empty_word_encodes_to_no_tokens(make):
+    tok = make().fit(SLP3)
+    assert tok.encode_words(["", "low", ""]) == [[], tok.encode_ids("low"), []]
+
+
 def test_vocab_counts_are_token_frequencies_of_the_segmented_corpus():
     bpe = BPE(vocab_size=1000, marker="glued").fit(SLP3)
     counts = dict(zip(bpe.vocab_frame()["token"], bpe.vocab_frame()["count"], strict=True))
