@@ -11,9 +11,10 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
 from models.errors import InputError, ParameterError
+from models.text import WORD_CHARS, pretokenize
 from models.tokenizers import BPE, WordPiece
 from tests.conftest import WIKITEXT_VALID
 
@@ -238,6 +239,33 @@ def test_tokenizer_json_encodes_wikitext_identically(wiki_lines, make):
     assert sum(map(len, mine)) > 200_000
     assert mine == theirs
     assert hf.decode(theirs[3]) == ours.decode(mine[3]) == ours.normalize(wiki_lines[3])
+
+
+def _words(pre_tokenizer, text: str) -> list[str]:
+    return [w for w, _ in pre_tokenizer.pre_tokenize_str(text)]
+
+
+def test_the_exported_pre_tokenizer_splits_words_as_ours():
+    """tokenizer.json runs WORD_PATTERN in Oniguruma, ours in Rust regex (polars). With `\\w` they
+    disagreed on the zero-width (non-)joiners (Persian) and Latin-1's superscripts and fractions."""
+    hf = Tokenizer.from_str(BPE(vocab_size=30, marker="glued").fit(["x"]).to_hf_json()).pre_tokenizer
+    for text, words in [("می\u200cخواهم", ["می\u200cخواهم"]), ("e=mc² x¹ ½", ["e", "=", "mc", "²", "x", "¹", "½"]),
+                        ("👩\u200d💻", ["👩", "\u200d", "💻"])]:
+        assert pretokenize(text) == _words(hf, text) == words
+    bmp = [chr(c) for c in range(0x10000) if not 0xD800 <= c <= 0xDFFF]
+    for text in (" ".join(f"a{c}b" for c in bmp),  # each character between letters: a word character?
+                 " ".join(f"1.{c}" for c in bmp)):  # after a number: a digit?
+        assert pretokenize(text) == _words(hf, text)
+
+
+def test_the_character_classes_of_the_word_pattern_agree_on_every_code_point():
+    """Maximal runs of each class over all code points in order: equal runs mean each code point is
+    in the class for both engines or for neither (every code point occurs once, so a run fixes its place)."""
+    everything = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
+    for cls in (WORD_CHARS, r"\p{Nd}", r"\s"):
+        runs = f"[{cls}]+"
+        hf = pre_tokenizers.Split(Regex(runs), behavior="removed", invert=True)
+        assert pl.Series([everything]).str.extract_all(runs)[0].to_list() == _words(hf, everything), cls
 
 
 # ---- round trips, corpus encoding, specials --------------------------------------------------
