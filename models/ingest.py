@@ -8,7 +8,7 @@ The format follows the name, after an optional `.gz`/`.bz2`:
 | --- | --- | --- |
 | `.txt`, anything else | UTF-8 plain text | a line (default), a blank-line paragraph, or the file (`text_unit`) |
 | `.jsonl`, `.ndjson` | JSON lines | the `text_field` of each object |
-| `.parquet` | Parquet | the `text_column` of each row |
+| `.parquet` | Parquet | the `text_field` column of each row |
 | `.conllu` | CoNLL-U | a sentence (its words; tags go to the tagged corpus) |
 | `.xml` or `<mediawiki` content | MediaWiki XML dump | an article (namespace 0, no redirects, markup stripped) |
 

@@ -127,7 +127,3 @@ def split_sentences(text: str) -> list[str]:
 
 def pretokenize(text: str) -> list[str]:
     return _apply([text], pretokenize_expr(pl.col("t")))[0]
-
-
-def pretokenize_many(texts: Iterable[str]) -> list[list[str]]:
-    return _apply(texts, pretokenize_expr(pl.col("t")))
