@@ -82,10 +82,10 @@ def _hf_train(path: str, vocab: int, save_to: str, pre: str = "word") -> dict:
     from models.text import WORD_PATTERN
 
     lines = _lines(Path(path))
-    tok = Tokenizer(models.BPE(unk_token="<unk>", end_of_word_suffix="_"))
+    tok = Tokenizer(models.BPE(unk_token="<unk>", end_of_word_suffix="</w>"))
     tok.pre_tokenizer = (pre_tokenizers.Split(Regex(WORD_PATTERN), behavior="removed", invert=True)
                          if pre == "word" else pre_tokenizers.WhitespaceSplit())
-    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIALS, end_of_word_suffix="_",
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=SPECIALS, end_of_word_suffix="</w>",
                                   min_frequency=2, show_progress=False)
     t0, c0 = time.perf_counter(), time.process_time()
     tok.train_from_iterator(lines, trainer)

@@ -66,8 +66,7 @@ def distance_counts(
         raise ParameterError(f"window={window}: must be between 1 and {2**_DIST_BITS - 1}")
     ids = np.asarray(ids)
     offsets = np.asarray(offsets, dtype=np.int64)
-    if len(ids) and int(ids.max()) >= vocab_size:
-        raise ParameterError(f"token id {int(ids.max())} is outside the vocabulary of size {vocab_size}")
+    _check_stream(ids, offsets, vocab_size)
     # Tokens left in the sentence after each position: the pair (i, i+d) stays inside iff left[i] >= d.
     lengths = np.diff(offsets)
     left = np.repeat(offsets[1:], lengths) - np.arange(len(ids)) - 1
@@ -82,6 +81,20 @@ def distance_counts(
             bar.update(min(chunk_tokens, len(ids) - start))
     forward.sort_indices()
     return forward
+
+
+def _check_stream(ids: np.ndarray, offsets: np.ndarray, vocab_size: int) -> None:
+    """Reject streams that would otherwise count invented pairs (a negative id wraps around to
+    another word) or fail deep in numpy (offsets that do not cover the ids)."""
+    if len(ids):
+        low, high = int(ids.min()), int(ids.max())
+        if low < 0 or high >= vocab_size:
+            raise ParameterError(f"token id {low if low < 0 else high} is outside the vocabulary of size "
+                                 f"{vocab_size} (ids run from 0 to {vocab_size - 1})")
+    if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(ids) or (np.diff(offsets) < 0).any():
+        got = f"{offsets[0]}..{offsets[-1]}" if len(offsets) else "none"
+        raise ParameterError(f"sentence offsets (got {got}) must start at 0, never decrease and end at "
+                             f"len(ids) = {len(ids)}")
 
 
 def empty_distance_counts(vocab_size: int) -> sp.csr_matrix:

@@ -8,15 +8,18 @@ The format follows the name, after an optional `.gz`/`.bz2`:
 | --- | --- | --- |
 | `.txt`, anything else | UTF-8 plain text | a line (default), a blank-line paragraph, or the file (`text_unit`) |
 | `.jsonl`, `.ndjson` | JSON lines | the `text_field` of each object |
-| `.parquet` | Parquet | the `text_column` of each row |
+| `.parquet` | Parquet | the `text_field` column of each row |
 | `.conllu` | CoNLL-U | a sentence (its words; tags go to the tagged corpus) |
 | `.xml` or `<mediawiki` content | MediaWiki XML dump | an article (namespace 0, no redirects, markup stripped) |
 
 Text is cleaned by `models.text.clean_series` (NFC, whitespace, sentence split, optional
 lowercase). Exact duplicates (after cleaning) are dropped, keeping the first. Each document's id is
 the SHA-1 of its cleaned text (16 hex digits); its split comes from that id (so a document keeps
-its split across rebuilds), except for files named like `*-train.*`, `*-dev.*`/`*-valid.*`,
-`*-test.*`, whose split is the file's (UD treebanks, WikiText).
+its split across rebuilds), except in files whose name gives a split, which is then the file's: a
+split word (`train`; `dev`, `valid` or `validation`; `test`) that starts or ends a dot-separated part
+of the name, cut at `-`/`_` (`train.txt`, `en_ewt-ud-dev.conllu`, `wiki.test.tokens`,
+`validation-00000-of-00001.parquet`). One in the middle of a part (`my_test_notes.txt`) or inside a
+word (`latest.txt`) is just part of the name.
 
 Policy on bad input (see docs/reliability.md). Every problem is one line naming the file, and
 the line where there is one; nothing is published from a failed ingestion.
@@ -84,7 +87,7 @@ BUILTIN = {
     "builtin:lee": "lee_background.cor",
 }
 SPLITS = ("train", "valid", "test")
-_FILE_SPLIT = re.compile(r"[-_.](train|dev|valid|test)(?=[-_.])", re.IGNORECASE)
+_SPLIT_WORDS = {"train": "train", "dev": "valid", "valid": "valid", "validation": "valid", "test": "test"}
 _BINARY_SNIFF = 8192
 _WIKI_QUOTES = re.compile(r"'{2,}")
 
@@ -105,6 +108,8 @@ class IngestOptions:
         for name in ("valid_fraction", "test_fraction"):
             if not 0 <= getattr(self, name) < 1:
                 raise ParameterError(f"{name}={getattr(self, name)}: must be in [0, 1)")
+        if self.text_unit not in ("line", "paragraph", "file"):  # a typo would silently read lines
+            raise ParameterError(f"text_unit={self.text_unit!r}: use 'line', 'paragraph' or 'file'")
         if self.bad_files not in ("fail", "skip"):
             raise ParameterError(f"bad_files={self.bad_files!r}: use 'fail' or 'skip'")
         if self.valid_fraction + self.test_fraction >= 1:
@@ -135,13 +140,13 @@ def resolve_sources(sources: list[str]) -> list[Path]:
             if not found:
                 raise InputError(f"{source}: directory holds no files")
             files.extend(found)
+        elif os.path.isfile(source):  # before globs: an existing name may hold `[`, `*` or `?`
+            files.append(Path(source))
         elif any(c in source for c in "*?["):
             found = sorted(Path(p) for p in glob.glob(source, recursive=True) if os.path.isfile(p))
             if not found:
                 raise InputError(f"{source}: no file matches this pattern")
             files.extend(found)
-        elif os.path.isfile(source):
-            files.append(Path(source))
         else:
             raise InputError(f"{source}: no such file or directory; check the path in corpus.sources")
     return list(dict.fromkeys(p.resolve() for p in files))
@@ -259,7 +264,7 @@ def _text_documents(path: Path, text: str, unit: str) -> list[str]:
     if unit == "file":
         return [text]
     if unit == "paragraph":
-        return re.split(r"\n[ \t]*\n", text)
+        return re.split(r"\r?\n[ \t]*\r?\n", text)  # a blank line, LF or CRLF (Windows) line ends
     return text.splitlines()
 
 
@@ -379,10 +384,14 @@ def _wiki_documents(path: Path, data: bytes) -> list[str]:
 
 
 def _file_split(path: Path) -> str | None:
-    match = _FILE_SPLIT.search(path.name)
-    if not match:
-        return None
-    return {"dev": "valid"}.get(match.group(1).lower(), match.group(1).lower())
+    """The split the file's name gives (see the module's docstring), or None."""
+    for part in path.name.lower().split("."):
+        words = re.split(r"[-_]", part)
+        # First or last word only: a split word between others is part of a description (`my_test_notes`)
+        for word in (words[0], words[-1]):
+            if word in _SPLIT_WORDS:
+                return _SPLIT_WORDS[word]
+    return None
 
 
 def read_file(path: Path, options: IngestOptions) -> tuple[list[str], pl.DataFrame | None]:

@@ -63,7 +63,10 @@ class TokenizerParams(Params):
                             "or WordPiece on the train split.")
     vocab_size: int = Field(8000, ge=16, le=1_000_000, description="Subword vocabulary size (specials included).")
     min_frequency: int = Field(2, ge=1, description="Subword training ignores pairs seen fewer times.")
-    end_of_word: str = Field("_", min_length=1, max_length=8, description="BPE end-of-word marker.")
+    end_of_word: str = Field(
+        "</w>", min_length=1, max_length=8,
+        description="BPE end-of-word marker (Sennrich et al.'s </w>). Pick one the word pre-tokenizer never puts "
+                    "inside a word: with _ a word such as my_var decodes as 'my var'.")
     marker: Literal["glued", "separate"] = Field(
         "glued", description="BPE marker placement: glued to the last character (exportable to tokenizer.json) "
                              "or a separate symbol (as in textbook exercises).")

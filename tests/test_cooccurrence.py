@@ -57,6 +57,19 @@ def test_bad_parameters_are_named():
         cooccurrence_matrix(np.array([5]), np.array([0, 1]), 3)
 
 
+@pytest.mark.parametrize("ids, offsets, message", [
+    ([0, -1, 1], [0, 3], "token id -1 is outside the vocabulary of size 3"),  # would wrap around to a pair
+    ([0, 1, 2], [0, 2], r"offsets \(got 0..2\) must start at 0, never decrease and end at len\(ids\) = 3"),
+    ([0, 1, 2], [0, 1, 4], "end at len"),
+    ([0, 1, 2], [1, 3], "start at 0"),
+    ([0, 1, 2], [0, 2, 1, 3], "never decrease"),
+    ([], [], "got none"),
+])
+def test_malformed_streams_are_rejected_with_a_clear_error(ids, offsets, message):
+    with pytest.raises(ParameterError, match=message):
+        cooccurrence_matrix(np.array(ids, dtype=np.int64), np.array(offsets), 3)
+
+
 def test_term_document_counts():
     m = term_document_matrix(np.array([0, 1, 1, 2, 0]), np.array([0, 3, 3, 5]), 3).toarray()
     np.testing.assert_array_equal(m, [[1, 0, 1], [2, 0, 0], [0, 0, 1]])

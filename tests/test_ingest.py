@@ -1,6 +1,7 @@
 import bz2
 import gzip
 import json
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -8,6 +9,7 @@ import pytest
 from models.errors import InputError, ParameterError
 from models.ingest import (
     IngestOptions,
+    _file_split,
     _line_documents,
     _word_counts,
     build_corpus,
@@ -67,6 +69,28 @@ def test_split_follows_document_id_or_file_name(tmp_path, shared_data):
     assert set(dev["split"]) == {"valid"} and dev.height == 2001
 
 
+@pytest.mark.parametrize("name, split", [
+    ("train.txt", "train"), ("test.jsonl", "test"), ("dev.conllu", "valid"), ("Valid.txt.gz", "valid"),
+    ("en_ewt-ud-train.conllu", "train"), ("en_ewt-ud-dev.conllu", "valid"), ("wiki.test.tokens", "test"),
+    ("ptb.valid.txt", "valid"), ("train-00000-of-00002.parquet", "train"),
+    ("validation-00000-of-00001.parquet", "valid"), ("test", "test"),
+    ("my_test_notes.txt", None), ("latest.txt", None), ("contest.txt", None), ("devices.jsonl", None),
+    ("notes.txt", None),
+])
+def test_split_words_that_start_or_end_a_part_of_the_file_name_give_its_split(name, split):
+    assert _file_split(Path(name)) == split
+
+
+def test_held_out_files_keep_their_split(tmp_path):
+    """Test text never leaks into training through the hashed split, and a name that merely mentions
+    a split word is not held out whole."""
+    for name in ("train.txt", "test.txt", "my_test_notes.txt"):
+        (tmp_path / name).write_text("\n".join(f"{name} document {i}" for i in range(400)))
+    docs = corpus_of([tmp_path]).documents
+    splits = {name: set(group["split"]) for (name,), group in docs.group_by("source")}
+    assert splits == {"train.txt": {"train"}, "test.txt": {"test"}, "my_test_notes.txt": {"train", "valid", "test"}}
+
+
 def test_fingerprint_follows_content_not_name(tmp_path):
     a, b = tmp_path / "a.txt", tmp_path / "b.txt"
     a.write_text("same"), b.write_text("same")
@@ -101,9 +125,18 @@ def test_empty_file_among_others_is_skipped_and_counted(tmp_path):
     assert c.stats["skipped_inputs"] == 1 and c.stats["documents"] == 1
 
 
+def test_an_existing_file_with_glob_characters_in_its_name_is_that_file(tmp_path):
+    (tmp_path / "notes[1].txt").write_text("bracketed\n")
+    (tmp_path / "notes1.txt").write_text("what the pattern would match\n")
+    assert resolve_sources([str(tmp_path / "notes[1].txt")]) == [(tmp_path / "notes[1].txt").resolve()]
+    assert resolve_sources([str(tmp_path / "notes[0-9].txt")]) == [(tmp_path / "notes1.txt").resolve()]
+
+
 def test_bad_parameters():
     with pytest.raises(ParameterError, match="valid_fraction"):
         IngestOptions(valid_fraction=1.5)
+    with pytest.raises(ParameterError, match="text_unit='paragraphs': use 'line', 'paragraph' or 'file'"):
+        IngestOptions(text_unit="paragraphs")
     with pytest.raises(ParameterError, match="unknown built-in"):
         resolve_sources(["builtin:nope"])
     with pytest.raises(ParameterError, match="sources is empty"):
@@ -124,6 +157,15 @@ def test_plain_text_lines_are_those_of_str_splitlines(tmp_path, data):
     assert read_file(path, OPTS)[0] == expected
     body = data.removeprefix(b"\xef\xbb\xbf")
     assert _line_documents(path, body, start=7).to_list() == body.decode().splitlines()
+
+
+@pytest.mark.parametrize("newline", ["\n", "\r\n"])
+def test_paragraphs_are_cut_at_blank_lines_whatever_the_line_ends(tmp_path, newline):
+    path = tmp_path / "p.txt"
+    path.write_bytes(f"First paragraph.{newline}Still first.{newline}{newline}Second.{newline} \t{newline}Third."
+                     .encode())
+    docs = corpus_of([path], text_unit="paragraph", split_sentences=False).documents["text"].to_list()
+    assert docs == ["first paragraph. still first.", "second.", "third."]
 
 
 def test_invalid_utf8_is_reported_at_its_line_by_the_fast_path_too(tmp_path):

@@ -10,7 +10,6 @@ from models.text import (
     normalize,
     normalize_series,
     pretokenize,
-    pretokenize_many,
     split_sentences,
 )
 
@@ -39,7 +38,6 @@ def test_pretokenizer_keeps_numbers_contractions_and_hyphenated_words():
     assert pretokenize("Don't stop-me now, it costs $1,000.50 @-@ café") == [
         "Don't", "stop-me", "now", ",", "it", "costs", "$", "1,000.50", "@", "-", "@", "café",
     ]
-    assert pretokenize_many(["a b", ""]) == [["a", "b"], []]
     assert pretokenize("a <unk> b<s>") == ["a", "<unk>", "b", "<s>"]
     assert WORD_PATTERN  # documented constant shared with the tokenizers
 

@@ -11,9 +11,10 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
 from models.errors import InputError, ParameterError
+from models.text import WORD_CHARS, pretokenize
 from models.tokenizers import BPE, WordPiece
 from tests.conftest import WIKITEXT_VALID
 
@@ -29,35 +30,65 @@ def wiki_lines(shared_data) -> list[str]:
 
 # ---- hand-derived merges ----------------------------------------------------------------------
 def test_bpe_separate_marker_slp3_by_hand():
-    # ids: specials 0-3, then _ d e i l n o r s t w (code points) = 4..14.
-    # (e,r)=9 ties (r,_)=9 -> smaller left id e; (e,w)=8 ties (n,e)=8 -> e(6) < n(9);
-    # at count 3, (w,i) (i,d) (d,er_) tie -> d has the smallest id, then i, then w.
+    # ids: specials 0-3, then </w> d e i l n o r s t w (as strings, `<` < `d`) = 4..14.
+    # (e,r)=9 ties (r,</w>)=9 -> smaller left id e; (e,w)=8 ties (n,e)=8 -> e(6) < n(9);
+    # at count 3, (w,i) (i,d) (d,er</w>) tie -> d has the smallest id, then i, then w.
     bpe = BPE(vocab_size=1000, marker="separate").fit(SLP3)
     assert bpe.merges_[:12] == [
-        ("e", "r"), ("er", "_"), ("e", "w"), ("n", "ew"), ("l", "o"), ("lo", "w"), ("new", "er_"),
-        ("low", "_"), ("d", "er_"), ("i", "der_"), ("w", "ider_"), ("e", "s"),
+        ("e", "r"), ("er", "</w>"), ("e", "w"), ("n", "ew"), ("l", "o"), ("lo", "w"), ("new", "er</w>"),
+        ("low", "</w>"), ("d", "er</w>"), ("i", "der</w>"), ("w", "ider</w>"), ("e", "s"),
     ]
     assert bpe.merge_counts_[:12] == [9, 9, 8, 8, 7, 7, 6, 5, 3, 3, 3, 2]
-    assert bpe.vocab_[:15] == SPECIALS + list("_deilnorstw")
-    assert bpe.encode("newer lower") == ["newer_", "low", "er_"]
+    assert bpe.vocab_[:15] == SPECIALS + ["</w>", *"deilnorstw"]
+    assert bpe.encode("newer lower") == ["newer</w>", "low", "er</w>"]
 
 
 def test_bpe_glued_marker_slp3_by_hand_and_hf_agrees():
-    # ids: specials, d e i l n o r s t w = 4..13, then suffixed r_ t_ w_ = 14..16.
-    # (e,r_)=9; (n,e)=8 alone (e,w is split between w and w_); (l,o)=7; (ne,w)=6 ties (w,er_)=6 -> w < ne.
+    # ids: specials, d e i l n o r s t w = 4..13, then suffixed r</w> t</w> w</w> = 14..16.
+    # (e,r</w>)=9; (n,e)=8 alone (e,w is split between w and w</w>); (l,o)=7; (ne,w)=6 ties (w,er</w>)=6 -> w < ne.
     bpe = BPE(vocab_size=1000, marker="glued").fit(SLP3)
-    expected = [("e", "r_"), ("n", "e"), ("l", "o"), ("w", "er_"), ("ne", "wer_"), ("lo", "w_"),
-                ("d", "er_"), ("i", "der_"), ("w", "ider_"), ("e", "s")]
+    expected = [("e", "r</w>"), ("n", "e"), ("l", "o"), ("w", "er</w>"), ("ne", "wer</w>"), ("lo", "w</w>"),
+                ("d", "er</w>"), ("i", "der</w>"), ("w", "ider</w>"), ("e", "s")]
     assert bpe.merges_[:10] == expected
-    assert bpe.vocab_[14:17] == ["r_", "t_", "w_"]
+    assert bpe.vocab_[14:17] == ["r</w>", "t</w>", "w</w>"]
     assert _hf_bpe_merges(SLP3, 1000, min_frequency=2)[:10] == expected
 
 
 def test_bpe_marker_string_is_configurable():
-    bpe = BPE(vocab_size=1000, marker="glued", end_of_word="</w>").fit(SLP3)
-    assert bpe.merges_[0] == ("e", "r</w>")
-    assert bpe.encode("newer") == ["newer</w>"]
+    bpe = BPE(vocab_size=1000, marker="glued", end_of_word="_").fit(SLP3)
+    assert bpe.merges_[0] == ("e", "r_")
+    assert bpe.encode("newer") == ["newer_"]
     assert bpe.decode(bpe.encode_ids("newer low")) == "newer low"
+
+
+UNDERSCORED = ["my_var is my_var and my_var", "my cat my dog", "__init__ snake_case _x y_ a_b_c"] * 3
+
+
+@pytest.mark.parametrize("marker", ["separate", "glued"])
+@pytest.mark.parametrize("vocab_size", [10, 30, 60])  # no merges, some, many
+def test_words_with_underscores_round_trip_with_the_default_marker(marker, vocab_size):
+    """`_` is a word character: as the marker (the old default) it made `my_var` decode as `my var`
+    and, glued, the merge `y _` the same token as a word-final `y`."""
+    bpe = BPE(vocab_size=vocab_size, marker=marker, min_frequency=1).fit(UNDERSCORED)
+    for text in [*UNDERSCORED, "my_var", "my_", "_my", "y_ y", "a_b_c __init__"]:
+        assert bpe.decode(bpe.encode_ids(text)) == text
+    assert bpe.encode_ids("my_") != bpe.encode_ids("my")
+    if marker == "glued":  # and the exported tokenizer.json (end_of_word_suffix) agrees
+        hf = Tokenizer.from_str(bpe.to_hf_json())
+        assert hf.encode("my_var y_ __init__").tokens == bpe.encode("my_var y_ __init__")
+        assert hf.decode(hf.encode("my_var y_ __init__").ids) == "my_var y_ __init__"
+
+
+def test_the_pipeline_uses_the_same_default_marker():
+    from tasks.params import TokenizerParams
+
+    assert TokenizerParams().end_of_word == BPE().end_of_word == "</w>"
+
+
+def test_an_underscore_marker_keeps_its_documented_caveat():
+    bpe = BPE(vocab_size=10, marker="glued", end_of_word="_").fit(UNDERSCORED)  # no merges
+    assert bpe.encode("my_var") == ["m", "y", "_", "v", "a", "r_"]
+    assert bpe.decode(bpe.encode_ids("my_var")) == "my var"  # an inner `_` reads as a word end
 
 
 def test_wordpiece_score_by_hand_with_ties():
@@ -166,7 +197,7 @@ def test_incremental_bpe_equals_full_recount(seed, marker):
     texts = _random_corpus(seed)
     words = Counter(w for t in texts for w in t.split())
     ours = BPE(vocab_size=60, marker=marker, min_frequency=2).fit(texts)
-    assert ours.merges_ == _naive_bpe(words, marker, "_", 60, 2)
+    assert ours.merges_ == _naive_bpe(words, marker, "</w>", 60, 2)
     # the training segmentation (cache) is exactly what encoding from scratch gives
     for w in words:
         ids = list(ours._cache[w])
@@ -183,9 +214,9 @@ def test_incremental_wordpiece_equals_full_recount(seed):
 
 # ---- Hugging Face as the oracle on WikiText-2 -------------------------------------------------
 def _hf_bpe_merges(texts: list[str], vocab_size: int, min_frequency: int) -> list[tuple[str, str]]:
-    tok = Tokenizer(models.BPE(unk_token="<unk>", end_of_word_suffix="_"))
+    tok = Tokenizer(models.BPE(unk_token="<unk>", end_of_word_suffix="</w>"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, end_of_word_suffix="_",
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIALS, end_of_word_suffix="</w>",
                                   min_frequency=min_frequency, show_progress=False)
     tok.train_from_iterator(texts, trainer)
     return [tuple(m) for m in json.loads(tok.to_str())["model"]["merges"]]
@@ -210,8 +241,35 @@ def test_tokenizer_json_encodes_wikitext_identically(wiki_lines, make):
     assert hf.decode(theirs[3]) == ours.decode(mine[3]) == ours.normalize(wiki_lines[3])
 
 
+def _words(pre_tokenizer, text: str) -> list[str]:
+    return [w for w, _ in pre_tokenizer.pre_tokenize_str(text)]
+
+
+def test_the_exported_pre_tokenizer_splits_words_as_ours():
+    """tokenizer.json runs WORD_PATTERN in Oniguruma, ours in Rust regex (polars). With `\\w` they
+    disagreed on the zero-width (non-)joiners (Persian) and Latin-1's superscripts and fractions."""
+    hf = Tokenizer.from_str(BPE(vocab_size=30, marker="glued").fit(["x"]).to_hf_json()).pre_tokenizer
+    for text, words in [("می\u200cخواهم", ["می\u200cخواهم"]), ("e=mc² x¹ ½", ["e", "=", "mc", "²", "x", "¹", "½"]),
+                        ("👩\u200d💻", ["👩", "\u200d", "💻"])]:
+        assert pretokenize(text) == _words(hf, text) == words
+    bmp = [chr(c) for c in range(0x10000) if not 0xD800 <= c <= 0xDFFF]
+    for text in (" ".join(f"a{c}b" for c in bmp),  # each character between letters: a word character?
+                 " ".join(f"1.{c}" for c in bmp)):  # after a number: a digit?
+        assert pretokenize(text) == _words(hf, text)
+
+
+def test_the_character_classes_of_the_word_pattern_agree_on_every_code_point():
+    """Maximal runs of each class over all code points in order: equal runs mean each code point is
+    in the class for both engines or for neither (every code point occurs once, so a run fixes its place)."""
+    everything = "".join(chr(c) for c in range(0x110000) if not 0xD800 <= c <= 0xDFFF)
+    for cls in (WORD_CHARS, r"\p{Nd}", r"\s"):
+        runs = f"[{cls}]+"
+        hf = pre_tokenizers.Split(Regex(runs), behavior="removed", invert=True)
+        assert pl.Series([everything]).str.extract_all(runs)[0].to_list() == _words(hf, everything), cls
+
+
 # ---- round trips, corpus encoding, specials --------------------------------------------------
-_TEXT = st.text(st.characters(blacklist_characters="_#", blacklist_categories=("Cs",)), max_size=60)
+_TEXT = st.text(st.characters(blacklist_characters="#", blacklist_categories=("Cs",)), max_size=60)  # ## is reserved
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -257,13 +315,20 @@ def test_encode_corpus_matches_per_text_encoding():
     out = bpe.encode_corpus(pl.Series(texts))
     assert out.dtype == pl.List(pl.UInt32)
     assert out.to_list() == [bpe.encode_ids(t or "") for t in texts]
-    assert out[4].to_list() == [bpe.unk_id] * 3 + [bpe.token_to_id("_")]  # unseen characters -> <unk>
+    assert out[4].to_list() == [bpe.unk_id] * 3 + [bpe.token_to_id("</w>")]  # unseen characters -> <unk>
+
+
+@pytest.mark.parametrize("make", [lambda: BPE(vocab_size=60, marker="glued"), lambda: BPE(vocab_size=60),
+                                  lambda: WordPiece(vocab_size=60)])
+def test_an_empty_word_encodes_to_no_tokens(make):
+    tok = make().fit(SLP3)
+    assert tok.encode_words(["", "low", ""]) == [[], tok.encode_ids("low"), []]
 
 
 def test_vocab_counts_are_token_frequencies_of_the_segmented_corpus():
     bpe = BPE(vocab_size=1000, marker="glued").fit(SLP3)
     counts = dict(zip(bpe.vocab_frame()["token"], bpe.vocab_frame()["count"], strict=True))
-    assert counts["newer_"] == 6 and counts["low_"] == 5 and counts["<unk>"] == 0
+    assert counts["newer</w>"] == 6 and counts["low</w>"] == 5 and counts["<unk>"] == 0
 
 
 def test_special_tokens_and_unk():
@@ -300,4 +365,4 @@ def test_a_corpus_of_one_character_words_fits_without_merges():
         tok.fit(["a b a", "0"])
         assert tok.merges_ == [] and tok.decode(tok.encode_ids("b a 0")) == "b a 0"
     bpe = BPE(vocab_size=10, marker="glued").fit(["a b a", "0"])
-    assert bpe.vocab_[4:] == ["0", "a", "b", "0_", "a_", "b_"] and bpe.encode("a b") == ["a_", "b_"]
+    assert bpe.vocab_[4:] == ["0", "a", "b", "0</w>", "a</w>", "b</w>"] and bpe.encode("a b") == ["a</w>", "b</w>"]

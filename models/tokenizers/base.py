@@ -208,9 +208,9 @@ class SubwordTokenizer:
         return [self.vocab_[i] for i in self.encode_ids(text)]
 
     def encode_words(self, words: Sequence[str]) -> list[list[int]]:
-        """Ids of each (already pre-tokenized) word."""
+        """Ids of each (already pre-tokenized) word; an empty word has none (no characters, no word end)."""
         self._check_fitted()
-        return [list(self._encode_word_cached(w)) for w in words]
+        return [list(self._encode_word_cached(w)) if w else [] for w in words]
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text from ids: words joined by single spaces; `<s>`, `</s>`, `<pad>` are dropped, unknowns

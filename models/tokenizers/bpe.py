@@ -7,9 +7,15 @@ merges the most frequent adjacent pair, recording merges in order, until `vocab_
 `min_frequency` times. Encoding applies the learned merges in rank order to each word, so the
 frequencies of new text never change how it is tokenized.
 
-Marker placement (`end_of_word="_"` by default, e.g. `"</w>"`):
-- `separate`: the marker is its own symbol after the last character (`l o w _`), as in the textbook;
-- `glued`: the marker is attached to the last character (`l o w_`), as Hugging Face's
+The marker (`end_of_word`) is Sennrich et al.'s `</w>` by default: the word pre-tokenizer never puts
+it inside a word (`<`, `/`, `>` are words of their own), so every word decodes back. A marker that can
+occur inside words, such as `_` (a word character: `my_var`), still works, but such words are
+ambiguous: an inner `_` decodes as a word end (`my var`), and in `glued` placement the merge `y _`
+makes the same token as a word-final `y`.
+
+Marker placement:
+- `separate`: the marker is its own symbol after the last character (`l o w </w>`), as in the textbook;
+- `glued`: the marker is attached to the last character (`l o w</w>`), as Hugging Face's
   `end_of_word_suffix`; with `pretokenizer="whitespace"` our merges equal `BpeTrainer`'s.
 
 Tie rule: the highest pair count wins; among equal counts the pair with the smaller
@@ -168,7 +174,7 @@ class BPE(SubwordTokenizer):
     def __init__(
         self,
         vocab_size: int = 8000,
-        end_of_word: str = "_",
+        end_of_word: str = "</w>",
         marker: str = "separate",
         special_tokens: Iterable[str] = DEFAULT_SPECIALS,
         unk_token: str | None = None,
@@ -189,7 +195,8 @@ class BPE(SubwordTokenizer):
         if self.marker not in ("separate", "glued"):
             raise ParameterError(f"marker={self.marker!r}: choose 'separate' or 'glued'")
         if not isinstance(self.end_of_word, str) or not self.end_of_word or any(c.isspace() for c in self.end_of_word):
-            raise ParameterError(f"end_of_word={self.end_of_word!r}: use a non-empty string without spaces, e.g. '_'")
+            raise ParameterError(f"end_of_word={self.end_of_word!r}: use a non-empty string without spaces, "
+                                 "e.g. '</w>'")
 
     # ---- training ---------------------------------------------------------------------------
     def fit(self, texts: Iterable[str] | pl.Series) -> BPE:
