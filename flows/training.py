@@ -141,9 +141,11 @@ def train(trainer: Trainer, method: str, store: str, inputs: dict[str, ArtifactR
     """Run a training stage in this process, or hand it to `deployment` on the GPU pool (see the
     module docstring) and return the artifact it published."""
     inputs = {name: ref for name, ref in inputs.items() if ref is not None}
+    arguments = {**inputs, **trainer.fixed, "params": params}
     if not training.remote:
-        return trainer.stage(store, **inputs, **trainer.fixed, params=params)
-    version = trainer.stage.version_of({"store": store, **inputs, **trainer.fixed, "params": params})
+        return trainer.stage(store, **arguments)
+    # The same arguments the remote run's stage call gets (`_run_here`); version_of fills in the defaults.
+    version = trainer.stage.version_of({"store": store, **arguments})
     expected = ArtifactStore(store).ref(trainer.kind, version)
     logger = get_run_logger()
     if ArtifactStore(store).exists(expected.kind, expected.version):

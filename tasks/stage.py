@@ -133,9 +133,18 @@ def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dic
 
     def decorate(build: Callable[..., None]):
         code_hash = code_version((sys.modules[build.__module__], *code))
+        # Prefect reads parameters from the signature: `store` first, then the builder's own.
+        own = list(inspect.signature(build).parameters.values())[1:]
+        store_param = inspect.Parameter("store", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
+        signature = inspect.Signature([store_param, *own], return_annotation=ArtifactRef)
 
         def describe(arguments: dict[str, Any]) -> tuple[dict[str, ArtifactRef], dict[str, Any], str]:
-            """(inputs, parameters, version) of the artifact these arguments determine."""
+            """(inputs, parameters, version) of the artifact these arguments determine. Defaults are
+            filled in first, as Prefect does when it calls the task, so a version computed before a
+            call (`version_of`) is the one the call publishes, whichever defaults the caller left out."""
+            bound = signature.bind_partial(**arguments)
+            bound.apply_defaults()
+            arguments = bound.arguments
             inputs, params = _split_arguments(arguments)
             if fingerprint is not None:
                 params["_content"] = fingerprint(arguments)
@@ -150,11 +159,6 @@ def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dic
             except (*TRANSIENT, *USER_ERRORS):
                 return None  # store unreachable, or bad input: the task itself retries or reports it
             return f"{kind}-{version}-{hashlib.sha256(store.url.encode()).hexdigest()[:12]}"
-
-        # Prefect reads parameters from the signature: `store` first, then the builder's own.
-        params = list(inspect.signature(build).parameters.values())[1:]
-        store_param = inspect.Parameter("store", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
-        signature = inspect.Signature([store_param, *params], return_annotation=ArtifactRef)
 
         @functools.wraps(build)
         def run(*args: Any, **kwargs: Any) -> ArtifactRef:
