@@ -28,12 +28,18 @@ from tasks.params import (
 
 
 class TrainingParams(Params):
-    remote: bool = Field(False, description="Hand the GPU training stages (embeddings) to the `gpu` work pool with "
-                                            "run_deployment and continue with the artifact they publish in the store; "
-                                            "off: the same stages run in this process.")
+    remote: bool = Field(False, description="Hand the training stages (embeddings and language models) to the `gpu` "
+                                            "work pool with run_deployment and continue with the artifact they "
+                                            "publish in the store; off: the same stages run in this process.")
     embeddings_deployment: str = Field("train-embeddings/train-embeddings", pattern=r"^[^/]+/[^/]+$",
                                        description="The FLOW/DEPLOYMENT that trains embeddings remotely.")
+    lm_deployment: str = Field("train-lm/train-lm", pattern=r"^[^/]+/[^/]+$",
+                               description="The FLOW/DEPLOYMENT that trains language models remotely.")
     timeout_minutes: float = Field(240, gt=0, le=10_080, description="How long to wait for a remote training run.")
+
+    def deployment(self, kind: str) -> str:
+        """The deployment that trains artifacts of `kind` (embeddings or lm) remotely."""
+        return {"embeddings": self.embeddings_deployment, "lm": self.lm_deployment}[kind]
 
 
 class PipelineParams(Params):

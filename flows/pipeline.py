@@ -11,7 +11,7 @@ from __future__ import annotations
 from prefect import flow, get_run_logger
 
 from flows.params import PipelineParams, TrainingParams
-from flows.training import EMBEDDING_TRAINERS, EMBEDDINGS_DEPLOYMENT, LM_DEPLOYMENT, LM_TRAINERS, train
+from flows.training import EMBEDDING_TRAINERS, LM_TRAINERS, train
 from models import ingest
 from models.errors import ParameterError
 from storage import ArtifactRef, ArtifactStore
@@ -100,8 +100,7 @@ def pipeline(
             inputs, params = {"cooccurrence": counts}, glove
         else:
             inputs, params = {"corpus": docs, "tokenizer": words}, word2vec
-        vectors[method] = train(EMBEDDING_TRAINERS[method], method, store, inputs, params, training,
-                                EMBEDDINGS_DEPLOYMENT)
+        vectors[method] = train(EMBEDDING_TRAINERS[method], method, store, inputs, params, training)
     evaluations = {name: evaluate_embeddings(store, embeddings=ref, params=evaluation)
                    for name, ref in vectors.items()}
 
@@ -117,8 +116,7 @@ def pipeline(
         for kind in lm:
             inputs = {"tokens": lm_ids, "tokenizer": lm_tokenizer,
                       "embeddings": None if kind == "ngram" else vectors.get(neural.pretrained)}
-            lms[kind] = train(LM_TRAINERS[kind], kind, store, inputs, ngram if kind == "ngram" else neural,
-                              training, LM_DEPLOYMENT)
+            lms[kind] = train(LM_TRAINERS[kind], kind, store, inputs, ngram if kind == "ngram" else neural, training)
 
     taggers = {}
     skipped = {s["source"] for s in ArtifactStore(store).manifest("corpus", docs.version)["metrics"].get("skipped", [])}

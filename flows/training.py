@@ -31,9 +31,6 @@ from tasks.embeddings import glove_embeddings, svd_embeddings, word2vec_embeddin
 from tasks.lm import train_lm as lm_stage
 from tasks.params import GloVeParams, NeuralLMParams, NgramParams, SVDParams, Word2VecParams
 
-EMBEDDINGS_DEPLOYMENT = "train-embeddings/train-embeddings"
-LM_DEPLOYMENT = "train-lm/train-lm"
-
 
 @dataclass(frozen=True)
 class Trainer:
@@ -137,9 +134,10 @@ def train_lm(
 
 
 def train(trainer: Trainer, method: str, store: str, inputs: dict[str, ArtifactRef], params: BaseModel,
-          training: TrainingParams, deployment: str) -> ArtifactRef:
-    """Run a training stage in this process, or hand it to `deployment` on the GPU pool (see the
-    module docstring) and return the artifact it published."""
+          training: TrainingParams) -> ArtifactRef:
+    """Run a training stage in this process, or hand it to its deployment (`training.embeddings_deployment`
+    or `training.lm_deployment`) on the GPU pool (see the module docstring) and return the artifact it
+    published."""
     inputs = {name: ref for name, ref in inputs.items() if ref is not None}
     arguments = {**inputs, **trainer.fixed, "params": params}
     if not training.remote:
@@ -147,6 +145,7 @@ def train(trainer: Trainer, method: str, store: str, inputs: dict[str, ArtifactR
     # The same arguments the remote run's stage call gets (`_run_here`); version_of fills in the defaults.
     version = trainer.stage.version_of({"store": store, **arguments})
     expected = ArtifactStore(store).ref(trainer.kind, version)
+    deployment = training.deployment(trainer.kind)
     logger = get_run_logger()
     if ArtifactStore(store).exists(expected.kind, expected.version):
         logger.info("%s: reusing %s (no training run needed)", trainer.kind, expected)
@@ -167,8 +166,3 @@ def train(trainer: Trainer, method: str, store: str, inputs: dict[str, ArtifactR
     logger.info("%s: remote run %r published %s", trainer.kind, child.name, expected)
     return expected
 
-
-def train_embeddings_stage(store: str, inputs: dict[str, ArtifactRef], svd: SVDParams,
-                           training: TrainingParams, method: str = "svd") -> ArtifactRef:
-    """The pipeline's embeddings step (in-process or on the GPU pool)."""
-    return train(EMBEDDING_TRAINERS[method], method, store, inputs, svd, training, training.embeddings_deployment)
