@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
-from flows.params import PipelineParams, TrainingParams
+from flows.params import PipelineParams, TrainingParams, validate
 from flows.training import EMBEDDING_TRAINERS, LM_TRAINERS, train
 from models import ingest
-from models.errors import ParameterError
 from storage import ArtifactRef, ArtifactStore
 from tasks.corpus import ingest_corpus, ingest_tagged
 from tasks.embeddings import svd_embeddings
@@ -85,6 +84,7 @@ def pipeline(
         parallel: How ingestion, vocabulary, encoding and co-occurrence shards run (threads, processes, a Dask
             cluster); results and versions do not depend on it.
     """
+    validate(dict(locals()))  # deployed runs arrive without PipelineParams: its checks across sections, up front
     docs = ingest_corpus(store, params=corpus, parallel=parallel)
     words = learn_vocabulary(store, corpus=docs, params=vocabulary, parallel=parallel)
     word_ids = encode_corpus(store, corpus=docs, tokenizer=words, parallel=parallel)
@@ -106,9 +106,6 @@ def pipeline(
 
     lms = {}
     if lm:
-        if neural.pretrained != "none" and neural.pretrained not in vectors:
-            raise ParameterError(f"neural.pretrained={neural.pretrained!r}: that method is not among this run's "
-                                 f"embeddings ({', '.join(vectors)})")
         lm_tokenizer, lm_ids = words, word_ids
         if tokenizer.kind != "word":
             lm_tokenizer = learn_subword(store, corpus=docs, params=tokenizer)

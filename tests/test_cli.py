@@ -1,0 +1,55 @@
+"""The command line and the pipeline parameter form, without running the pipeline."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.cli import main
+from flows.params import validate
+from models.errors import ParameterError
+from storage import Catalog
+
+
+@pytest.fixture
+def no_pipeline(monkeypatch):
+    """`lexiflow run` must stop before the pipeline starts."""
+    def fail(_params):
+        raise AssertionError("the pipeline started")
+    monkeypatch.setattr("flows.pipeline.run_pipeline", fail)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (['lm=["lstm"]', "neural.pretrained=glove"], "neural.pretrained=glove: not among embeddings (svd, sgns)"),
+    (['lm=["lstm"]', "neural.pretrained=svd"],
+     "neural.pretrained=svd: its vectors have svd.dim=300 dimensions, the lstm LM needs neural.emb_dim=128"),
+    (['lm=["transformer"]', 'embeddings=["glove"]', "neural.pretrained=glove", "glove.dim=64"],
+     "the transformer LM needs neural.d_model=128"),
+    (['lm=["transformer"]', "neural.n_heads=3"], "neural.n_heads=3 does not divide neural.d_model=128"),
+    (['lm=["gru"]', "neural.hidden_dim=64"], "neural.tie_weights=true needs neural.hidden_dim == neural.emb_dim"),
+])
+def test_run_rejects_combinations_that_cannot_work_before_any_stage(tmp_path, capsys, no_pipeline, settings,
+                                                                     message):
+    store = tmp_path / "store"
+    args = ["run", "--store", str(store), "--corpus", "builtin:lee"]
+    assert main([*args, *(x for s in settings for x in ("--set", s))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: invalid pipeline parameters: ") and message in err[0], err
+    assert Catalog(store).list() == []
+
+
+def test_combinations_that_work_are_accepted():
+    validate({"lm": ["ngram"], "neural": {"pretrained": "glove"}})  # no neural LM: pretrained has nothing to do
+    validate({"lm": ["lstm", "transformer"], "embeddings": ["sgns"], "word2vec": {"dim": 128},
+              "neural": {"pretrained": "sgns"}})
+    validate({"lm": ["transformer"], "neural": {"n_heads": 8, "hidden_dim": 64}})  # tying concerns RNNs only
+    validate({"lm": ["rnn"], "neural": {"hidden_dim": 64, "tie_weights": False}})
+
+
+def test_a_deployed_pipeline_run_checks_the_combinations_before_any_stage(tmp_path):
+    from flows.pipeline import pipeline
+    from tasks.params import CorpusParams, NeuralLMParams
+
+    missing = CorpusParams(sources=[str(tmp_path / "missing.txt")])  # the first stage would fail on it
+    with pytest.raises(ParameterError, match="neural.pretrained=glove: not among embeddings"):
+        pipeline.fn(store=str(tmp_path), corpus=missing, lm=["lstm"], neural=NeuralLMParams(pretrained="glove"))
+    assert Catalog(tmp_path).list() == []
