@@ -82,6 +82,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from flows.pipeline import run_pipeline
     from storage import ArtifactStore
 
+    ArtifactStore(params.store).check_root()  # before Prefect starts: one line, not a failed run
     refs = run_pipeline(params)
     store = ArtifactStore(params.store)
     print(f"\nArtifacts in {store.root}:")

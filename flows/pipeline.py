@@ -85,6 +85,7 @@ def pipeline(
             cluster); results and versions do not depend on it.
     """
     validate(dict(locals()))  # deployed runs arrive without PipelineParams: its checks across sections, up front
+    ArtifactStore(store).check_root()
     docs = ingest_corpus(store, params=corpus, parallel=parallel)
     words = learn_vocabulary(store, corpus=docs, params=vocabulary, parallel=parallel)
     word_ids = encode_corpus(store, corpus=docs, tokenizer=words, parallel=parallel)

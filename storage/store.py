@@ -66,22 +66,27 @@ class StoreError(Exception):
 
 
 RETRY_DELAYS = (0.05, 0.1, 0.25, 0.5, 1.0)  # seconds between attempts of one storage operation
+# OSErrors that another attempt would meet again: the path is missing, taken, forbidden or not a folder.
+NOT_TRANSIENT = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A storage or network hiccup worth retrying (TimeoutError and ConnectionError are OSErrors)."""
+    return isinstance(exc, OSError) and not isinstance(exc, NOT_TRANSIENT)
 
 
 def retry_transient(fn: Callable) -> Callable:
     """Retry one whole storage operation (open and parse a file, upload a file) on transient I/O
-    errors, as object-store clients do; the stage task's retries are the outer layer. Missing or
-    forbidden files are not transient. Every operation wrapped here is idempotent."""
+    errors, as object-store clients do; the stage task's retries are the outer layer. Every
+    operation wrapped here is idempotent."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         for delay in (*RETRY_DELAYS, None):
             try:
                 return fn(*args, **kwargs)
-            except (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError):
-                raise
-            except (OSError, ConnectionError):  # TimeoutError is an OSError
-                if delay is None:
+            except OSError as exc:
+                if delay is None or not is_transient(exc):
                     raise
                 time.sleep(delay)
 
@@ -179,6 +184,20 @@ class ArtifactStore:
 
     def ref(self, kind: str, version: str) -> ArtifactRef:
         return ArtifactRef(store=self.url, kind=kind, version=version)
+
+    def check_root(self) -> None:
+        """Fail at once when a local store's folder cannot be made (a file in its path, no
+        permission), rather than in the first stage. Object stores show such problems on first use."""
+        if not self.is_local:
+            return
+        try:
+            Path(self.root).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            root = Path(self.root)
+            blocker = next((p for p in (root, *root.parents) if p.exists()), root)
+            why = f"{blocker} is a file, not a folder" if not blocker.is_dir() else exc.strerror
+            raise StoreError(f"store {self.url}: cannot create its folder ({why}); choose another store path") \
+                from None
 
     def refresh(self) -> None:
         """Forget the filesystem's cached listings (object stores), so the next existence check or

@@ -35,8 +35,8 @@ from pydantic import BaseModel
 
 from models.errors import LexiflowError
 from storage import ArtifactRef, ArtifactStore, StoreError, content_version
+from storage.store import is_transient
 
-TRANSIENT = (OSError, TimeoutError, ConnectionError)
 USER_ERRORS = (LexiflowError, StoreError)
 HOW = {"store", "parallel"}  # arguments that choose where/how a stage runs, not what it makes: not versioned
 logging.getLogger("lexiflow").setLevel(logging.INFO)  # progress lines from models/ reach the run logs
@@ -60,15 +60,14 @@ for _name in ("prefect.flow_runs", "prefect.task_runs"):
 
 
 def retry_transient_only(task_obj: Any, task_run_obj: Any, state: Any) -> bool:
-    """Retry storage/network hiccups; never bad input (it would fail the same way again)."""
+    """Retry storage/network hiccups (the store's own definition); never bad input or a path that
+    cannot work (it would fail the same way again)."""
     try:
         state.result()
     except USER_ERRORS:
         return False
-    except TRANSIENT:
-        return True
-    except Exception:
-        return False
+    except Exception as exc:
+        return is_transient(exc)
     return False
 
 
@@ -156,7 +155,7 @@ def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dic
                 version = describe(arguments)[2]
                 if not store.exists(kind, version):
                     return None  # nothing to reuse: a stale Prefect record must not answer for it
-            except (*TRANSIENT, *USER_ERRORS):
+            except (OSError, *USER_ERRORS):
                 return None  # store unreachable, or bad input: the task itself retries or reports it
             return f"{kind}-{version}-{hashlib.sha256(store.url.encode()).hexdigest()[:12]}"
 

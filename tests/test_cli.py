@@ -53,3 +53,27 @@ def test_a_deployed_pipeline_run_checks_the_combinations_before_any_stage(tmp_pa
     with pytest.raises(ParameterError, match="neural.pretrained=glove: not among embeddings"):
         pipeline.fn(store=str(tmp_path), corpus=missing, lm=["lstm"], neural=NeuralLMParams(pretrained="glove"))
     assert Catalog(tmp_path).list() == []
+
+
+def test_run_on_a_store_path_through_a_file_fails_at_once_with_one_line(tmp_path, capsys, no_pipeline):
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a folder")
+    assert main(["run", "--store", str(blocker / "store")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: store {blocker / 'store'}: cannot create its folder ({blocker} is a file, not a folder); "
+                   f"choose another store path"]
+
+
+@pytest.mark.parametrize("error, retried", [
+    (NotADirectoryError(20, "Not a directory"), False), (PermissionError(13, "Permission denied"), False),
+    (FileNotFoundError(2, "No such file"), False), (ParameterError("bad"), False),
+    (TimeoutError("slow store"), True), (ConnectionResetError(104, "reset"), True), (OSError(5, "I/O error"), True),
+])
+def test_stages_retry_only_what_another_attempt_could_fix(error, retried):
+    from tasks.stage import retry_transient_only
+
+    class State:
+        def result(self):
+            raise error
+
+    assert retry_transient_only(None, None, State()) is retried
