@@ -50,13 +50,20 @@ def load_config(path: str) -> dict[str, Any]:
     file = Path(path)
     if not file.is_file():
         raise ParameterError(f"--config {path}: no such file")
+    language = "JSON" if file.suffix == ".json" else "TOML"
     try:
-        if file.suffix == ".json":
-            return json.loads(file.read_text())
-        return tomllib.loads(file.read_text())
+        text = file.read_text(encoding="utf-8")
+        tree = json.loads(text) if language == "JSON" else tomllib.loads(text)
+    except UnicodeDecodeError as exc:
+        raise ParameterError(f"--config {path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    except OSError as exc:
+        raise ParameterError(f"--config {path}: cannot read it ({exc.strerror})") from None
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ParameterError(f"--config {path}: not valid {'JSON' if file.suffix == '.json' else 'TOML'} ({exc})"
-                             ) from None
+        raise ParameterError(f"--config {path}: not valid {language} ({exc})") from None
+    if not isinstance(tree, dict):  # JSON may hold a list or a number; TOML is always a table
+        raise ParameterError(f"--config {path}: expected an object of parameter sections, e.g. "
+                             f'{{"svd": {{"dim": 200}}}}, found {json.dumps(tree)[:40]}')
+    return tree
 
 
 def pipeline_params(args: argparse.Namespace):

@@ -451,18 +451,18 @@ class ArtifactStore:
         problems = []  # manifest() below drops cached listings, so sizes are the store's own
         for entry in self.manifest(kind, version)["files"]:
             try:
-                path = self.path(kind, version, entry["name"])
-            except (StoreError, KeyError, TypeError):  # a tampered manifest must not steer reads outside the artifact
+                path, size, sha256 = self.path(kind, version, entry["name"]), entry["size"], entry["sha256"]
+            except (StoreError, KeyError, TypeError):  # tampered: no reads outside the artifact, no crash
                 problems.append(f"{kind}:{version}: invalid file entry {entry!r} in the manifest")
                 continue
             if not self.fs.exists(path):
                 problems.append(f"{kind}:{version}/{entry['name']}: missing")
                 continue
-            if self.fs.size(path) != entry["size"]:
+            if self.fs.size(path) != size:
                 problems.append(f"{kind}:{version}/{entry['name']}: size differs from the manifest")
             elif full:
                 with self.fs.open(path, "rb") as f:
-                    if _sha256(f) != entry["sha256"]:
+                    if _sha256(f) != sha256:
                         problems.append(f"{kind}:{version}/{entry['name']}: checksum differs from the manifest")
         return problems
 

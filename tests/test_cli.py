@@ -64,6 +64,20 @@ def test_run_on_a_store_path_through_a_file_fails_at_once_with_one_line(tmp_path
                    f"choose another store path"]
 
 
+@pytest.mark.parametrize("name, content, message", [
+    ("c.json", b"[1]", 'expected an object of parameter sections, e.g. {"svd": {"dim": 200}}, found [1]'),
+    ("c.json", b"3", "found 3"),
+    ("c.toml", b"[svd]\ndim = 200 # caf\xe9\n", "not UTF-8 text (byte 21); save it as UTF-8"),
+    ("c.toml", b"[svd\n", "not valid TOML"),
+])
+def test_run_rejects_a_config_file_it_cannot_use_naming_it(tmp_path, capsys, no_pipeline, name, content, message):
+    config = tmp_path / name
+    config.write_bytes(content)
+    assert main(["run", "--store", str(tmp_path / "store"), "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --config {config}: ") and message in err[0], err
+
+
 @pytest.mark.parametrize("error, retried", [
     (NotADirectoryError(20, "Not a directory"), False), (PermissionError(13, "Permission denied"), False),
     (FileNotFoundError(2, "No such file"), False), (ParameterError("bad"), False),
