@@ -196,14 +196,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import polars as pl
 
     from models.lm.decoding import generate
+    from models.text import normalize
     from storage import Catalog
 
     catalog = Catalog(args.store)
     manifest = catalog.get("lm", None if args.lm == "latest" else args.lm)
     model = catalog.load("lm", manifest["version"])
-    tokenizer_ref = manifest["inputs"]["tokenizer"]
-    tokenizer = catalog.load("tokenizer", tokenizer_ref["version"])
-    prompt = tokenizer.encode_corpus(pl.Series([args.prompt]))[0].to_list()
+    tokenizer_manifest = catalog.get("tokenizer", manifest["inputs"]["tokenizer"]["version"])
+    tokenizer = catalog.load("tokenizer", tokenizer_manifest["version"])
+    text = normalize(args.prompt, lowercase=catalog.lowercased(tokenizer_manifest))  # as the corpus text was
+    prompt = tokenizer.encode_corpus(pl.Series([text]))[0].to_list()
     bos = getattr(tokenizer, "bos_id", 1)
     options = {"max_new_tokens": args.max_tokens, "eos_id": getattr(tokenizer, "eos_id", 2)}
     if args.strategy == "beam":

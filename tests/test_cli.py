@@ -78,6 +78,39 @@ def test_run_rejects_a_config_file_it_cannot_use_naming_it(tmp_path, capsys, no_
     assert len(err) == 1 and err[0].startswith(f"error: --config {config}: ") and message in err[0], err
 
 
+def publish(store, stage, **arguments):
+    """One stage's artifact without Prefect: the builder the task wraps, at the task's version."""
+    from pydantic import BaseModel
+
+    version = stage.version_of({"store": store.url, **arguments})
+    inputs = {k: v for k, v in arguments.items() if hasattr(v, "kind")}
+    params = {k: v.model_dump(mode="json") for k, v in arguments.items()
+              if isinstance(v, BaseModel) and k not in inputs}  # as the stage records them
+    with store.writer(stage.name, version, inputs=inputs, parameters=params) as out:
+        stage.fn.__wrapped__(out, **arguments)
+    return store.ref(stage.name, version)
+
+
+def test_generate_cleans_and_lowercases_the_prompt_as_the_corpus_was(tmp_path, capsys):
+    from storage import ArtifactStore
+    from tasks.corpus import ingest_corpus
+    from tasks.lm import train_lm
+    from tasks.params import CorpusParams, NgramParams, VocabularyParams
+    from tasks.vocabulary import encode_corpus, learn_vocabulary
+
+    text = tmp_path / "docs.txt"
+    text.write_text("\n".join(f"The café sat on the mat number {i % 5}." for i in range(200)))
+    store = ArtifactStore(tmp_path / "store")
+    corpus = publish(store, ingest_corpus, params=CorpusParams(sources=[str(text)]))  # lowercase=True
+    words = publish(store, learn_vocabulary, corpus=corpus, params=VocabularyParams(min_count=1))
+    tokens = publish(store, encode_corpus, corpus=corpus, tokenizer=words)
+    publish(store, train_lm, tokens=tokens, tokenizer=words, model="ngram", params=NgramParams(order=3))
+    capsys.readouterr()
+    prompt = "The\tCAFE\u0301"  # decomposed É: NFC, as ingestion does, makes it the corpus's é
+    assert main(["generate", "--store", store.url, "--prompt", prompt, "--max-tokens", "2"]) == 0
+    assert capsys.readouterr().out.strip() == "the café sat on"
+
+
 @pytest.mark.parametrize("error, retried", [
     (NotADirectoryError(20, "Not a directory"), False), (PermissionError(13, "Permission denied"), False),
     (FileNotFoundError(2, "No such file"), False), (ParameterError("bad"), False),
