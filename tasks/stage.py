@@ -127,8 +127,10 @@ def link_artifact(store: ArtifactStore, kind: str, version: str) -> None:
 
 
 def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dict], Any] | None = None,
-          **task_options: Any):
-    """Decorate `build(out, **arguments)`; see the module docstring."""
+          parameters: Callable[[dict], dict[str, Any]] | None = None, **task_options: Any):
+    """Decorate `build(out, **arguments)`; see the module docstring. `parameters(arguments)`: the
+    parameters the artifact depends on, for a builder that reads only part of its arguments
+    (default: every argument that is not an input artifact or in HOW)."""
 
     def decorate(build: Callable[..., None]):
         code_hash = code_version((sys.modules[build.__module__], *code))
@@ -145,6 +147,8 @@ def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dic
             bound.apply_defaults()
             arguments = bound.arguments
             inputs, params = _split_arguments(arguments)
+            if parameters is not None:
+                params = parameters(arguments)
             if fingerprint is not None:
                 params["_content"] = fingerprint(arguments)
             return inputs, params, content_version(kind, {k: r.version for k, r in inputs.items()}, params, code_hash)
