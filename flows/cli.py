@@ -31,8 +31,6 @@ PREFECT_DEFAULTS = {
     "PREFECT_LOGGING_EXTRA_LOGGERS": "lexiflow",
     "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",  # progress logged outside flows (lexiflow tag)
 }
-HEADLINE_EMBEDDINGS = ("ws353_spearman", "simlex999_spearman", "analogy_add_accuracy", "analogy_mul_accuracy",
-                       "analogy_coverage")
 DEFAULT_STORE = os.environ.get("LEXIFLOW_STORE", "artifacts")
 
 
@@ -88,6 +86,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     params = pipeline_params(args)
     from flows.pipeline import run_pipeline
     from storage import ArtifactStore
+    from tasks.report_image import HEADLINE
 
     ArtifactStore(params.store).check_root()  # before Prefect starts: one line, not a failed run
     refs = run_pipeline(params)
@@ -101,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for name, ref in refs.items():
         metrics = store.manifest(ref.kind, ref.version)["metrics"]
         if ref.kind == "evaluation":
-            print(f"  {name:<17} " + ", ".join(f"{k} {metrics[k]:.3f}" for k in HEADLINE_EMBEDDINGS))
+            print(f"  {name:<17} " + ", ".join(f"{k} {metrics[k]:.3f}" for k in HEADLINE))
         elif ref.kind == "tagger":
             print(f"  {name:<17} " + ", ".join(f"{k} {metrics[k]:.4f}" for k in
                                                ("accuracy", "known_accuracy", "unknown_accuracy")))
@@ -182,9 +181,10 @@ def cmd_tag(args: argparse.Namespace) -> int:
             sentences = [pretokenize(s) for s in split_sentences(source.read_text(encoding="utf-8"))]
             tags = {col: t.tag_many(sentences, method=args.method) for col, t in taggers.items()}
             for i, words in enumerate(sentences):
+                blank = ["_"] * len(words)  # a tag set no --tagger predicts
                 output.write(conllu.format_sentence(conllu.Sentence(
-                    words=words, upos=tags.get("upos", [["_"] * len(words)] * (i + 1))[i],
-                    xpos=tags.get("xpos", [["_"] * len(words)] * (i + 1))[i], sent_id=str(i + 1))))
+                    words=words, upos=tags["upos"][i] if "upos" in tags else blank,
+                    xpos=tags["xpos"][i] if "xpos" in tags else blank, sent_id=str(i + 1))))
     finally:
         if args.output:
             output.close()

@@ -7,6 +7,7 @@ from typing import Any
 from pydantic import Field, ValidationError, model_validator
 
 from models.errors import ParameterError
+from storage import ArtifactRef, Catalog, StoreError
 from tasks.params import (
     CooccurrenceParams,
     CorpusParams,
@@ -90,6 +91,15 @@ class PipelineParams(Params):
         if problems:
             raise ParameterError("; ".join(problems))
         return self
+
+
+def artifact_ref(store: str, parameter: str, kind: str, version: str | None) -> ArtifactRef:
+    """The artifact a flow parameter names by version ("latest" or None: the newest of its kind); a
+    ParameterError naming the parameter when the store has none such."""
+    try:
+        return Catalog(store).ref(kind, None if version in (None, "latest") else version)
+    except StoreError as exc:
+        raise ParameterError(f"{parameter}: {exc}") from None
 
 
 def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:

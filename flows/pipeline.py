@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
-from flows.params import PipelineParams, TrainingParams, validate
+from flows.params import PipelineParams, TrainingParams, artifact_ref, validate
 from flows.training import EMBEDDING_TRAINERS, LM_TRAINERS, train
 from models import ingest
 from storage import ArtifactRef, ArtifactStore
@@ -141,10 +141,7 @@ def run_pipeline(params: PipelineParams) -> dict[str, ArtifactRef]:
 
 
 def _ref(store: str, kind: str, version: str) -> ArtifactRef:
-    store_obj = ArtifactStore(store)
-    if not store_obj.exists(kind, version):
-        raise ValueError(f"no {kind} artifact with version {version} in {store}")
-    return store_obj.ref(kind, version)
+    return artifact_ref(store, f"{kind}_version", kind, version)  # the flows below name inputs <kind>_version
 
 
 # ---- one flow per stage, for running a single step on existing artifacts --------------------

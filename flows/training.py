@@ -24,9 +24,9 @@ from prefect import flow, get_run_logger
 from prefect.deployments import run_deployment
 from pydantic import BaseModel
 
-from flows.params import TrainingParams
+from flows.params import TrainingParams, artifact_ref
 from models.errors import ParameterError
-from storage import ArtifactRef, ArtifactStore, Catalog, StoreError
+from storage import ArtifactRef, ArtifactStore, StoreError
 from tasks.embeddings import glove_embeddings, svd_embeddings, word2vec_embeddings
 from tasks.lm import train_lm as lm_stage
 from tasks.params import GloVeParams, NeuralLMParams, NgramParams, SVDParams, Word2VecParams
@@ -71,17 +71,8 @@ def _resolve_inputs(trainer: Trainer, store: str, inputs: dict[str, str]) -> dic
     unknown = set(inputs) - set(accepted)
     if unknown:
         raise ParameterError(f"inputs: unknown name(s) {sorted(unknown)}; this trainer takes {sorted(accepted)}")
-    catalog = Catalog(store)
-    refs = {}
-    for name, kind in accepted.items():
-        if name in trainer.optional and name not in inputs:
-            continue
-        version = inputs.get(name, "latest")
-        try:
-            refs[name] = catalog.ref(kind, None if version == "latest" else version)
-        except StoreError as exc:
-            raise ParameterError(f"inputs.{name}: {exc}") from None
-    return refs
+    return {name: artifact_ref(store, f"inputs.{name}", kind, inputs.get(name, "latest"))
+            for name, kind in accepted.items() if name in inputs or name not in trainer.optional}
 
 
 def _run_here(trainer: Trainer, store: str, inputs: dict[str, str], params: BaseModel) -> ArtifactRef:

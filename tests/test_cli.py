@@ -78,6 +78,33 @@ def test_run_rejects_a_config_file_it_cannot_use_naming_it(tmp_path, capsys, no_
     assert len(err) == 1 and err[0].startswith(f"error: --config {config}: ") and message in err[0], err
 
 
+def test_stage_flows_name_the_version_parameter_the_store_lacks(tmp_path):
+    from flows.pipeline import ppmi_flow, vocabulary_flow
+
+    missing = "0" * 16
+    with pytest.raises(ParameterError, match=f"corpus_version: no artifact corpus:{missing} in {tmp_path}"):
+        vocabulary_flow.fn(str(tmp_path), missing)
+    with pytest.raises(ParameterError, match="cooccurrence_version: invalid artifact version 'abc'"):
+        ppmi_flow.fn(str(tmp_path), "abc")
+
+
+def test_tag_plain_text_with_one_tagger_leaves_the_other_tag_set_blank(tmp_path, capsys):
+    from models.hmm import HMMTagger
+    from storage import ArtifactStore
+
+    store = ArtifactStore(tmp_path / "store")
+    train = [[("the", "DET"), ("cat", "NOUN"), ("sat", "VERB")], [("a", "DET"), ("dog", "NOUN"), ("ran", "VERB")]]
+    with store.writer("tagger", "c" * 16) as out:
+        HMMTagger(order=2).fit(train * 5).save(out.folder)
+        out.metrics["column"] = "upos"
+    source = tmp_path / "text.txt"
+    source.write_text("the cat sat. a dog ran.", encoding="utf-8")
+    assert main(["tag", str(source), "--store", store.url]) == 0
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines() if line and line[0].isdigit()]
+    assert [r[1] for r in rows] == ["the", "cat", "sat", ".", "a", "dog", "ran", "."]
+    assert {r[3] for r in rows} <= {"DET", "NOUN", "VERB"} and {r[4] for r in rows} == {"_"}
+
+
 def publish(store, stage, **arguments):
     """One stage's artifact without Prefect: the builder the task wraps, at the task's version."""
     from pydantic import BaseModel
