@@ -291,7 +291,7 @@ class ArtifactStore:
             staging = Path(tempfile.mkdtemp(prefix=f"{kind}-{version}-", dir=staging_root))
         else:
             staging = Path(tempfile.mkdtemp(prefix=f"lexiflow-{kind}-{version}-"))
-        out = ArtifactWriter(staging, self._scratch(kind, version))
+        out = ArtifactWriter(staging, self._scratch(kind, version), staging.with_name(staging.name + "-work"))
         self._restore_scratch(kind, version, out.scratch)
         try:
             yield out
@@ -315,6 +315,7 @@ class ArtifactStore:
             raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(out.work, ignore_errors=True)
 
     def _scratch(self, kind: str, version: str) -> Path:
         """Where a builder keeps resumable state (checkpoints) across crashes and retries; it
@@ -484,9 +485,12 @@ class ArtifactStore:
 class ArtifactWriter:
     """Files and metrics of an artifact being staged. Paths are local, whatever the store."""
 
-    def __init__(self, folder: Path, scratch: Path) -> None:
+    def __init__(self, folder: Path, scratch: Path, work: Path) -> None:
         self.folder = folder
         self.scratch = scratch  # resumable state, kept until the artifact is published
+        # This writer's own files of this attempt (shard results, a job for DDP ranks): unlike the
+        # scratch folder, no other writer of the same version shares it. Removed when the writer ends.
+        self.work = work
         self.metrics: dict[str, Any] = {}
         self.progress: Callable[[float | None], None] | None = None  # set by the caller, fed by the builder
 

@@ -81,7 +81,7 @@ def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, m
         lm = neural_model(model, vocabulary.height, params, out, init)
         if params.world_size > 1:
             lm = distributed.fit_distributed(lm, data["train"], data["valid"] or None, world_size=params.world_size,
-                                             workdir=out.scratch / "ddp",
+                                             workdir=out.work / "ddp",
                                              device=str(train.resolve_device(params.device)))
         else:
             lm.fit(data["train"], data["valid"] or None)
