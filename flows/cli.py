@@ -31,8 +31,6 @@ PREFECT_DEFAULTS = {
     "PREFECT_LOGGING_EXTRA_LOGGERS": "lexiflow",
     "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",  # progress logged outside flows (lexiflow tag)
 }
-HEADLINE_EMBEDDINGS = ("ws353_spearman", "simlex999_spearman", "analogy_add_accuracy", "analogy_mul_accuracy",
-                       "analogy_coverage")
 DEFAULT_STORE = os.environ.get("LEXIFLOW_STORE", "artifacts")
 
 
@@ -50,13 +48,20 @@ def load_config(path: str) -> dict[str, Any]:
     file = Path(path)
     if not file.is_file():
         raise ParameterError(f"--config {path}: no such file")
+    language = "JSON" if file.suffix == ".json" else "TOML"
     try:
-        if file.suffix == ".json":
-            return json.loads(file.read_text())
-        return tomllib.loads(file.read_text())
+        text = file.read_text(encoding="utf-8")
+        tree = json.loads(text) if language == "JSON" else tomllib.loads(text)
+    except UnicodeDecodeError as exc:
+        raise ParameterError(f"--config {path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
+    except OSError as exc:
+        raise ParameterError(f"--config {path}: cannot read it ({exc.strerror})") from None
     except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ParameterError(f"--config {path}: not valid {'JSON' if file.suffix == '.json' else 'TOML'} ({exc})"
-                             ) from None
+        raise ParameterError(f"--config {path}: not valid {language} ({exc})") from None
+    if not isinstance(tree, dict):  # JSON may hold a list or a number; TOML is always a table
+        raise ParameterError(f"--config {path}: expected an object of parameter sections, e.g. "
+                             f'{{"svd": {{"dim": 200}}}}, found {json.dumps(tree)[:40]}')
+    return tree
 
 
 def pipeline_params(args: argparse.Namespace):
@@ -81,7 +86,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     params = pipeline_params(args)
     from flows.pipeline import run_pipeline
     from storage import ArtifactStore
+    from tasks.report_image import HEADLINE
 
+    ArtifactStore(params.store).check_root()  # before Prefect starts: one line, not a failed run
     refs = run_pipeline(params)
     store = ArtifactStore(params.store)
     print(f"\nArtifacts in {store.root}:")
@@ -93,7 +100,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     for name, ref in refs.items():
         metrics = store.manifest(ref.kind, ref.version)["metrics"]
         if ref.kind == "evaluation":
-            print(f"  {name:<17} " + ", ".join(f"{k} {metrics[k]:.3f}" for k in HEADLINE_EMBEDDINGS))
+            print(f"  {name:<17} " + ", ".join(f"{k} {metrics[k]:.3f}" for k in HEADLINE))
         elif ref.kind == "tagger":
             print(f"  {name:<17} " + ", ".join(f"{k} {metrics[k]:.4f}" for k in
                                                ("accuracy", "known_accuracy", "unknown_accuracy")))
@@ -174,9 +181,10 @@ def cmd_tag(args: argparse.Namespace) -> int:
             sentences = [pretokenize(s) for s in split_sentences(source.read_text(encoding="utf-8"))]
             tags = {col: t.tag_many(sentences, method=args.method) for col, t in taggers.items()}
             for i, words in enumerate(sentences):
+                blank = ["_"] * len(words)  # a tag set no --tagger predicts
                 output.write(conllu.format_sentence(conllu.Sentence(
-                    words=words, upos=tags.get("upos", [["_"] * len(words)] * (i + 1))[i],
-                    xpos=tags.get("xpos", [["_"] * len(words)] * (i + 1))[i], sent_id=str(i + 1))))
+                    words=words, upos=tags["upos"][i] if "upos" in tags else blank,
+                    xpos=tags["xpos"][i] if "xpos" in tags else blank, sent_id=str(i + 1))))
     finally:
         if args.output:
             output.close()
@@ -188,14 +196,16 @@ def cmd_generate(args: argparse.Namespace) -> int:
     import polars as pl
 
     from models.lm.decoding import generate
+    from models.text import normalize
     from storage import Catalog
 
     catalog = Catalog(args.store)
     manifest = catalog.get("lm", None if args.lm == "latest" else args.lm)
     model = catalog.load("lm", manifest["version"])
-    tokenizer_ref = manifest["inputs"]["tokenizer"]
-    tokenizer = catalog.load("tokenizer", tokenizer_ref["version"])
-    prompt = tokenizer.encode_corpus(pl.Series([args.prompt]))[0].to_list()
+    tokenizer_manifest = catalog.get("tokenizer", manifest["inputs"]["tokenizer"]["version"])
+    tokenizer = catalog.load("tokenizer", tokenizer_manifest["version"])
+    text = normalize(args.prompt, lowercase=catalog.lowercased(tokenizer_manifest))  # as the corpus text was
+    prompt = tokenizer.encode_corpus(pl.Series([text]))[0].to_list()
     bos = getattr(tokenizer, "bos_id", 1)
     options = {"max_new_tokens": args.max_tokens, "eos_id": getattr(tokenizer, "eos_id", 2)}
     if args.strategy == "beam":

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from models.errors import ParameterError
+from storage import ArtifactRef, Catalog, StoreError
 from tasks.params import (
     CooccurrenceParams,
     CorpusParams,
@@ -28,12 +29,18 @@ from tasks.params import (
 
 
 class TrainingParams(Params):
-    remote: bool = Field(False, description="Hand the GPU training stages (embeddings) to the `gpu` work pool with "
-                                            "run_deployment and continue with the artifact they publish in the store; "
-                                            "off: the same stages run in this process.")
+    remote: bool = Field(False, description="Hand the training stages (embeddings and language models) to the `gpu` "
+                                            "work pool with run_deployment and continue with the artifact they "
+                                            "publish in the store; off: the same stages run in this process.")
     embeddings_deployment: str = Field("train-embeddings/train-embeddings", pattern=r"^[^/]+/[^/]+$",
                                        description="The FLOW/DEPLOYMENT that trains embeddings remotely.")
+    lm_deployment: str = Field("train-lm/train-lm", pattern=r"^[^/]+/[^/]+$",
+                               description="The FLOW/DEPLOYMENT that trains language models remotely.")
     timeout_minutes: float = Field(240, gt=0, le=10_080, description="How long to wait for a remote training run.")
+
+    def deployment(self, kind: str) -> str:
+        """The deployment that trains artifacts of `kind` (embeddings or lm) remotely."""
+        return {"embeddings": self.embeddings_deployment, "lm": self.lm_deployment}[kind]
 
 
 class PipelineParams(Params):
@@ -58,6 +65,42 @@ class PipelineParams(Params):
     training: TrainingParams = TrainingParams()
     parallel: ParallelParams = ParallelParams()
 
+    @model_validator(mode="after")
+    def _combinations_work(self) -> PipelineParams:
+        """Reject combinations of sections that would otherwise fail only after most of the work."""
+        n, problems = self.neural, []
+        if "transformer" in self.lm and n.d_model % n.n_heads:
+            problems.append(f"neural.n_heads={n.n_heads} does not divide neural.d_model={n.d_model}: the "
+                            f"transformer splits d_model across its heads; pick values with d_model % n_heads == 0")
+        rnns = [kind for kind in self.lm if kind in ("rnn", "lstm", "gru")]
+        if rnns and n.tie_weights and n.hidden_dim != n.emb_dim:
+            problems.append(f"neural.tie_weights=true needs neural.hidden_dim == neural.emb_dim for {', '.join(rnns)} "
+                            f"(got {n.hidden_dim} and {n.emb_dim}): make them equal or set neural.tie_weights=false")
+        neural_lms = [kind for kind in self.lm if kind != "ngram"]
+        if n.pretrained != "none" and neural_lms:  # without a neural LM, pretrained has nothing to initialise
+            section = {"svd": "svd", "glove": "glove"}.get(n.pretrained, "word2vec")
+            have = getattr(self, section).dim
+            if n.pretrained not in self.embeddings:
+                problems.append(f"neural.pretrained={n.pretrained}: not among embeddings ({', '.join(self.embeddings)})"
+                                f"; add it to embeddings or set neural.pretrained=none")
+            for kind in neural_lms if n.pretrained in self.embeddings else []:
+                name, need = ("d_model", n.d_model) if kind == "transformer" else ("emb_dim", n.emb_dim)
+                if have != need:
+                    problems.append(f"neural.pretrained={n.pretrained}: its vectors have {section}.dim={have} "
+                                    f"dimensions, the {kind} LM needs neural.{name}={need}: make them equal")
+        if problems:
+            raise ParameterError("; ".join(problems))
+        return self
+
+
+def artifact_ref(store: str, parameter: str, kind: str, version: str | None) -> ArtifactRef:
+    """The artifact a flow parameter names by version ("latest" or None: the newest of its kind); a
+    ParameterError naming the parameter when the store has none such."""
+    try:
+        return Catalog(store).ref(kind, None if version in (None, "latest") else version)
+    except StoreError as exc:
+        raise ParameterError(f"{parameter}: {exc}") from None
+
 
 def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
     """tree["a"]["b"] = value for dotted "a.b"."""
@@ -75,5 +118,12 @@ def validate(tree: dict[str, Any]) -> PipelineParams:
     try:
         return PipelineParams.model_validate(tree)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(_problem(e) for e in exc.errors())
         raise ParameterError(f"invalid pipeline parameters: {problems}") from None
+
+
+def _problem(error: dict[str, Any]) -> str:
+    cause = error.get("ctx", {}).get("error")
+    if isinstance(cause, ParameterError):  # a check across sections: its message names the parameters
+        return str(cause)
+    return f"{'.'.join(map(str, error['loc']))}: {error['msg']}"

@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from prefect import flow, get_run_logger
 
-from flows.params import PipelineParams, TrainingParams
-from flows.training import EMBEDDING_TRAINERS, EMBEDDINGS_DEPLOYMENT, LM_DEPLOYMENT, LM_TRAINERS, train
+from flows.params import PipelineParams, TrainingParams, artifact_ref, validate
+from flows.training import EMBEDDING_TRAINERS, LM_TRAINERS, train
 from models import ingest
-from models.errors import ParameterError
 from storage import ArtifactRef, ArtifactStore
 from tasks.corpus import ingest_corpus, ingest_tagged
 from tasks.embeddings import svd_embeddings
@@ -85,6 +84,8 @@ def pipeline(
         parallel: How ingestion, vocabulary, encoding and co-occurrence shards run (threads, processes, a Dask
             cluster); results and versions do not depend on it.
     """
+    validate(dict(locals()))  # deployed runs arrive without PipelineParams: its checks across sections, up front
+    ArtifactStore(store).check_root()
     docs = ingest_corpus(store, params=corpus, parallel=parallel)
     words = learn_vocabulary(store, corpus=docs, params=vocabulary, parallel=parallel)
     word_ids = encode_corpus(store, corpus=docs, tokenizer=words, parallel=parallel)
@@ -100,16 +101,12 @@ def pipeline(
             inputs, params = {"cooccurrence": counts}, glove
         else:
             inputs, params = {"corpus": docs, "tokenizer": words}, word2vec
-        vectors[method] = train(EMBEDDING_TRAINERS[method], method, store, inputs, params, training,
-                                EMBEDDINGS_DEPLOYMENT)
+        vectors[method] = train(EMBEDDING_TRAINERS[method], method, store, inputs, params, training)
     evaluations = {name: evaluate_embeddings(store, embeddings=ref, params=evaluation)
                    for name, ref in vectors.items()}
 
     lms = {}
     if lm:
-        if neural.pretrained != "none" and neural.pretrained not in vectors:
-            raise ParameterError(f"neural.pretrained={neural.pretrained!r}: that method is not among this run's "
-                                 f"embeddings ({', '.join(vectors)})")
         lm_tokenizer, lm_ids = words, word_ids
         if tokenizer.kind != "word":
             lm_tokenizer = learn_subword(store, corpus=docs, params=tokenizer)
@@ -117,8 +114,7 @@ def pipeline(
         for kind in lm:
             inputs = {"tokens": lm_ids, "tokenizer": lm_tokenizer,
                       "embeddings": None if kind == "ngram" else vectors.get(neural.pretrained)}
-            lms[kind] = train(LM_TRAINERS[kind], kind, store, inputs, ngram if kind == "ngram" else neural,
-                              training, LM_DEPLOYMENT)
+            lms[kind] = train(LM_TRAINERS[kind], kind, store, inputs, ngram if kind == "ngram" else neural, training)
 
     taggers = {}
     skipped = {s["source"] for s in ArtifactStore(store).manifest("corpus", docs.version)["metrics"].get("skipped", [])}
@@ -145,10 +141,7 @@ def run_pipeline(params: PipelineParams) -> dict[str, ArtifactRef]:
 
 
 def _ref(store: str, kind: str, version: str) -> ArtifactRef:
-    store_obj = ArtifactStore(store)
-    if not store_obj.exists(kind, version):
-        raise ValueError(f"no {kind} artifact with version {version} in {store}")
-    return store_obj.ref(kind, version)
+    return artifact_ref(store, f"{kind}_version", kind, version)  # the flows below name inputs <kind>_version
 
 
 # ---- one flow per stage, for running a single step on existing artifacts --------------------

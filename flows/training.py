@@ -24,15 +24,12 @@ from prefect import flow, get_run_logger
 from prefect.deployments import run_deployment
 from pydantic import BaseModel
 
-from flows.params import TrainingParams
+from flows.params import TrainingParams, artifact_ref
 from models.errors import ParameterError
-from storage import ArtifactRef, ArtifactStore, Catalog, StoreError
+from storage import ArtifactRef, ArtifactStore, StoreError
 from tasks.embeddings import glove_embeddings, svd_embeddings, word2vec_embeddings
 from tasks.lm import train_lm as lm_stage
 from tasks.params import GloVeParams, NeuralLMParams, NgramParams, SVDParams, Word2VecParams
-
-EMBEDDINGS_DEPLOYMENT = "train-embeddings/train-embeddings"
-LM_DEPLOYMENT = "train-lm/train-lm"
 
 
 @dataclass(frozen=True)
@@ -74,17 +71,8 @@ def _resolve_inputs(trainer: Trainer, store: str, inputs: dict[str, str]) -> dic
     unknown = set(inputs) - set(accepted)
     if unknown:
         raise ParameterError(f"inputs: unknown name(s) {sorted(unknown)}; this trainer takes {sorted(accepted)}")
-    catalog = Catalog(store)
-    refs = {}
-    for name, kind in accepted.items():
-        if name in trainer.optional and name not in inputs:
-            continue
-        version = inputs.get(name, "latest")
-        try:
-            refs[name] = catalog.ref(kind, None if version == "latest" else version)
-        except StoreError as exc:
-            raise ParameterError(f"inputs.{name}: {exc}") from None
-    return refs
+    return {name: artifact_ref(store, f"inputs.{name}", kind, inputs.get(name, "latest"))
+            for name, kind in accepted.items() if name in inputs or name not in trainer.optional}
 
 
 def _run_here(trainer: Trainer, store: str, inputs: dict[str, str], params: BaseModel) -> ArtifactRef:
@@ -137,14 +125,18 @@ def train_lm(
 
 
 def train(trainer: Trainer, method: str, store: str, inputs: dict[str, ArtifactRef], params: BaseModel,
-          training: TrainingParams, deployment: str) -> ArtifactRef:
-    """Run a training stage in this process, or hand it to `deployment` on the GPU pool (see the
-    module docstring) and return the artifact it published."""
+          training: TrainingParams) -> ArtifactRef:
+    """Run a training stage in this process, or hand it to its deployment (`training.embeddings_deployment`
+    or `training.lm_deployment`) on the GPU pool (see the module docstring) and return the artifact it
+    published."""
     inputs = {name: ref for name, ref in inputs.items() if ref is not None}
+    arguments = {**inputs, **trainer.fixed, "params": params}
     if not training.remote:
-        return trainer.stage(store, **inputs, **trainer.fixed, params=params)
-    version = trainer.stage.version_of({"store": store, **inputs, **trainer.fixed, "params": params})
+        return trainer.stage(store, **arguments)
+    # The same arguments the remote run's stage call gets (`_run_here`); version_of fills in the defaults.
+    version = trainer.stage.version_of({"store": store, **arguments})
     expected = ArtifactStore(store).ref(trainer.kind, version)
+    deployment = training.deployment(trainer.kind)
     logger = get_run_logger()
     if ArtifactStore(store).exists(expected.kind, expected.version):
         logger.info("%s: reusing %s (no training run needed)", trainer.kind, expected)
@@ -165,8 +157,3 @@ def train(trainer: Trainer, method: str, store: str, inputs: dict[str, ArtifactR
     logger.info("%s: remote run %r published %s", trainer.kind, child.name, expected)
     return expected
 
-
-def train_embeddings_stage(store: str, inputs: dict[str, ArtifactRef], svd: SVDParams,
-                           training: TrainingParams, method: str = "svd") -> ArtifactRef:
-    """The pipeline's embeddings step (in-process or on the GPU pool)."""
-    return train(EMBEDDING_TRAINERS[method], method, store, inputs, svd, training, training.embeddings_deployment)

@@ -100,6 +100,14 @@ class Catalog:
                              f"read its files under {manifest['path']}")
         return LOADERS[manifest["kind"]](self.store, manifest)
 
+    def lowercased(self, manifest: dict[str, Any]) -> bool:
+        """Whether the corpus an artifact (a tokenizer) was made from is lowercased: the corpus stage
+        lowercases (or not) before any tokenizer sees the text, so text meant for it must match."""
+        corpus = manifest["inputs"].get("corpus")
+        if corpus is None or not self.store.exists("corpus", corpus["version"]):
+            return False
+        return bool(self.store.manifest("corpus", corpus["version"])["parameters"].get("params", {}).get("lowercase"))
+
     def lineage(self, version: str, kind: str | None = None) -> dict[str, Any]:
         """The artifact and, recursively, the artifacts it was made from (inputs are looked up by
         kind and version: one manifest read each, no listing)."""

@@ -51,12 +51,9 @@ def _tokenizer_extra(catalog: Catalog, manifest: dict[str, Any], dest: Path) -> 
     if config.get("kind") != "word":
         return []  # subword tokenizers save their own tokenizer.json
     vocabulary = store.read_parquet(kind, version, "vocab.parquet").sort("id")["token"].to_list()
-    lowercase = False  # the corpus stage lowercases (or not) before the tokenizer sees the text
-    corpus = manifest["inputs"].get("corpus")
-    if corpus is not None and store.exists("corpus", corpus["version"]):
-        lowercase = bool(store.manifest("corpus", corpus["version"])["parameters"].get("params", {}).get("lowercase"))
     path = dest / "tokenizer.json"
-    path.write_text(json.dumps(hf_tokenizer_json(vocabulary, config["pattern"], lowercase), ensure_ascii=False))
+    path.write_text(json.dumps(hf_tokenizer_json(vocabulary, config["pattern"], catalog.lowercased(manifest)),
+                               ensure_ascii=False))
     return [path]
 
 

@@ -81,8 +81,7 @@ def load_tokenizer(store: ArtifactStore, manifest: dict[str, Any]):
 
 def load_report(store: ArtifactStore, manifest: dict[str, Any]) -> str:
     """The run's evaluation report (markdown; its PNGs sit beside it in the artifact)."""
-    with store.open(manifest["kind"], manifest["version"], "report.md", "r") as f:
-        return f.read()
+    return store.read_text(manifest["kind"], manifest["version"], "report.md")
 
 
 def load_matrix(store: ArtifactStore, manifest: dict[str, Any]) -> MatrixArtifact:
@@ -104,10 +103,9 @@ def load_embeddings(store: ArtifactStore, manifest: dict[str, Any]):
 
 def load_evaluation(store: ArtifactStore, manifest: dict[str, Any]) -> EvaluationReport:
     kind, version = manifest["kind"], manifest["version"]
-    with store.open(kind, version, "report.md", "r") as f:
-        markdown = f.read()
     return EvaluationReport(*(store.read_parquet(kind, version, f"{name}.parquet")
-                              for name in ("metrics", "neighbours", "analogy_sections")), markdown)
+                              for name in ("metrics", "neighbours", "analogy_sections")),
+                            store.read_text(kind, version, "report.md"))
 
 
 def local_folder(store: ArtifactStore, manifest: dict[str, Any]):

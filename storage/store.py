@@ -66,22 +66,27 @@ class StoreError(Exception):
 
 
 RETRY_DELAYS = (0.05, 0.1, 0.25, 0.5, 1.0)  # seconds between attempts of one storage operation
+# OSErrors that another attempt would meet again: the path is missing, taken, forbidden or not a folder.
+NOT_TRANSIENT = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
+
+
+def is_transient(exc: BaseException) -> bool:
+    """A storage or network hiccup worth retrying (TimeoutError and ConnectionError are OSErrors)."""
+    return isinstance(exc, OSError) and not isinstance(exc, NOT_TRANSIENT)
 
 
 def retry_transient(fn: Callable) -> Callable:
     """Retry one whole storage operation (open and parse a file, upload a file) on transient I/O
-    errors, as object-store clients do; the stage task's retries are the outer layer. Missing or
-    forbidden files are not transient. Every operation wrapped here is idempotent."""
+    errors, as object-store clients do; the stage task's retries are the outer layer. Every
+    operation wrapped here is idempotent."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         for delay in (*RETRY_DELAYS, None):
             try:
                 return fn(*args, **kwargs)
-            except (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError):
-                raise
-            except (OSError, ConnectionError):  # TimeoutError is an OSError
-                if delay is None:
+            except OSError as exc:
+                if delay is None or not is_transient(exc):
                     raise
                 time.sleep(delay)
 
@@ -180,6 +185,20 @@ class ArtifactStore:
     def ref(self, kind: str, version: str) -> ArtifactRef:
         return ArtifactRef(store=self.url, kind=kind, version=version)
 
+    def check_root(self) -> None:
+        """Fail at once when a local store's folder cannot be made (a file in its path, no
+        permission), rather than in the first stage. Object stores show such problems on first use."""
+        if not self.is_local:
+            return
+        try:
+            Path(self.root).mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            root = Path(self.root)
+            blocker = next((p for p in (root, *root.parents) if p.exists()), root)
+            why = f"{blocker} is a file, not a folder" if not blocker.is_dir() else exc.strerror
+            raise StoreError(f"store {self.url}: cannot create its folder ({why}); choose another store path") \
+                from None
+
     def refresh(self) -> None:
         """Forget the filesystem's cached listings (object stores), so the next existence check or
         listing sees what other processes and clients have published since."""
@@ -272,7 +291,7 @@ class ArtifactStore:
             staging = Path(tempfile.mkdtemp(prefix=f"{kind}-{version}-", dir=staging_root))
         else:
             staging = Path(tempfile.mkdtemp(prefix=f"lexiflow-{kind}-{version}-"))
-        out = ArtifactWriter(staging, self._scratch(kind, version))
+        out = ArtifactWriter(staging, self._scratch(kind, version), staging.with_name(staging.name + "-work"))
         self._restore_scratch(kind, version, out.scratch)
         try:
             yield out
@@ -296,6 +315,7 @@ class ArtifactStore:
             raise
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+            shutil.rmtree(out.work, ignore_errors=True)
 
     def _scratch(self, kind: str, version: str) -> Path:
         """Where a builder keeps resumable state (checkpoints) across crashes and retries; it
@@ -432,18 +452,18 @@ class ArtifactStore:
         problems = []  # manifest() below drops cached listings, so sizes are the store's own
         for entry in self.manifest(kind, version)["files"]:
             try:
-                path = self.path(kind, version, entry["name"])
-            except (StoreError, KeyError, TypeError):  # a tampered manifest must not steer reads outside the artifact
+                path, size, sha256 = self.path(kind, version, entry["name"]), entry["size"], entry["sha256"]
+            except (StoreError, KeyError, TypeError):  # tampered: no reads outside the artifact, no crash
                 problems.append(f"{kind}:{version}: invalid file entry {entry!r} in the manifest")
                 continue
             if not self.fs.exists(path):
                 problems.append(f"{kind}:{version}/{entry['name']}: missing")
                 continue
-            if self.fs.size(path) != entry["size"]:
+            if self.fs.size(path) != size:
                 problems.append(f"{kind}:{version}/{entry['name']}: size differs from the manifest")
             elif full:
                 with self.fs.open(path, "rb") as f:
-                    if _sha256(f) != entry["sha256"]:
+                    if _sha256(f) != sha256:
                         problems.append(f"{kind}:{version}/{entry['name']}: checksum differs from the manifest")
         return problems
 
@@ -465,9 +485,12 @@ class ArtifactStore:
 class ArtifactWriter:
     """Files and metrics of an artifact being staged. Paths are local, whatever the store."""
 
-    def __init__(self, folder: Path, scratch: Path) -> None:
+    def __init__(self, folder: Path, scratch: Path, work: Path) -> None:
         self.folder = folder
         self.scratch = scratch  # resumable state, kept until the artifact is published
+        # This writer's own files of this attempt (shard results, a job for DDP ranks): unlike the
+        # scratch folder, no other writer of the same version shares it. Removed when the writer ends.
+        self.work = work
         self.metrics: dict[str, Any] = {}
         self.progress: Callable[[float | None], None] | None = None  # set by the caller, fed by the builder
 

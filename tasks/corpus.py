@@ -25,11 +25,27 @@ def _file_fingerprint(path: Path, size: int, mtime_ns: int) -> dict:
     return ingest.fingerprint([path])[0]
 
 
+def _fingerprints(files: list[Path]) -> list[dict]:
+    return [_file_fingerprint(p, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+
+
 def sources_fingerprint(arguments: dict) -> list[dict]:
     """The corpus version follows the sources' content, not their names (hashed once per process
     while a file's size and mtime stay the same)."""
-    files = ingest.resolve_sources(arguments["params"].sources)
-    return [_file_fingerprint(p, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
+    return _fingerprints(ingest.resolve_sources(arguments["params"].sources))
+
+
+# The tagged corpus reads only the CoNLL-U sources and these settings (not lowercase, dedupe, ...):
+# its version, and so the taggers', follows nothing else.
+TAGGED_SETTINGS = {"valid_fraction", "test_fraction", "max_file_bytes", "bad_files"}
+
+
+def conllu_fingerprint(arguments: dict) -> list[dict]:
+    return _fingerprints(ingest.tagged_files(ingest.resolve_sources(arguments["params"].sources)))
+
+
+def tagged_parameters(arguments: dict) -> dict:
+    return {"params": arguments["params"].model_dump(mode="json", include=TAGGED_SETTINGS)}
 
 
 @task(name="corpus-shard", **SHARD_TASK)
@@ -57,7 +73,7 @@ def ingest_corpus(out: ArtifactWriter, params: CorpusParams, parallel: ParallelP
     out.metrics.update(corpus.stats)
 
 
-@stage("tagged_corpus", code=[ingest, conllu], fingerprint=sources_fingerprint)
+@stage("tagged_corpus", code=[ingest, conllu], fingerprint=conllu_fingerprint, parameters=tagged_parameters)
 def ingest_tagged(out: ArtifactWriter, params: CorpusParams) -> None:
     tagged = ingest.build_tagged(ingest.resolve_sources(params.sources), options(params), out.progress)
     out.write_parquet("sentences.parquet", tagged, TAGGED)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from models.errors import ParameterError
 from models.lm import distributed, ffnn, neural, ngram, rnn, train, transformer
 from storage import ArtifactRef, ArtifactWriter
 from storage.formats import read_table, read_vectors
@@ -28,11 +29,12 @@ def split_sentences(tokens: ArtifactRef) -> dict[str, list[np.ndarray]]:
     return out
 
 
-def pretrained_matrix(embeddings: ArtifactRef, tokens: list[str], dim: int) -> np.ndarray:
+def pretrained_matrix(embeddings: ArtifactRef, tokens: list[str], dim: int, dim_name: str) -> np.ndarray:
     """Rows aligned to the LM's token ids; NaN rows for tokens the embeddings lack."""
     words, _counts, vectors = read_vectors(embeddings)
-    if vectors.shape[1] != dim:
-        raise ValueError(f"embeddings {embeddings} have {vectors.shape[1]} dimensions, the LM expects {dim}")
+    if vectors.shape[1] != dim:  # the pipeline checks this up front; the train-lm flow takes any embeddings
+        raise ParameterError(f"inputs.embeddings: {embeddings} has {vectors.shape[1]} dimensions, the LM needs "
+                             f"neural.{dim_name}={dim}: pick embeddings of that size or change neural.{dim_name}")
     index = {w: i for i, w in enumerate(words)}
     matrix = np.full((len(tokens), dim), np.nan, dtype=np.float32)
     found = [(row, index[t]) for row, t in enumerate(tokens) if t in index]
@@ -73,12 +75,13 @@ def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, m
                            min_count=params.min_count,
                            vocab_size=vocabulary.height).fit(data["train"])
     else:
-        dim = params.d_model if model == "transformer" else params.emb_dim
-        init = pretrained_matrix(embeddings, vocabulary["token"].to_list(), dim) if embeddings else None
+        dim_name = "d_model" if model == "transformer" else "emb_dim"
+        init = (pretrained_matrix(embeddings, vocabulary["token"].to_list(), getattr(params, dim_name), dim_name)
+                if embeddings else None)
         lm = neural_model(model, vocabulary.height, params, out, init)
         if params.world_size > 1:
             lm = distributed.fit_distributed(lm, data["train"], data["valid"] or None, world_size=params.world_size,
-                                             workdir=out.scratch / "ddp",
+                                             workdir=out.work / "ddp",
                                              device=str(train.resolve_device(params.device)))
         else:
             lm.fit(data["train"], data["valid"] or None)

@@ -10,7 +10,7 @@ shard size, and so is its version (`parallel` is not versioned, tasks/stage.py).
 - `threads`: Prefect's `ThreadPoolTaskRunner`; results stay in memory.
 - `processes`: Prefect's `ProcessPoolTaskRunner`; `dask`: `prefect_dask.DaskTaskRunner` on the
   cluster at `dask_address`, or a `LocalCluster` of `workers` single-threaded worker processes.
-  Results travel as Parquet parts written to the artifact's scratch folder (`<store>/.scratch/...`,
+  Results travel as Parquet parts written to the writer's work folder (`<store>/.staging/...-work`,
   so workers on other machines need the store on a shared filesystem) and only their paths and
   small counts come back, never pickled tables.
 """
@@ -73,12 +73,12 @@ def map_shards(fn: Any, calls: Sequence[dict[str, Any]], params: ParallelParams,
                out: ArtifactWriter) -> list[Any]:
     """fn(**call, part=...) for every call, results in call order with every `Part` read back:
     inline for one call or the local runner, else as task runs on the runner (`fn` is a Prefect task
-    that passes its large results through `deliver(result, part)`). Parts live in the stage's scratch
-    folder while the shards run and are removed once read."""
+    that passes its large results through `deliver(result, part)`). Parts live in the writer's own
+    work folder while the shards run (a concurrent build of the same version has its own) and are
+    removed once read."""
     inline = len(calls) <= 1 or params.runner == "local"
-    folder = None if inline or params.runner == "threads" else out.scratch / "shards"
+    folder = None if inline or params.runner == "threads" else out.work / "shards"
     if folder is not None:  # results cross a process boundary: each shard writes Parquet parts
-        shutil.rmtree(folder, ignore_errors=True)  # a retried build starts clean
         folder.mkdir(parents=True)
     calls = [{**call, "part": None if folder is None else str(folder / f"{i:06d}")} for i, call in enumerate(calls)]
     results = []

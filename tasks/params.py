@@ -166,7 +166,9 @@ class NeuralLMParams(Params):
     dropout: float = Field(0.2, ge=0, lt=1, description="Dropout.")
     tie_weights: bool = Field(True, description="Output matrix = embedding matrix (RNNs need hidden = emb).")
     pretrained: Literal["none", "svd", "sgns", "cbow", "glove"] = Field(
-        "none", description="Initialise embeddings from this method's embeddings artifact of the same run.")
+        "none", description="Initialise the neural LMs' embeddings from this method's embeddings artifact of the same "
+                            "run: the method must be among `embeddings`, its dim equal to emb_dim (d_model for the "
+                            "transformer). Ignored when lm holds no neural model.")
     freeze_embeddings: bool = Field(False, description="Keep the (pretrained) embeddings fixed.")
     epochs: int = Field(2, ge=1, le=1000, description="Training epochs.")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")

@@ -35,8 +35,8 @@ from pydantic import BaseModel
 
 from models.errors import LexiflowError
 from storage import ArtifactRef, ArtifactStore, StoreError, content_version
+from storage.store import is_transient
 
-TRANSIENT = (OSError, TimeoutError, ConnectionError)
 USER_ERRORS = (LexiflowError, StoreError)
 HOW = {"store", "parallel"}  # arguments that choose where/how a stage runs, not what it makes: not versioned
 logging.getLogger("lexiflow").setLevel(logging.INFO)  # progress lines from models/ reach the run logs
@@ -60,15 +60,14 @@ for _name in ("prefect.flow_runs", "prefect.task_runs"):
 
 
 def retry_transient_only(task_obj: Any, task_run_obj: Any, state: Any) -> bool:
-    """Retry storage/network hiccups; never bad input (it would fail the same way again)."""
+    """Retry storage/network hiccups (the store's own definition); never bad input or a path that
+    cannot work (it would fail the same way again)."""
     try:
         state.result()
     except USER_ERRORS:
         return False
-    except TRANSIENT:
-        return True
-    except Exception:
-        return False
+    except Exception as exc:
+        return is_transient(exc)
     return False
 
 
@@ -128,15 +127,28 @@ def link_artifact(store: ArtifactStore, kind: str, version: str) -> None:
 
 
 def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dict], Any] | None = None,
-          **task_options: Any):
-    """Decorate `build(out, **arguments)`; see the module docstring."""
+          parameters: Callable[[dict], dict[str, Any]] | None = None, **task_options: Any):
+    """Decorate `build(out, **arguments)`; see the module docstring. `parameters(arguments)`: the
+    parameters the artifact depends on, for a builder that reads only part of its arguments
+    (default: every argument that is not an input artifact or in HOW)."""
 
     def decorate(build: Callable[..., None]):
         code_hash = code_version((sys.modules[build.__module__], *code))
+        # Prefect reads parameters from the signature: `store` first, then the builder's own.
+        own = list(inspect.signature(build).parameters.values())[1:]
+        store_param = inspect.Parameter("store", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
+        signature = inspect.Signature([store_param, *own], return_annotation=ArtifactRef)
 
         def describe(arguments: dict[str, Any]) -> tuple[dict[str, ArtifactRef], dict[str, Any], str]:
-            """(inputs, parameters, version) of the artifact these arguments determine."""
+            """(inputs, parameters, version) of the artifact these arguments determine. Defaults are
+            filled in first, as Prefect does when it calls the task, so a version computed before a
+            call (`version_of`) is the one the call publishes, whichever defaults the caller left out."""
+            bound = signature.bind_partial(**arguments)
+            bound.apply_defaults()
+            arguments = bound.arguments
             inputs, params = _split_arguments(arguments)
+            if parameters is not None:
+                params = parameters(arguments)
             if fingerprint is not None:
                 params["_content"] = fingerprint(arguments)
             return inputs, params, content_version(kind, {k: r.version for k, r in inputs.items()}, params, code_hash)
@@ -147,14 +159,9 @@ def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dic
                 version = describe(arguments)[2]
                 if not store.exists(kind, version):
                     return None  # nothing to reuse: a stale Prefect record must not answer for it
-            except (*TRANSIENT, *USER_ERRORS):
+            except (OSError, *USER_ERRORS):
                 return None  # store unreachable, or bad input: the task itself retries or reports it
             return f"{kind}-{version}-{hashlib.sha256(store.url.encode()).hexdigest()[:12]}"
-
-        # Prefect reads parameters from the signature: `store` first, then the builder's own.
-        params = list(inspect.signature(build).parameters.values())[1:]
-        store_param = inspect.Parameter("store", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
-        signature = inspect.Signature([store_param, *params], return_annotation=ArtifactRef)
 
         @functools.wraps(build)
         def run(*args: Any, **kwargs: Any) -> ArtifactRef:

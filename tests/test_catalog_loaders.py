@@ -147,6 +147,30 @@ def test_evaluation_and_lm_load_with_the_manifest_figures(store):
     assert lm.perplexity(valid) == pytest.approx(catalog.latest("lm")["metrics"]["valid_perplexity"])
 
 
+def test_reports_load_through_the_stores_retried_reads(tmp_path, monkeypatch):
+    """A transient error opening report.md is retried (ArtifactStore.read_text), as for every other file."""
+    store = ArtifactStore(tmp_path)
+    with store.writer("report", "a" * 16) as out:
+        out.write_text("report.md", "# report\n")
+    with store.writer("evaluation", "b" * 16) as out:
+        out.write_text("report.md", "# evaluation\n")
+        for name in ("metrics", "neighbours", "analogy_sections"):
+            out.write_parquet(f"{name}.parquet", pl.DataFrame({"x": [1]}))
+    real_open, failures = ArtifactStore.open, []
+
+    def flaky_open(self, kind, version, name, mode="rb"):
+        if name == "report.md" and len(failures) < 2 and kind not in failures:
+            failures.append(kind)
+            raise TimeoutError("simulated storage timeout")
+        return real_open(self, kind, version, name, mode)
+
+    monkeypatch.setattr(ArtifactStore, "open", flaky_open)
+    catalog = Catalog(store)
+    assert catalog.load("report") == "# report\n"
+    assert catalog.load("evaluation").markdown == "# evaluation\n"
+    assert failures == ["report", "evaluation"]
+
+
 def test_get_by_version_lineage_and_unknown_kind(store):
     catalog = Catalog(store)
     emb = catalog.latest("embeddings")

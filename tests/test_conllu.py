@@ -53,3 +53,24 @@ def test_byte_order_mark_is_skipped(tmp_path):
     path = tmp_path / "bom.conllu"
     path.write_bytes("\ufeff".encode() + SAMPLE.encode())
     assert [s.words for s in read_conllu(path)] == [s.words for s in parse_lines(SAMPLE.splitlines())]
+
+
+def test_tagged_corpus_version_follows_only_the_conllu_sources_and_the_settings_it_reads(tmp_path):
+    from tasks.corpus import ingest_tagged
+    from tasks.params import CorpusParams
+
+    treebank, text = tmp_path / "a-train.conllu", tmp_path / "b.txt"
+    treebank.write_text("1\tThe\tthe\tDET\tDT\t_\t0\troot\t_\t_\n\n", encoding="utf-8")
+    text.write_text("plain text\n", encoding="utf-8")
+
+    def version(*sources, **settings):
+        return ingest_tagged.version_of({"store": str(tmp_path), "params": CorpusParams(
+            sources=[str(s) for s in sources], **settings)})
+
+    base = version(treebank)
+    assert version(treebank, lowercase=False) == base
+    assert version(treebank, dedupe=False, split_sentences=False, text_unit="file") == base
+    assert version(treebank, text) == base  # a plain-text source is no input of the tagged corpus
+    assert version(treebank, valid_fraction=0.2) != base  # decides the split of sentences without a file split
+    treebank.write_text("1\tA\ta\tDET\tDT\t_\t0\troot\t_\t_\n\n", encoding="utf-8")
+    assert version(treebank) != base

@@ -19,6 +19,7 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
@@ -74,6 +75,57 @@ def test_flow_entry_rejects_unknown_and_invalid_parameters():
     with pytest.raises(ParameterTypeError, match="dim"):
         pipeline.validate_parameters({"svd": {"dim": 1}})
     assert pipeline.validate_parameters({"svd": {"dim": 20}})["svd"].dim == 20
+
+
+# ---- the hand-off to the gpu pool, with an in-process stand-in for the worker -------------------
+@pytest.mark.prefect
+def test_remote_training_runs_the_configured_deployments_and_finds_what_they_published(tmp_path, monkeypatch):
+    """train(remote) predicts the lm version before handing off; the train-lm run calls the stage
+    as Prefect does, with the default `embeddings=None` filled in: both must give one version. Each
+    kind goes to the deployment its `training.*_deployment` setting names."""
+    import polars as pl
+    from prefect import flow
+    from prefect.states import Failed
+    from prefect.testing.utilities import prefect_test_harness
+
+    from flows.params import TrainingParams
+    from flows.training import train, train_lm
+    from storage import ArtifactStore
+    from storage.formats import TOKENS, VOCAB
+    from tasks.params import NgramParams, SVDParams
+
+    store = ArtifactStore(tmp_path / "store")
+    with store.writer("tokenizer", "0" * 16) as out:
+        out.write_parquet("vocab.parquet", pl.DataFrame({"id": range(6), "token": ["<unk>", "<s>", "</s>", "<pad>",
+                                                                                   "a", "b"], "count": [0] * 6}), VOCAB)
+    with store.writer("tokenized_corpus", "1" * 16) as out:
+        out.write_parquet("tokens.parquet", pl.DataFrame({
+            "doc_index": range(4), "sentence": [0] * 4, "split": ["train", "train", "valid", "test"],
+            "ids": [[4, 5, 4], [5, 4], [4, 5], [5, 5]]}), TOKENS)
+    training = TrainingParams(remote=True, embeddings_deployment="gpu-emb/custom", lm_deployment="gpu-lm/custom")
+    handed_off = []
+
+    def gpu_worker(deployment, parameters, **_options):  # what a worker of the gpu pool runs
+        handed_off.append(deployment)
+        state = train_lm(**parameters, return_state=True) if deployment == "gpu-lm/custom" else Failed()
+        return SimpleNamespace(state=state, name="gpu-run", id="0")
+
+    monkeypatch.setattr("flows.training.run_deployment", gpu_worker)
+
+    @flow
+    def handoff():
+        inputs = {"tokens": store.ref("tokenized_corpus", "1" * 16), "tokenizer": store.ref("tokenizer", "0" * 16),
+                  "embeddings": None}  # as the pipeline passes them for an n-gram model
+        lm = train(LM_TRAINERS["ngram"], "ngram", store.url, inputs, NgramParams(order=2), training)
+        with pytest.raises(RuntimeError, match="gpu-emb/custom ended Failed"):
+            train(EMBEDDING_TRAINERS["svd"], "svd", store.url, {"ppmi": store.ref("ppmi", "2" * 16)}, SVDParams(),
+                  training)
+        return lm
+
+    with prefect_test_harness(server_startup_timeout=120):
+        ref = handoff()
+    assert handed_off == ["gpu-lm/custom", "gpu-emb/custom"]
+    assert [m["version"] for m in Catalog(store.url).list("lm")] == [ref.version]
 
 
 # ---- fast: stop by PID --------------------------------------------------------------------

@@ -96,6 +96,17 @@ def test_a_tampered_manifest_cannot_steer_reads_outside_the_artifact(store_url):
     assert problems == [f"corpus:{V1}: invalid file entry {manifest['files'][-1]!r} in the manifest"]
 
 
+def test_cli_verify_reports_a_file_entry_without_size_as_a_problem_of_its_artifact(store_url, capsys):
+    store = make_store(store_url)
+    manifest = store.manifest("corpus", V1)
+    entry = manifest["files"][0]
+    del entry["size"]
+    store.fs.pipe_file(store.path("corpus", V1, "manifest.json"), json.dumps(manifest).encode())
+    assert main(["artifacts", "verify", "--store", store_url]) == 1
+    assert capsys.readouterr().out.strip().splitlines() == [
+        f"corpus:{V1}: invalid file entry {entry!r} in the manifest", "2 artifacts checked (sizes), 1 problems"]
+
+
 def test_cli_show_rejects_traversal_with_one_line(store_url, capsys):
     make_store(store_url)
     assert main(["artifacts", "show", "../../etc:passwd", "--store", store_url]) == 2

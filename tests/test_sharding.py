@@ -213,3 +213,40 @@ def test_sharded_stages_publish_the_same_artifacts_and_versions(tmp_path, source
     expected = term_document_matrix(doc_ids, doc_offsets, metrics["vocabulary_size"])
     got = read_matrix(sharded_refs["cooccurrence"], "termdoc.parquet")
     assert got.shape == expected.shape and (got != expected).nnz == 0
+
+
+def test_a_concurrent_build_of_the_same_version_leaves_this_builds_shard_parts(tmp_path, monkeypatch):
+    """Shard parts (processes and dask runners) live in the writer's own work folder: another run
+    building the same version meanwhile neither clears them when it starts nor removes them at its end."""
+    from tasks import parallel
+
+    def shard(rows: list[int], part: str | None):
+        return parallel.deliver(pl.DataFrame({"x": rows}), part)
+
+    version, calls, others, started = "ab" * 8, [{"rows": [1, 2]}, {"rows": [3]}], [], []
+    processes = ParallelParams(runner="processes")
+
+    class Runner:
+        """Runs each shard when submitted; before the second, another run builds the same version."""
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            return False
+
+        def submit(self, fn, parameters):
+            if parameters["rows"] == [3] and not started:
+                started.append(True)
+                with ArtifactStore(tmp_path).writer("corpus", version) as other:
+                    others.append(parallel.map_shards(shard, calls, processes, "other", other))
+                    other.write_text("a.txt", "the other run")
+            result = fn(**parameters)
+            return type("Future", (), {"result": lambda self: result})()
+
+    monkeypatch.setattr(parallel, "task_runner", lambda params: Runner())
+    with ArtifactStore(tmp_path).writer("corpus", version) as out:
+        results = parallel.map_shards(shard, calls, processes, "ours", out)
+        out.write_text("a.txt", "the other run")
+    assert [r["x"].to_list() for r in results] == [[1, 2], [3]]
+    assert [[r["x"].to_list() for r in rs] for rs in others] == [[[1, 2], [3]]]

@@ -235,3 +235,20 @@ def test_scratch_state_survives_a_failed_build_and_goes_with_the_publish(store_u
         out.write_json("config.json", {"resumed_from": 10})
     assert not store._scratch("lm", V1).exists()
     assert files(store) == [f"lm/{V1}/config.json", f"lm/{V1}/manifest.json"]
+
+
+def test_concurrent_writers_of_one_version_keep_their_own_work_files(store_url):
+    """Shard results and DDP jobs go to the writer's own work folder: a second build of the same
+    version (another run) neither clears them when it starts nor removes them when it publishes."""
+    store = ArtifactStore(store_url)
+    with store.writer("corpus", V1) as first:
+        (first.work / "shards").mkdir(parents=True)
+        (first.work / "shards" / "000000.parquet").write_text("first's shard")
+        with ArtifactStore(store_url).writer("corpus", V1) as second:
+            assert second.work != first.work
+            (second.work / "shards").mkdir(parents=True)
+            second.write_json("config.json", {"by": "second"})
+        assert (first.work / "shards" / "000000.parquet").read_text() == "first's shard"
+        first.write_json("config.json", {"by": "second"})
+    assert not first.work.exists() and not second.work.exists()
+    assert files(store) == [f"corpus/{V1}/config.json", f"corpus/{V1}/manifest.json"]

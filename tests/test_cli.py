@@ -1,0 +1,153 @@
+"""The command line and the pipeline parameter form, without running the pipeline."""
+
+from __future__ import annotations
+
+import pytest
+
+from flows.cli import main
+from flows.params import validate
+from models.errors import ParameterError
+from storage import Catalog
+
+
+@pytest.fixture
+def no_pipeline(monkeypatch):
+    """`lexiflow run` must stop before the pipeline starts."""
+    def fail(_params):
+        raise AssertionError("the pipeline started")
+    monkeypatch.setattr("flows.pipeline.run_pipeline", fail)
+
+
+@pytest.mark.parametrize("settings, message", [
+    (['lm=["lstm"]', "neural.pretrained=glove"], "neural.pretrained=glove: not among embeddings (svd, sgns)"),
+    (['lm=["lstm"]', "neural.pretrained=svd"],
+     "neural.pretrained=svd: its vectors have svd.dim=300 dimensions, the lstm LM needs neural.emb_dim=128"),
+    (['lm=["transformer"]', 'embeddings=["glove"]', "neural.pretrained=glove", "glove.dim=64"],
+     "the transformer LM needs neural.d_model=128"),
+    (['lm=["transformer"]', "neural.n_heads=3"], "neural.n_heads=3 does not divide neural.d_model=128"),
+    (['lm=["gru"]', "neural.hidden_dim=64"], "neural.tie_weights=true needs neural.hidden_dim == neural.emb_dim"),
+])
+def test_run_rejects_combinations_that_cannot_work_before_any_stage(tmp_path, capsys, no_pipeline, settings,
+                                                                     message):
+    store = tmp_path / "store"
+    args = ["run", "--store", str(store), "--corpus", "builtin:lee"]
+    assert main([*args, *(x for s in settings for x in ("--set", s))]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: invalid pipeline parameters: ") and message in err[0], err
+    assert Catalog(store).list() == []
+
+
+def test_combinations_that_work_are_accepted():
+    validate({"lm": ["ngram"], "neural": {"pretrained": "glove"}})  # no neural LM: pretrained has nothing to do
+    validate({"lm": ["lstm", "transformer"], "embeddings": ["sgns"], "word2vec": {"dim": 128},
+              "neural": {"pretrained": "sgns"}})
+    validate({"lm": ["transformer"], "neural": {"n_heads": 8, "hidden_dim": 64}})  # tying concerns RNNs only
+    validate({"lm": ["rnn"], "neural": {"hidden_dim": 64, "tie_weights": False}})
+
+
+def test_a_deployed_pipeline_run_checks_the_combinations_before_any_stage(tmp_path):
+    from flows.pipeline import pipeline
+    from tasks.params import CorpusParams, NeuralLMParams
+
+    missing = CorpusParams(sources=[str(tmp_path / "missing.txt")])  # the first stage would fail on it
+    with pytest.raises(ParameterError, match="neural.pretrained=glove: not among embeddings"):
+        pipeline.fn(store=str(tmp_path), corpus=missing, lm=["lstm"], neural=NeuralLMParams(pretrained="glove"))
+    assert Catalog(tmp_path).list() == []
+
+
+def test_run_on_a_store_path_through_a_file_fails_at_once_with_one_line(tmp_path, capsys, no_pipeline):
+    blocker = tmp_path / "afile"
+    blocker.write_text("not a folder")
+    assert main(["run", "--store", str(blocker / "store")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"error: store {blocker / 'store'}: cannot create its folder ({blocker} is a file, not a folder); "
+                   f"choose another store path"]
+
+
+@pytest.mark.parametrize("name, content, message", [
+    ("c.json", b"[1]", 'expected an object of parameter sections, e.g. {"svd": {"dim": 200}}, found [1]'),
+    ("c.json", b"3", "found 3"),
+    ("c.toml", b"[svd]\ndim = 200 # caf\xe9\n", "not UTF-8 text (byte 21); save it as UTF-8"),
+    ("c.toml", b"[svd\n", "not valid TOML"),
+])
+def test_run_rejects_a_config_file_it_cannot_use_naming_it(tmp_path, capsys, no_pipeline, name, content, message):
+    config = tmp_path / name
+    config.write_bytes(content)
+    assert main(["run", "--store", str(tmp_path / "store"), "--config", str(config)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"error: --config {config}: ") and message in err[0], err
+
+
+def test_stage_flows_name_the_version_parameter_the_store_lacks(tmp_path):
+    from flows.pipeline import ppmi_flow, vocabulary_flow
+
+    missing = "0" * 16
+    with pytest.raises(ParameterError, match=f"corpus_version: no artifact corpus:{missing} in {tmp_path}"):
+        vocabulary_flow.fn(str(tmp_path), missing)
+    with pytest.raises(ParameterError, match="cooccurrence_version: invalid artifact version 'abc'"):
+        ppmi_flow.fn(str(tmp_path), "abc")
+
+
+def test_tag_plain_text_with_one_tagger_leaves_the_other_tag_set_blank(tmp_path, capsys):
+    from models.hmm import HMMTagger
+    from storage import ArtifactStore
+
+    store = ArtifactStore(tmp_path / "store")
+    train = [[("the", "DET"), ("cat", "NOUN"), ("sat", "VERB")], [("a", "DET"), ("dog", "NOUN"), ("ran", "VERB")]]
+    with store.writer("tagger", "c" * 16) as out:
+        HMMTagger(order=2).fit(train * 5).save(out.folder)
+        out.metrics["column"] = "upos"
+    source = tmp_path / "text.txt"
+    source.write_text("the cat sat. a dog ran.", encoding="utf-8")
+    assert main(["tag", str(source), "--store", store.url]) == 0
+    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines() if line and line[0].isdigit()]
+    assert [r[1] for r in rows] == ["the", "cat", "sat", ".", "a", "dog", "ran", "."]
+    assert {r[3] for r in rows} <= {"DET", "NOUN", "VERB"} and {r[4] for r in rows} == {"_"}
+
+
+def publish(store, stage, **arguments):
+    """One stage's artifact without Prefect: the builder the task wraps, at the task's version."""
+    from pydantic import BaseModel
+
+    version = stage.version_of({"store": store.url, **arguments})
+    inputs = {k: v for k, v in arguments.items() if hasattr(v, "kind")}
+    params = {k: v.model_dump(mode="json") for k, v in arguments.items()
+              if isinstance(v, BaseModel) and k not in inputs}  # as the stage records them
+    with store.writer(stage.name, version, inputs=inputs, parameters=params) as out:
+        stage.fn.__wrapped__(out, **arguments)
+    return store.ref(stage.name, version)
+
+
+def test_generate_cleans_and_lowercases_the_prompt_as_the_corpus_was(tmp_path, capsys):
+    from storage import ArtifactStore
+    from tasks.corpus import ingest_corpus
+    from tasks.lm import train_lm
+    from tasks.params import CorpusParams, NgramParams, VocabularyParams
+    from tasks.vocabulary import encode_corpus, learn_vocabulary
+
+    text = tmp_path / "docs.txt"
+    text.write_text("\n".join(f"The café sat on the mat number {i % 5}." for i in range(200)))
+    store = ArtifactStore(tmp_path / "store")
+    corpus = publish(store, ingest_corpus, params=CorpusParams(sources=[str(text)]))  # lowercase=True
+    words = publish(store, learn_vocabulary, corpus=corpus, params=VocabularyParams(min_count=1))
+    tokens = publish(store, encode_corpus, corpus=corpus, tokenizer=words)
+    publish(store, train_lm, tokens=tokens, tokenizer=words, model="ngram", params=NgramParams(order=3))
+    capsys.readouterr()
+    prompt = "The\tCAFE\u0301"  # decomposed É: NFC, as ingestion does, makes it the corpus's é
+    assert main(["generate", "--store", store.url, "--prompt", prompt, "--max-tokens", "2"]) == 0
+    assert capsys.readouterr().out.strip() == "the café sat on"
+
+
+@pytest.mark.parametrize("error, retried", [
+    (NotADirectoryError(20, "Not a directory"), False), (PermissionError(13, "Permission denied"), False),
+    (FileNotFoundError(2, "No such file"), False), (ParameterError("bad"), False),
+    (TimeoutError("slow store"), True), (ConnectionResetError(104, "reset"), True), (OSError(5, "I/O error"), True),
+])
+def test_stages_retry_only_what_another_attempt_could_fix(error, retried):
+    from tasks.stage import retry_transient_only
+
+    class State:
+        def result(self):
+            raise error
+
+    assert retry_transient_only(None, None, State()) is retried
