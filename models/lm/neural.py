@@ -251,9 +251,9 @@ class NeuralLM:
             training.load_module_tensors(lm.module_, load_file(str(path / "model.safetensors")),
                                          str(path / "model.safetensors"))
             lm.metrics_ = pl.read_parquet(path / "metrics.parquet")
+        except ParameterError:  # a ValueError of ours: already names what is wrong
+            raise
         except (OSError, ValueError, KeyError, TypeError, pl.exceptions.PolarsError, SafetensorError) as e:
-            if isinstance(e, InputError | ParameterError):
-                raise
             raise InputError(f"{path}: damaged lm artifact ({type(e).__name__}: {e}); rebuild it, "
                              "or check it with `lexiflow artifacts verify --full`") from e
         lm.device_ = training.resolve_device(device)
