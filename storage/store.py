@@ -16,6 +16,10 @@ manifest, then:
 A crash leaves at most a staging folder (local), or data files without a manifest (object
 stores: invisible to readers, overwritten by the next publish), which `clean_staging()` removes.
 
+Builds of one version on one machine take turns (`build_lock`): a second run waits for the first,
+then finds the artifact published instead of computing it again beside it (sharing its checkpoint
+folder). Across machines, publishing stays safe as above; only the work may be done twice.
+
 Object stores: `ArtifactStore("s3://bucket/prefix", storage_options={"endpoint_url": ...})`. The
 options are remembered for that URL (and every URL under it) in this process, so the
 `ArtifactStore(ref.store)` each stage and loader opens finds them; other processes (the CLI, Prefect
@@ -28,6 +32,7 @@ and clients published since.
 from __future__ import annotations
 
 import datetime as dt
+import fcntl
 import functools
 import hashlib
 import json
@@ -316,6 +321,24 @@ class ArtifactStore:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
             shutil.rmtree(out.work, ignore_errors=True)
+
+    @contextmanager
+    def build_lock(self, kind: str, version: str) -> Iterator[None]:
+        """Hold the right to build `kind:version` on this machine (an OS file lock beside the scratch
+        folder, so a killed holder releases it). The caller checks `exists` once it holds the lock:
+        another run may have published the version while this one waited. The lock file goes once
+        the block ends normally; a racer still holding the removed file then finds the artifact."""
+        validate_kind(kind), validate_version(version)
+        path = self._scratch(kind, version).with_name(f"{kind}-{version}.lock")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                log.info("%s:%s: another run is building it on this machine; waiting for it", kind, version)
+                fcntl.flock(handle, fcntl.LOCK_EX)
+            yield
+            path.unlink(missing_ok=True)  # still locked: no one takes a lock on a removed file by accident
 
     def _scratch(self, kind: str, version: str) -> Path:
         """Where a builder keeps resumable state (checkpoints) across crashes and retries; it

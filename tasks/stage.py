@@ -9,7 +9,8 @@ A builder is `build(out: ArtifactWriter, **arguments) -> None`, where arguments 
    source of the task module and of the `models/` modules the stage names (Prefect's TASK_SOURCE
    alone would miss a change in `models/`);
 2. returns at once if the store already holds that version (nothing is recomputed);
-3. otherwise builds it into a staging folder and publishes it atomically.
+3. otherwise builds it into a staging folder and publishes it atomically; a second run of the same
+   version on this machine waits for the first and reuses its artifact (`ArtifactStore.build_lock`).
 
 Prefect's cache key is the same version, given only while the artifact exists, so a cache hit
 can never return a reference to a deleted artifact. Retries (with backoff) cover transient I/O
@@ -174,12 +175,16 @@ def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dic
             if artifacts.exists(kind, version):
                 logger.info("%s: reusing %s", kind, ref)
                 return ref
-            run_info = {"flow_run_id": str(flow_run.id or ""), "flow_run_name": flow_run.name or "",
-                        "task_run_id": str(task_run.id or "")}
-            with artifacts.writer(kind, version, inputs=inputs, parameters=params, code_version=code_hash,
-                                  run=run_info) as out:
-                out.progress = _progress_artifact(kind)
-                build(out, **arguments)
+            with artifacts.build_lock(kind, version):
+                if artifacts.exists(kind, version):
+                    logger.info("%s: reusing %s, built by another run while this one waited", kind, ref)
+                    return ref
+                run_info = {"flow_run_id": str(flow_run.id or ""), "flow_run_name": flow_run.name or "",
+                            "task_run_id": str(task_run.id or "")}
+                with artifacts.writer(kind, version, inputs=inputs, parameters=params, code_version=code_hash,
+                                      run=run_info) as out:
+                    out.progress = _progress_artifact(kind)
+                    build(out, **arguments)
             logger.info("%s: published %s at %s", kind, ref, artifacts.path(kind, version))
             link_artifact(artifacts, kind, version)
             return ref

@@ -2,17 +2,22 @@
 
 import base64
 import json
+import time
 
 import pytest
+from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
+from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.testing.utilities import prefect_test_harness
+from pydantic import BaseModel
 
 from flows.cli import main
 from flows.params import PipelineParams, validate
 from flows.pipeline import run_pipeline
 from storage import ArtifactStore, Catalog
 from tasks.report import figure_key
+from tasks.stage import stage
 
 pytestmark = pytest.mark.prefect
 SMALL = {"corpus": {"sources": ["builtin:lee"]}, "vocabulary": {"min_count": 3}, "svd": {"dim": 40},
@@ -210,3 +215,33 @@ def test_all_stages_on_a_small_treebank(tmp_path, shared_data, capsys):
     assert changed_columns == {3}
     same = sum(b == a for b, a in zip(before, after, strict=True) if b.split("\t")[0].isdigit())
     assert same / sum(1 for b in before if b.split("\t")[0].isdigit()) > 0.8
+
+
+class ProbeParams(BaseModel):
+    text: str = "built once"
+
+
+PROBE_BUILDS: list[str] = []
+
+
+@stage("probe")
+def build_probe(out, params: ProbeParams) -> None:
+    PROBE_BUILDS.append(params.text)
+    time.sleep(1.0)  # long enough for the other run to ask for the same version meanwhile
+    out.write_text("probe.txt", params.text)
+
+
+def test_two_runs_asking_for_one_version_at_once_build_it_once(tmp_path):
+    """Two runs of one version on one machine (a schedule and a manual trigger): the second waits
+    for the first and reuses its artifact instead of computing it again beside it."""
+
+    @flow(task_runner=ThreadPoolTaskRunner(max_workers=2))
+    def two_runs(store: str):
+        futures = [build_probe.submit(store, params=ProbeParams()) for _ in range(2)]
+        return [future.result() for future in futures]
+
+    store = tmp_path / "store"
+    first, second = two_runs(str(store))
+    assert first == second and PROBE_BUILDS == ["built once"]
+    assert ArtifactStore(store).read_text("probe", first.version, "probe.txt") == "built once"
+    assert not list((store / ".scratch").glob("*.lock"))

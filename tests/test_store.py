@@ -4,7 +4,10 @@ writers, crash leftovers and resumable scratch state."""
 
 import json
 import shutil
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -252,3 +255,30 @@ def test_concurrent_writers_of_one_version_keep_their_own_work_files(store_url):
         first.write_json("config.json", {"by": "second"})
     assert not first.work.exists() and not second.work.exists()
     assert files(store) == [f"corpus/{V1}/config.json", f"corpus/{V1}/manifest.json"]
+
+
+def test_a_second_builder_waits_for_the_first_and_a_killed_holder_releases_it(store_url):
+    """`build_lock` is an OS lock: a second build of the version waits while the first holds it
+    (here another process), and a holder killed with SIGKILL lets it through."""
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from storage import ArtifactStore\n"
+                               f"with ArtifactStore({store_url!r}).build_lock('lm', {V1!r}):\n"
+                               "    print('held', flush=True); time.sleep(120)"],
+        cwd=Path(__file__).resolve().parents[1], stdout=subprocess.PIPE)
+    assert holder.stdout.readline() == b"held\n"
+    entered = threading.Event()
+
+    def second_builder():
+        with ArtifactStore(store_url).build_lock("lm", V1):
+            entered.set()
+
+    waiter = threading.Thread(target=second_builder)
+    waiter.start()
+    try:
+        assert not entered.wait(1.0)  # the holder is alive: the second builder waits
+    finally:
+        holder.kill()
+        holder.wait()
+    assert entered.wait(30)
+    waiter.join()
+    assert not list(ArtifactStore(store_url)._scratch("lm", V1).parent.glob("*.lock"))  # gone after a normal end
