@@ -116,9 +116,12 @@ class IngestOptions:
             raise ParameterError("valid_fraction + test_fraction must leave a training split (< 1)")
 
 
+DOCUMENT_COLUMNS = ("doc_id", "source", "split", "text")
+
+
 @dataclass
 class Corpus:
-    documents: pl.DataFrame  # doc_id, source, split, text (sentences joined by "\n")
+    documents: pl.DataFrame | None  # DOCUMENT_COLUMNS, text = sentences joined by "\n"; None: written as merged
     stats: dict = field(default_factory=dict)
 
 
@@ -492,7 +495,7 @@ class ShardResult:
     their `file`), raw documents per file (0: empty) and per-file errors (rank, start, message);
     rank 0 is a read/decode error, 1 a parse error (reported after any decode error of the file)."""
 
-    documents: pl.DataFrame
+    documents: pl.DataFrame | pl.LazyFrame  # lazy: a Parquet part, read when the merge reaches it
     texts: dict[int, int]
     errors: dict[int, tuple[int, int, str]]
 
@@ -644,10 +647,16 @@ def _in_threads(fn: Callable, rows: pl.DataFrame | pl.Series, text: str = "text"
         return list(pool.map(fn, [rows.slice(i, step) for i in range(0, len(rows), step)]))
 
 
-def merge_shards(files: list[Path], results: list[ShardResult], options: IngestOptions) -> Corpus:
+def merge_shards(files: list[Path], results: list[ShardResult], options: IngestOptions,
+                 write: Callable[[pl.DataFrame], None] | None = None) -> Corpus:
     """The corpus from its shards' results, in shard (= file, offset) order: a file with an error
     in any range fails the ingestion or, with `bad_files="skip"`, is left out whole; duplicates
-    are removed keeping the first."""
+    are removed keeping the first.
+
+    `write`: hand the kept documents to it shard by shard instead of returning them (the Corpus
+    then has `documents=None`). With results whose documents are LazyFrames (Parquet parts), the
+    merge then holds one shard's documents at a time, plus every document's id and file number
+    (for the duplicates) and the distinct words (for the stats)."""
     texts: dict[int, int] = {}
     errors: dict[int, tuple[int, int, str]] = {}
     for result in results:
@@ -669,16 +678,26 @@ def merge_shards(files: list[Path], results: list[ShardResult], options: IngestO
         raise InputError(f"no documents found in {', '.join(map(str, files))}: the corpus would be empty"
                          + (f" (skipped: {reasons})" if reasons else ""))
 
-    docs = pl.concat([r.documents for r in results])
-    if bad:
-        docs = docs.filter(~pl.col("file").is_in(sorted(bad)))
-    n_before = docs.height
-    if options.dedupe:
-        docs = docs.unique(subset="doc_id", keep="first", maintain_order=True)
-    docs = docs.select("doc_id", "source", "split", "text")
-    if docs.height == 0:
+    frames = [result.documents.lazy() for result in results]
+    keys = pl.concat([frame.select("file", "doc_id") for frame in frames]).collect()
+    good = ~keys["file"].is_in(sorted(bad))
+    keep = good
+    if options.dedupe:  # the first of each text among the files kept (bad files' rows are null here)
+        keep = good & keys.select(pl.when(good).then(pl.col("doc_id")).is_first_distinct()).to_series()
+    del keys
+    counts, kept, start = CorpusCounts(), [], 0
+    for frame in frames:
+        docs = frame.collect()
+        docs, start = docs.filter(keep.slice(start, docs.height)).select(*DOCUMENT_COLUMNS), start + docs.height
+        counts.add(docs)
+        if write is None:
+            kept.append(docs)
+        else:
+            write(docs)
+    if counts.documents == 0:
         raise InputError(f"no non-empty documents in {', '.join(map(str, files))}: the corpus would be empty")
-    return Corpus(docs, corpus_stats(docs, files, n_before - docs.height, skipped))
+    stats = counts.stats(files, int(good.sum()) - counts.documents, skipped)
+    return Corpus(None if write is not None else pl.concat(kept), stats)
 
 
 def tagged_files(files: list[Path]) -> list[Path]:
@@ -700,38 +719,58 @@ def build_tagged(files: list[Path], options: IngestOptions, progress: Callable |
     ).select("sent_id", "source", "split", "words", "upos", "xpos")
 
 
-def corpus_stats(docs: pl.DataFrame, files: list[Path], duplicates: int, skipped: list[dict]) -> dict:
-    """Tokens and types here are whitespace-separated words of the cleaned text (cheap); the
-    tokenizer stage reports counts under its own pre-tokenization."""
-    tokens, types = _word_counts(docs["text"])
-    per_split = docs.group_by("split").len().sort("split")
-    return {
-        "documents": docs.height,
-        "sentences": int(docs["text"].str.count_matches("\n", literal=True).sum() + docs.height),
-        "tokens": tokens,
-        "types": types,
-        "bytes": int(sum(p.stat().st_size for p in files)),
-        "text_bytes": int(docs["text"].str.len_bytes().sum()),
-        "files": len(files),
-        "duplicates_removed": duplicates,
-        "skipped_inputs": len(skipped),
-        "skipped": skipped,
-        **{f"documents_{row['split']}": row["len"] for row in per_split.iter_rows(named=True)},
-    }
+class CorpusCounts:
+    """The corpus stats, added up a table of documents at a time (the same figures as counting
+    them all at once). Tokens and types here are whitespace-separated words of the cleaned text
+    (cheap); the tokenizer stage reports counts under its own pre-tokenization."""
+
+    COMPACT_WORDS = 1 << 22  # distinct words held per table before they are merged into one set
+
+    def __init__(self) -> None:
+        self.documents = self.sentences = self.tokens = self.text_bytes = 0
+        self.per_split: dict[str, int] = {}
+        self._words: list[pa.Array] = []  # each table's distinct words (a word may repeat across tables)
+
+    def add(self, docs: pl.DataFrame) -> None:
+        self.documents += docs.height
+        self.sentences += int(docs["text"].str.count_matches("\n", literal=True).sum() + docs.height)
+        self.text_bytes += int(docs["text"].str.len_bytes().sum())
+        for split, n in docs.group_by("split").len().iter_rows():
+            self.per_split[split] = self.per_split.get(split, 0) + n
+        tokens, distinct = _words(docs["text"])
+        self.tokens += tokens
+        self._words.extend(distinct.chunks)
+        if sum(map(len, self._words)) > self.COMPACT_WORDS:
+            self._words = [pc.unique(pa.chunked_array(self._words, pa.large_string()))]
+
+    def stats(self, files: list[Path], duplicates: int, skipped: list[dict]) -> dict:
+        return {
+            "documents": self.documents,
+            "sentences": self.sentences,
+            "tokens": self.tokens,
+            "types": pc.count_distinct(pa.chunked_array(self._words, pa.large_string())).as_py(),
+            "bytes": int(sum(p.stat().st_size for p in files)),
+            "text_bytes": self.text_bytes,
+            "files": len(files),
+            "duplicates_removed": duplicates,
+            "skipped_inputs": len(skipped),
+            "skipped": skipped,
+            **{f"documents_{split}": n for split, n in sorted(self.per_split.items())},
+        }
 
 
-def _word_counts(texts: pl.Series, chunk_bytes: int = 1 << 24) -> tuple[int, int]:
-    """Words (split at each space and newline) and distinct words (exact) of `texts`, 2× faster
-    than splitting the Series, which makes a 16-byte view per word: here a chunk of texts is
-    joined in one buffer, numpy finds the word ends and Arrow the distinct words, each word
-    keeping its following space (so they compare as the words do). Chunks of ~16 MB reuse their
-    memory (first-touched memory costs about as much as the counting); they run in threads."""
+def _words(texts: pl.Series, chunk_bytes: int = 1 << 24) -> tuple[int, pa.ChunkedArray]:
+    """Word count and each chunk's distinct words of `texts`, 2× faster than splitting the Series,
+    which makes a 16-byte view per word: here a chunk of texts is joined in one buffer, numpy finds
+    the word ends and Arrow the distinct words, each word keeping its following space (so they
+    compare as the words do). Chunks of ~16 MB reuse their memory (first-touched memory costs about
+    as much as the counting); they run in threads."""
     step = max(1, -(-len(texts) * chunk_bytes // max(1, int(texts.str.len_bytes().sum()))))
     counted = [part for rows in _in_threads(lambda rows: [_chunk_words(rows.slice(i, step))
                                                           for i in range(0, len(rows), step)], texts)
                for part in rows]
     distinct = pa.chunked_array([unique for _tokens, unique in counted], pa.large_string())
-    return sum(tokens for tokens, _unique in counted), pc.count_distinct(distinct).as_py()
+    return sum(tokens for tokens, _unique in counted), distinct
 
 
 def _chunk_words(texts: pl.Series) -> tuple[int, pa.Array]:

@@ -531,6 +531,29 @@ class ArtifactWriter:
         pq.write_table(table, path, compression="zstd", row_group_size=row_group_size)
         return path
 
+    @contextmanager
+    def parquet_parts(self, name: str, schema: pa.Schema, row_group_size: int) -> Iterator[Callable[[Any], None]]:
+        """Write a table part by part (polars or Arrow tables, in order) without holding it whole:
+        yields `write(part)`. Rows are regrouped into row groups of exactly `row_group_size`, as
+        `write_parquet` cuts the whole table."""
+        pending: list[pa.Table] = []
+        with pq.ParquetWriter(self.path(name), schema, compression="zstd") as writer:
+            def flush(all_rows: bool) -> None:
+                held = pa.concat_tables(pending)
+                rows = held.num_rows if all_rows else held.num_rows - held.num_rows % row_group_size
+                if rows:
+                    writer.write_table(held.slice(0, rows), row_group_size=row_group_size)
+                    pending[:] = [held.slice(rows)]
+
+            def write(part: Any) -> None:
+                table = part.to_arrow() if isinstance(part, pl.DataFrame) else part
+                pending.append(table.select(schema.names).cast(schema))
+                flush(all_rows=False)
+
+            yield write
+            if pending:
+                flush(all_rows=True)
+
     def write_json(self, name: str, obj: Any) -> Path:
         path = self.path(name)
         path.write_text(json.dumps(obj, indent=2, default=str))

@@ -65,11 +65,12 @@ def ingest_corpus(out: ArtifactWriter, params: CorpusParams, parallel: ParallelP
     shards = ingest.plan_shards(files, opts, parallel.shard_bytes)
     if len(shards) == 1:  # the common small case: byte-level progress, nothing to merge
         corpus = ingest.build_corpus(files, opts, out.progress)
-    else:
+        out.write_parquet("documents.parquet", corpus.documents, DOCUMENTS, row_group_size=SHARDED_ROW_GROUP)
+    else:  # the merge streams: one shard's documents in memory at a time (docs/scaling.md)
         results = map_shards(corpus_shard, [{"shard": shard, "options": opts} for shard in shards], parallel,
-                             "corpus", out)
-        corpus = ingest.merge_shards(files, [ingest.ShardResult(*result) for result in results], opts)
-    out.write_parquet("documents.parquet", corpus.documents, DOCUMENTS, row_group_size=SHARDED_ROW_GROUP)
+                             "corpus", out, lazy=True)
+        with out.parquet_parts("documents.parquet", DOCUMENTS, SHARDED_ROW_GROUP) as write:
+            corpus = ingest.merge_shards(files, [ingest.ShardResult(*result) for result in results], opts, write)
     out.metrics.update(corpus.stats)
 
 

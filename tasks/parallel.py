@@ -70,14 +70,18 @@ def row_ranges(n_rows: int, shard_rows: int) -> list[tuple[int, int]]:
 
 
 def map_shards(fn: Any, calls: Sequence[dict[str, Any]], params: ParallelParams, name: str,
-               out: ArtifactWriter) -> list[Any]:
+               out: ArtifactWriter, lazy: bool = False) -> list[Any]:
     """fn(**call, part=...) for every call, results in call order with every `Part` read back:
     inline for one call or the local runner, else as task runs on the runner (`fn` is a Prefect task
     that passes its large results through `deliver(result, part)`). Parts live in the writer's own
     work folder while the shards run (a concurrent build of the same version has its own) and are
-    removed once read."""
+    removed once read.
+
+    `lazy`: tables come back as LazyFrames over their parts, read when the caller collects them (a
+    merge that streams holds one shard's table at a time); the threads runner writes parts too, and
+    the parts stay until the writer ends."""
     inline = len(calls) <= 1 or params.runner == "local"
-    folder = None if inline or params.runner == "threads" else out.work / "shards"
+    folder = None if inline or (params.runner == "threads" and not lazy) else out.work / "shards"
     if folder is not None:  # results cross a process boundary: each shard writes Parquet parts
         folder.mkdir(parents=True)
     calls = [{**call, "part": None if folder is None else str(folder / f"{i:06d}")} for i, call in enumerate(calls)]
@@ -87,9 +91,9 @@ def map_shards(fn: Any, calls: Sequence[dict[str, Any]], params: ParallelParams,
         outcomes = (fn.fn(**call) for call in calls) if inline else \
             (future.result() for future in [runner.submit(fn, parameters=call) for call in calls])
         for outcome in outcomes:
-            results.append(_received(outcome))
+            results.append(_received(outcome, lazy))
             bar.update()
-    if folder is not None:
+    if folder is not None and not lazy:
         shutil.rmtree(folder, ignore_errors=True)
     return results
 
@@ -109,7 +113,7 @@ def deliver(result: pl.DataFrame | sp.spmatrix, part: str | None, name: str = ""
         return result
     path = f"{part}{'-' + name if name else ''}.parquet"
     if isinstance(result, pl.DataFrame):
-        result.write_parquet(path)
+        result.write_parquet(path, compression="lz4")  # a temporary part: fast over small
     else:
         coo = sp.coo_matrix(result)
         table = pa.table({"row": coo.row.astype(np.int64), "col": coo.col.astype(np.int64), "value": coo.data})
@@ -117,16 +121,16 @@ def deliver(result: pl.DataFrame | sp.spmatrix, part: str | None, name: str = ""
     return Part(path)
 
 
-def _received(result: Any) -> Any:
-    """A shard's result with its `Part`s (also inside a tuple) read back."""
+def _received(result: Any, lazy: bool = False) -> Any:
+    """A shard's result with its `Part`s (also inside a tuple) read back (tables as LazyFrames with `lazy`)."""
     if isinstance(result, tuple):
-        return tuple(_received(item) for item in result)
+        return tuple(_received(item, lazy) for item in result)
     if not isinstance(result, Part):
         return result
-    table = pq.read_table(result.path)
-    metadata = table.schema.metadata or {}
+    metadata = pq.read_schema(result.path).metadata or {}
     if b"shape" not in metadata:
-        return pl.from_arrow(table)
+        return pl.scan_parquet(result.path) if lazy else pl.read_parquet(result.path)
+    table = pq.read_table(result.path)
     shape = tuple(json.loads(metadata[b"shape"]))
     return sp.csr_matrix((table["value"].to_numpy(), (table["row"].to_numpy(), table["col"].to_numpy())), shape=shape)
 

@@ -85,12 +85,16 @@ def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactR
     parallel = parallel or ParallelParams()
     ranges = row_ranges(count_rows(corpus, "documents.parquet"), parallel.shard_rows)
     calls = [{"corpus": corpus, "tokenizer": tokenizer, "start": a, "stop": b} for a, b in ranges]
-    tables = map_shards(encode_shard, calls, parallel, "tokenized_corpus", out)
-    table = tables[0] if len(tables) == 1 else pl.concat(tables, rechunk=True)
-    ids = table["ids"]
-    out.write_parquet("tokens.parquet", table, TOKENS, row_group_size=SHARDED_ROW_GROUP)
-    n_tokens = int(ids.list.len().sum())
-    unknown = int(ids.explode().eq(vocab.UNK_ID).sum())
-    per_split = table.group_by("split").agg(pl.col("ids").list.len().sum()).sort("split").iter_rows()
-    out.metrics.update({"sentences": table.height, "tokens": n_tokens, "unk_rate": unknown / max(n_tokens, 1),
-                        **{f"tokens_{split}": int(n) for split, n in per_split}})
+    sentences, unknown, per_split = 0, 0, {}
+    # Shard by shard (parts read as the writer reaches them): one shard's ids in memory at a time.
+    with out.parquet_parts("tokens.parquet", TOKENS, SHARDED_ROW_GROUP) as write:
+        for shard in map_shards(encode_shard, calls, parallel, "tokenized_corpus", out, lazy=True):
+            table = shard.lazy().collect()
+            write(table)
+            sentences += table.height
+            unknown += int(table["ids"].explode().eq(vocab.UNK_ID).sum())
+            for split, n in table.group_by("split").agg(pl.col("ids").list.len().sum()).iter_rows():
+                per_split[split] = per_split.get(split, 0) + int(n)
+    n_tokens = sum(per_split.values())
+    out.metrics.update({"sentences": sentences, "tokens": n_tokens, "unk_rate": unknown / max(n_tokens, 1),
+                        **{f"tokens_{split}": n for split, n in sorted(per_split.items())}})

@@ -4,14 +4,16 @@ import json
 from pathlib import Path
 
 import polars as pl
+import pyarrow.compute as pc
 import pytest
 
 from models.errors import InputError, ParameterError
 from models.ingest import (
+    CorpusCounts,
     IngestOptions,
     _file_split,
     _line_documents,
-    _word_counts,
+    _words,
     build_corpus,
     build_tagged,
     fingerprint,
@@ -175,9 +177,24 @@ def test_invalid_utf8_is_reported_at_its_line_by_the_fast_path_too(tmp_path):
         read_file(path, OPTS)
 
 
-def test_word_counts_are_those_of_splitting_at_spaces_and_newlines():
+def test_word_counts_are_those_of_splitting_at_spaces_and_newlines(monkeypatch):
     texts = pl.Series(["a b", "b\nc", "a  b ", " x", "b"])  # irregular spacing: empty words count too
     words = texts.str.replace_all("\n", " ").str.split(" ").explode()
-    assert _word_counts(texts) == (words.len(), words.n_unique()) == (11, 5)
-    assert _word_counts(texts, chunk_bytes=3) == (11, 5)  # one or two texts a chunk
-    assert _word_counts(pl.Series([], dtype=pl.String)) == (0, 0)
+
+    def counts(texts: pl.Series, **options) -> tuple[int, int]:
+        tokens, distinct = _words(texts, **options)
+        return tokens, pc.count_distinct(distinct).as_py()
+
+    assert counts(texts) == (words.len(), words.n_unique()) == (11, 5)
+    assert counts(texts, chunk_bytes=3) == (11, 5)  # one or two texts a chunk
+    assert counts(pl.Series([], dtype=pl.String)) == (0, 0)
+    # The corpus stats add up table by table, merging the distinct words as they grow: the same figures.
+    docs = pl.DataFrame({"text": texts, "split": ["train", "test", "train", "valid", "train"]})
+    monkeypatch.setattr(CorpusCounts, "COMPACT_WORDS", 2)
+    whole, by_row = CorpusCounts(), CorpusCounts()
+    whole.add(docs)
+    for i in range(docs.height):
+        by_row.add(docs.slice(i, 1))
+    assert whole.stats([], 0, []) == by_row.stats([], 0, [])
+    assert (by_row.tokens, by_row.stats([], 0, [])["types"], by_row.sentences) == (11, 5, 6)
+    assert by_row.per_split == {"train": 3, "test": 1, "valid": 1}

@@ -21,7 +21,15 @@ from models.cooccurrence import (
     weigh,
 )
 from models.errors import InputError
-from models.ingest import FileRange, IngestOptions, build_corpus, ingest_shard, merge_shards, plan_shards
+from models.ingest import (
+    FileRange,
+    IngestOptions,
+    ShardResult,
+    build_corpus,
+    ingest_shard,
+    merge_shards,
+    plan_shards,
+)
 from models.vocab import SPECIALS
 from storage import ArtifactStore
 from storage.formats import read_matrix
@@ -72,6 +80,45 @@ def test_sharded_ingestion_equals_single_process(files, shard_bytes):
     if shard_bytes < 64:  # the text files were cut in byte ranges, mid-line; compressed/XML files stay whole
         assert sum(1 for s in shards for part in s if part.path.endswith("a.txt")) > 3
         assert all(part.stop is None for s in shards for part in s if part.path.endswith((".gz", ".bz2")))
+
+
+def test_a_streamed_merge_equals_the_whole_and_reads_each_shard_only_when_it_writes_it(tmp_path, files):
+    """`merge_shards(write=...)` over Parquet parts (LazyFrames, as the corpus stage gets them from its
+    shards): the written documents and the stats are those of one process, and a shard's texts are
+    read only when its turn comes (memory: one shard at a time)."""
+    later = tmp_path / "g.txt"  # repeats a document of the skipped bad file d.txt: kept here
+    later.write_text("fine line\nsomething new\n")
+    files = [*files, later]
+    options = IngestOptions(bad_files="skip", valid_fraction=0.3, test_fraction=0.3)
+    whole = build_corpus(files, options)
+    assert "fine line" in whole.documents["text"].to_list()
+    shards = plan_shards(files, options, 16)
+    paths = [tmp_path / f"part-{i}.parquet" for i in range(len(shards))]
+
+    def parts() -> list[ShardResult]:
+        results = []
+        for shard, path in zip(shards, paths, strict=True):
+            result = ingest_shard(shard, options)
+            result.documents.write_parquet(path)
+            results.append(ShardResult(pl.scan_parquet(path), result.texts, result.errors))
+        return results
+
+    written: list[pl.DataFrame] = []
+    corpus = merge_shards(files, parts(), options, written.append)
+    assert len(written) == len(shards) and corpus.documents is None
+    assert pl.concat(written).equals(whole.documents) and corpus.stats == whole.stats
+
+    def write_then_change_the_next_part(docs: pl.DataFrame) -> None:
+        written.append(docs)
+        if len(written) < len(paths):
+            changed = pl.read_parquet(paths[len(written)]).with_columns(pl.col("text").str.to_uppercase())
+            changed.write_parquet(paths[len(written)])
+
+    written.clear()
+    merge_shards(files, parts(), options, write_then_change_the_next_part)
+    texts = [t for docs in written[1:] for t in docs["text"]]
+    assert written[0].height and written[0]["text"].str.contains("[a-z]").all()
+    assert texts and texts == [t.upper() for t in texts]
 
 
 def test_a_range_owns_the_lines_that_start_inside_it(tmp_path):
@@ -161,6 +208,8 @@ def assert_same_artifacts(a: dict, b: dict) -> None:
             if name.endswith(".parquet"):
                 assert left.read_parquet(kind, ref.version, name).equals(right.read_parquet(kind, ref.version, name))
         assert left.manifest(kind, ref.version)["metrics"] == right.manifest(kind, ref.version)["metrics"]
+        # Byte for byte too (sizes and SHA-256): a sharded merge writes the file one process writes.
+        assert left.manifest(kind, ref.version)["files"] == right.manifest(kind, ref.version)["files"]
 
 
 @pytest.fixture()

@@ -281,4 +281,5 @@ def test_a_second_builder_waits_for_the_first_and_a_killed_holder_releases_it(st
         holder.wait()
     assert entered.wait(30)
     waiter.join()
-    assert not ArtifactStore(store_url)._scratch("lm", V1).with_name(f"lm-{V1}.lock").exists()  # gone after a normal end
+    lock = ArtifactStore(store_url)._scratch("lm", V1).with_name(f"lm-{V1}.lock")
+    assert not lock.exists()  # gone after a normal end
