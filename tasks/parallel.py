@@ -7,7 +7,8 @@ shard size, and so is its version (`parallel` is not versioned, tasks/stage.py).
 
 - `local`, or a single shard: the shard functions are called here, one after the other: no pool,
   no extra task runs (the small default corpus pays nothing).
-- `threads`: Prefect's `ThreadPoolTaskRunner`; results stay in memory.
+- `threads`: Prefect's `ThreadPoolTaskRunner`; results stay in memory, except for merges that
+  stream (`map_shards(lazy=True)`: corpus, encoding), whose shards write Parquet parts as below.
 - `processes`: Prefect's `ProcessPoolTaskRunner`; `dask`: `prefect_dask.DaskTaskRunner` on the
   cluster at `dask_address`, or a `LocalCluster` of `workers` single-threaded worker processes.
   Results travel as Parquet parts written to the writer's work folder (`<store>/.staging/...-work`,
