@@ -236,6 +236,32 @@ def _w2v_rows(name: str, sg: bool, path: Path, vocab, sets, epochs: int, quick: 
     return rows, {"ours": ours, "peer": peer}
 
 
+def glove_epoch_seconds(n_cells: int = 10_000_000, vocab_size: int = 400_000, device: str = "auto",
+                        epochs: int = 3) -> tuple[float, int, str]:
+    """(median seconds of the epochs after the first, cells, device) of default GloVe (dim 100) on a
+    synthetic symmetric matrix of `n_cells` distinct nonzero cells, word ids skewed towards the
+    frequent end as in a corpus: the issue's GPU target is one epoch over 10 M cells on an H100
+    (`python -c "from benchmarks.embeddings import glove_epoch_seconds as g; print(g())"`)."""
+    import scipy.sparse as sp
+
+    from models.glove import GloVe
+
+    rng = np.random.default_rng(0)
+    half = n_cells // 2
+    cells = np.empty(0, dtype=np.int64)
+    while len(cells) < half:  # distinct (i < j) pairs, frequent words more often (id ~ V·u³)
+        i, j = (vocab_size * rng.random((2, 2 * half)) ** 3).astype(np.int64)
+        pairs = np.minimum(i, j) * vocab_size + np.maximum(i, j)
+        cells = np.unique(np.concatenate([cells, pairs[i != j]]))
+    cells = rng.permutation(cells)[:half]
+    rows, cols = cells // vocab_size, cells % vocab_size
+    values = 1.0 / rng.integers(1, 6, size=half)  # harmonic counts of one co-occurrence at distance 1–5
+    upper = sp.coo_matrix((values, (rows, cols)), shape=(vocab_size, vocab_size))
+    matrix = (upper + upper.T).tocsr()
+    glove = GloVe(dim=DIM, epochs=epochs, device=device).fit(matrix)
+    return float(np.median([h["seconds"] for h in glove.history_[1:]])), matrix.nnz, glove.device_
+
+
 def run(quick: bool) -> list[Row]:
     """GloVe quality/speed and the word2vec wrapper against raw gensim on the benchmark corpus."""
     import torch
@@ -293,8 +319,10 @@ def run(quick: bool) -> list[Row]:
                     sgns["ours"].n_words_ / float(np.median([h["seconds"] for h in sgns["ours"].history_])),
                     "gensim SGNS epoch (1 worker)", notes="corpus tokens / GloVe epoch seconds"))
     if device.startswith("cuda"):
-        rows.append(Row("embeddings", "GloVe epoch on GPU, 10M cells (scaled)", "seconds", epoch_s * 1e7 / matrix.nnz,
-                        higher_is_better=False, target="<= 2 (H100)", met=epoch_s * 1e7 / matrix.nnz <= 2))
+        gpu_s, cells, gpu = glove_epoch_seconds()
+        rows.append(Row("embeddings", f"GloVe epoch on GPU, {cells / 1e6:.1f}M cells (synthetic), {gpu}", "seconds",
+                        gpu_s, higher_is_better=False, target="<= 2 (H100)", met=gpu_s <= 2,
+                        notes=f"benchmark corpus matrix on this device: {epoch_s:.2f} s per epoch"))
     else:
         rows.append(Row("embeddings", "GloVe epoch on GPU, 10M cells", "seconds", float("nan"),
                         higher_is_better=False, target="<= 2 (H100)", met=None,
