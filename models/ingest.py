@@ -638,7 +638,7 @@ def _in_threads(fn: Callable, rows: pl.DataFrame | pl.Series, text: str = "text"
     results in row order. polars' and Arrow's string kernels release the GIL, so a slice per core
     runs ~2x faster on 2 cores (a single Series op runs on one)."""
     column = rows[text] if isinstance(rows, pl.DataFrame) else rows
-    size = int(column.str.len_bytes().sum() or 0)
+    size = int(column.str.len_bytes().cast(pl.UInt64).sum() or 0)
     n = max(1, min(pl.thread_pool_size(), size // _THREAD_MIN_BYTES, len(rows)))
     if n == 1:
         return [fn(rows)]
@@ -730,18 +730,23 @@ class CorpusCounts:
         self.documents = self.sentences = self.tokens = self.text_bytes = 0
         self.per_split: dict[str, int] = {}
         self._words: list[pa.Array] = []  # each table's distinct words (a word may repeat across tables)
+        self._compacted = 0  # distinct words in self._words[0] after the last merge
 
     def add(self, docs: pl.DataFrame) -> None:
         self.documents += docs.height
-        self.sentences += int(docs["text"].str.count_matches("\n", literal=True).sum() + docs.height)
-        self.text_bytes += int(docs["text"].str.len_bytes().sum())
+        # UInt64 sums: polars sums the UInt32 lengths without widening (one part may hold > 4 GiB)
+        self.sentences += int(docs["text"].str.count_matches("\n", literal=True).cast(pl.UInt64).sum()) + docs.height
+        self.text_bytes += int(docs["text"].str.len_bytes().cast(pl.UInt64).sum())
         for split, n in docs.group_by("split").len().iter_rows():
             self.per_split[split] = self.per_split.get(split, 0) + n
         tokens, distinct = _words(docs["text"])
         self.tokens += tokens
         self._words.extend(distinct.chunks)
-        if sum(map(len, self._words)) > self.COMPACT_WORDS:
+        # Merge once the words added since the last merge outnumber the merged set (and the threshold):
+        # each merge at least doubles what it covers, so the merges cost O(total) altogether.
+        if sum(map(len, self._words)) - self._compacted > max(self.COMPACT_WORDS, self._compacted):
             self._words = [pc.unique(pa.chunked_array(self._words, pa.large_string()))]
+            self._compacted = len(self._words[0])
 
     def stats(self, files: list[Path], duplicates: int, skipped: list[dict]) -> dict:
         return {
@@ -765,7 +770,7 @@ def _words(texts: pl.Series, chunk_bytes: int = 1 << 24) -> tuple[int, pa.Chunke
     the word ends and Arrow the distinct words, each word keeping its following space (so they
     compare as the words do). Chunks of ~16 MB reuse their memory (first-touched memory costs about
     as much as the counting); they run in threads."""
-    step = max(1, -(-len(texts) * chunk_bytes // max(1, int(texts.str.len_bytes().sum()))))
+    step = max(1, -(-len(texts) * chunk_bytes // max(1, int(texts.str.len_bytes().cast(pl.UInt64).sum()))))
     counted = [part for rows in _in_threads(lambda rows: [_chunk_words(rows.slice(i, step))
                                                           for i in range(0, len(rows), step)], texts)
                for part in rows]

@@ -43,7 +43,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -324,21 +324,40 @@ class ArtifactStore:
 
     @contextmanager
     def build_lock(self, kind: str, version: str) -> Iterator[None]:
-        """Hold the right to build `kind:version` on this machine (an OS file lock beside the scratch
-        folder, so a killed holder releases it). The caller checks `exists` once it holds the lock:
-        another run may have published the version while this one waited. The lock file goes once
-        the block ends normally; a racer still holding the removed file then finds the artifact."""
+        """Hold the right to build `kind:version` on this machine (an OS file lock, so a killed holder
+        releases it). The caller checks `exists` once it holds the lock: another run may have
+        published the version while this one waited. The lock file goes when the block ends
+        normally; a run that waited on it then finds it gone and locks the file now at its path, so
+        a newcomer never builds beside it."""
         validate_kind(kind), validate_version(version)
-        path = self._scratch(kind, version).with_name(f"{kind}-{version}.lock")
+        path = self._lock_path(kind, version)
         path.parent.mkdir(parents=True, exist_ok=True)
-        with path.open("a") as handle:
+        while True:
+            handle = path.open("a")
             try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                log.info("%s:%s: another run is building it on this machine; waiting for it", kind, version)
-                fcntl.flock(handle, fcntl.LOCK_EX)
+                try:
+                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    log.info("%s:%s: another run is building it on this machine; waiting for it", kind, version)
+                    fcntl.flock(handle, fcntl.LOCK_EX)
+                with suppress(FileNotFoundError):
+                    if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+                        break  # the file at the path is the one locked
+            except BaseException:
+                handle.close()
+                raise
+            handle.close()  # the run waited for removed this file: lock the one at the path now
+        with handle:
             yield
-            path.unlink(missing_ok=True)  # still locked: no one takes a lock on a removed file by accident
+            path.unlink(missing_ok=True)
+
+    def _lock_path(self, kind: str, version: str) -> Path:
+        """Local stores: beside the scratch folder. Object stores: a folder of this user's in the temp
+        folder (a shared one may belong to another user), one file per store, kind and version."""
+        if self.is_local:
+            return self._scratch(kind, version).with_name(f"{kind}-{version}.lock")
+        store = hashlib.sha256(self.url.encode()).hexdigest()[:12]
+        return Path(tempfile.gettempdir()) / f"lexiflow-locks-{os.getuid()}" / f"{store}-{kind}-{version}.lock"
 
     def _scratch(self, kind: str, version: str) -> Path:
         """Where a builder keeps resumable state (checkpoints) across crashes and retries; it

@@ -3,10 +3,12 @@ loopback, tests/backends.py): atomic publish, verification, names, the catalog, 
 writers, crash leftovers and resumable scratch state."""
 
 import json
+import os
 import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import polars as pl
@@ -283,3 +285,51 @@ def test_a_second_builder_waits_for_the_first_and_a_killed_holder_releases_it(st
     waiter.join()
     lock = ArtifactStore(store_url)._scratch("lm", V1).with_name(f"lm-{V1}.lock")
     assert not lock.exists()  # gone after a normal end
+
+
+def test_a_run_arriving_after_the_lock_file_went_still_waits_for_the_run_holding_it(tmp_path):
+    """The first builder removes the lock file when it ends; a builder that was waiting then holds the
+    removed file. A newcomer must not lock a fresh file beside it and build at the same time."""
+    store = ArtifactStore(tmp_path)
+    events = {name: threading.Event() for name in ("a_in", "a_go", "b_in", "b_go", "c_in")}
+
+    def builder(entered: str, leave: str | None) -> None:
+        with store.build_lock("lm", V1):
+            events[entered].set()
+            if leave:
+                events[leave].wait(30)
+
+    first = threading.Thread(target=builder, args=("a_in", "a_go"))
+    first.start()
+    assert events["a_in"].wait(30)
+    waiting = threading.Thread(target=builder, args=("b_in", "b_go"))
+    waiting.start()
+    time.sleep(0.3)  # the second builder has opened the lock file and waits on it
+    events["a_go"].set()
+    assert events["b_in"].wait(30)
+    newcomer = threading.Thread(target=builder, args=("c_in", None))
+    newcomer.start()
+    try:
+        assert not events["c_in"].wait(1.0)  # the second builder still holds the lock
+    finally:
+        events["b_go"].set()
+    assert events["c_in"].wait(30)
+    for thread in (first, waiting, newcomer):
+        thread.join()
+
+
+def test_builds_on_two_object_stores_do_not_wait_for_each_other(moto_s3):
+    """Object stores keep their lock files in this user's own temp folder, one file per store."""
+    first, second = ArtifactStore(moto_s3.new_url()), ArtifactStore(moto_s3.new_url())
+    entered = threading.Event()
+
+    def build_on_second() -> None:
+        with second.build_lock("corpus", V1):
+            entered.set()
+
+    with first.build_lock("corpus", V1):
+        other = threading.Thread(target=build_on_second)
+        other.start()
+        assert entered.wait(30)
+        other.join()
+    assert first._lock_path("corpus", V1).parent.name == f"lexiflow-locks-{os.getuid()}"
