@@ -397,6 +397,15 @@ def _file_split(path: Path) -> str | None:
     return None
 
 
+def no_train_split(what: str, per_split: dict[str, int]) -> InputError:
+    """The error for a corpus whose train split is empty (every later stage learns from it)."""
+    held_out = ", ".join(f"{n} {split}" for split, n in sorted(per_split.items()) if n) or "none"
+    return InputError(f"{what} has no train split (held out: {held_out}), and the tokenizer, embeddings, "
+                      "LMs and taggers learn from it. A source file named after a split (wiki.valid.tokens, "
+                      "en_ewt-ud-test.conllu) goes whole into that split: add training text, or give the file "
+                      "a name without a split word so its documents are split by corpus.valid_fraction/test_fraction")
+
+
 def read_file(path: Path, options: IngestOptions) -> tuple[list[str], pl.DataFrame | None]:
     """Raw document texts of one file, and its tagged sentences if it is CoNLL-U."""
     docs, tagged = _read_documents(path, options)

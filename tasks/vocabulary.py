@@ -8,12 +8,12 @@ from typing import Any
 import polars as pl
 from prefect import task
 
-from models import text, tokenizers, vocab
+from models import ingest, text, tokenizers, vocab
 from models.tokenizers import BPE, WordPiece
 from models.tokenizers import base as tokenizer_base
 from models.tokenizers import bpe as bpe_module
 from models.tokenizers import wordpiece as wordpiece_module
-from storage import ArtifactRef, ArtifactWriter, Catalog
+from storage import ArtifactRef, ArtifactStore, ArtifactWriter, Catalog
 from storage.formats import TOKENS, VOCAB, count_rows, read_rows, read_table
 from tasks.parallel import (
     SHARD_TASK,
@@ -32,6 +32,14 @@ def train_sentences(corpus: ArtifactRef) -> pl.DataFrame:
     return vocab.sentences(read_table(corpus, "documents.parquet").filter(pl.col("split") == "train"))
 
 
+def require_train_split(corpus: ArtifactRef) -> None:
+    """Fail before learning a tokenizer from nothing (every later stage would fail less clearly)."""
+    metrics = ArtifactStore(corpus.store).manifest(corpus.kind, corpus.version)["metrics"]
+    per_split = {split: metrics.get(f"documents_{split}", 0) for split in ingest.SPLITS}
+    if not per_split["train"]:
+        raise ingest.no_train_split(f"corpus {corpus.version}", per_split)
+
+
 @task(name="tokenizer-shard", **SHARD_TASK)
 def count_words_shard(corpus: ArtifactRef, start: int, stop: int, part: str | None) -> tuple[Any, int]:
     """Word counts of the train documents among rows [start, stop), and their number of words."""
@@ -45,6 +53,7 @@ def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: Vocabular
                      parallel: ParallelParams | None = None) -> None:
     """Word-level: count words on the train split only, so held-out text can have unknown words.
     Shards of documents are counted apart and their counts added."""
+    require_train_split(corpus)
     parallel = parallel or ParallelParams()
     ranges = row_ranges(count_rows(corpus, "documents.parquet"), parallel.shard_rows)
     results = map_shards(count_words_shard, [{"corpus": corpus, "start": a, "stop": b} for a, b in ranges],
@@ -62,6 +71,7 @@ def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: Vocabular
 @stage("tokenizer", code=[text, tokenizers, tokenizer_base, bpe_module, wordpiece_module])
 def learn_subword(out: ArtifactWriter, corpus: ArtifactRef, params: TokenizerParams) -> None:
     """BPE or WordPiece trained on the train split's sentences; saved with a HF tokenizer.json."""
+    require_train_split(corpus)
     options = {"vocab_size": params.vocab_size, "min_frequency": params.min_frequency}
     if params.kind == "bpe":
         options.update(end_of_word=params.end_of_word, marker=params.marker)

@@ -119,6 +119,19 @@ def test_bad_input_fails_fast_with_one_line_and_no_artifact(tmp_path, capsys, co
     assert not any(p for p in (store / ".staging").glob("*")) if (store / ".staging").exists() else True
 
 
+def test_a_corpus_without_a_train_split_stops_at_the_tokenizer_and_says_why(tmp_path, capsys, shared_data):
+    """A file named after a split goes whole into it (wiki.valid.tokens): with no train text the run
+    stops before the tokenizer with a message naming the cause, and builds nothing past the corpus."""
+    held_out = tmp_path / "wiki.valid.tokens"
+    held_out.write_text("\n".join((shared_data / "wikitext-2" / "wiki.valid.tokens").read_text().splitlines()[:300]))
+    store = tmp_path / "store"
+    assert main(["run", "--store", str(store), "--corpus", str(held_out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: corpus ") and "has no train split (held out: " in err and "valid)" in err
+    assert "wiki.valid.tokens" in err and "a name without a split word" in err
+    assert sorted(a["kind"] for a in Catalog(store).list()) == ["corpus"]
+
+
 def test_parameters_are_validated_before_any_work(tmp_path, capsys):
     assert main(["run", "--store", str(tmp_path), "--set", "svd.dims=3"]) == 2
     assert "svd.dims: Extra inputs are not permitted" in capsys.readouterr().err
