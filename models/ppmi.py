@@ -33,4 +33,8 @@ def ppmi_matrix(counts: sp.spmatrix, alpha: float = 0.75, shift: float = 1.0) ->
     # log(X_wc / total) - log(row_w / total) - log(P_α(c)) = log X_wc - log row_w - log P_α(c)
     pmi = np.log(coo.data) - np.log(row_sums[coo.row]) - np.log(p_context[coo.col]) - np.log(shift)
     keep = pmi > 0
+    if not keep.any():  # every embedding built on it would be zero
+        largest = pmi.max() + np.log(shift)  # unshifted
+        raise ParameterError(f"ppmi.shift={shift} leaves no positive cell (the largest PMI is {largest:.2f} nats, "
+                             f"so use a shift below {np.exp(largest):.3g})")
     return sp.csr_matrix((pmi[keep], (coo.row[keep], coo.col[keep])), shape=coo.shape)

@@ -11,7 +11,7 @@ from models.evaluation import DEFAULT_PROBES
 
 
 class Params(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf passes ge= bounds
 
 
 class CorpusParams(Params):

@@ -1,10 +1,12 @@
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from pydantic import ValidationError
 
 from models.errors import ParameterError
 from models.ppmi import ppmi_matrix
 from models.svd import svd_vectors
+from tasks.params import PPMIParams
 
 COUNTS = np.array([[0.0, 2.0, 1.0], [2.0, 0.0, 0.0], [1.0, 0.0, 4.0]])
 
@@ -36,6 +38,12 @@ def test_ppmi_rejects_bad_parameters():
         ppmi_matrix(sp.csr_matrix(COUNTS), alpha=0)
     with pytest.raises(ParameterError, match="empty"):
         ppmi_matrix(sp.csr_matrix((3, 3)))
+    # The largest PMI (alpha 1) is log(20/6): a shift above 10/3 leaves nothing, so it is refused.
+    assert ppmi_matrix(sp.csr_matrix(COUNTS), alpha=1.0, shift=3.3).nnz == 2
+    with pytest.raises(ParameterError, match=r"ppmi.shift=3.4 leaves no positive cell .* below 3.33"):
+        ppmi_matrix(sp.csr_matrix(COUNTS), alpha=1.0, shift=3.4)
+    with pytest.raises(ValidationError, match="finite number"):  # inf would pass the bound shift >= 1
+        PPMIParams(shift=float("inf"))
 
 
 def test_svd_reconstructs_a_low_rank_matrix_and_is_deterministic():
