@@ -9,6 +9,7 @@ other processes or clients published after it was opened.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -24,6 +25,8 @@ from storage.store import (
     validate_kind,
     validate_version,
 )
+
+log = logging.getLogger("lexiflow")
 
 
 class Catalog:
@@ -49,13 +52,19 @@ class Catalog:
         return sorted(found)
 
     def list(self, kind: str | None = None) -> list[dict[str, Any]]:
-        """Manifests, oldest first, each with its `path` added."""
+        """Manifests, oldest first, each with its `path` added. An artifact whose manifest cannot be
+        read (damaged, or deleted meanwhile) is left out with a warning: it is no artifact to use,
+        and one must not hide the others (`lexiflow artifacts verify` reports it)."""
         manifests = []
         for found_kind, version in self.entries(kind):
-            manifest = self.store.manifest(found_kind, version)
-            manifest["path"] = self.store.location(found_kind, version)
+            try:
+                manifest = self.store.manifest(found_kind, version)
+            except StoreError as exc:
+                log.warning("left out of the catalog: %s", exc)
+                continue
+            manifest.update(kind=found_kind, version=version, path=self.store.location(found_kind, version))
             manifests.append(manifest)
-        return sorted(manifests, key=lambda m: (m["created"], m["kind"], m["version"]))
+        return sorted(manifests, key=lambda m: (str(m.get("created", "")), m["kind"], m["version"]))
 
     def kinds(self) -> list[str]:
         return sorted({m["kind"] for m in self.list()})

@@ -111,6 +111,18 @@ def test_catalog_lists_latest_and_lineage(store_url):
     assert not store.fs.exists(store.path("tokenizer", V2, "table.parquet"))
 
 
+def test_a_damaged_manifest_is_left_out_of_the_catalog_and_hides_nothing_else(store_url, caplog):
+    store = ArtifactStore(store_url)
+    publish(store, "evaluation", V1)
+    publish(store, "evaluation", V2)
+    put(store, store.path("evaluation", V2, "manifest.json"), b"{not json")  # the newest one, damaged
+    catalog = Catalog(store_url)
+    assert [m["version"] for m in catalog.list()] == [V1]
+    assert catalog.latest("evaluation")["version"] == V1
+    assert f"evaluation:{V2}: manifest is not valid JSON" in caplog.text
+    assert Catalog(store_url).store.audit()[1]  # verify still reports it
+
+
 def test_a_catalog_sees_what_another_client_published_after_it_listed(store_url):
     """Two stores on separate filesystem clients (as two processes have): the reader's listing
     cache must not hide an artifact the writer published after the reader first listed."""
