@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from deployments.definitions import DeployConfig, deploy
+from models.errors import InputError
 
 STATE_FILE = "lexiflow-serve.json"
 QUIET = {  # quiet, offline Prefect (see docs/operations.md)
@@ -107,7 +108,17 @@ def _prefect() -> list[str]:
 
 def read_state(home: Path) -> dict[str, Any] | None:
     path = home / STATE_FILE
-    return json.loads(path.read_text()) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        state = json.loads(path.read_text())
+        for record in state["processes"]:
+            Started(**record)  # raises on a record that does not name a process
+    except (ValueError, KeyError, TypeError) as exc:
+        raise InputError(f"{path} is damaged ({type(exc).__name__}: {exc}), so the processes it recorded are "
+                         "unknown: stop any `prefect server` / `prefect worker` left running (see `ps`), "
+                         "then delete the file") from None
+    return state
 
 
 def start(home: str | os.PathLike[str], config: DeployConfig, *, port: int | None = None,

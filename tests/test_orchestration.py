@@ -171,6 +171,11 @@ def test_serve_cli_stop_with_nothing_started(tmp_path, capsys):
 
     assert main(["serve", "--stop", "--home", str(tmp_path)]) == 0
     assert "nothing to stop" in capsys.readouterr().out
+    for damaged in ("", "{", '{"processes": 1}', '{"processes": [{"pid": 1}]}', "[]"):
+        (tmp_path / serve.STATE_FILE).write_text(damaged)
+        assert main(["serve", "--stop", "--home", str(tmp_path)]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: {tmp_path / serve.STATE_FILE} is damaged") and "delete the file" in err
 
 
 # ---- slow: the whole thing on loopback ----------------------------------------------------
