@@ -63,6 +63,7 @@ import numpy as np
 import scipy.sparse as sp
 import torch
 
+from models.device import resolve_device
 from models.errors import InputError, ParameterError
 from models.progress import Progress
 from models.vectors import reweight_spectrum
@@ -117,19 +118,6 @@ def weighting(x: np.ndarray | torch.Tensor, x_max: float, alpha: float) -> np.nd
     if isinstance(x, torch.Tensor):
         return torch.clamp(x / x_max, max=1.0) ** alpha
     return np.minimum(np.asarray(x, dtype=np.float64) / x_max, 1.0) ** alpha
-
-
-def resolve_device(device: str) -> torch.device:
-    """'auto' -> CUDA when available, else CPU; an explicit CUDA device must exist."""
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except RuntimeError as err:
-        raise ParameterError(f"GloVe device={device!r}: not a torch device; use 'auto', 'cpu' or 'cuda'") from err
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ParameterError(f"GloVe device={device!r}: torch sees no CUDA GPU here; use 'auto' or 'cpu'")
-    return dev
 
 
 def initial_parameters(vocab_size: int, dim: int, seed: int) -> list[np.ndarray]:
@@ -191,7 +179,7 @@ class GloVe:
         cfg = self.config
         cfg.validate()
         rows, cols, counts, vocab_size = _cells(matrix)
-        dev = resolve_device(cfg.device)
+        dev = resolve_device(cfg.device, "glove.device")
         self.device_ = str(dev)
         n, d = len(counts), cfg.dim
 

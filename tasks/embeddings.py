@@ -62,4 +62,4 @@ def glove_embeddings(out: ArtifactWriter, cooccurrence: ArtifactRef, params: Glo
     """GloVe on the co-occurrence artifact (on CUDA when the worker has one)."""
     model = glove.GloVe(**params.model_dump()).fit(read_matrix(cooccurrence), progress=out.progress)
     write_embeddings(out, read_table(cooccurrence, "vocab.parquet"), model.vectors_, "glove", model.history_)
-    out.metrics["device"] = str(glove.resolve_device(params.device))
+    out.metrics["device"] = model.device_

@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from models.device import resolve_device
 from models.errors import ParameterError
 from models.lm import distributed, ffnn, neural, ngram, rnn, train, transformer
 from storage import ArtifactRef, ArtifactWriter
@@ -82,7 +83,7 @@ def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, m
         if params.world_size > 1:
             lm = distributed.fit_distributed(lm, data["train"], data["valid"] or None, world_size=params.world_size,
                                              workdir=out.work / "ddp",
-                                             device=str(train.resolve_device(params.device)))
+                                             device=str(resolve_device(params.device, "neural.device")))
         else:
             lm.fit(data["train"], data["valid"] or None)
         out.metrics["world_size"] = params.world_size

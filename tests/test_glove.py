@@ -8,6 +8,7 @@ import torch
 
 from models.conllu import read_conllu
 from models.cooccurrence import cooccurrence_matrix
+from models.device import resolve_device
 from models.errors import InputError, ParameterError
 from models.glove import (
     GloVe,
@@ -15,7 +16,6 @@ from models.glove import (
     add_context_gradients,
     initial_parameters,
     noise_table,
-    resolve_device,
     weighting,
 )
 from models.vectors import reweight_spectrum

@@ -12,12 +12,13 @@ import torch
 from safetensors.torch import load_file
 from torch import nn
 
+from models.device import resolve_device
 from models.errors import InputError, ParameterError
 from models.lm import neural
 from models.lm.distributed import fit_distributed
 from models.lm.ffnn import FFNN, FFNNLM, FFNNConfig
 from models.lm.rnn import RNN, RNNLM, RNNConfig
-from models.lm.train import StopTraining, TrainConfig, clip_grad_norm, lr_at, resolve_device, sparse_embedding_grads
+from models.lm.train import StopTraining, TrainConfig, clip_grad_norm, lr_at, sparse_embedding_grads
 from models.lm.transformer import (
     CausalSelfAttention,
     Transformer,
@@ -201,8 +202,10 @@ def test_device_auto_picks_cuda_when_present(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert resolve_device("auto").type == "cuda"
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ParameterError, match="CUDA"):
-        resolve_device("cuda")
+    with pytest.raises(ParameterError, match=r"neural.device='cuda', but torch sees no CUDA GPU .*training.remote"):
+        resolve_device("cuda", "neural.device")
+    with pytest.raises(ParameterError, match="glove.device='gpu': not a torch device"):
+        resolve_device("gpu", "glove.device")
 
 
 # ---------------------------------------------------------------------------------------------

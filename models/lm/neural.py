@@ -30,6 +30,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from models.device import resolve_device
 from models.errors import InputError, ParameterError
 from models.heap import reuse_freed_memory
 from models.lm import train as training
@@ -256,7 +257,7 @@ class NeuralLM:
         except (OSError, ValueError, KeyError, TypeError, pl.exceptions.PolarsError, SafetensorError) as e:
             raise InputError(f"{path}: damaged lm artifact ({type(e).__name__}: {e}); rebuild it, "
                              "or check it with `lexiflow artifacts verify --full`") from e
-        lm.device_ = training.resolve_device(device)
+        lm.device_ = resolve_device(device)
         lm.module_.to(lm.device_).eval()
         return lm
 

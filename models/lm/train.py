@@ -32,7 +32,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -47,6 +46,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 
+from models.device import resolve_device
 from models.errors import InputError, ParameterError
 from models.progress import Progress
 
@@ -126,18 +126,6 @@ def dist_info() -> tuple[int, int]:
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
-
-
-def resolve_device(device: str) -> torch.device:
-    """`auto` picks CUDA when present, else CPU."""
-    if device == "auto":
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    dev = torch.device(device)
-    if dev.type == "cuda" and dev.index is None and dist_info()[1] > 1:
-        dev = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))  # one GPU per rank (torchrun)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ParameterError(f"TrainConfig.device={device!r} but CUDA is not available: use 'auto' or 'cpu'")
-    return dev
 
 
 def flat_logits(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -448,7 +436,7 @@ def train(module: LMModule, train_stream: np.ndarray, valid_stream: np.ndarray |
     if cfg.batch_size % world:
         raise ParameterError(f"TrainConfig.batch_size={cfg.batch_size} is not divisible by the world size {world}: "
                              "use a multiple of the number of processes (the global batch is split evenly)")
-    device = resolve_device(cfg.device)
+    device = resolve_device(cfg.device, "neural.device")
     module.to(device)
     module.train()
     full = batchify(train_stream, cfg.batch_size)
