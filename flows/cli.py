@@ -110,6 +110,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def read_catalog(store: str):
+    """The catalog of a store that read-only commands read: a local path that does not exist, or is
+    not a folder, is a mistyped --store, not an empty store. (Object stores: no artifacts yet is fine.)"""
+    from storage import Catalog, StoreError
+
+    catalog = Catalog(store)
+    root = Path(catalog.store.root)
+    if catalog.store.is_local and not root.is_dir():
+        why = "not a folder" if root.exists() else "no such folder"
+        raise StoreError(f"store {store}: {why}; give the store `lexiflow run` wrote, with --store or LEXIFLOW_STORE")
+    return catalog
+
+
 def _listing(manifest: dict[str, Any]) -> dict[str, Any]:
     return {"kind": manifest["kind"], "version": manifest["version"], "created": manifest["created"],
             "inputs": {name: ref["version"] for name, ref in manifest["inputs"].items()},
@@ -117,9 +130,7 @@ def _listing(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from storage import Catalog
-
-    manifests = [_listing(m) for m in Catalog(args.store).list(args.kind)]
+    manifests = [_listing(m) for m in read_catalog(args.store).list(args.kind)]
     if args.json:
         print(json.dumps(manifests, indent=2, default=str))
         return 0
@@ -132,10 +143,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from storage import Catalog
-
     kind, _, version = args.artifact.partition(":")
-    catalog = Catalog(args.store)
+    catalog = read_catalog(args.store)
     manifest = catalog.get(kind, version or None)
     manifest["lineage"] = catalog.lineage(manifest["version"])
     print(json.dumps(manifest, indent=2, default=str))
@@ -143,9 +152,7 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from storage import ArtifactStore
-
-    checked, problems = ArtifactStore(args.store).audit(full=args.full)
+    checked, problems = read_catalog(args.store).store.audit(full=args.full)
     for problem in problems:
         print(problem)
     print(f"{checked} artifacts checked ({'checksums' if args.full else 'sizes'}), {len(problems)} problems")
@@ -157,13 +164,12 @@ def cmd_tag(args: argparse.Namespace) -> int:
     from models import conllu
     from models.errors import InputError
     from models.hmm import HMMTagger
-    from storage import ArtifactStore, Catalog
 
-    store, catalog = ArtifactStore(args.store), Catalog(args.store)
+    catalog = read_catalog(args.store)
     taggers = {}
     for version in args.tagger:
         manifest = catalog.get("tagger", None if version == "latest" else version)
-        with store.local_dir("tagger", manifest["version"]) as folder:
+        with catalog.store.local_dir("tagger", manifest["version"]) as folder:
             taggers[manifest["metrics"]["column"]] = HMMTagger.load(folder)
     source = Path(args.input)
     if not source.is_file():
@@ -197,9 +203,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
     from models.lm.decoding import generate
     from models.text import normalize
-    from storage import Catalog
 
-    catalog = Catalog(args.store)
+    catalog = read_catalog(args.store)
     manifest = catalog.get("lm", None if args.lm == "latest" else args.lm)
     model = catalog.load("lm", manifest["version"])
     tokenizer_manifest = catalog.get("tokenizer", manifest["inputs"]["tokenizer"]["version"])
@@ -218,11 +223,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from storage import Catalog
     from storage.export import export
 
     kind, _, version = args.artifact.partition(":")
-    for path in export(Catalog(args.store), kind, version or None, args.dest):
+    for path in export(read_catalog(args.store), kind, version or None, args.dest):
         print(path)
     return 0
 

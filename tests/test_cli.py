@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from flows.cli import main
@@ -88,6 +90,13 @@ def test_stage_flows_name_the_version_parameter_the_store_lacks(tmp_path):
         ppmi_flow.fn(str(tmp_path), "abc")
 
 
+def one_error_line(capsys):
+    out = capsys.readouterr()
+    err = out.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), out.err
+    return err[0].removeprefix("error: ")
+
+
 def test_tag_plain_text_with_one_tagger_leaves_the_other_tag_set_blank(tmp_path, capsys):
     from models.hmm import HMMTagger
     from storage import ArtifactStore
@@ -103,6 +112,23 @@ def test_tag_plain_text_with_one_tagger_leaves_the_other_tag_set_blank(tmp_path,
     rows = [line.split("\t") for line in capsys.readouterr().out.splitlines() if line and line[0].isdigit()]
     assert [r[1] for r in rows] == ["the", "cat", "sat", ".", "a", "dog", "ran", "."]
     assert {r[3] for r in rows} <= {"DET", "NOUN", "VERB"} and {r[4] for r in rows} == {"_"}
+
+
+@pytest.mark.parametrize("command", [["artifacts", "list"], ["artifacts", "verify"], ["artifacts", "show", "lm"],
+                                     ["artifacts", "export", "lm", "out"], ["generate", "--prompt", "the"],
+                                     ["tag", "text.txt"]])
+@pytest.mark.parametrize("store_is", ["missing", "a file"])
+def test_read_only_commands_refuse_a_store_path_that_is_no_folder(tmp_path, capsys, monkeypatch, command, store_is):
+    monkeypatch.chdir(tmp_path)
+    Path("text.txt").write_text("the cat sat.")
+    store = tmp_path / "typo"
+    if store_is == "a file":
+        store.write_text("not a store")
+    assert main([*command, "--store", str(store)]) == 2
+    why = "no such folder" if store_is == "missing" else "not a folder"
+    assert one_error_line(capsys) == f"store {store}: {why}; give the store `lexiflow run` wrote, with --store or " \
+                                     "LEXIFLOW_STORE"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"] + (["typo"] if store_is == "a file" else [])
 
 
 def publish(store, stage, **arguments):
