@@ -336,10 +336,15 @@ def main(argv: list[str] | None = None) -> int:
     from storage import StoreError
 
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # a reader that went away shows here, not at exit
+        return status
     except (LexiflowError, StoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader stopped early (`| head`): stop quietly, as other CLIs do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout again at exit
+        return 141  # 128 + SIGPIPE, what a shell reports for a command a closed pipe stopped
 
 
 if __name__ == "__main__":

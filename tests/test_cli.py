@@ -114,6 +114,14 @@ def test_tag_plain_text_with_one_tagger_leaves_the_other_tag_set_blank(tmp_path,
     assert {r[3] for r in rows} <= {"DET", "NOUN", "VERB"} and {r[4] for r in rows} == {"_"}
 
 
+def publish_files(store, kind, version, **files):
+    """An artifact holding text files (name=content), without a stage."""
+    with store.writer(kind, version) as out:
+        for name, content in files.items():
+            out.write_text(name.replace("_", "."), content)
+    return store.path(kind, version)
+
+
 @pytest.mark.parametrize("command", [["artifacts", "list"], ["artifacts", "verify"], ["artifacts", "show", "lm"],
                                      ["artifacts", "export", "lm", "out"], ["generate", "--prompt", "the"],
                                      ["tag", "text.txt"]])
@@ -129,6 +137,21 @@ def test_read_only_commands_refuse_a_store_path_that_is_no_folder(tmp_path, caps
     assert one_error_line(capsys) == f"store {store}: {why}; give the store `lexiflow run` wrote, with --store or " \
                                      "LEXIFLOW_STORE"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"] + (["typo"] if store_is == "a file" else [])
+
+
+def test_a_reader_that_stops_early_ends_the_output_quietly(tmp_path):
+    import subprocess
+    import sys
+
+    from storage import ArtifactStore
+
+    store = ArtifactStore(tmp_path / "store")
+    publish_files(store, "table", "d" * 16, a_txt="a")
+    command = [sys.executable, "-m", "flows.cli", "artifacts", "show", "table", "--store", store.url]
+    proc = subprocess.Popen(command, cwd=Path(__file__).parents[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # as `| head` does once it has its lines
+    err = proc.stderr.read().decode()
+    assert (proc.wait(timeout=60), err) == (141, "")  # 128 + SIGPIPE, no traceback
 
 
 def publish(store, stage, **arguments):
