@@ -197,13 +197,24 @@ def cmd_tag(args: argparse.Namespace) -> int:
     return 0
 
 
+STRATEGY_OPTIONS = {"beam": ("width",), "sample": ("temperature", "top_k", "top_p", "seed")}  # None: not given
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     """Continue a prompt with a trained language model and its own tokenizer."""
     import polars as pl
 
+    from models.errors import ParameterError
     from models.lm.decoding import generate
     from models.text import normalize
 
+    options: dict[str, Any] = {}
+    for strategy, names in STRATEGY_OPTIONS.items():
+        for name in (n for n in names if getattr(args, n) is not None):
+            if strategy != args.strategy:  # silently ignoring it would mislead
+                raise ParameterError(f"--{name.replace('_', '-')} applies to --strategy {strategy} only; "
+                                     f"add --strategy {strategy} or leave it out")
+            options[name] = getattr(args, name)
     catalog = read_catalog(args.store)
     manifest = catalog.get("lm", None if args.lm == "latest" else args.lm)
     model = catalog.load("lm", manifest["version"])
@@ -212,11 +223,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     text = normalize(args.prompt, lowercase=catalog.lowercased(tokenizer_manifest))  # as the corpus text was
     prompt = tokenizer.encode_corpus(pl.Series([text]))[0].to_list()
     bos = getattr(tokenizer, "bos_id", 1)
-    options = {"max_new_tokens": args.max_tokens, "eos_id": getattr(tokenizer, "eos_id", 2)}
-    if args.strategy == "beam":
-        options.update(width=args.width)
-    elif args.strategy == "sample":
-        options.update(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    options.update(max_new_tokens=args.max_tokens, eos_id=getattr(tokenizer, "eos_id", 2))
     new = generate(model.log_probs, [bos, *prompt], strategy=args.strategy, **options)
     print(tokenizer.decode(prompt + new))
     return 0
@@ -285,11 +292,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", required=True, help="the text to continue")
     gen.add_argument("--strategy", choices=["greedy", "beam", "sample"], default="greedy", help="decoding")
     gen.add_argument("--max-tokens", type=int, default=30, help="tokens to generate at most")
-    gen.add_argument("--width", type=int, default=4, help="beam width")
-    gen.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy)")
-    gen.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
-    gen.add_argument("--top-p", type=float, default=None, help="nucleus: the smallest set with mass >= p")
-    gen.add_argument("--seed", type=int, default=0, help="sampling seed")
+    gen.add_argument("--width", type=int, help="beam width (--strategy beam; default 4)")
+    gen.add_argument("--temperature", type=float, help="sampling temperature, 0 = greedy (--strategy sample; "
+                                                       "default 1.0)")
+    gen.add_argument("--top-k", type=int, help="sample among the k most likely tokens (--strategy sample)")
+    gen.add_argument("--top-p", type=float, help="nucleus: the smallest set with mass >= p (--strategy sample)")
+    gen.add_argument("--seed", type=int, help="sampling seed (--strategy sample; default 0)")
     gen.add_argument("--store", default=DEFAULT_STORE, help=f"artifact store (default {DEFAULT_STORE})")
     gen.set_defaults(func=cmd_generate)
 

@@ -139,6 +139,18 @@ def test_read_only_commands_refuse_a_store_path_that_is_no_folder(tmp_path, caps
     assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"] + (["typo"] if store_is == "a file" else [])
 
 
+@pytest.mark.parametrize("options, message", [
+    (["--top-k", "5"], "--top-k applies to --strategy sample only; add --strategy sample or leave it out"),
+    (["--temperature", "0.8"], "--temperature applies to --strategy sample only"),
+    (["--strategy", "beam", "--top-p", "0.9"], "--top-p applies to --strategy sample only"),
+    (["--seed", "3"], "--seed applies to --strategy sample only"),
+    (["--strategy", "sample", "--width", "2"], "--width applies to --strategy beam only"),
+])
+def test_generate_rejects_options_of_another_strategy(tmp_path, capsys, options, message):
+    assert main(["generate", "--prompt", "the", "--store", str(tmp_path), *options]) == 2
+    assert one_error_line(capsys).startswith(message)
+
+
 def test_a_reader_that_stops_early_ends_the_output_quietly(tmp_path):
     import subprocess
     import sys
@@ -184,6 +196,9 @@ def test_generate_cleans_and_lowercases_the_prompt_as_the_corpus_was(tmp_path, c
     capsys.readouterr()
     prompt = "The\tCAFE\u0301"  # decomposed É: NFC, as ingestion does, makes it the corpus's é
     assert main(["generate", "--store", store.url, "--prompt", prompt, "--max-tokens", "2"]) == 0
+    assert capsys.readouterr().out.strip() == "the café sat on"
+    sample = ["--strategy", "sample", "--top-k", "1", "--temperature", "0.5", "--seed", "7"]  # top-1: greedy's tokens
+    assert main(["generate", "--store", store.url, "--prompt", prompt, "--max-tokens", "2", *sample]) == 0
     assert capsys.readouterr().out.strip() == "the café sat on"
 
 
