@@ -122,6 +122,47 @@ def publish_files(store, kind, version, **files):
     return store.path(kind, version)
 
 
+def test_export_of_an_artifact_missing_a_file_names_it_and_leaves_nothing(tmp_path, capsys):
+    from storage import ArtifactStore
+
+    store, version = ArtifactStore(tmp_path / "store"), "d" * 16
+    folder = publish_files(store, "table", version, a_txt="a", b_txt="b")
+    (Path(folder) / "b.txt").unlink()
+    dest = tmp_path / "out" / "deep" / "dir"  # its missing parents are made, then removed again
+    before = sorted(tmp_path.iterdir())
+    assert main(["artifacts", "export", "table", str(dest), "--store", store.url]) == 2
+    assert one_error_line(capsys) == (f"table:{version}/b.txt: listed in the manifest but missing from the store "
+                                      f"{store.url}; run `lexiflow artifacts verify`")
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_export_goes_into_a_new_or_empty_folder_only(tmp_path, capsys):
+    from storage import ArtifactStore
+
+    store, version = ArtifactStore(tmp_path / "store"), "d" * 16
+    publish_files(store, "table", version, a_txt="a")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "manifest.json").write_text("another export's")
+    assert main(["artifacts", "export", "table", str(full), "--store", store.url]) == 2
+    assert one_error_line(capsys) == f"export destination {full} is not empty; choose a new or empty folder"
+    assert [p.name for p in full.iterdir()] == ["manifest.json"]
+    assert (full / "manifest.json").read_text() == "another export's"
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["artifacts", "export", f"table:{version}", str(empty), "--store", store.url]) == 0
+    assert capsys.readouterr().out.split() == [str(empty / "a.txt"), str(empty / "manifest.json")]
+    assert (empty / "a.txt").read_text() == "a" and sorted(p.name for p in empty.iterdir()) == ["a.txt",
+                                                                                                 "manifest.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "full", "store"]  # no temporary folder left
+
+    (tmp_path / "afile").write_text("x")
+    assert main(["artifacts", "export", "table", str(tmp_path / "afile" / "out"), "--store", store.url]) == 2
+    assert one_error_line(capsys) == (f"export destination {tmp_path / 'afile' / 'out'}: cannot create it "
+                                      f"({tmp_path / 'afile'} is a file, not a folder); choose another folder")
+
+
 @pytest.mark.parametrize("command", [["artifacts", "list"], ["artifacts", "verify"], ["artifacts", "show", "lm"],
                                      ["artifacts", "export", "lm", "out"], ["generate", "--prompt", "the"],
                                      ["tag", "text.txt"]])
