@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -159,41 +160,69 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
-def cmd_tag(args: argparse.Namespace) -> int:
-    """Tag a CoNLL-U file (predicted tags replace its UPOS/XPOS columns) or plain text (written as CoNLL-U)."""
-    from models import conllu
+def check_tag_paths(source: Path, output: Path | None) -> None:
+    """Refuse what `tag` cannot read or write before any work, with what to do."""
     from models.errors import InputError
+
+    if not source.is_file():
+        raise InputError(f"{source}: no such file")
+    if output is None:
+        return
+    if output.exists() and output.samefile(source):
+        raise InputError(f"-o {output}: is the input file; write the tagged file elsewhere")
+
+
+def write_whole(path: Path, chunks: Iterable[str]) -> None:
+    """Write a file whole or not at all: into a temporary file beside it, renamed over it once complete
+    (a failure leaves the previous file, or none, never a partial one)."""
+    from models.errors import InputError
+
+    partial = path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")
+    try:
+        with open(partial, "x", encoding="utf-8") as f:  # "x": a new file, with the umask's permissions
+            f.writelines(chunks)
+        os.replace(partial, path)
+    except OSError as exc:
+        raise InputError(f"-o {path}: cannot write it ({exc.strerror or exc})") from None
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def cmd_tag(args: argparse.Namespace) -> int:
+    """Tag a CoNLL-U file (predicted tags replace its UPOS/XPOS columns) or plain text (written as CoNLL-U).
+    Everything is read and tagged before the output is written."""
+    from models import conllu
     from models.hmm import HMMTagger
 
+    source, output = Path(args.input), Path(args.output) if args.output else None
+    check_tag_paths(source, output)
     catalog = read_catalog(args.store)
     taggers = {}
     for version in args.tagger:
         manifest = catalog.get("tagger", None if version == "latest" else version)
         with catalog.store.local_dir("tagger", manifest["version"]) as folder:
             taggers[manifest["metrics"]["column"]] = HMMTagger.load(folder)
-    source = Path(args.input)
-    if not source.is_file():
-        raise InputError(f"{source}: no such file")
-    output = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
-    try:
-        if source.suffix == ".conllu":
-            sentences = [s.words for s in conllu.read_conllu(source)]
-            tags = {col: t.tag_many(sentences, method=args.method) for col, t in taggers.items()}
-            with source.open(encoding="utf-8-sig") as f:
-                output.writelines(conllu.replace_tags(f, tags))
-        else:
-            from models.text import pretokenize, split_sentences
+    with source.open(encoding="utf-8-sig") as f:
+        lines = f.readlines()
+    is_conllu = source.suffix == ".conllu"
+    if is_conllu:
+        sentences = [s.words for s in conllu.parse_lines(lines, source=str(source))]
+    else:
+        from models.text import pretokenize, split_sentences
 
-            sentences = [pretokenize(s) for s in split_sentences(source.read_text(encoding="utf-8"))]
-            tags = {col: t.tag_many(sentences, method=args.method) for col, t in taggers.items()}
-            for i, words in enumerate(sentences):
-                blank = ["_"] * len(words)  # a tag set no --tagger predicts
-                output.write(conllu.format_sentence(conllu.Sentence(
-                    words=words, upos=tags["upos"][i] if "upos" in tags else blank,
-                    xpos=tags["xpos"][i] if "xpos" in tags else blank, sent_id=str(i + 1))))
-    finally:
-        if args.output:
-            output.close()
+        sentences = [pretokenize(s) for s in split_sentences("".join(lines))]
+    tags = {col: t.tag_many(sentences, method=args.method) for col, t in taggers.items()}
+    if is_conllu:
+        chunks = conllu.replace_tags(lines, tags)
+    else:
+        blank = {col: [["_"] * len(words) for words in sentences] for col in ("upos", "xpos")}  # no --tagger's
+        tags = {**blank, **tags}
+        chunks = (conllu.format_sentence(conllu.Sentence(words=words, upos=tags["upos"][i], xpos=tags["xpos"][i],
+                                                         sent_id=str(i + 1))) for i, words in enumerate(sentences))
+    if output is None:
+        sys.stdout.writelines(chunks)
+    else:
+        write_whole(output, chunks)
     return 0
 
 
@@ -280,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     tag = sub.add_parser("tag", help="tag a CoNLL-U or plain-text file with trained HMM taggers")
     tag.add_argument("input", help="a .conllu file (its UPOS/XPOS columns are replaced) or plain text")
-    tag.add_argument("-o", "--output", help="output CoNLL-U file (default: standard output)")
+    tag.add_argument("-o", "--output", help="output CoNLL-U file, not the input (default: standard output)")
     tag.add_argument("--tagger", nargs="+", default=["latest"], metavar="VERSION",
                      help="tagger artifact versions, one per tag set (default: the latest tagger)")
     tag.add_argument("--method", choices=["viterbi", "greedy", "beam"], default="viterbi", help="decoding")

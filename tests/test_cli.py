@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import pytest
@@ -90,6 +91,48 @@ def test_stage_flows_name_the_version_parameter_the_store_lacks(tmp_path):
         ppmi_flow.fn(str(tmp_path), "abc")
 
 
+TAGGED = [[("the", "DET", "DT"), ("cat", "NOUN", "NN"), ("sat", "VERB", "VBD")],
+          [("a", "DET", "DT"), ("dog", "NOUN", "NN"), ("ran", "VERB", "VBD")]]
+UPOS, XPOS = {"DET", "NOUN", "VERB"}, {"DT", "NN", "VBD"}
+UPOS_TAGGER, XPOS_TAGGER = "a" * 16, "b" * 16
+
+
+def publish_tagger(store, column, version, suffix=""):
+    """A small HMM tagger of one tag set (its tags + `suffix`), recorded as the tagger stage records it."""
+    from models.hmm import HMMTagger
+
+    index = {"upos": 1, "xpos": 2}[column]
+    train = [[(word[0], word[index] + suffix) for word in sentence] for sentence in TAGGED]
+    with store.writer("tagger", version, parameters={"column": column}) as out:
+        HMMTagger(order=2).fit(train * 5).save(out.folder)
+        out.metrics["column"] = column
+
+
+@pytest.fixture
+def quiet_logs():
+    """Errors only from lexiflow's loggers (no progress lines): standard error holds what the CLI prints."""
+    logger = logging.getLogger("lexiflow")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    yield
+    logger.setLevel(level)
+
+
+@pytest.fixture
+def tagger_store(tmp_path, quiet_logs):
+    """A store with the two taggers the pipeline trains, UPOS then XPOS."""
+    from storage import ArtifactStore
+
+    store = ArtifactStore(tmp_path / "store")
+    publish_tagger(store, "upos", UPOS_TAGGER)
+    publish_tagger(store, "xpos", XPOS_TAGGER)
+    return store
+
+
+def token_rows(text):
+    return [line.split("\t") for line in text.splitlines() if line and line[0].isdigit()]
+
+
 def one_error_line(capsys):
     out = capsys.readouterr()
     err = out.err.strip().splitlines()
@@ -97,21 +140,56 @@ def one_error_line(capsys):
     return err[0].removeprefix("error: ")
 
 
-def test_tag_plain_text_with_one_tagger_leaves_the_other_tag_set_blank(tmp_path, capsys):
-    from models.hmm import HMMTagger
-    from storage import ArtifactStore
-
-    store = ArtifactStore(tmp_path / "store")
-    train = [[("the", "DET"), ("cat", "NOUN"), ("sat", "VERB")], [("a", "DET"), ("dog", "NOUN"), ("ran", "VERB")]]
-    with store.writer("tagger", "c" * 16) as out:
-        HMMTagger(order=2).fit(train * 5).save(out.folder)
-        out.metrics["column"] = "upos"
+def test_tag_plain_text_with_one_tagger_leaves_the_other_tag_set_blank(tmp_path, capsys, tagger_store):
     source = tmp_path / "text.txt"
     source.write_text("the cat sat. a dog ran.", encoding="utf-8")
-    assert main(["tag", str(source), "--store", store.url]) == 0
-    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines() if line and line[0].isdigit()]
+    assert main(["tag", str(source), "--store", tagger_store.url, "--tagger", UPOS_TAGGER]) == 0
+    rows = token_rows(capsys.readouterr().out)
     assert [r[1] for r in rows] == ["the", "cat", "sat", ".", "a", "dog", "ran", "."]
-    assert {r[3] for r in rows} <= {"DET", "NOUN", "VERB"} and {r[4] for r in rows} == {"_"}
+    assert {r[3] for r in rows} <= UPOS and {r[4] for r in rows} == {"_"}
+
+
+CONLLU = ("# sent_id = s1\n"
+          "1\tthe\tthe\tGOLD\tGOLD\t_\t2\tdet\t_\t_\n"
+          "2\tcat\tcat\tGOLD\tGOLD\t_\t0\troot\t_\t_\n"
+          "2.1\tsat\tsit\tGOLD\tGOLD\t_\t_\t_\t2:dep\t_\n\n")
+
+
+@pytest.mark.parametrize("name, content", [("same.conllu", CONLLU), ("same.txt", "the cat sat.\n")])
+def test_tag_refuses_to_write_over_its_input(tmp_path, capsys, tagger_store, name, content):
+    source = tmp_path / name
+    source.write_text(content, encoding="utf-8")
+    (tmp_path / "sub").mkdir()
+    same = tmp_path / "sub" / ".." / name  # another spelling of the same file
+    before = sorted(tmp_path.iterdir())
+    assert main(["tag", str(source), "-o", str(same), "--store", tagger_store.url]) == 2
+    assert one_error_line(capsys) == f"-o {same}: is the input file; write the tagged file elsewhere"
+    assert source.read_text(encoding="utf-8") == content and sorted(tmp_path.iterdir()) == before
+
+
+def test_tag_writes_its_output_whole_or_not_at_all(tmp_path, capsys, tagger_store, monkeypatch):
+    good, bad, output = tmp_path / "good.conllu", tmp_path / "bad.conllu", tmp_path / "out.conllu"
+    good.write_text(CONLLU, encoding="utf-8")
+    bad.write_text(CONLLU + "1\tbroken line\n", encoding="utf-8")
+    assert main(["tag", str(good), "-o", str(output), "--store", tagger_store.url]) == 0
+    assert main(["tag", str(good), "--store", tagger_store.url]) == 0
+    assert output.read_text(encoding="utf-8") == capsys.readouterr().out  # the same as on standard output
+    tagged, files = output.read_bytes(), sorted(tmp_path.iterdir())
+
+    assert main(["tag", str(bad), "-o", str(output), "--store", tagger_store.url]) == 2  # bad input
+    assert one_error_line(capsys).startswith(f"{bad}:6: expected 10 tab-separated CoNLL-U columns")
+    assert main(["tag", str(bad), "-o", str(tmp_path / "new.conllu"), "--store", tagger_store.url]) == 2
+    capsys.readouterr()
+    assert output.read_bytes() == tagged and sorted(tmp_path.iterdir()) == files  # kept; no empty new.conllu
+
+    def full_disk(lines, tags):  # the disk fills up after the first line
+        yield "# sent_id = s1\n"
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("models.conllu.replace_tags", full_disk)
+    assert main(["tag", str(good), "-o", str(output), "--store", tagger_store.url]) == 2
+    assert one_error_line(capsys) == f"-o {output}: cannot write it (No space left on device)"
+    assert output.read_bytes() == tagged and sorted(tmp_path.iterdir()) == files  # no new, partial or temporary file
 
 
 def publish_files(store, kind, version, **files):
