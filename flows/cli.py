@@ -164,12 +164,21 @@ def check_tag_paths(source: Path, output: Path | None) -> None:
     """Refuse what `tag` cannot read or write before any work, with what to do."""
     from models.errors import InputError
 
+    if source.is_dir():
+        raise InputError(f"{source}: is a folder; give a .conllu or plain-text file")
     if not source.is_file():
         raise InputError(f"{source}: no such file")
+    if source.name.lower().endswith((".gz", ".bz2", ".xz", ".zst", ".zip")):
+        raise InputError(f"{source}: compressed; decompress it first (tag reads UTF-8 plain text or .conllu)")
     if output is None:
         return
     if output.exists() and output.samefile(source):
         raise InputError(f"-o {output}: is the input file; write the tagged file elsewhere")
+    if output.is_dir():
+        raise InputError(f"-o {output}: is a folder; give a file name, e.g. {output / (source.stem + '.conllu')}")
+    if not output.parent.is_dir():
+        why = "is not a folder" if output.parent.exists() else "does not exist"
+        raise InputError(f"-o {output}: its folder {output.parent} {why}; create it or write elsewhere")
 
 
 def write_whole(path: Path, chunks: Iterable[str]) -> None:
@@ -192,6 +201,7 @@ def cmd_tag(args: argparse.Namespace) -> int:
     """Tag a CoNLL-U file (predicted tags replace its UPOS/XPOS columns) or plain text (written as CoNLL-U).
     Everything is read and tagged before the output is written."""
     from models import conllu
+    from models.errors import InputError
     from models.hmm import HMMTagger
 
     source, output = Path(args.input), Path(args.output) if args.output else None
@@ -202,8 +212,10 @@ def cmd_tag(args: argparse.Namespace) -> int:
         manifest = catalog.get("tagger", None if version == "latest" else version)
         with catalog.store.local_dir("tagger", manifest["version"]) as folder:
             taggers[manifest["metrics"]["column"]] = HMMTagger.load(folder)
-    with source.open(encoding="utf-8-sig") as f:
-        lines = f.readlines()
+    try:
+        lines = list(conllu.utf8_lines(source))
+    except OSError as exc:
+        raise InputError(f"{source}: cannot read it ({exc.strerror})") from None
     is_conllu = source.suffix == ".conllu"
     if is_conllu:
         sentences = [s.words for s in conllu.parse_lines(lines, source=str(source))]
@@ -308,7 +320,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     tag = sub.add_parser("tag", help="tag a CoNLL-U or plain-text file with trained HMM taggers")
-    tag.add_argument("input", help="a .conllu file (its UPOS/XPOS columns are replaced) or plain text")
+    tag.add_argument("input", help="a UTF-8 .conllu file (its UPOS/XPOS columns are replaced) or plain text")
     tag.add_argument("-o", "--output", help="output CoNLL-U file, not the input (default: standard output)")
     tag.add_argument("--tagger", nargs="+", default=["latest"], metavar="VERSION",
                      help="tagger artifact versions, one per tag set (default: the latest tagger)")

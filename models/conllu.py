@@ -2,7 +2,7 @@
 
 Only what lexiflow needs: word forms, UPOS (column 4) and XPOS (column 5) per sentence.
 Multi-word token lines (IDs like `3-4`) and empty nodes (`5.1`) are skipped; comment lines start
-with `#`. Malformed lines raise `InputError` naming the file and line.
+with `#`. Malformed lines, and lines that are not UTF-8, raise `InputError` naming the file and line.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def parse_lines(lines: Iterable[str], source: str = "<conllu>") -> Iterator[Sent
         if len(cols) != 10:
             raise InputError(
                 f"{source}:{line_no}: expected 10 tab-separated CoNLL-U columns, found {len(cols)}; "
-                "fix the line or remove the file from the sources"
+                "fix the line or leave the file out"
             )
         token_id = cols[0]
         if "-" in token_id or "." in token_id:
@@ -56,7 +56,7 @@ def parse_lines(lines: Iterable[str], source: str = "<conllu>") -> Iterator[Sent
         if not (token_id.isascii() and token_id.isdigit()) or int(token_id) != expected_id:  # not '¹', '١'
             raise InputError(
                 f"{source}:{line_no}: token ID {token_id!r} is not the expected integer {expected_id}; "
-                "fix the line or remove the file from the sources"
+                "fix the line or leave the file out"
             )
         expected_id += 1
         sent.words.append(cols[1])
@@ -66,11 +66,24 @@ def parse_lines(lines: Iterable[str], source: str = "<conllu>") -> Iterator[Sent
         yield sent
 
 
+def utf8_lines(path: str | Path) -> Iterator[str]:
+    """The lines of a UTF-8 file, split at LF only (a leading byte-order mark is skipped, as ingestion
+    does). Each line is decoded on its own, so one that is not UTF-8 raises `InputError` naming it."""
+    offset = 0
+    with Path(path).open("rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(f"{path}:{line_no}: not UTF-8 text (byte {offset + exc.start}); "
+                                 "save the file as UTF-8") from None
+            offset += len(raw)
+            yield line.removeprefix("\ufeff") if line_no == 1 else line
+
+
 def read_conllu(path: str | Path) -> Iterator[Sentence]:
-    """Sentences of a UTF-8 CoNLL-U file (a leading byte-order mark is skipped, as ingestion does)."""
-    path = Path(path)
-    with path.open(encoding="utf-8-sig") as f:
-        yield from parse_lines(f, source=str(path))
+    """Sentences of a UTF-8 CoNLL-U file."""
+    yield from parse_lines(utf8_lines(path), source=str(path))
 
 
 def format_sentence(sent: Sentence) -> str:

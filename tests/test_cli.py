@@ -192,6 +192,32 @@ def test_tag_writes_its_output_whole_or_not_at_all(tmp_path, capsys, tagger_stor
     assert output.read_bytes() == tagged and sorted(tmp_path.iterdir()) == files  # no new, partial or temporary file
 
 
+@pytest.mark.parametrize("name, content, output, message", [
+    ("latin1.txt", b"the cat\ncaf\xe9 noir\n", None, "{input}:2: not UTF-8 text (byte 11); save the file as UTF-8"),
+    ("latin1.conllu", CONLLU.encode() + b"1\tcaf\xe9\t_\t_\t_\t_\t0\troot\t_\t_\n",
+     None, "{input}:6: not UTF-8 text (byte 122); save the file as UTF-8"),
+    ("text.txt.gz", b"\x1f\x8b\x08\x00", None,
+     "{input}: compressed; decompress it first (tag reads UTF-8 plain text or .conllu)"),
+    ("folder", None, None, "{input}: is a folder; give a .conllu or plain-text file"),
+    ("text.txt", b"the cat sat.\n", "missing/out.conllu",
+     "-o {output}: its folder {tmp}/missing does not exist; create it or write elsewhere"),
+    ("text.txt", b"the cat sat.\n", ".", "-o {output}: is a folder; give a file name, e.g. {output}/text.conllu"),
+    ("bad.conllu", b"1\tthe\n", None,
+     "{input}:1: expected 10 tab-separated CoNLL-U columns, found 2; fix the line or leave the file out"),
+])
+def test_tag_names_the_file_it_cannot_use_in_one_line(tmp_path, capsys, tagger_store, name, content, output,
+                                                      message):
+    source = tmp_path / name
+    source.mkdir() if content is None else source.write_bytes(content)
+    args = ["tag", str(source), "--store", tagger_store.url]
+    if output:
+        args += ["-o", str(tmp_path / output)]
+    before = sorted(tmp_path.iterdir())
+    assert main(args) == 2
+    assert one_error_line(capsys) == message.format(input=source, output=tmp_path / (output or ""), tmp=tmp_path)
+    assert sorted(tmp_path.iterdir()) == before
+
+
 def publish_files(store, kind, version, **files):
     """An artifact holding text files (name=content), without a stage."""
     with store.writer(kind, version) as out:
