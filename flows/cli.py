@@ -160,6 +160,34 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return 1 if problems else 0
 
 
+def tagger_manifests(catalog, versions: list[str]) -> dict[str, dict[str, Any]]:
+    """Tag set (upos, xpos) -> the manifest of the tagger that predicts it: the given versions, one
+    per tag set, or with `latest` the latest tagger of each tag set (the pipeline trains one per set)."""
+    from models.conllu import TAG_COLUMNS
+    from models.errors import ParameterError
+    from storage import StoreError
+
+    if versions == ["latest"]:
+        manifests = catalog.list("tagger")  # oldest first: the latest of a tag set comes last and stays
+        if not manifests:
+            raise StoreError(f"no tagger artifact in {catalog.store.url}; run the pipeline on CoNLL-U sources first")
+    elif "latest" in versions:
+        raise ParameterError("--tagger latest picks the latest tagger of each tag set: give it alone, or versions")
+    else:
+        manifests = [catalog.get("tagger", version) for version in versions]
+    chosen: dict[str, dict[str, Any]] = {}
+    for manifest in manifests:
+        column = manifest["metrics"].get("column")  # the tag set it was trained on
+        if column not in TAG_COLUMNS:
+            raise StoreError(f"tagger:{manifest['version']}: records no tag set ({' or '.join(TAG_COLUMNS)}), "
+                             f"found {column!r}; retrain it with the pipeline")
+        if versions != ["latest"] and column in chosen:
+            raise ParameterError(f"--tagger {chosen[column]['version']} {manifest['version']}: both predict "
+                                 f"{column}; give one tagger per tag set")
+        chosen[column] = manifest
+    return chosen
+
+
 def check_tag_paths(source: Path, output: Path | None) -> None:
     """Refuse what `tag` cannot read or write before any work, with what to do."""
     from models.errors import InputError
@@ -199,7 +227,7 @@ def write_whole(path: Path, chunks: Iterable[str]) -> None:
 
 def cmd_tag(args: argparse.Namespace) -> int:
     """Tag a CoNLL-U file (predicted tags replace its UPOS/XPOS columns) or plain text (written as CoNLL-U).
-    Everything is read and tagged before the output is written."""
+    Everything is read and tagged before the output is written; a tag set no tagger predicts is `_`."""
     from models import conllu
     from models.errors import InputError
     from models.hmm import HMMTagger
@@ -208,10 +236,9 @@ def cmd_tag(args: argparse.Namespace) -> int:
     check_tag_paths(source, output)
     catalog = read_catalog(args.store)
     taggers = {}
-    for version in args.tagger:
-        manifest = catalog.get("tagger", None if version == "latest" else version)
+    for column, manifest in tagger_manifests(catalog, args.tagger).items():
         with catalog.store.local_dir("tagger", manifest["version"]) as folder:
-            taggers[manifest["metrics"]["column"]] = HMMTagger.load(folder)
+            taggers[column] = HMMTagger.load(folder)
     try:
         lines = list(conllu.utf8_lines(source))
     except OSError as exc:
@@ -223,12 +250,12 @@ def cmd_tag(args: argparse.Namespace) -> int:
         from models.text import pretokenize, split_sentences
 
         sentences = [pretokenize(s) for s in split_sentences("".join(lines))]
-    tags = {col: t.tag_many(sentences, method=args.method) for col, t in taggers.items()}
+    tags = {column: taggers[column].tag_many(sentences, method=args.method) if column in taggers
+            else [["_"] * len(words) for words in sentences]  # never the input's own (gold) tags
+            for column in conllu.TAG_COLUMNS}
     if is_conllu:
         chunks = conllu.replace_tags(lines, tags)
     else:
-        blank = {col: [["_"] * len(words) for words in sentences] for col in ("upos", "xpos")}  # no --tagger's
-        tags = {**blank, **tags}
         chunks = (conllu.format_sentence(conllu.Sentence(words=words, upos=tags["upos"][i], xpos=tags["xpos"][i],
                                                          sent_id=str(i + 1))) for i, words in enumerate(sentences))
     if output is None:
@@ -320,10 +347,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     tag = sub.add_parser("tag", help="tag a CoNLL-U or plain-text file with trained HMM taggers")
-    tag.add_argument("input", help="a UTF-8 .conllu file (its UPOS/XPOS columns are replaced) or plain text")
+    tag.add_argument("input", help="a UTF-8 .conllu file (its UPOS and XPOS columns are replaced) or plain text")
     tag.add_argument("-o", "--output", help="output CoNLL-U file, not the input (default: standard output)")
     tag.add_argument("--tagger", nargs="+", default=["latest"], metavar="VERSION",
-                     help="tagger artifact versions, one per tag set (default: the latest tagger)")
+                     help="tagger artifact versions, one per tag set (default: latest, the latest tagger of each "
+                          "tag set, UPOS and XPOS); a tag set no tagger predicts is written as _")
     tag.add_argument("--method", choices=["viterbi", "greedy", "beam"], default="viterbi", help="decoding")
     tag.add_argument("--store", default=DEFAULT_STORE, help=f"artifact store (default {DEFAULT_STORE})")
     tag.set_defaults(func=cmd_tag)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 from models.errors import InputError
 
+TAG_COLUMNS = {"upos": 3, "xpos": 4}  # tag set -> its column index in a CoNLL-U token line
+
 
 @dataclass
 class Sentence:
@@ -99,8 +101,8 @@ def format_sentence(sent: Sentence) -> str:
 
 def replace_tags(lines: Iterable[str], tags: dict[str, list[list[str]]]) -> Iterator[str]:
     """Re-emit CoNLL-U lines with predicted tags in the UPOS and/or XPOS column
-    (`tags = {"upos": [...per sentence...], "xpos": [...]}`), everything else untouched."""
-    column = {"upos": 3, "xpos": 4}
+    (`tags = {"upos": [...per sentence...], "xpos": [...]}`), everything else untouched but the
+    tags of empty nodes (`5.1`), which no tagger predicts: `_` in the columns of `tags`."""
     sentence, position = 0, 0
     in_sentence = False
     for raw in lines:
@@ -109,8 +111,13 @@ def replace_tags(lines: Iterable[str], tags: dict[str, list[list[str]]]) -> Iter
         if len(cols) == 10 and cols[0].isdigit():
             in_sentence = True
             for name, predicted in tags.items():
-                cols[column[name]] = predicted[sentence][position]
+                cols[TAG_COLUMNS[name]] = predicted[sentence][position]
             position += 1
+            yield "\t".join(cols) + "\n"
+            continue
+        if len(cols) == 10 and "." in cols[0] and not line.startswith("#"):
+            for name in tags:
+                cols[TAG_COLUMNS[name]] = "_"
             yield "\t".join(cols) + "\n"
             continue
         if not line.strip() and in_sentence:

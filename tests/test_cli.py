@@ -149,10 +149,44 @@ def test_tag_plain_text_with_one_tagger_leaves_the_other_tag_set_blank(tmp_path,
     assert {r[3] for r in rows} <= UPOS and {r[4] for r in rows} == {"_"}
 
 
+def test_tag_uses_the_latest_tagger_of_each_tag_set_by_default(tmp_path, capsys, tagger_store):
+    publish_tagger(tagger_store, "upos", "c" * 16, suffix="-new")  # now the latest tagger of all, and of UPOS
+    source = tmp_path / "text.txt"
+    source.write_text("the cat sat. a dog ran.", encoding="utf-8")
+    assert main(["tag", str(source), "--store", tagger_store.url]) == 0
+    rows = token_rows(capsys.readouterr().out)
+    assert len(rows) == 8 and {r[3] for r in rows} <= {t + "-new" for t in UPOS} and {r[4] for r in rows} <= XPOS
+
+
+def test_tag_refuses_two_taggers_of_one_tag_set(tmp_path, capsys, tagger_store):
+    publish_tagger(tagger_store, "upos", "c" * 16)
+    source = tmp_path / "text.txt"
+    source.write_text("the cat sat.", encoding="utf-8")
+    assert main(["tag", str(source), "--store", tagger_store.url, "--tagger", UPOS_TAGGER, "c" * 16]) == 2
+    assert one_error_line(capsys) == f"--tagger {UPOS_TAGGER} {'c' * 16}: both predict upos; give one tagger " \
+                                     "per tag set"
+
+
 CONLLU = ("# sent_id = s1\n"
           "1\tthe\tthe\tGOLD\tGOLD\t_\t2\tdet\t_\t_\n"
           "2\tcat\tcat\tGOLD\tGOLD\t_\t0\troot\t_\t_\n"
           "2.1\tsat\tsit\tGOLD\tGOLD\t_\t_\t_\t2:dep\t_\n\n")
+
+
+def test_tag_never_keeps_gold_tags_of_a_conllu_input_beside_predicted_ones(tmp_path, capsys, tagger_store):
+    source = tmp_path / "gold.conllu"
+    source.write_text(CONLLU, encoding="utf-8")
+    assert main(["tag", str(source), "--store", tagger_store.url, "--tagger", XPOS_TAGGER]) == 0
+    out = capsys.readouterr().out
+    xpos = [row[4] for row in token_rows(out)[:2]]
+    assert set(xpos) <= XPOS  # predicted; UPOS, which no tagger given predicts, is blank, as are empty nodes
+    assert out == ("# sent_id = s1\n"
+                   f"1\tthe\tthe\t_\t{xpos[0]}\t_\t2\tdet\t_\t_\n"
+                   f"2\tcat\tcat\t_\t{xpos[1]}\t_\t0\troot\t_\t_\n"
+                   "2.1\tsat\tsit\t_\t_\t_\t_\t_\t2:dep\t_\n\n")
+    assert main(["tag", str(source), "--store", tagger_store.url]) == 0  # default: both tag sets predicted
+    rows = token_rows(capsys.readouterr().out)
+    assert {r[3] for r in rows[:2]} <= UPOS and {r[4] for r in rows[:2]} <= XPOS and rows[2][3:5] == ["_", "_"]
 
 
 @pytest.mark.parametrize("name, content", [("same.conllu", CONLLU), ("same.txt", "the cat sat.\n")])
