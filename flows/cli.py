@@ -19,6 +19,7 @@ import json
 import os
 import sys
 import tomllib
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -110,6 +111,19 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def read_catalog(store: str):
+    """The catalog of a store that read-only commands read: a local path that does not exist, or is
+    not a folder, is a mistyped --store, not an empty store. (Object stores: no artifacts yet is fine.)"""
+    from storage import Catalog, StoreError
+
+    catalog = Catalog(store)
+    root = Path(catalog.store.root)
+    if catalog.store.is_local and not root.is_dir():
+        why = "not a folder" if root.exists() else "no such folder"
+        raise StoreError(f"store {store}: {why}; give the store `lexiflow run` wrote, with --store or LEXIFLOW_STORE")
+    return catalog
+
+
 def _listing(manifest: dict[str, Any]) -> dict[str, Any]:
     return {"kind": manifest["kind"], "version": manifest["version"], "created": manifest["created"],
             "inputs": {name: ref["version"] for name, ref in manifest["inputs"].items()},
@@ -117,9 +131,7 @@ def _listing(manifest: dict[str, Any]) -> dict[str, Any]:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from storage import Catalog
-
-    manifests = [_listing(m) for m in Catalog(args.store).list(args.kind)]
+    manifests = [_listing(m) for m in read_catalog(args.store).list(args.kind)]
     if args.json:
         print(json.dumps(manifests, indent=2, default=str))
         return 0
@@ -132,10 +144,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
-    from storage import Catalog
-
     kind, _, version = args.artifact.partition(":")
-    catalog = Catalog(args.store)
+    catalog = read_catalog(args.store)
     manifest = catalog.get(kind, version or None)
     manifest["lineage"] = catalog.lineage(manifest["version"])
     print(json.dumps(manifest, indent=2, default=str))
@@ -143,63 +153,137 @@ def cmd_show(args: argparse.Namespace) -> int:
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    from storage import ArtifactStore
-
-    checked, problems = ArtifactStore(args.store).audit(full=args.full)
+    checked, problems = read_catalog(args.store).store.audit(full=args.full)
     for problem in problems:
         print(problem)
     print(f"{checked} artifacts checked ({'checksums' if args.full else 'sizes'}), {len(problems)} problems")
     return 1 if problems else 0
 
 
+def tagger_manifests(catalog, versions: list[str]) -> dict[str, dict[str, Any]]:
+    """Tag set (upos, xpos) -> the manifest of the tagger that predicts it: the given versions, one
+    per tag set, or with `latest` the latest tagger of each tag set (the pipeline trains one per set)."""
+    from models.conllu import TAG_COLUMNS
+    from models.errors import ParameterError
+    from storage import StoreError
+
+    if versions == ["latest"]:
+        manifests = catalog.list("tagger")  # oldest first: the latest of a tag set comes last and stays
+        if not manifests:
+            raise StoreError(f"no tagger artifact in {catalog.store.url}; run the pipeline on CoNLL-U sources first")
+    elif "latest" in versions:
+        raise ParameterError("--tagger latest picks the latest tagger of each tag set: give it alone, or versions")
+    else:
+        manifests = [catalog.get("tagger", version) for version in versions]
+    chosen: dict[str, dict[str, Any]] = {}
+    for manifest in manifests:
+        column = manifest["metrics"].get("column")  # the tag set it was trained on
+        if column not in TAG_COLUMNS:
+            raise StoreError(f"tagger:{manifest['version']}: records no tag set ({' or '.join(TAG_COLUMNS)}), "
+                             f"found {column!r}; retrain it with the pipeline")
+        if versions != ["latest"] and column in chosen:
+            raise ParameterError(f"--tagger {chosen[column]['version']} {manifest['version']}: both predict "
+                                 f"{column}; give one tagger per tag set")
+        chosen[column] = manifest
+    return chosen
+
+
+def check_tag_paths(source: Path, output: Path | None) -> None:
+    """Refuse what `tag` cannot read or write before any work, with what to do."""
+    from models.errors import InputError
+
+    if source.is_dir():
+        raise InputError(f"{source}: is a folder; give a .conllu or plain-text file")
+    if not source.is_file():
+        raise InputError(f"{source}: no such file")
+    if source.name.lower().endswith((".gz", ".bz2", ".xz", ".zst", ".zip")):
+        raise InputError(f"{source}: compressed; decompress it first (tag reads UTF-8 plain text or .conllu)")
+    if output is None:
+        return
+    if output.exists() and output.samefile(source):
+        raise InputError(f"-o {output}: is the input file; write the tagged file elsewhere")
+    if output.is_dir():
+        raise InputError(f"-o {output}: is a folder; give a file name, e.g. {output / (source.stem + '.conllu')}")
+    if not output.parent.is_dir():
+        why = "is not a folder" if output.parent.exists() else "does not exist"
+        raise InputError(f"-o {output}: its folder {output.parent} {why}; create it or write elsewhere")
+
+
+def write_whole(path: Path, chunks: Iterable[str]) -> None:
+    """Write a file whole or not at all: into a temporary file beside it, renamed over it once complete
+    (a failure leaves the previous file, or none, never a partial one)."""
+    from models.errors import InputError
+
+    partial = path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")
+    try:
+        with open(partial, "x", encoding="utf-8") as f:  # "x": a new file, with the umask's permissions
+            f.writelines(chunks)
+        os.replace(partial, path)
+    except OSError as exc:
+        raise InputError(f"-o {path}: cannot write it ({exc.strerror or exc})") from None
+    finally:
+        partial.unlink(missing_ok=True)
+
+
 def cmd_tag(args: argparse.Namespace) -> int:
-    """Tag a CoNLL-U file (predicted tags replace its UPOS/XPOS columns) or plain text (written as CoNLL-U)."""
+    """Tag a CoNLL-U file (predicted tags replace its UPOS/XPOS columns) or plain text (written as CoNLL-U).
+    Everything is read and tagged before the output is written; a tag set no tagger predicts is `_`."""
     from models import conllu
     from models.errors import InputError
     from models.hmm import HMMTagger
-    from storage import ArtifactStore, Catalog
 
-    store, catalog = ArtifactStore(args.store), Catalog(args.store)
+    source, output = Path(args.input), Path(args.output) if args.output else None
+    check_tag_paths(source, output)
+    catalog = read_catalog(args.store)
     taggers = {}
-    for version in args.tagger:
-        manifest = catalog.get("tagger", None if version == "latest" else version)
-        with store.local_dir("tagger", manifest["version"]) as folder:
-            taggers[manifest["metrics"]["column"]] = HMMTagger.load(folder)
-    source = Path(args.input)
-    if not source.is_file():
-        raise InputError(f"{source}: no such file")
-    output = open(args.output, "w", encoding="utf-8") if args.output else sys.stdout  # noqa: SIM115
+    for column, manifest in tagger_manifests(catalog, args.tagger).items():
+        with catalog.store.local_dir("tagger", manifest["version"]) as folder:
+            taggers[column] = HMMTagger.load(folder)
     try:
-        if source.suffix == ".conllu":
-            sentences = [s.words for s in conllu.read_conllu(source)]
-            tags = {col: t.tag_many(sentences, method=args.method) for col, t in taggers.items()}
-            with source.open(encoding="utf-8-sig") as f:
-                output.writelines(conllu.replace_tags(f, tags))
-        else:
-            from models.text import pretokenize, split_sentences
+        lines = list(conllu.utf8_lines(source))
+    except OSError as exc:
+        raise InputError(f"{source}: cannot read it ({exc.strerror})") from None
+    is_conllu = source.suffix == ".conllu"
+    if is_conllu:
+        sentences = [s.words for s in conllu.parse_lines(lines, source=str(source))]
+    else:
+        from models.text import pretokenize, split_sentences
 
-            sentences = [pretokenize(s) for s in split_sentences(source.read_text(encoding="utf-8"))]
-            tags = {col: t.tag_many(sentences, method=args.method) for col, t in taggers.items()}
-            for i, words in enumerate(sentences):
-                blank = ["_"] * len(words)  # a tag set no --tagger predicts
-                output.write(conllu.format_sentence(conllu.Sentence(
-                    words=words, upos=tags["upos"][i] if "upos" in tags else blank,
-                    xpos=tags["xpos"][i] if "xpos" in tags else blank, sent_id=str(i + 1))))
-    finally:
-        if args.output:
-            output.close()
+        sentences = [pretokenize(s) for s in split_sentences("".join(lines))]
+    tags = {column: taggers[column].tag_many(sentences, method=args.method) if column in taggers
+            else [["_"] * len(words) for words in sentences]  # never the input's own (gold) tags
+            for column in conllu.TAG_COLUMNS}
+    if is_conllu:
+        chunks = conllu.replace_tags(lines, tags)
+    else:
+        chunks = (conllu.format_sentence(conllu.Sentence(words=words, upos=tags["upos"][i], xpos=tags["xpos"][i],
+                                                         sent_id=str(i + 1))) for i, words in enumerate(sentences))
+    if output is None:
+        sys.stdout.writelines(chunks)
+    else:
+        write_whole(output, chunks)
     return 0
+
+
+STRATEGY_OPTIONS = {"beam": ("width",), "sample": ("temperature", "top_k", "top_p", "seed")}  # None: not given
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Continue a prompt with a trained language model and its own tokenizer."""
     import polars as pl
 
+    from models.errors import ParameterError
     from models.lm.decoding import generate
     from models.text import normalize
-    from storage import Catalog
 
-    catalog = Catalog(args.store)
+    options: dict[str, Any] = {}
+    for strategy, names in STRATEGY_OPTIONS.items():
+        for name in (n for n in names if getattr(args, n) is not None):
+            if strategy != args.strategy:  # silently ignoring it would mislead
+                raise ParameterError(f"--{name.replace('_', '-')} applies to --strategy {strategy} only; "
+                                     f"add --strategy {strategy} or leave it out")
+            options[name] = getattr(args, name)
+    catalog = read_catalog(args.store)
     manifest = catalog.get("lm", None if args.lm == "latest" else args.lm)
     model = catalog.load("lm", manifest["version"])
     tokenizer_manifest = catalog.get("tokenizer", manifest["inputs"]["tokenizer"]["version"])
@@ -207,22 +291,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
     text = normalize(args.prompt, lowercase=catalog.lowercased(tokenizer_manifest))  # as the corpus text was
     prompt = tokenizer.encode_corpus(pl.Series([text]))[0].to_list()
     bos = getattr(tokenizer, "bos_id", 1)
-    options = {"max_new_tokens": args.max_tokens, "eos_id": getattr(tokenizer, "eos_id", 2)}
-    if args.strategy == "beam":
-        options.update(width=args.width)
-    elif args.strategy == "sample":
-        options.update(temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    options.update(max_new_tokens=args.max_tokens, eos_id=getattr(tokenizer, "eos_id", 2))
     new = generate(model.log_probs, [bos, *prompt], strategy=args.strategy, **options)
     print(tokenizer.decode(prompt + new))
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from storage import Catalog
     from storage.export import export
 
     kind, _, version = args.artifact.partition(":")
-    for path in export(Catalog(args.store), kind, version or None, args.dest):
+    for path in export(read_catalog(args.store), kind, version or None, args.dest):
         print(path)
     return 0
 
@@ -268,10 +347,11 @@ def build_parser() -> argparse.ArgumentParser:
     run.set_defaults(func=cmd_run)
 
     tag = sub.add_parser("tag", help="tag a CoNLL-U or plain-text file with trained HMM taggers")
-    tag.add_argument("input", help="a .conllu file (its UPOS/XPOS columns are replaced) or plain text")
-    tag.add_argument("-o", "--output", help="output CoNLL-U file (default: standard output)")
+    tag.add_argument("input", help="a UTF-8 .conllu file (its UPOS and XPOS columns are replaced) or plain text")
+    tag.add_argument("-o", "--output", help="output CoNLL-U file, not the input (default: standard output)")
     tag.add_argument("--tagger", nargs="+", default=["latest"], metavar="VERSION",
-                     help="tagger artifact versions, one per tag set (default: the latest tagger)")
+                     help="tagger artifact versions, one per tag set (default: latest, the latest tagger of each "
+                          "tag set, UPOS and XPOS); a tag set no tagger predicts is written as _")
     tag.add_argument("--method", choices=["viterbi", "greedy", "beam"], default="viterbi", help="decoding")
     tag.add_argument("--store", default=DEFAULT_STORE, help=f"artifact store (default {DEFAULT_STORE})")
     tag.set_defaults(func=cmd_tag)
@@ -281,11 +361,12 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--prompt", required=True, help="the text to continue")
     gen.add_argument("--strategy", choices=["greedy", "beam", "sample"], default="greedy", help="decoding")
     gen.add_argument("--max-tokens", type=int, default=30, help="tokens to generate at most")
-    gen.add_argument("--width", type=int, default=4, help="beam width")
-    gen.add_argument("--temperature", type=float, default=1.0, help="sampling temperature (0 = greedy)")
-    gen.add_argument("--top-k", type=int, default=None, help="sample among the k most likely tokens")
-    gen.add_argument("--top-p", type=float, default=None, help="nucleus: the smallest set with mass >= p")
-    gen.add_argument("--seed", type=int, default=0, help="sampling seed")
+    gen.add_argument("--width", type=int, help="beam width (--strategy beam; default 4)")
+    gen.add_argument("--temperature", type=float, help="sampling temperature, 0 = greedy (--strategy sample; "
+                                                       "default 1.0)")
+    gen.add_argument("--top-k", type=int, help="sample among the k most likely tokens (--strategy sample)")
+    gen.add_argument("--top-p", type=float, help="nucleus: the smallest set with mass >= p (--strategy sample)")
+    gen.add_argument("--seed", type=int, help="sampling seed (--strategy sample; default 0)")
     gen.add_argument("--store", default=DEFAULT_STORE, help=f"artifact store (default {DEFAULT_STORE})")
     gen.set_defaults(func=cmd_generate)
 
@@ -332,10 +413,15 @@ def main(argv: list[str] | None = None) -> int:
     from storage import StoreError
 
     try:
-        return args.func(args)
+        status = args.func(args)
+        sys.stdout.flush()  # a reader that went away shows here, not at exit
+        return status
     except (LexiflowError, StoreError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # the reader stopped early (`| head`): stop quietly, as other CLIs do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout again at exit
+        return 141  # 128 + SIGPIPE, what a shell reports for a command a closed pipe stopped
 
 
 if __name__ == "__main__":

@@ -2,7 +2,7 @@
 
 Only what lexiflow needs: word forms, UPOS (column 4) and XPOS (column 5) per sentence.
 Multi-word token lines (IDs like `3-4`) and empty nodes (`5.1`) are skipped; comment lines start
-with `#`. Malformed lines raise `InputError` naming the file and line.
+with `#`. Malformed lines, and lines that are not UTF-8, raise `InputError` naming the file and line.
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from models.errors import InputError
+
+TAG_COLUMNS = {"upos": 3, "xpos": 4}  # tag set -> its column index in a CoNLL-U token line
 
 
 @dataclass
@@ -48,7 +50,7 @@ def parse_lines(lines: Iterable[str], source: str = "<conllu>") -> Iterator[Sent
         if len(cols) != 10:
             raise InputError(
                 f"{source}:{line_no}: expected 10 tab-separated CoNLL-U columns, found {len(cols)}; "
-                "fix the line or remove the file from the sources"
+                "fix the line or leave the file out"
             )
         token_id = cols[0]
         if "-" in token_id or "." in token_id:
@@ -56,7 +58,7 @@ def parse_lines(lines: Iterable[str], source: str = "<conllu>") -> Iterator[Sent
         if not (token_id.isascii() and token_id.isdigit()) or int(token_id) != expected_id:  # not '¹', '١'
             raise InputError(
                 f"{source}:{line_no}: token ID {token_id!r} is not the expected integer {expected_id}; "
-                "fix the line or remove the file from the sources"
+                "fix the line or leave the file out"
             )
         expected_id += 1
         sent.words.append(cols[1])
@@ -66,11 +68,24 @@ def parse_lines(lines: Iterable[str], source: str = "<conllu>") -> Iterator[Sent
         yield sent
 
 
+def utf8_lines(path: str | Path) -> Iterator[str]:
+    """The lines of a UTF-8 file, split at LF only (a leading byte-order mark is skipped, as ingestion
+    does). Each line is decoded on its own, so one that is not UTF-8 raises `InputError` naming it."""
+    offset = 0
+    with Path(path).open("rb") as f:
+        for line_no, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise InputError(f"{path}:{line_no}: not UTF-8 text (byte {offset + exc.start}); "
+                                 "save the file as UTF-8") from None
+            offset += len(raw)
+            yield line.removeprefix("\ufeff") if line_no == 1 else line
+
+
 def read_conllu(path: str | Path) -> Iterator[Sentence]:
-    """Sentences of a UTF-8 CoNLL-U file (a leading byte-order mark is skipped, as ingestion does)."""
-    path = Path(path)
-    with path.open(encoding="utf-8-sig") as f:
-        yield from parse_lines(f, source=str(path))
+    """Sentences of a UTF-8 CoNLL-U file."""
+    yield from parse_lines(utf8_lines(path), source=str(path))
 
 
 def format_sentence(sent: Sentence) -> str:
@@ -86,8 +101,8 @@ def format_sentence(sent: Sentence) -> str:
 
 def replace_tags(lines: Iterable[str], tags: dict[str, list[list[str]]]) -> Iterator[str]:
     """Re-emit CoNLL-U lines with predicted tags in the UPOS and/or XPOS column
-    (`tags = {"upos": [...per sentence...], "xpos": [...]}`), everything else untouched."""
-    column = {"upos": 3, "xpos": 4}
+    (`tags = {"upos": [...per sentence...], "xpos": [...]}`), everything else untouched but the
+    tags of empty nodes (`5.1`), which no tagger predicts: `_` in the columns of `tags`."""
     sentence, position = 0, 0
     in_sentence = False
     for raw in lines:
@@ -96,8 +111,13 @@ def replace_tags(lines: Iterable[str], tags: dict[str, list[list[str]]]) -> Iter
         if len(cols) == 10 and cols[0].isdigit():
             in_sentence = True
             for name, predicted in tags.items():
-                cols[column[name]] = predicted[sentence][position]
+                cols[TAG_COLUMNS[name]] = predicted[sentence][position]
             position += 1
+            yield "\t".join(cols) + "\n"
+            continue
+        if len(cols) == 10 and "." in cols[0] and not line.startswith("#"):
+            for name in tags:
+                cols[TAG_COLUMNS[name]] = "_"
             yield "\t".join(cols) + "\n"
             continue
         if not line.strip() and in_sentence:

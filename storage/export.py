@@ -12,6 +12,8 @@ config for neural weights. Some kinds add a derived file (`EXTRAS`, kind → wri
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -63,18 +65,42 @@ EXTRAS: dict[str, Extra] = {
 
 
 def export(catalog: Catalog, kind: str, version: str | None, dest: str | Path) -> list[Path]:
-    """Copy artifact `kind:version` (the latest when version is None) into folder `dest`, with
-    the kind's extras; returns the paths written."""
+    """Copy artifact `kind:version` (the latest when version is None) into folder `dest` (new, or
+    empty), with the kind's extras; returns the paths written. The files go into a temporary folder
+    beside `dest`, renamed to `dest` at the end: a failed export leaves nothing behind."""
     manifest = catalog.get(kind, version)
     kind, version = manifest["kind"], manifest["version"]
     dest = Path(dest)
     if dest.exists() and not dest.is_dir():
         raise StoreError(f"export destination {dest} exists and is not a folder")
-    dest.mkdir(parents=True, exist_ok=True)
-    store, written = catalog.store, []
-    for name in [entry["name"] for entry in manifest["files"]] + [MANIFEST]:
-        store.fs.get(store.path(kind, version, name), str(dest / name))
-        written.append(dest / name)
-    if kind in EXTRAS:
-        written += EXTRAS[kind](catalog, manifest, dest)
-    return written
+    if dest.is_dir() and any(dest.iterdir()):  # never mix two exports, nor overwrite a manifest.json
+        raise StoreError(f"export destination {dest} is not empty; choose a new or empty folder")
+    target = dest.resolve()
+    made = [p for p in target.parents if not p.exists()]  # folders to remove again if the export fails
+    staging = target.with_name(f".{target.name}.{os.urandom(4).hex()}.tmp")
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()
+    except OSError as exc:  # a file in its path, no permission
+        blocker = next(p for p in target.parents if p.exists())
+        why = f"{blocker} is a file, not a folder" if not blocker.is_dir() else exc.strerror
+        raise StoreError(f"export destination {dest}: cannot create it ({why}); choose another folder") from None
+    try:
+        store, names = catalog.store, [entry["name"] for entry in manifest["files"]] + [MANIFEST]
+        for name in names:
+            try:
+                store.fs.get(store.path(kind, version, name), str(staging / name))
+            except FileNotFoundError:
+                raise StoreError(f"{kind}:{version}/{name}: listed in the manifest but missing from the store "
+                                 f"{store.url}; run `lexiflow artifacts verify`") from None
+        extras = EXTRAS[kind](catalog, manifest, staging) if kind in EXTRAS else []
+        os.rename(staging, target)  # replaces an empty folder; fails if one appeared meanwhile with files
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for folder in made:  # deepest first; stop at one that is not empty (someone else's files)
+            try:
+                folder.rmdir()
+            except OSError:
+                break
+        raise
+    return [dest / name for name in names] + [dest / path.name for path in extras]

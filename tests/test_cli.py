@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import logging
+from pathlib import Path
+
 import pytest
 
 from flows.cli import main
@@ -88,21 +91,258 @@ def test_stage_flows_name_the_version_parameter_the_store_lacks(tmp_path):
         ppmi_flow.fn(str(tmp_path), "abc")
 
 
-def test_tag_plain_text_with_one_tagger_leaves_the_other_tag_set_blank(tmp_path, capsys):
+TAGGED = [[("the", "DET", "DT"), ("cat", "NOUN", "NN"), ("sat", "VERB", "VBD")],
+          [("a", "DET", "DT"), ("dog", "NOUN", "NN"), ("ran", "VERB", "VBD")]]
+UPOS, XPOS = {"DET", "NOUN", "VERB"}, {"DT", "NN", "VBD"}
+UPOS_TAGGER, XPOS_TAGGER = "a" * 16, "b" * 16
+
+
+def publish_tagger(store, column, version, suffix=""):
+    """A small HMM tagger of one tag set (its tags + `suffix`), recorded as the tagger stage records it."""
     from models.hmm import HMMTagger
+
+    index = {"upos": 1, "xpos": 2}[column]
+    train = [[(word[0], word[index] + suffix) for word in sentence] for sentence in TAGGED]
+    with store.writer("tagger", version, parameters={"column": column}) as out:
+        HMMTagger(order=2).fit(train * 5).save(out.folder)
+        out.metrics["column"] = column
+
+
+@pytest.fixture
+def quiet_logs():
+    """Errors only from lexiflow's loggers (no progress lines): standard error holds what the CLI prints."""
+    logger = logging.getLogger("lexiflow")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    yield
+    logger.setLevel(level)
+
+
+@pytest.fixture
+def tagger_store(tmp_path, quiet_logs):
+    """A store with the two taggers the pipeline trains, UPOS then XPOS."""
     from storage import ArtifactStore
 
     store = ArtifactStore(tmp_path / "store")
-    train = [[("the", "DET"), ("cat", "NOUN"), ("sat", "VERB")], [("a", "DET"), ("dog", "NOUN"), ("ran", "VERB")]]
-    with store.writer("tagger", "c" * 16) as out:
-        HMMTagger(order=2).fit(train * 5).save(out.folder)
-        out.metrics["column"] = "upos"
+    publish_tagger(store, "upos", UPOS_TAGGER)
+    publish_tagger(store, "xpos", XPOS_TAGGER)
+    return store
+
+
+def token_rows(text):
+    return [line.split("\t") for line in text.splitlines() if line and line[0].isdigit()]
+
+
+def one_error_line(capsys):
+    out = capsys.readouterr()
+    err = out.err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: "), out.err
+    return err[0].removeprefix("error: ")
+
+
+def test_tag_plain_text_with_one_tagger_leaves_the_other_tag_set_blank(tmp_path, capsys, tagger_store):
     source = tmp_path / "text.txt"
     source.write_text("the cat sat. a dog ran.", encoding="utf-8")
-    assert main(["tag", str(source), "--store", store.url]) == 0
-    rows = [line.split("\t") for line in capsys.readouterr().out.splitlines() if line and line[0].isdigit()]
+    assert main(["tag", str(source), "--store", tagger_store.url, "--tagger", UPOS_TAGGER]) == 0
+    rows = token_rows(capsys.readouterr().out)
     assert [r[1] for r in rows] == ["the", "cat", "sat", ".", "a", "dog", "ran", "."]
-    assert {r[3] for r in rows} <= {"DET", "NOUN", "VERB"} and {r[4] for r in rows} == {"_"}
+    assert {r[3] for r in rows} <= UPOS and {r[4] for r in rows} == {"_"}
+
+
+def test_tag_uses_the_latest_tagger_of_each_tag_set_by_default(tmp_path, capsys, tagger_store):
+    publish_tagger(tagger_store, "upos", "c" * 16, suffix="-new")  # now the latest tagger of all, and of UPOS
+    source = tmp_path / "text.txt"
+    source.write_text("the cat sat. a dog ran.", encoding="utf-8")
+    assert main(["tag", str(source), "--store", tagger_store.url]) == 0
+    rows = token_rows(capsys.readouterr().out)
+    assert len(rows) == 8 and {r[3] for r in rows} <= {t + "-new" for t in UPOS} and {r[4] for r in rows} <= XPOS
+
+
+def test_tag_refuses_two_taggers_of_one_tag_set(tmp_path, capsys, tagger_store):
+    publish_tagger(tagger_store, "upos", "c" * 16)
+    source = tmp_path / "text.txt"
+    source.write_text("the cat sat.", encoding="utf-8")
+    assert main(["tag", str(source), "--store", tagger_store.url, "--tagger", UPOS_TAGGER, "c" * 16]) == 2
+    assert one_error_line(capsys) == f"--tagger {UPOS_TAGGER} {'c' * 16}: both predict upos; give one tagger " \
+                                     "per tag set"
+
+
+CONLLU = ("# sent_id = s1\n"
+          "1\tthe\tthe\tGOLD\tGOLD\t_\t2\tdet\t_\t_\n"
+          "2\tcat\tcat\tGOLD\tGOLD\t_\t0\troot\t_\t_\n"
+          "2.1\tsat\tsit\tGOLD\tGOLD\t_\t_\t_\t2:dep\t_\n\n")
+
+
+def test_tag_never_keeps_gold_tags_of_a_conllu_input_beside_predicted_ones(tmp_path, capsys, tagger_store):
+    source = tmp_path / "gold.conllu"
+    source.write_text(CONLLU, encoding="utf-8")
+    assert main(["tag", str(source), "--store", tagger_store.url, "--tagger", XPOS_TAGGER]) == 0
+    out = capsys.readouterr().out
+    xpos = [row[4] for row in token_rows(out)[:2]]
+    assert set(xpos) <= XPOS  # predicted; UPOS, which no tagger given predicts, is blank, as are empty nodes
+    assert out == ("# sent_id = s1\n"
+                   f"1\tthe\tthe\t_\t{xpos[0]}\t_\t2\tdet\t_\t_\n"
+                   f"2\tcat\tcat\t_\t{xpos[1]}\t_\t0\troot\t_\t_\n"
+                   "2.1\tsat\tsit\t_\t_\t_\t_\t_\t2:dep\t_\n\n")
+    assert main(["tag", str(source), "--store", tagger_store.url]) == 0  # default: both tag sets predicted
+    rows = token_rows(capsys.readouterr().out)
+    assert {r[3] for r in rows[:2]} <= UPOS and {r[4] for r in rows[:2]} <= XPOS and rows[2][3:5] == ["_", "_"]
+
+
+@pytest.mark.parametrize("name, content", [("same.conllu", CONLLU), ("same.txt", "the cat sat.\n")])
+def test_tag_refuses_to_write_over_its_input(tmp_path, capsys, tagger_store, name, content):
+    source = tmp_path / name
+    source.write_text(content, encoding="utf-8")
+    (tmp_path / "sub").mkdir()
+    same = tmp_path / "sub" / ".." / name  # another spelling of the same file
+    before = sorted(tmp_path.iterdir())
+    assert main(["tag", str(source), "-o", str(same), "--store", tagger_store.url]) == 2
+    assert one_error_line(capsys) == f"-o {same}: is the input file; write the tagged file elsewhere"
+    assert source.read_text(encoding="utf-8") == content and sorted(tmp_path.iterdir()) == before
+
+
+def test_tag_writes_its_output_whole_or_not_at_all(tmp_path, capsys, tagger_store, monkeypatch):
+    good, bad, output = tmp_path / "good.conllu", tmp_path / "bad.conllu", tmp_path / "out.conllu"
+    good.write_text(CONLLU, encoding="utf-8")
+    bad.write_text(CONLLU + "1\tbroken line\n", encoding="utf-8")
+    assert main(["tag", str(good), "-o", str(output), "--store", tagger_store.url]) == 0
+    assert main(["tag", str(good), "--store", tagger_store.url]) == 0
+    assert output.read_text(encoding="utf-8") == capsys.readouterr().out  # the same as on standard output
+    tagged, files = output.read_bytes(), sorted(tmp_path.iterdir())
+
+    assert main(["tag", str(bad), "-o", str(output), "--store", tagger_store.url]) == 2  # bad input
+    assert one_error_line(capsys).startswith(f"{bad}:6: expected 10 tab-separated CoNLL-U columns")
+    assert main(["tag", str(bad), "-o", str(tmp_path / "new.conllu"), "--store", tagger_store.url]) == 2
+    capsys.readouterr()
+    assert output.read_bytes() == tagged and sorted(tmp_path.iterdir()) == files  # kept; no empty new.conllu
+
+    def full_disk(lines, tags):  # the disk fills up after the first line
+        yield "# sent_id = s1\n"
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr("models.conllu.replace_tags", full_disk)
+    assert main(["tag", str(good), "-o", str(output), "--store", tagger_store.url]) == 2
+    assert one_error_line(capsys) == f"-o {output}: cannot write it (No space left on device)"
+    assert output.read_bytes() == tagged and sorted(tmp_path.iterdir()) == files  # no new, partial or temporary file
+
+
+@pytest.mark.parametrize("name, content, output, message", [
+    ("latin1.txt", b"the cat\ncaf\xe9 noir\n", None, "{input}:2: not UTF-8 text (byte 11); save the file as UTF-8"),
+    ("latin1.conllu", CONLLU.encode() + b"1\tcaf\xe9\t_\t_\t_\t_\t0\troot\t_\t_\n",
+     None, "{input}:6: not UTF-8 text (byte 122); save the file as UTF-8"),
+    ("text.txt.gz", b"\x1f\x8b\x08\x00", None,
+     "{input}: compressed; decompress it first (tag reads UTF-8 plain text or .conllu)"),
+    ("folder", None, None, "{input}: is a folder; give a .conllu or plain-text file"),
+    ("text.txt", b"the cat sat.\n", "missing/out.conllu",
+     "-o {output}: its folder {tmp}/missing does not exist; create it or write elsewhere"),
+    ("text.txt", b"the cat sat.\n", ".", "-o {output}: is a folder; give a file name, e.g. {output}/text.conllu"),
+    ("bad.conllu", b"1\tthe\n", None,
+     "{input}:1: expected 10 tab-separated CoNLL-U columns, found 2; fix the line or leave the file out"),
+])
+def test_tag_names_the_file_it_cannot_use_in_one_line(tmp_path, capsys, tagger_store, name, content, output,
+                                                      message):
+    source = tmp_path / name
+    source.mkdir() if content is None else source.write_bytes(content)
+    args = ["tag", str(source), "--store", tagger_store.url]
+    if output:
+        args += ["-o", str(tmp_path / output)]
+    before = sorted(tmp_path.iterdir())
+    assert main(args) == 2
+    assert one_error_line(capsys) == message.format(input=source, output=tmp_path / (output or ""), tmp=tmp_path)
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def publish_files(store, kind, version, **files):
+    """An artifact holding text files (name=content), without a stage."""
+    with store.writer(kind, version) as out:
+        for name, content in files.items():
+            out.write_text(name.replace("_", "."), content)
+    return store.path(kind, version)
+
+
+def test_export_of_an_artifact_missing_a_file_names_it_and_leaves_nothing(tmp_path, capsys):
+    from storage import ArtifactStore
+
+    store, version = ArtifactStore(tmp_path / "store"), "d" * 16
+    folder = publish_files(store, "table", version, a_txt="a", b_txt="b")
+    (Path(folder) / "b.txt").unlink()
+    dest = tmp_path / "out" / "deep" / "dir"  # its missing parents are made, then removed again
+    before = sorted(tmp_path.iterdir())
+    assert main(["artifacts", "export", "table", str(dest), "--store", store.url]) == 2
+    assert one_error_line(capsys) == (f"table:{version}/b.txt: listed in the manifest but missing from the store "
+                                      f"{store.url}; run `lexiflow artifacts verify`")
+    assert sorted(tmp_path.iterdir()) == before
+
+
+def test_export_goes_into_a_new_or_empty_folder_only(tmp_path, capsys):
+    from storage import ArtifactStore
+
+    store, version = ArtifactStore(tmp_path / "store"), "d" * 16
+    publish_files(store, "table", version, a_txt="a")
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "manifest.json").write_text("another export's")
+    assert main(["artifacts", "export", "table", str(full), "--store", store.url]) == 2
+    assert one_error_line(capsys) == f"export destination {full} is not empty; choose a new or empty folder"
+    assert [p.name for p in full.iterdir()] == ["manifest.json"]
+    assert (full / "manifest.json").read_text() == "another export's"
+
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["artifacts", "export", f"table:{version}", str(empty), "--store", store.url]) == 0
+    assert capsys.readouterr().out.split() == [str(empty / "a.txt"), str(empty / "manifest.json")]
+    assert (empty / "a.txt").read_text() == "a" and sorted(p.name for p in empty.iterdir()) == ["a.txt",
+                                                                                                 "manifest.json"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty", "full", "store"]  # no temporary folder left
+
+    (tmp_path / "afile").write_text("x")
+    assert main(["artifacts", "export", "table", str(tmp_path / "afile" / "out"), "--store", store.url]) == 2
+    assert one_error_line(capsys) == (f"export destination {tmp_path / 'afile' / 'out'}: cannot create it "
+                                      f"({tmp_path / 'afile'} is a file, not a folder); choose another folder")
+
+
+@pytest.mark.parametrize("command", [["artifacts", "list"], ["artifacts", "verify"], ["artifacts", "show", "lm"],
+                                     ["artifacts", "export", "lm", "out"], ["generate", "--prompt", "the"],
+                                     ["tag", "text.txt"]])
+@pytest.mark.parametrize("store_is", ["missing", "a file"])
+def test_read_only_commands_refuse_a_store_path_that_is_no_folder(tmp_path, capsys, monkeypatch, command, store_is):
+    monkeypatch.chdir(tmp_path)
+    Path("text.txt").write_text("the cat sat.")
+    store = tmp_path / "typo"
+    if store_is == "a file":
+        store.write_text("not a store")
+    assert main([*command, "--store", str(store)]) == 2
+    why = "no such folder" if store_is == "missing" else "not a folder"
+    assert one_error_line(capsys) == f"store {store}: {why}; give the store `lexiflow run` wrote, with --store or " \
+                                     "LEXIFLOW_STORE"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["text.txt"] + (["typo"] if store_is == "a file" else [])
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--top-k", "5"], "--top-k applies to --strategy sample only; add --strategy sample or leave it out"),
+    (["--temperature", "0.8"], "--temperature applies to --strategy sample only"),
+    (["--strategy", "beam", "--top-p", "0.9"], "--top-p applies to --strategy sample only"),
+    (["--seed", "3"], "--seed applies to --strategy sample only"),
+    (["--strategy", "sample", "--width", "2"], "--width applies to --strategy beam only"),
+])
+def test_generate_rejects_options_of_another_strategy(tmp_path, capsys, options, message):
+    assert main(["generate", "--prompt", "the", "--store", str(tmp_path), *options]) == 2
+    assert one_error_line(capsys).startswith(message)
+
+
+def test_a_reader_that_stops_early_ends_the_output_quietly(tmp_path):
+    import subprocess
+    import sys
+
+    from storage import ArtifactStore
+
+    store = ArtifactStore(tmp_path / "store")
+    publish_files(store, "table", "d" * 16, a_txt="a")
+    command = [sys.executable, "-m", "flows.cli", "artifacts", "show", "table", "--store", store.url]
+    proc = subprocess.Popen(command, cwd=Path(__file__).parents[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdout.close()  # as `| head` does once it has its lines
+    err = proc.stderr.read().decode()
+    assert (proc.wait(timeout=60), err) == (141, "")  # 128 + SIGPIPE, no traceback
 
 
 def publish(store, stage, **arguments):
@@ -135,6 +375,9 @@ def test_generate_cleans_and_lowercases_the_prompt_as_the_corpus_was(tmp_path, c
     capsys.readouterr()
     prompt = "The\tCAFE\u0301"  # decomposed É: NFC, as ingestion does, makes it the corpus's é
     assert main(["generate", "--store", store.url, "--prompt", prompt, "--max-tokens", "2"]) == 0
+    assert capsys.readouterr().out.strip() == "the café sat on"
+    sample = ["--strategy", "sample", "--top-k", "1", "--temperature", "0.5", "--seed", "7"]  # top-1: greedy's tokens
+    assert main(["generate", "--store", store.url, "--prompt", prompt, "--max-tokens", "2", *sample]) == 0
     assert capsys.readouterr().out.strip() == "the café sat on"
 
 
