@@ -29,12 +29,11 @@ from benchmarks.corpora import plain_text_file
 from benchmarks.harness import Row
 from models.ingest import IngestOptions, ShardResult, build_corpus, ingest_shard, merge_shards, plan_shards
 from storage import ArtifactStore
-from storage.formats import DOCUMENTS
+from storage.formats import DOCUMENTS, SHARDED_ROW_GROUP
 from storage.store import ArtifactWriter
 
 # Prefect, Dask and the stages are imported in `run`: the merge's child process imports this module,
 # and its peak memory should be the merge's, not theirs.
-SHARDED_ROW_GROUP = 65_536  # tasks.parallel's (imported there with Prefect), checked in `run`
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+(?=[A-Z0-9\"'(])")
 
@@ -99,11 +98,9 @@ def run(quick: bool = False) -> list[Row]:
     from prefect.testing.utilities import prefect_test_harness
 
     from benchmarks.sharding import cluster, dask_params, time_stage
-    from tasks import parallel
     from tasks.corpus import ingest_corpus
     from tasks.params import CorpusParams
 
-    assert parallel.SHARDED_ROW_GROUP == SHARDED_ROW_GROUP
     size = 5_000_000 if quick else 100_000_000
     with tempfile.TemporaryDirectory() as tmp, prefect_test_harness(server_startup_timeout=120):
         path = plain_text_file(Path(tmp) / "corpus.txt", size)

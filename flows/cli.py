@@ -114,13 +114,10 @@ def cmd_run(args: argparse.Namespace) -> int:
 def read_catalog(store: str):
     """The catalog of a store that read-only commands read: a local path that does not exist, or is
     not a folder, is a mistyped --store, not an empty store. (Object stores: no artifacts yet is fine.)"""
-    from storage import Catalog, StoreError
+    from storage import Catalog
 
     catalog = Catalog(store)
-    root = Path(catalog.store.root)
-    if catalog.store.is_local and not root.is_dir():
-        why = "not a folder" if root.exists() else "no such folder"
-        raise StoreError(f"store {store}: {why}; give the store `lexiflow run` wrote, with --store or LEXIFLOW_STORE")
+    catalog.store.check_root(create=False)
     return catalog
 
 

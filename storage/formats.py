@@ -14,6 +14,10 @@ import scipy.sparse as sp
 
 from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
 
+# Row groups of the tables that row-range shards read (documents, tokenized sentences): a shard
+# reads only the groups holding its rows (`read_rows`), not the whole file.
+SHARDED_ROW_GROUP = 65_536
+
 DOCUMENTS = pa.schema([("doc_id", pa.string()), ("source", pa.string()), ("split", pa.string()),
                        ("text", pa.large_string())])
 TAGGED = pa.schema([("sent_id", pa.string()), ("source", pa.string()), ("split", pa.string()),

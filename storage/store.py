@@ -190,15 +190,22 @@ class ArtifactStore:
     def ref(self, kind: str, version: str) -> ArtifactRef:
         return ArtifactRef(store=self.url, kind=kind, version=version)
 
-    def check_root(self) -> None:
+    def check_root(self, create: bool = True) -> None:
         """Fail at once when a local store's folder cannot be made (a file in its path, no
-        permission), rather than in the first stage. Object stores show such problems on first use."""
+        permission), rather than in the first stage; with `create=False` (readers), when it is not an
+        existing folder: a mistyped store, not an empty one. Object stores show such problems on first use."""
         if not self.is_local:
+            return
+        root = Path(self.root)
+        if not create:
+            if not root.is_dir():
+                why = "not a folder" if root.exists() else "no such folder"
+                raise StoreError(f"store {self.url}: {why}; give the store `lexiflow run` wrote, with --store or "
+                                 "LEXIFLOW_STORE")
             return
         try:
             Path(self.root).mkdir(parents=True, exist_ok=True)
         except OSError as exc:
-            root = Path(self.root)
             blocker = next((p for p in (root, *root.parents) if p.exists()), root)
             why = f"{blocker} is a file, not a folder" if not blocker.is_dir() else exc.strerror
             raise StoreError(f"store {self.url}: cannot create its folder ({why}); choose another store path") \

@@ -10,8 +10,8 @@ from prefect import task
 
 from models import conllu, ingest, text
 from storage import ArtifactWriter
-from storage.formats import DOCUMENTS, TAGGED
-from tasks.parallel import SHARD_TASK, SHARDED_ROW_GROUP, deliver, map_shards
+from storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, TAGGED
+from tasks.parallel import SHARD_TASK, deliver, map_shards
 from tasks.params import CorpusParams, ParallelParams
 from tasks.stage import stage
 

@@ -39,10 +39,6 @@ from storage import ArtifactWriter
 from tasks.params import ParallelParams
 from tasks.stage import retry_transient_only
 
-# Row groups of the tables that row-range shards read (documents, tokenized sentences): a shard
-# reads only the groups holding its rows, not the whole file.
-SHARDED_ROW_GROUP = 65_536
-
 # Options of every shard task: no cache or persisted result (the stage around it caches the
 # artifact); transient I/O errors retried like the stages'.
 SHARD_TASK: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False, "retries": 2,

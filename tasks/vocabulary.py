@@ -14,10 +14,9 @@ from models.tokenizers import base as tokenizer_base
 from models.tokenizers import bpe as bpe_module
 from models.tokenizers import wordpiece as wordpiece_module
 from storage import ArtifactRef, ArtifactStore, ArtifactWriter, Catalog
-from storage.formats import TOKENS, VOCAB, count_rows, read_rows, read_table
+from storage.formats import SHARDED_ROW_GROUP, TOKENS, VOCAB, count_rows, read_rows, read_table
 from tasks.parallel import (
     SHARD_TASK,
-    SHARDED_ROW_GROUP,
     deliver,
     map_shards,
     row_ranges,
