@@ -110,6 +110,7 @@ def split_eval_files() -> dict[str, Path]:
     """WS353 and SimLex-999 as full sets and as dev (even pairs) / test (odd pairs) halves."""
     from gensim.test.utils import datapath
 
+    CACHE.mkdir(parents=True, exist_ok=True)
     out = {}
     for name, source in (("ws353", "wordsim353.tsv"), ("simlex", "simlex999.txt")):
         lines = Path(datapath(source)).read_text(encoding="utf-8").splitlines()
