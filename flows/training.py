@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 from prefect import flow, get_run_logger
 from prefect.deployments import run_deployment
@@ -29,7 +29,15 @@ from models.errors import ParameterError
 from storage import ArtifactRef, ArtifactStore, StoreError
 from tasks.embeddings import glove_embeddings, svd_embeddings, word2vec_embeddings
 from tasks.lm import train_lm as lm_stage
-from tasks.params import GloVeParams, NeuralLMParams, NgramParams, SVDParams, Word2VecParams
+from tasks.params import (
+    EmbeddingMethod,
+    GloVeParams,
+    LMKind,
+    NeuralLMParams,
+    NgramParams,
+    SVDParams,
+    Word2VecParams,
+)
 
 
 @dataclass(frozen=True)
@@ -61,8 +69,6 @@ LM_TRAINERS: dict[str, Trainer] = {
                   "ngram" if kind == "ngram" else "neural", {"model": kind}, {"embeddings": "embeddings"})
     for kind in ("ngram", "ffnn", "rnn", "lstm", "gru", "transformer")
 }
-EmbeddingMethod = Literal[tuple(EMBEDDING_TRAINERS)]  # the UI's drop-down follows the registry
-LMMethod = Literal[tuple(LM_TRAINERS)]
 
 
 def _resolve_inputs(trainer: Trainer, store: str, inputs: dict[str, str]) -> dict[str, ArtifactRef]:
@@ -107,7 +113,7 @@ def train_embeddings(
 @flow(name="train-lm", log_prints=True)
 def train_lm(
     store: str = "artifacts",
-    method: LMMethod = "ngram",
+    method: LMKind = "ngram",
     inputs: dict[str, str] | None = None,
     ngram: NgramParams = NgramParams(),
     neural: NeuralLMParams = NeuralLMParams(),

@@ -49,6 +49,9 @@ def plot_loss(history: Sequence[Mapping[str, float]], path: str | Path, title: s
     return Path(path)
 
 
+MIN_PROJECTION_WORDS = 5  # fewer points make no map worth drawing (and t-SNE needs perplexity < n)
+
+
 def frequent_rows(vectors: np.ndarray, n_words: int, skip: int = 0) -> np.ndarray:
     """Ids of the first `n_words` nonzero rows after skipping `skip` of them (ids sort by frequency)."""
     nonzero = np.flatnonzero(np.any(vectors != 0, axis=1))
@@ -81,8 +84,9 @@ def plot_projection(vectors: np.ndarray, tokens: Sequence[str], path: str | Path
     if len(tokens) != len(vectors):
         raise InputError(f"plot_projection: {len(tokens)} tokens for {len(vectors)} vectors")
     rows = frequent_rows(vectors, n_words, skip)
-    if len(rows) < 5:
-        raise InputError(f"plot_projection: only {len(rows)} nonzero vectors to draw (need at least 5)")
+    if len(rows) < MIN_PROJECTION_WORDS:
+        raise InputError(f"plot_projection: only {len(rows)} nonzero vectors to draw "
+                         f"(need at least {MIN_PROJECTION_WORDS})")
     words = [tokens[i] for i in rows]
     data = np.asarray(vectors[rows], dtype=np.float64)
     fig, axes = plt.subplots(1, len(methods), figsize=(11 * len(methods), 11), dpi=80, squeeze=False)

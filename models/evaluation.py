@@ -84,7 +84,7 @@ def analogies(kv: KeyedVectors, restrict_vocab: int = 30_000, questions: pl.Data
         add_accuracy=pl.col("add").sum() / pl.col("covered").sum(),
         mul_accuracy=pl.col("mul").sum() / pl.col("covered").sum(),
     )
-    n_cov = max(len(covered), 1)
+    n_cov = len(covered) or np.nan  # no covered question: no accuracy (shown as "–"), not 0 %
     return AnalogyResult(
         add_accuracy=float(add_ok.sum() / n_cov), mul_accuracy=float(mul_ok.sum() / n_cov),
         coverage=len(covered) / max(len(ids), 1), questions=len(ids), covered=len(covered), sections=sections,

@@ -8,6 +8,7 @@ import numpy as np
 import polars as pl
 
 from models import embedding_plots, glove, svd, vectors, vocab, word2vec
+from models.errors import InputError
 from storage import ArtifactRef, ArtifactStore, ArtifactWriter
 from storage.formats import read_matrix, read_table, write_vectors
 from tasks.params import GloVeParams, SVDParams, Word2VecParams
@@ -49,6 +50,11 @@ def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: Art
     """Skip-gram (`sgns`) or CBOW (`cbow`) through gensim, streaming the corpus artifact's train text
     (one record batch in memory at a time; held-out text never reaches vectors that may initialise a
     language model) on our word vocabulary."""
+    kind = ArtifactStore(tokenizer.store).manifest(tokenizer.kind, tokenizer.version)["metrics"].get("kind")
+    if kind != "word":  # a subword vocabulary would leave nearly every corpus word unknown
+        raise InputError(f"inputs.tokenizer={tokenizer.version}: a {kind} tokenizer; {method} learns word vectors, "
+                         "give it the word vocabulary's version "
+                         "(`lexiflow artifacts list --kind tokenizer`, kind word)")
     vocabulary = vocab.Vocabulary(read_table(tokenizer, "vocab.parquet"))
     model = word2vec.Word2Vec(sg=method == "sgns", **params.model_dump())
     with ArtifactStore(corpus.store).local_copy(corpus.kind, corpus.version, "documents.parquet") as path:
@@ -59,7 +65,11 @@ def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: Art
 
 @stage("embeddings", code=[glove, vectors, embedding_plots])
 def glove_embeddings(out: ArtifactWriter, cooccurrence: ArtifactRef, params: GloVeParams) -> None:
-    """GloVe on the co-occurrence artifact (on CUDA when the worker has one)."""
+    """GloVe on the co-occurrence artifact (on CUDA when the worker has one). Its speed is given in
+    cells/s and, comparable with word2vec's, in corpus words/s: the tokens the matrix was counted from
+    per second of an epoch."""
     model = glove.GloVe(**params.model_dump()).fit(read_matrix(cooccurrence), progress=out.progress)
-    write_embeddings(out, read_table(cooccurrence, "vocab.parquet"), model.vectors_, "glove", model.history_)
+    n_tokens = ArtifactStore(cooccurrence.store).manifest(cooccurrence.kind, cooccurrence.version)["metrics"]["tokens"]
+    history = [{**h, "words_per_s": n_tokens / max(h["seconds"], 1e-12)} for h in model.history_]
+    write_embeddings(out, read_table(cooccurrence, "vocab.parquet"), model.vectors_, "glove", history)
     out.metrics["device"] = model.device_

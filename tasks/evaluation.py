@@ -3,6 +3,8 @@ same as Prefect markdown/table artifacts in the UI."""
 
 from __future__ import annotations
 
+import logging
+
 import polars as pl
 
 from models import embedding_plots, evaluation, vectors
@@ -10,6 +12,8 @@ from storage import ArtifactRef, ArtifactStore, ArtifactWriter
 from storage.formats import read_vectors
 from tasks.params import EvaluationParams
 from tasks.stage import stage
+
+logger = logging.getLogger("lexiflow.evaluation")
 
 
 def _method(ref: ArtifactRef) -> str:
@@ -26,8 +30,14 @@ def evaluate_embeddings(out: ArtifactWriter, embeddings: ArtifactRef, params: Ev
     out.write_parquet("metrics.parquet", pl.DataFrame([{"embeddings": name, **result["metrics"]}]))
     out.write_parquet("neighbours.parquet", result["neighbours"])
     out.write_parquet("analogy_sections.parquet", result["analogy_sections"])
-    if params.projection_words:
+    report = evaluation.report_markdown(f"Evaluation of {name} embeddings ({embeddings})", {name: result})
+    drawable = len(embedding_plots.frequent_rows(matrix, params.projection_words))
+    if drawable >= embedding_plots.MIN_PROJECTION_WORDS:
         embedding_plots.plot_projection(matrix, words, out.path("projection.png"), n_words=params.projection_words,
                                         title=f"{name} embeddings")
-    out.write_text("report.md", evaluation.report_markdown(f"Evaluation of {name} embeddings ({embeddings})",
-                                                           {name: result}))
+    elif params.projection_words:  # a toy vocabulary: the metrics still stand, only the map is left out
+        note = (f"No PCA/t-SNE map: {drawable} trained words, a map needs at least "
+                f"{embedding_plots.MIN_PROJECTION_WORDS}.")
+        logger.warning("%s: %s", name, note)
+        report += f"\n{note}\n"
+    out.write_text("report.md", report)

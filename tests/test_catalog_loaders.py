@@ -42,16 +42,7 @@ from tasks.params import (
 )
 from tasks.vocabulary import encode_corpus, learn_vocabulary
 from tests.backends import BACKENDS
-
-
-def build(store: ArtifactStore, stage, **arguments):
-    """Publish one stage's artifact without Prefect: the builder the task wraps, the task's version."""
-    version = stage.version_of({"store": store.url, **arguments})
-    inputs = {k: v for k, v in arguments.items() if hasattr(v, "kind")}
-    if not store.exists(stage.name, version):
-        with store.writer(stage.name, version, inputs=inputs, parameters={}) as out:
-            stage.fn.__wrapped__(out, **arguments)
-    return store.ref(stage.name, version)
+from tests.stages import publish
 
 
 @pytest.fixture(scope="module", params=BACKENDS)
@@ -59,15 +50,15 @@ def store(request, tmp_path_factory) -> ArtifactStore:
     url = str(tmp_path_factory.mktemp("store")) if request.param == "local" else request.getfixturevalue(
         "moto_s3").new_url()
     s = ArtifactStore(url)
-    docs = build(s, ingest_corpus, params=CorpusParams(sources=["builtin:lee"]))
-    tok = build(s, learn_vocabulary, corpus=docs, params=VocabularyParams(min_count=2))
-    tokens = build(s, encode_corpus, corpus=docs, tokenizer=tok)
-    counts = build(s, count_cooccurrence, tokens=tokens, tokenizer=tok, params=CooccurrenceParams(window=2))
-    pmi = build(s, compute_ppmi, cooccurrence=counts, params=PPMIParams())
-    emb = build(s, svd_embeddings, ppmi=pmi, params=SVDParams(dim=16))
-    build(s, evaluate_embeddings, embeddings=emb,
-          params=EvaluationParams(analogy_vocabulary=100, probes=["the"], projection_words=0))
-    build(s, train_lm, tokens=tokens, tokenizer=tok, model="ngram", params=NgramParams(order=2))
+    docs = publish(s, ingest_corpus, params=CorpusParams(sources=["builtin:lee"]))
+    tok = publish(s, learn_vocabulary, corpus=docs, params=VocabularyParams(min_count=2))
+    tokens = publish(s, encode_corpus, corpus=docs, tokenizer=tok)
+    counts = publish(s, count_cooccurrence, tokens=tokens, tokenizer=tok, params=CooccurrenceParams(window=2))
+    pmi = publish(s, compute_ppmi, cooccurrence=counts, params=PPMIParams())
+    emb = publish(s, svd_embeddings, ppmi=pmi, params=SVDParams(dim=16))
+    publish(s, evaluate_embeddings, embeddings=emb,
+            params=EvaluationParams(analogy_vocabulary=100, probes=["the"], projection_words=0))
+    publish(s, train_lm, tokens=tokens, tokenizer=tok, model="ngram", params=NgramParams(order=2))
     return s
 
 

@@ -11,6 +11,7 @@ from flows.cli import main
 from flows.params import validate
 from models.errors import ParameterError
 from storage import Catalog
+from tests.stages import publish
 
 
 @pytest.fixture
@@ -343,19 +344,6 @@ def test_a_reader_that_stops_early_ends_the_output_quietly(tmp_path):
     proc.stdout.close()  # as `| head` does once it has its lines
     err = proc.stderr.read().decode()
     assert (proc.wait(timeout=60), err) == (141, "")  # 128 + SIGPIPE, no traceback
-
-
-def publish(store, stage, **arguments):
-    """One stage's artifact without Prefect: the builder the task wraps, at the task's version."""
-    from pydantic import BaseModel
-
-    version = stage.version_of({"store": store.url, **arguments})
-    inputs = {k: v for k, v in arguments.items() if hasattr(v, "kind")}
-    params = {k: v.model_dump(mode="json") for k, v in arguments.items()
-              if isinstance(v, BaseModel) and k not in inputs}  # as the stage records them
-    with store.writer(stage.name, version, inputs=inputs, parameters=params) as out:
-        stage.fn.__wrapped__(out, **arguments)
-    return store.ref(stage.name, version)
 
 
 def test_generate_cleans_and_lowercases_the_prompt_as_the_corpus_was(tmp_path, capsys):

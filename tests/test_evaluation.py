@@ -117,3 +117,31 @@ def test_reweight_spectrum_raises_the_singular_values_to_the_power():
     got = reweight_spectrum(flat, 0.5)
     assert np.isfinite(got).all() and not got[:, 3:].any()
     assert not reweight_spectrum(np.zeros((3, 2), dtype=np.float32), 2.0).any()
+
+
+def test_evaluation_stage_of_a_toy_vocabulary_leaves_out_only_the_map(tmp_path):
+    # Three trained words: too few for a PCA/t-SNE map and no analogy covered. The stage still
+    # publishes every metric, says why the map is missing, and reports the analogy accuracy as
+    # missing ("–"), not as 0 %.
+    from storage import ArtifactStore
+    from tasks.embeddings import write_embeddings
+    from tasks.evaluation import evaluate_embeddings
+    from tasks.params import EvaluationParams
+    from tests.stages import publish
+
+    store = ArtifactStore(str(tmp_path))
+    words = ["king", "queen", "tiger"]
+    frame = pl.DataFrame({"id": range(len(SPECIALS) + 3), "token": [*SPECIALS, *words],
+                          "count": [0] * len(SPECIALS) + [9, 8, 7]})
+    vectors = np.vstack([np.zeros((len(SPECIALS), 4)), np.random.default_rng(0).normal(size=(3, 4))])
+    with store.writer("embeddings", "0123456789abcdef") as out:
+        write_embeddings(out, frame, vectors.astype(np.float32), "svd")
+    ref = publish(store, evaluate_embeddings, embeddings=store.ref("embeddings", "0123456789abcdef"),
+                  params=EvaluationParams(analogy_vocabulary=100, probes=["king"]))
+    metrics = store.manifest(ref.kind, ref.version)["metrics"]
+    assert metrics["analogy_coverage"] == 0 and np.isnan(metrics["analogy_add_accuracy"])
+    assert np.isnan(metrics["analogy_mul_accuracy"]) and metrics["vocabulary"] == 3
+    assert not (tmp_path / "evaluation" / ref.version / "projection.png").exists()
+    report = store.read_text(ref.kind, ref.version, "report.md")
+    assert "No PCA/t-SNE map: 3 trained words, a map needs at least 5." in report
+    assert "| – | – | 0.000 | 3 |" in report and "**king**" in report  # 3CosAdd, 3CosMul, coverage, words

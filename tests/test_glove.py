@@ -269,3 +269,31 @@ def test_pipeline_parameters_default_to_the_model_defaults():
     assert (GloVeConfig.x_max, GloVeConfig.epochs, GloVeConfig.lr, GloVeConfig.adagrad_init, GloVeConfig.negative,
             GloVeConfig.negative_weight, GloVeConfig.negative_bound, GloVeConfig.spectrum_power) == \
         (0.5, 20, 0.1, 1.0, 5, 1.0, 0.5, 1.5)
+
+
+def test_glove_stage_reports_corpus_words_per_second_beside_cells_per_second(tmp_path):
+    # words/s is the speed unit for every method: for GloVe, the tokens the co-occurrence
+    # matrix was counted from, per second of an epoch (as word2vec's raw corpus tokens per second).
+    from storage import ArtifactStore
+    from storage.formats import read_table
+    from tasks.corpus import ingest_corpus
+    from tasks.embeddings import glove_embeddings
+    from tasks.matrices import count_cooccurrence
+    from tasks.params import CooccurrenceParams, CorpusParams, GloVeParams, VocabularyParams
+    from tasks.vocabulary import encode_corpus, learn_vocabulary
+    from tests.stages import publish
+
+    store = ArtifactStore(str(tmp_path))
+    docs = publish(store, ingest_corpus, params=CorpusParams(sources=["builtin:lee"]))
+    words = publish(store, learn_vocabulary, corpus=docs, params=VocabularyParams(min_count=3))
+    tokens = publish(store, encode_corpus, corpus=docs, tokenizer=words)
+    counts = publish(store, count_cooccurrence, tokens=tokens, tokenizer=words, params=CooccurrenceParams())
+    emb = publish(store, glove_embeddings, cooccurrence=counts, params=GloVeParams(dim=8, epochs=2, device="cpu"))
+    n_tokens = store.manifest(counts.kind, counts.version)["metrics"]["tokens"]
+    history = read_table(emb, "history.parquet")
+    assert n_tokens > 10_000 and history.height == 2
+    assert np.allclose(history["words_per_s"], n_tokens / history["seconds"])
+    assert np.allclose(history["cells_per_s"], store.manifest(counts.kind, counts.version)["metrics"]["nonzeros"]
+                       / history["seconds"])
+    metrics = store.manifest(emb.kind, emb.version)["metrics"]
+    assert metrics["words_per_s"] == pytest.approx(history["words_per_s"].mean())

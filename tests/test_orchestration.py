@@ -20,6 +20,7 @@ import textwrap
 import time
 from pathlib import Path
 from types import SimpleNamespace
+from typing import get_args
 
 import httpx
 import numpy as np
@@ -30,6 +31,7 @@ from deployments.definitions import DEFAULT_CRON, DEPLOYMENTS, DeployConfig, _st
 from flows.pipeline import pipeline
 from flows.training import EMBEDDING_TRAINERS, LM_TRAINERS
 from storage import Catalog
+from tasks.params import EmbeddingMethod, LMKind
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "build" / "test-output"
@@ -49,8 +51,9 @@ def test_deployments_registry_pools_and_schedule():
     assert by_name["pipeline"].cron(config) is None
     assert by_name["corpus-rebuild"].parameters(config) == {
         "store": "/data/store", "corpus": {"sources": ["/corpus/*.txt"]}, "training": {"remote": True}}
-    assert set(EMBEDDING_TRAINERS) == {"svd", "sgns", "cbow", "glove"}
-    assert set(LM_TRAINERS) == {"ngram", "ffnn", "rnn", "lstm", "gru", "transformer"}
+    # one list of choices (tasks/params.py) for the pipeline's form and the training flows' drop-downs
+    assert set(EMBEDDING_TRAINERS) == set(get_args(EmbeddingMethod)) == {"svd", "sgns", "cbow", "glove"}
+    assert set(LM_TRAINERS) == set(get_args(LMKind)) == {"ngram", "ffnn", "rnn", "lstm", "gru", "transformer"}
 
 
 def test_strict_schema_rejects_unknown_names_at_every_level():

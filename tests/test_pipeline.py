@@ -188,6 +188,7 @@ def test_all_stages_on_a_small_treebank(tmp_path, shared_data, capsys):
     for method in ("sgns", "cbow", "glove"):
         emb = store_obj.manifest("embeddings", refs[f"embeddings.{method}"].version)
         assert emb["metrics"]["method"] == method and any(f["name"] == "loss_curve.png" for f in emb["files"])
+        assert emb["metrics"]["words_per_s"] > 0  # one speed unit for every trained method
         assert f"| {method} |" in report and f"![{method}-loss_curve.png]({method}-loss_curve.png)" in report
     figures = sorted(p.name for p in (store / "report" / refs["report"].version).glob("*.png"))
     assert figures == ["cbow-loss_curve.png", "cbow-projection.png", "glove-loss_curve.png", "glove-projection.png",

@@ -37,6 +37,7 @@ from tasks.corpus import ingest_corpus
 from tasks.matrices import count_cooccurrence
 from tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
 from tasks.vocabulary import encode_corpus, learn_vocabulary
+from tests.stages import publish
 
 
 def sharded(files, options, shard_bytes):
@@ -180,22 +181,13 @@ def test_cooccurrence_counts_of_sentence_ranges_add_up_exactly(lengths, cut, win
     assert np.array_equal(merged.toarray(), whole.toarray())  # bit for bit, harmonic weights included
 
 
-def build(store: ArtifactStore, stage, **arguments):
-    """Publish one stage's artifact without Prefect (the `local` runner calls shards inline)."""
-    version = stage.version_of({"store": store.url, **arguments})
-    if not store.exists(stage.name, version):
-        with store.writer(stage.name, version) as out:
-            stage.fn.__wrapped__(out, **arguments)
-    return store.ref(stage.name, version)
-
-
 def stage_outputs(store: ArtifactStore, sources: list[str], parallel: ParallelParams) -> dict:
     corpus = CorpusParams(sources=sources, valid_fraction=0.2, test_fraction=0.2)
-    docs = build(store, ingest_corpus, params=corpus, parallel=parallel)
-    words = build(store, learn_vocabulary, corpus=docs, params=VocabularyParams(min_count=1), parallel=parallel)
-    tokens = build(store, encode_corpus, corpus=docs, tokenizer=words, parallel=parallel)
-    counts = build(store, count_cooccurrence, tokens=tokens, tokenizer=words,
-                   params=CooccurrenceParams(window=3), parallel=parallel)
+    docs = publish(store, ingest_corpus, params=corpus, parallel=parallel)
+    words = publish(store, learn_vocabulary, corpus=docs, params=VocabularyParams(min_count=1), parallel=parallel)
+    tokens = publish(store, encode_corpus, corpus=docs, tokenizer=words, parallel=parallel)
+    counts = publish(store, count_cooccurrence, tokens=tokens, tokenizer=words,
+                     params=CooccurrenceParams(window=3), parallel=parallel)
     return {ref.kind: ref for ref in (docs, words, tokens, counts)}
 
 

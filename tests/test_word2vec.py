@@ -134,3 +134,24 @@ def test_pipeline_parameters_default_to_the_model_defaults():
     model = asdict(Word2Vec().config)
     assert Word2VecParams().model_dump() == {k: model[k] for k in Word2VecParams.model_fields}
     assert model["epochs"] == 25 and gensim.models.Word2Vec().epochs == 5
+
+
+def test_stage_refuses_a_subword_tokenizer(tmp_path):
+    # train-embeddings takes the latest tokenizer when none is named; after a BPE run that is a
+    # subword vocabulary, which would leave nearly every corpus word unknown to word2vec.
+    from storage import ArtifactStore
+    from tasks.corpus import ingest_corpus
+    from tasks.embeddings import word2vec_embeddings
+    from tasks.params import CorpusParams, TokenizerParams, Word2VecParams
+    from tasks.vocabulary import learn_subword
+    from tests.stages import publish
+
+    store = ArtifactStore(str(tmp_path))
+    docs = publish(store, ingest_corpus, params=CorpusParams(sources=["builtin:lee"]))
+    bpe = publish(store, learn_subword, corpus=docs, params=TokenizerParams(kind="bpe", vocab_size=300))
+    with pytest.raises(InputError, match=f"inputs.tokenizer={bpe.version}: a bpe tokenizer; sgns learns word"):
+        publish(store, word2vec_embeddings, corpus=docs, tokenizer=bpe, method="sgns",
+                params=Word2VecParams(epochs=1, dim=8))
+    assert not store.exists("embeddings", word2vec_embeddings.version_of(
+        {"store": store.url, "corpus": docs, "tokenizer": bpe, "method": "sgns",
+         "params": Word2VecParams(epochs=1, dim=8)}))  # nothing published
