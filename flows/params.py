@@ -11,7 +11,7 @@ from storage import ArtifactRef, Catalog, StoreError
 from tasks.params import (
     CooccurrenceParams,
     CorpusParams,
-    EmbeddingMethod,
+    EmbeddingMethods,
     EvaluationParams,
     GloVeParams,
     LMKind,
@@ -49,8 +49,8 @@ class PipelineParams(Params):
     vocabulary: VocabularyParams = VocabularyParams()
     cooccurrence: CooccurrenceParams = CooccurrenceParams()
     ppmi: PPMIParams = PPMIParams()
-    embeddings: list[EmbeddingMethod] = Field(
-        default=["svd", "sgns"], min_length=1,
+    embeddings: EmbeddingMethods = Field(
+        default=["svd", "sgns"],
         description="Embedding methods, each its own artifact, evaluated side by side: svd, sgns, cbow, glove.")
     svd: SVDParams = SVDParams()
     word2vec: Word2VecParams = Word2VecParams()

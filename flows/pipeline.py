@@ -21,7 +21,7 @@ from tasks.matrices import compute_ppmi, count_cooccurrence
 from tasks.params import (
     CooccurrenceParams,
     CorpusParams,
-    EmbeddingMethod,
+    EmbeddingMethods,
     EvaluationParams,
     GloVeParams,
     LMKind,
@@ -47,7 +47,7 @@ def pipeline(
     vocabulary: VocabularyParams = VocabularyParams(),
     cooccurrence: CooccurrenceParams = CooccurrenceParams(),
     ppmi: PPMIParams = PPMIParams(),
-    embeddings: list[EmbeddingMethod] = ["svd", "sgns"],  # noqa: B006 - a literal default for the UI form
+    embeddings: EmbeddingMethods = ["svd", "sgns"],  # noqa: B006 - a literal default for the UI form
     svd: SVDParams = SVDParams(),
     word2vec: Word2VecParams = Word2VecParams(),
     glove: GloVeParams = GloVeParams(),

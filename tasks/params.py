@@ -3,7 +3,7 @@ Prefect UI form; unknown names are rejected (`extra="forbid"`) before any work s
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -140,6 +140,7 @@ class EvaluationParams(Params):
 
 
 EmbeddingMethod = Literal["svd", "sgns", "cbow", "glove"]
+EmbeddingMethods = Annotated[list[EmbeddingMethod], Field(min_length=1)]  # the UI form refuses an empty choice
 LMKind = Literal["ngram", "ffnn", "rnn", "lstm", "gru", "transformer"]
 
 

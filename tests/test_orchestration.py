@@ -64,7 +64,7 @@ def test_strict_schema_rejects_unknown_names_at_every_level():
     schema = _strict(parameter_schema(pipeline)).model_dump(exclude_unset=True)
     validate({"store": "s", "svd": {"dim": 20}}, schema, raise_on_error=True)
     for bad, where in (({"bogus": 1}, "'bogus' was unexpected"), ({"svd": {"dimm": 3}}, "'dimm' was unexpected"),
-                       ({"svd": {"dim": 1}}, "svd.dim")):
+                       ({"svd": {"dim": 1}}, "svd.dim"), ({"embeddings": []}, "[] should be non-empty")):
         with pytest.raises(ValidationError, match=re.escape(where)):
             validate(bad, schema, raise_on_error=True)
 
