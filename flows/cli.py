@@ -243,10 +243,10 @@ def cmd_tag(args: argparse.Namespace) -> int:
     is_conllu = source.suffix == ".conllu"
     if is_conllu:
         sentences = [s.words for s in conllu.parse_lines(lines, source=str(source))]
-    else:
+    else:  # a line is a document, as ingestion reads plain text: sentences never run across lines
         from models.text import pretokenize, split_sentences
 
-        sentences = [pretokenize(s) for s in split_sentences("".join(lines))]
+        sentences = [pretokenize(s) for line in lines for s in split_sentences(line)]
     tags = {column: taggers[column].tag_many(sentences, method=args.method) if column in taggers
             else [["_"] * len(words) for words in sentences]  # never the input's own (gold) tags
             for column in conllu.TAG_COLUMNS}

@@ -150,6 +150,16 @@ def test_tag_plain_text_with_one_tagger_leaves_the_other_tag_set_blank(tmp_path,
     assert {r[3] for r in rows} <= UPOS and {r[4] for r in rows} == {"_"}
 
 
+def test_tag_plain_text_keeps_each_line_a_document_as_ingestion_does(tmp_path, capsys, tagger_store):
+    source = tmp_path / "lines.txt"  # one sentence per line, no final punctuation, CRLF, a blank line
+    source.write_bytes(b"the cat sat\r\n\r\na dog ran\r\nthe dog sat. The cat ran")
+    assert main(["tag", str(source), "--store", tagger_store.url]) == 0
+    out = capsys.readouterr().out
+    texts = [line.removeprefix("# text = ") for line in out.splitlines() if line.startswith("# text = ")]
+    assert texts == ["the cat sat", "a dog ran", "the dog sat .", "The cat ran"]
+    assert [r[0] for r in token_rows(out)] == ["1", "2", "3"] * 2 + ["1", "2", "3", "4", "1", "2", "3"]
+
+
 def test_tag_uses_the_latest_tagger_of_each_tag_set_by_default(tmp_path, capsys, tagger_store):
     publish_tagger(tagger_store, "upos", "c" * 16, suffix="-new")  # now the latest tagger of all, and of UPOS
     source = tmp_path / "text.txt"
