@@ -240,7 +240,7 @@ def cmd_tag(args: argparse.Namespace) -> int:
         lines = list(conllu.utf8_lines(source))
     except OSError as exc:
         raise InputError(f"{source}: cannot read it ({exc.strerror})") from None
-    is_conllu = source.suffix == ".conllu"
+    is_conllu = source.suffix.lower() == ".conllu"  # as ingestion reads names: EN_EWT.CONLLU is CoNLL-U
     if is_conllu:
         sentences = [s.words for s in conllu.parse_lines(lines, source=str(source))]
     else:  # a line is a document, as ingestion reads plain text: sentences never run across lines

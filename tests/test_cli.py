@@ -200,6 +200,16 @@ def test_tag_never_keeps_gold_tags_of_a_conllu_input_beside_predicted_ones(tmp_p
     assert {r[3] for r in rows[:2]} <= UPOS and {r[4] for r in rows[:2]} <= XPOS and rows[2][3:5] == ["_", "_"]
 
 
+def test_tag_reads_a_conllu_file_whatever_the_case_of_its_suffix(tmp_path, capsys, tagger_store):
+    lower, upper = tmp_path / "gold.conllu", tmp_path / "GOLD.CONLLU"
+    lower.write_text(CONLLU, encoding="utf-8")
+    upper.write_text(CONLLU, encoding="utf-8")
+    assert main(["tag", str(lower), "--store", tagger_store.url]) == 0
+    tagged = capsys.readouterr().out
+    assert main(["tag", str(upper), "--store", tagger_store.url]) == 0
+    assert capsys.readouterr().out == tagged and "2.1\tsat\tsit\t_\t_" in tagged
+
+
 @pytest.mark.parametrize("name, content", [("same.conllu", CONLLU), ("same.txt", "the cat sat.\n")])
 def test_tag_refuses_to_write_over_its_input(tmp_path, capsys, tagger_store, name, content):
     source = tmp_path / name
