@@ -246,7 +246,7 @@ def cmd_tag(args: argparse.Namespace) -> int:
     else:  # a line is a document, as ingestion reads plain text: sentences never run across lines
         from models.text import pretokenize, split_sentences
 
-        sentences = [pretokenize(s) for line in lines for s in split_sentences(line)]
+        sentences = [pretokenize(s) for line in "".join(lines).splitlines() for s in split_sentences(line)]
     tags = {column: taggers[column].tag_many(sentences, method=args.method) if column in taggers
             else [["_"] * len(words) for words in sentences]  # never the input's own (gold) tags
             for column in conllu.TAG_COLUMNS}

@@ -152,12 +152,12 @@ def test_tag_plain_text_with_one_tagger_leaves_the_other_tag_set_blank(tmp_path,
 
 def test_tag_plain_text_keeps_each_line_a_document_as_ingestion_does(tmp_path, capsys, tagger_store):
     source = tmp_path / "lines.txt"  # one sentence per line, no final punctuation, CRLF, a blank line
-    source.write_bytes(b"the cat sat\r\n\r\na dog ran\r\nthe dog sat. The cat ran")
+    source.write_bytes(b"the cat sat\r\n\r\na dog ran\r\nthe dog sat. The cat ran\ra cat sat")  # and an old Mac CR
     assert main(["tag", str(source), "--store", tagger_store.url]) == 0
     out = capsys.readouterr().out
     texts = [line.removeprefix("# text = ") for line in out.splitlines() if line.startswith("# text = ")]
-    assert texts == ["the cat sat", "a dog ran", "the dog sat .", "The cat ran"]
-    assert [r[0] for r in token_rows(out)] == ["1", "2", "3"] * 2 + ["1", "2", "3", "4", "1", "2", "3"]
+    assert texts == ["the cat sat", "a dog ran", "the dog sat .", "The cat ran", "a cat sat"]
+    assert [r[0] for r in token_rows(out)] == ["1", "2", "3"] * 2 + ["1", "2", "3", "4"] + ["1", "2", "3"] * 2
 
 
 def test_tag_uses_the_latest_tagger_of_each_tag_set_by_default(tmp_path, capsys, tagger_store):
