@@ -103,8 +103,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         if ref.kind == "evaluation":
             print(f"  {name:<17} " + ", ".join(f"{k} {metrics[k]:.3f}" for k in HEADLINE))
         elif ref.kind == "tagger":
-            print(f"  {name:<17} " + ", ".join(f"{k} {metrics[k]:.4f}" for k in
-                                               ("accuracy", "known_accuracy", "unknown_accuracy")))
+            print(f"  {name:<17} " + (", ".join(f"{k} {metrics[k]:.4f}" for k in
+                                                ("accuracy", "known_accuracy", "unknown_accuracy")
+                                                if metrics.get(k) is not None)
+                                      or "not evaluated (no valid or test sentences)"))
         elif ref.kind == "lm":
             print(f"  {name:<17} " + ", ".join(f"{k} {metrics[k]:.1f}" for k in ("valid_perplexity", "test_perplexity")
                                                if metrics.get(k) is not None))
