@@ -30,6 +30,8 @@ def no_pipeline(monkeypatch):
      "the transformer LM needs neural.d_model=128"),
     (['lm=["transformer"]', "neural.n_heads=3"], "neural.n_heads=3 does not divide neural.d_model=128"),
     (['lm=["gru"]', "neural.hidden_dim=64"], "neural.tie_weights=true needs neural.hidden_dim == neural.emb_dim"),
+    (["tokenizer.kind=bpe", "tokenizer.end_of_word=end word"], "tokenizer.end_of_word: String should match pattern"),
+    (["tokenizer.kind=bpe", "tokenizer.end_of_word=\x1f"], "tokenizer.end_of_word: String should match pattern"),
 ])
 def test_run_rejects_combinations_that_cannot_work_before_any_stage(tmp_path, capsys, no_pipeline, settings,
                                                                      message):
