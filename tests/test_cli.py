@@ -275,6 +275,18 @@ def test_tag_names_the_file_it_cannot_use_in_one_line(tmp_path, capsys, tagger_s
     assert sorted(tmp_path.iterdir()) == before
 
 
+@pytest.mark.parametrize("damage", ["missing", "garbage"])
+def test_tag_with_a_damaged_tagger_artifact_says_so_in_one_line(tmp_path, capsys, tagger_store, damage):
+    table = Path(tagger_store.path("tagger", UPOS_TAGGER)) / "emissions.parquet"
+    table.unlink() if damage == "missing" else table.write_bytes(b"not parquet")
+    source = tmp_path / "text.txt"
+    source.write_text("the cat sat.", encoding="utf-8")
+    assert main(["tag", str(source), "--store", tagger_store.url]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"{table}: cannot read the tagger table (") and line.endswith(
+        "the tagger artifact is damaged, run `lexiflow artifacts verify`")
+
+
 def publish_files(store, kind, version, **files):
     """An artifact holding text files (name=content), without a stage."""
     with store.writer(kind, version) as out:
