@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from models import hmm, tagging_metrics
+from models import hmm, ingest, tagging_metrics
 from storage import ArtifactRef, ArtifactWriter
 from storage.formats import read_table
 from tasks.params import TaggerParams
@@ -27,6 +27,8 @@ def tagged_split(table: pl.DataFrame, split: str, column: str, refine: bool) -> 
 def train_tagger(out: ArtifactWriter, tagged: ArtifactRef, column: str, params: TaggerParams) -> None:
     table = read_table(tagged, "sentences.parquet")
     train, dev = (tagged_split(table, s, column, params.refine_states) for s in ("train", "valid"))
+    if not train:  # every CoNLL-U source is named as a dev/test file
+        raise ingest.no_train_split(f"tagged corpus {tagged.version}", dict(table.group_by("split").len().iter_rows()))
     tagger = hmm.HMMTagger(order=params.order).fit(train, dev=dev or None)
     tagger.save(out.folder)
     held_out = [split for split in ("test", "valid") if (table["split"] == split).any()]

@@ -371,3 +371,20 @@ def test_tagger_stage_with_no_held_out_sentences_reports_no_accuracy_not_nan(tmp
         assert metrics["accuracy"] is None and "Not evaluated: the tagged corpus has no valid or test" in report
     else:  # dev has no unknown word: no unknown-word accuracy
         assert metrics["accuracy"] == metrics["known_accuracy"] == 1.0 and metrics["unknown_accuracy"] is None
+
+
+def test_tagger_stage_without_train_sentences_says_which_split_they_went_to(tmp_path):
+    from storage import ArtifactStore
+    from tasks.corpus import ingest_tagged
+    from tasks.params import CorpusParams, TaggerParams
+    from tasks.tagger import train_tagger
+    from tests.stages import publish
+
+    (tmp_path / "en-ud-test.conllu").write_text("1\tthe\t_\tDET\tDT\t_\t_\t_\t_\t_\n\n" * 3, encoding="utf-8")
+    store = ArtifactStore(tmp_path / "store")
+    tagged = publish(store, ingest_tagged, params=CorpusParams(sources=[str(tmp_path / "en-ud-test.conllu")]))
+    with pytest.raises(InputError, match=r"^tagged corpus \w+ has no train split \(held out: 3 test\), .* A source "
+                                         r"file named after a split"):
+        publish(store, train_tagger, tagged=tagged, column="upos", params=TaggerParams())
+    assert not store.exists("tagger", train_tagger.describe(
+        {"store": store.url, "tagged": tagged, "column": "upos", "params": TaggerParams()})[2])
