@@ -246,9 +246,9 @@ def cmd_tag(args: argparse.Namespace) -> int:
     if is_conllu:
         sentences = [s.words for s in conllu.parse_lines(lines, source=str(source))]
     else:  # a line is a document, as ingestion reads plain text: sentences never run across lines
-        from models.text import pretokenize, split_sentences
+        from models.text import sentence_words
 
-        sentences = [pretokenize(s) for line in "".join(lines).splitlines() for s in split_sentences(line)]
+        sentences = sentence_words("".join(lines).splitlines())
     tags = {column: taggers[column].tag_many(sentences, method=args.method) if column in taggers
             else [["_"] * len(words) for words in sentences]  # never the input's own (gold) tags
             for column in conllu.TAG_COLUMNS}
