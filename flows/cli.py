@@ -103,8 +103,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         if ref.kind == "evaluation":
             print(f"  {name:<17} " + ", ".join(f"{k} {metrics[k]:.3f}" for k in HEADLINE))
         elif ref.kind == "tagger":
-            print(f"  {name:<17} " + ", ".join(f"{k} {metrics[k]:.4f}" for k in
-                                               ("accuracy", "known_accuracy", "unknown_accuracy")))
+            print(f"  {name:<17} " + (", ".join(f"{k} {metrics[k]:.4f}" for k in
+                                                ("accuracy", "known_accuracy", "unknown_accuracy")
+                                                if metrics.get(k) is not None)
+                                      or "not evaluated (no valid or test sentences)"))
         elif ref.kind == "lm":
             print(f"  {name:<17} " + ", ".join(f"{k} {metrics[k]:.1f}" for k in ("valid_perplexity", "test_perplexity")
                                                if metrics.get(k) is not None))
@@ -240,13 +242,13 @@ def cmd_tag(args: argparse.Namespace) -> int:
         lines = list(conllu.utf8_lines(source))
     except OSError as exc:
         raise InputError(f"{source}: cannot read it ({exc.strerror})") from None
-    is_conllu = source.suffix == ".conllu"
+    is_conllu = source.suffix.lower() == ".conllu"  # as ingestion reads names: EN_EWT.CONLLU is CoNLL-U
     if is_conllu:
         sentences = [s.words for s in conllu.parse_lines(lines, source=str(source))]
-    else:
-        from models.text import pretokenize, split_sentences
+    else:  # a line is a document, as ingestion reads plain text: sentences never run across lines
+        from models.text import sentence_words
 
-        sentences = [pretokenize(s) for s in split_sentences("".join(lines))]
+        sentences = sentence_words("".join(lines).splitlines())
     tags = {column: taggers[column].tag_many(sentences, method=args.method) if column in taggers
             else [["_"] * len(words) for words in sentences]  # never the input's own (gold) tags
             for column in conllu.TAG_COLUMNS}

@@ -1038,14 +1038,23 @@ class HMMTagger:
         out_id = {**tid, EOS: k}
         self.tags_ = tags
         self.state_output_ = config["state_output"]
-        tr = pl.read_parquet(d / "transitions.parquet")
+
+        def read(name: str) -> pl.DataFrame:
+            try:
+                return pl.read_parquet(d / name)
+            except (OSError, pl.exceptions.PolarsError) as e:  # a damaged artifact: one line, not a traceback
+                why = "missing" if isinstance(e, FileNotFoundError) else " ".join(str(e).split())
+                raise InputError(f"{d / name}: cannot read the tagger table ({why}); the tagger artifact is "
+                                 "damaged, run `lexiflow artifacts verify`") from None
+
+        tr = read("transitions.parquet")
         self.bigram_counts_ = np.zeros((k + 1, k + 1))
         self.bigram_counts_[[prev_id[t] for t in tr["prev"]], [out_id[t] for t in tr["tag"]]] = tr["count"].to_numpy()
-        tri = pl.read_parquet(d / "trigrams.parquet")
+        tri = read("trigrams.parquet")
         self.trigram_counts_ = np.zeros((k + 1, k + 1, k + 1))
         self.trigram_counts_[[prev_id[t] for t in tri["prev2"]], [prev_id[t] for t in tri["prev"]],
                              [out_id[t] for t in tri["tag"]]] = tri["count"].to_numpy()
-        em = pl.read_parquet(d / "emissions.parquet")
+        em = read("emissions.parquet")
         vocab: dict[str, int] = {}
         for wid, w in zip(em["word_id"].to_list(), em["word"].to_list(), strict=True):
             vocab.setdefault(w, wid)
@@ -1053,13 +1062,13 @@ class HMMTagger:
         self.emission_counts_ = np.zeros((len(vocab), k))
         self.emission_counts_[em["word_id"].to_numpy(), [tid[t] for t in em["tag"]]] = em["count"].to_numpy()
         self.suffix_counts_ = {}
-        sf = pl.read_parquet(d / "suffixes.parquet")
+        sf = read("suffixes.parquet")
         for cased, suf, t, c in sf.iter_rows():
             vec = self.suffix_counts_.setdefault((cased, suf), np.zeros(k))
             vec[tid[t]] = c
         self.lr_features_ = config["lr_features"]
         fidx = {f: i for i, f in enumerate(self.lr_features_)}
-        lr = pl.read_parquet(d / "unknown_lr.parquet")
+        lr = read("unknown_lr.parquet")
         self.lr_weights_ = np.zeros((len(self.lr_features_), k))
         self.lr_bias_ = np.zeros(k)
         for f, t, wgt in lr.iter_rows():

@@ -125,5 +125,12 @@ def split_sentences(text: str) -> list[str]:
     return [s for s in joined.split("\n") if s]
 
 
+def sentence_words(texts: Iterable[str]) -> list[list[str]]:
+    """The words of every sentence of every text, in order (`split_sentences` then `pretokenize`, vectorized)."""
+    sentences = pl.Series(_apply(texts, split_sentences_expr(normalize_expr(pl.col("t"))).str.split("\n")),
+                          dtype=pl.List(pl.String)).explode()
+    return _apply(sentences.filter(sentences != ""), pretokenize_expr(pl.col("t")))
+
+
 def pretokenize(text: str) -> list[str]:
     return _apply([text], pretokenize_expr(pl.col("t")))[0]

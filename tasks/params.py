@@ -64,7 +64,7 @@ class TokenizerParams(Params):
     vocab_size: int = Field(8000, ge=16, le=1_000_000, description="Subword vocabulary size (specials included).")
     min_frequency: int = Field(2, ge=1, description="Subword training ignores pairs seen fewer times.")
     end_of_word: str = Field(
-        "</w>", min_length=1, max_length=8,
+        "</w>", min_length=1, max_length=8, pattern=r"^[^\s\x1c-\x1f]+$",  # no space (str.isspace), as BPE checks
         description="BPE end-of-word marker (Sennrich et al.'s </w>). Pick one the word pre-tokenizer never puts "
                     "inside a word: with _ a word such as my_var decodes as 'my var'.")
     marker: Literal["glued", "separate"] = Field(

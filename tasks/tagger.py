@@ -4,9 +4,10 @@ and unknown words, per tag — with a confusion-matrix heatmap."""
 
 from __future__ import annotations
 
+import numpy as np
 import polars as pl
 
-from models import hmm, tagging_metrics
+from models import hmm, ingest, tagging_metrics
 from storage import ArtifactRef, ArtifactWriter
 from storage.formats import read_table
 from tasks.params import TaggerParams
@@ -26,9 +27,19 @@ def tagged_split(table: pl.DataFrame, split: str, column: str, refine: bool) -> 
 def train_tagger(out: ArtifactWriter, tagged: ArtifactRef, column: str, params: TaggerParams) -> None:
     table = read_table(tagged, "sentences.parquet")
     train, dev = (tagged_split(table, s, column, params.refine_states) for s in ("train", "valid"))
+    if not train:  # every CoNLL-U source is named as a dev/test file
+        raise ingest.no_train_split(f"tagged corpus {tagged.version}", dict(table.group_by("split").len().iter_rows()))
     tagger = hmm.HMMTagger(order=params.order).fit(train, dev=dev or None)
     tagger.save(out.folder)
-    evaluated = "test" if (table["split"] == "test").any() else "valid"
+    held_out = [split for split in ("test", "valid") if (table["split"] == split).any()]
+    if not held_out:  # every sentence trained the tagger (sources named as train files): nothing to measure on
+        out.metrics.update({"column": column, "evaluated_on": None, "method": params.method, "accuracy": None,
+                            "known_accuracy": None, "unknown_accuracy": None, "tokens": 0, "unknown_tokens": 0})
+        out.write_text("report.md", f"# {column.upper()} HMM tagger (order {params.order})\n\nNot evaluated: the "
+                       "tagged corpus has no valid or test sentences. Add a dev or test CoNLL-U file "
+                       "(`*-ud-dev.conllu`, `*-ud-test.conllu`) to the sources for accuracy figures.\n")
+        return
+    evaluated = held_out[0]
     gold_rows = table.filter(pl.col("split") == evaluated)
     words, gold = gold_rows["words"].to_list(), gold_rows[column].to_list()
     pred = tagger.tag_many(words, method=params.method, beam_width=params.beam_width)
@@ -37,7 +48,8 @@ def train_tagger(out: ArtifactWriter, tagged: ArtifactRef, column: str, params: 
     out.write_parquet("per_tag.parquet", per_tag)
     tagging_metrics.plot_confusion(gold, pred, out.path("confusion.png"),
                                    title=f"{column.upper()} confusion ({evaluated}, row-normalised)")
-    out.metrics.update({"column": column, "evaluated_on": evaluated, "method": params.method, **scores})
+    out.metrics.update({"column": column, "evaluated_on": evaluated, "method": params.method,
+                        **{k: None if np.isnan(v) else v for k, v in scores.items()}})  # no unknown word: None
     lines = [f"# {column.upper()} HMM tagger (order {params.order})", "",
              f"On the {evaluated} split ({int(scores['tokens'])} tokens, {int(scores['unknown_tokens'])} unknown): "
              f"accuracy **{scores['accuracy']:.4f}**, known words {scores['known_accuracy']:.4f}, "

@@ -30,6 +30,8 @@ def no_pipeline(monkeypatch):
      "the transformer LM needs neural.d_model=128"),
     (['lm=["transformer"]', "neural.n_heads=3"], "neural.n_heads=3 does not divide neural.d_model=128"),
     (['lm=["gru"]', "neural.hidden_dim=64"], "neural.tie_weights=true needs neural.hidden_dim == neural.emb_dim"),
+    (["tokenizer.kind=bpe", "tokenizer.end_of_word=end word"], "tokenizer.end_of_word: String should match pattern"),
+    (["tokenizer.kind=bpe", "tokenizer.end_of_word=\x1f"], "tokenizer.end_of_word: String should match pattern"),
 ])
 def test_run_rejects_combinations_that_cannot_work_before_any_stage(tmp_path, capsys, no_pipeline, settings,
                                                                      message):
@@ -150,6 +152,16 @@ def test_tag_plain_text_with_one_tagger_leaves_the_other_tag_set_blank(tmp_path,
     assert {r[3] for r in rows} <= UPOS and {r[4] for r in rows} == {"_"}
 
 
+def test_tag_plain_text_keeps_each_line_a_document_as_ingestion_does(tmp_path, capsys, tagger_store):
+    source = tmp_path / "lines.txt"  # one sentence per line, no final punctuation, CRLF, a blank line
+    source.write_bytes(b"the cat sat\r\n\r\na dog ran\r\nthe dog sat. The cat ran\ra cat sat")  # and an old Mac CR
+    assert main(["tag", str(source), "--store", tagger_store.url]) == 0
+    out = capsys.readouterr().out
+    texts = [line.removeprefix("# text = ") for line in out.splitlines() if line.startswith("# text = ")]
+    assert texts == ["the cat sat", "a dog ran", "the dog sat .", "The cat ran", "a cat sat"]
+    assert [r[0] for r in token_rows(out)] == ["1", "2", "3"] * 2 + ["1", "2", "3", "4"] + ["1", "2", "3"] * 2
+
+
 def test_tag_uses_the_latest_tagger_of_each_tag_set_by_default(tmp_path, capsys, tagger_store):
     publish_tagger(tagger_store, "upos", "c" * 16, suffix="-new")  # now the latest tagger of all, and of UPOS
     source = tmp_path / "text.txt"
@@ -188,6 +200,16 @@ def test_tag_never_keeps_gold_tags_of_a_conllu_input_beside_predicted_ones(tmp_p
     assert main(["tag", str(source), "--store", tagger_store.url]) == 0  # default: both tag sets predicted
     rows = token_rows(capsys.readouterr().out)
     assert {r[3] for r in rows[:2]} <= UPOS and {r[4] for r in rows[:2]} <= XPOS and rows[2][3:5] == ["_", "_"]
+
+
+def test_tag_reads_a_conllu_file_whatever_the_case_of_its_suffix(tmp_path, capsys, tagger_store):
+    lower, upper = tmp_path / "gold.conllu", tmp_path / "GOLD.CONLLU"
+    lower.write_text(CONLLU, encoding="utf-8")
+    upper.write_text(CONLLU, encoding="utf-8")
+    assert main(["tag", str(lower), "--store", tagger_store.url]) == 0
+    tagged = capsys.readouterr().out
+    assert main(["tag", str(upper), "--store", tagger_store.url]) == 0
+    assert capsys.readouterr().out == tagged and "2.1\tsat\tsit\t_\t_" in tagged
 
 
 @pytest.mark.parametrize("name, content", [("same.conllu", CONLLU), ("same.txt", "the cat sat.\n")])
@@ -251,6 +273,18 @@ def test_tag_names_the_file_it_cannot_use_in_one_line(tmp_path, capsys, tagger_s
     assert main(args) == 2
     assert one_error_line(capsys) == message.format(input=source, output=tmp_path / (output or ""), tmp=tmp_path)
     assert sorted(tmp_path.iterdir()) == before
+
+
+@pytest.mark.parametrize("damage", ["missing", "garbage"])
+def test_tag_with_a_damaged_tagger_artifact_says_so_in_one_line(tmp_path, capsys, tagger_store, damage):
+    table = Path(tagger_store.path("tagger", UPOS_TAGGER)) / "emissions.parquet"
+    table.unlink() if damage == "missing" else table.write_bytes(b"not parquet")
+    source = tmp_path / "text.txt"
+    source.write_text("the cat sat.", encoding="utf-8")
+    assert main(["tag", str(source), "--store", tagger_store.url]) == 2
+    line = one_error_line(capsys)
+    assert line.startswith(f"{table}: cannot read the tagger table (") and line.endswith(
+        "the tagger artifact is damaged, run `lexiflow artifacts verify`")
 
 
 def publish_files(store, kind, version, **files):

@@ -345,3 +345,46 @@ def test_confusion_and_accuracy_report(tmp_path):
         per_tag_scores([["D"]], [["D", "N"]])
     with pytest.raises(InputError, match="words has 2 sentences but gold has 3"):  # names what is short
         accuracy_report(words[:2], GOLD, PRED, known={"a"})
+
+
+@pytest.mark.parametrize("names, evaluated", [(["a-train.conllu"], None),
+                                              (["a-train.conllu", "a-dev.conllu"], "valid")])
+def test_tagger_stage_with_no_held_out_sentences_reports_no_accuracy_not_nan(tmp_path, names, evaluated):
+    from storage import ArtifactStore
+    from tasks.corpus import ingest_tagged
+    from tasks.params import CorpusParams, TaggerParams
+    from tasks.tagger import train_tagger
+    from tests.stages import publish
+
+    block = "1\tthe\t_\tDET\tDT\t_\t_\t_\t_\t_\n2\tdog\t_\tNOUN\tNN\t_\t_\t_\t_\t_\n\n"
+    for name in names:  # every sentence goes to the split its file's name gives
+        (tmp_path / name).write_text(block * 5, encoding="utf-8")
+    store = ArtifactStore(tmp_path / "store")
+    tagged = publish(store, ingest_tagged, params=CorpusParams(sources=[str(tmp_path / n) for n in names]))
+    ref = publish(store, train_tagger, tagged=tagged, column="upos", params=TaggerParams(order=2))
+    manifest = store.manifest(ref.kind, ref.version)
+    metrics = manifest["metrics"]
+    assert metrics["evaluated_on"] == evaluated
+    assert "NaN" not in json.dumps(metrics)  # strict JSON: a figure with no tokens behind it is null
+    report = store.read_text(ref.kind, ref.version, "report.md")
+    if evaluated is None:
+        assert metrics["accuracy"] is None and "Not evaluated: the tagged corpus has no valid or test" in report
+    else:  # dev has no unknown word: no unknown-word accuracy
+        assert metrics["accuracy"] == metrics["known_accuracy"] == 1.0 and metrics["unknown_accuracy"] is None
+
+
+def test_tagger_stage_without_train_sentences_says_which_split_they_went_to(tmp_path):
+    from storage import ArtifactStore
+    from tasks.corpus import ingest_tagged
+    from tasks.params import CorpusParams, TaggerParams
+    from tasks.tagger import train_tagger
+    from tests.stages import publish
+
+    (tmp_path / "en-ud-test.conllu").write_text("1\tthe\t_\tDET\tDT\t_\t_\t_\t_\t_\n\n" * 3, encoding="utf-8")
+    store = ArtifactStore(tmp_path / "store")
+    tagged = publish(store, ingest_tagged, params=CorpusParams(sources=[str(tmp_path / "en-ud-test.conllu")]))
+    with pytest.raises(InputError, match=r"^tagged corpus \w+ has no train split \(held out: 3 test\), .* A source "
+                                         r"file named after a split"):
+        publish(store, train_tagger, tagged=tagged, column="upos", params=TaggerParams())
+    assert not store.exists("tagger", train_tagger.describe(
+        {"store": store.url, "tagged": tagged, "column": "upos", "params": TaggerParams()})[2])

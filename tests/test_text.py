@@ -10,6 +10,7 @@ from models.text import (
     normalize,
     normalize_series,
     pretokenize,
+    sentence_words,
     split_sentences,
 )
 
@@ -74,3 +75,9 @@ def test_control_characters_never_reach_the_sentence_splitter():
     # NUL stands in for protected periods while sentences are split: a NUL in the input must not become "."
     assert split_sentences("Dr.\x00 Who\x1b went home. Then\x00 he slept.") == ["Dr. Who went home.", "Then he slept."]
     assert normalize("a\x00b\u0085c\x07") == "ab c"
+
+
+@settings(max_examples=50, deadline=None)
+@given(st.lists(st.text(alphabet=st.sampled_from("ab .!?\"(A1\u00a0\x00\u0301"), max_size=30), max_size=6))
+def test_sentence_words_is_split_sentences_then_pretokenize_per_text(texts):
+    assert sentence_words(texts) == [pretokenize(s) for t in texts for s in split_sentences(t)]
