@@ -30,6 +30,7 @@ def no_pipeline(monkeypatch):
      "the transformer LM needs neural.d_model=128"),
     (['lm=["transformer"]', "neural.n_heads=3"], "neural.n_heads=3 does not divide neural.d_model=128"),
     (['lm=["gru"]', "neural.hidden_dim=64"], "neural.tie_weights=true needs neural.hidden_dim == neural.emb_dim"),
+    (["ngram.order=1"], "ngram.order=1 with ngram.smoothing=kneser_ney: Kneser-Ney needs ngram.order >= 2"),
 ])
 def test_run_rejects_combinations_that_cannot_work_before_any_stage(tmp_path, capsys, no_pipeline, settings,
                                                                      message):
@@ -47,6 +48,8 @@ def test_combinations_that_work_are_accepted():
               "neural": {"pretrained": "sgns"}})
     validate({"lm": ["transformer"], "neural": {"n_heads": 8, "hidden_dim": 64}})  # tying concerns RNNs only
     validate({"lm": ["rnn"], "neural": {"hidden_dim": 64, "tie_weights": False}})
+    validate({"lm": ["ngram"], "ngram": {"order": 1, "smoothing": "add_k"}})  # a unigram model needs no KN
+    validate({"lm": ["gru"], "ngram": {"order": 1}})  # no n-gram model trained
 
 
 def test_a_deployed_pipeline_run_checks_the_combinations_before_any_stage(tmp_path):
