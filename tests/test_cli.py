@@ -372,6 +372,28 @@ def test_generate_cleans_and_lowercases_the_prompt_as_the_corpus_was(tmp_path, c
     assert capsys.readouterr().out.strip() == "the café sat on"
 
 
+def test_lm_stage_refuses_tokens_encoded_with_another_tokenizer(tmp_path):
+    """train-lm takes its inputs by version: tokens of one tokenizer with another tokenizer's vocabulary
+    would silently train on the wrong words (and `generate` would decode with the wrong tokenizer)."""
+    from storage import ArtifactStore
+    from tasks.corpus import ingest_corpus
+    from tasks.lm import train_lm
+    from tasks.params import CorpusParams, NgramParams, VocabularyParams
+    from tasks.vocabulary import encode_corpus, learn_vocabulary
+
+    text = tmp_path / "docs.txt"
+    text.write_text("\n".join(f"the cat sat on mat {i % 7} and dog {i % 3}." for i in range(100)))
+    store = ArtifactStore(tmp_path / "store")
+    corpus = publish(store, ingest_corpus, params=CorpusParams(sources=[str(text)]))
+    words = publish(store, learn_vocabulary, corpus=corpus, params=VocabularyParams(min_count=1))
+    other = publish(store, learn_vocabulary, corpus=corpus, params=VocabularyParams(min_count=50))
+    tokens = publish(store, encode_corpus, corpus=corpus, tokenizer=words)
+    with pytest.raises(ParameterError, match=f"{tokens} was encoded with {words}, not {other}"):
+        publish(store, train_lm, tokens=tokens, tokenizer=other, model="ngram", params=NgramParams(order=2))
+    assert Catalog(store).list("lm") == []
+    publish(store, train_lm, tokens=tokens, tokenizer=words, model="ngram", params=NgramParams(order=2))
+
+
 @pytest.mark.parametrize("error, retried", [
     (NotADirectoryError(20, "Not a directory"), False), (PermissionError(13, "Permission denied"), False),
     (FileNotFoundError(2, "No such file"), False), (ParameterError("bad"), False),
