@@ -81,6 +81,9 @@ class PipelineParams(Params):
             problems.append(f"ngram.order={g.order} with ngram.smoothing=kneser_ney: Kneser-Ney needs "
                             f"ngram.order >= 2; raise the order or set ngram.smoothing=add_k or mle")
         neural_lms = [kind for kind in self.lm if kind != "ngram"]
+        if neural_lms and n.batch_size % n.world_size:
+            problems.append(f"neural.batch_size={n.batch_size} is not divisible by neural.world_size={n.world_size}: "
+                            f"the global batch is split evenly across the ranks; use a multiple of world_size")
         if n.pretrained != "none" and neural_lms:  # without a neural LM, pretrained has nothing to initialise
             section = {"svd": "svd", "glove": "glove"}.get(n.pretrained, "word2vec")
             have = getattr(self, section).dim

@@ -31,6 +31,7 @@ def no_pipeline(monkeypatch):
     (['lm=["transformer"]', "neural.n_heads=3"], "neural.n_heads=3 does not divide neural.d_model=128"),
     (['lm=["gru"]', "neural.hidden_dim=64"], "neural.tie_weights=true needs neural.hidden_dim == neural.emb_dim"),
     (["ngram.order=1"], "ngram.order=1 with ngram.smoothing=kneser_ney: Kneser-Ney needs ngram.order >= 2"),
+    (['lm=["gru"]', "neural.world_size=3"], "neural.batch_size=20 is not divisible by neural.world_size=3"),
 ])
 def test_run_rejects_combinations_that_cannot_work_before_any_stage(tmp_path, capsys, no_pipeline, settings,
                                                                      message):
@@ -50,6 +51,7 @@ def test_combinations_that_work_are_accepted():
     validate({"lm": ["rnn"], "neural": {"hidden_dim": 64, "tie_weights": False}})
     validate({"lm": ["ngram"], "ngram": {"order": 1, "smoothing": "add_k"}})  # a unigram model needs no KN
     validate({"lm": ["gru"], "ngram": {"order": 1}})  # no n-gram model trained
+    validate({"lm": ["ngram"], "neural": {"world_size": 3}})  # no neural model trained
 
 
 def test_a_deployed_pipeline_run_checks_the_combinations_before_any_stage(tmp_path):
