@@ -171,6 +171,9 @@ def test_generate_dispatches_and_rejects_unknown_options() -> None:
         generate(TREE, [BOS], "greedy", top_p=0.9)
     with pytest.raises(ParameterError):
         filter_probs(np.log([0.5, 0.5]), top_p=1.5)
+    for seed in (-1, 1.5):  # numpy's ValueError / TypeError reached `lexiflow generate --seed -1` as a traceback
+        with pytest.raises(ParameterError, match=f"seed={seed}: must be an integer >= 0"):
+            generate(TREE, [BOS], "sample", seed=seed)
 
 
 def test_decoding_an_ngram_model_reproduces_its_training_sentence() -> None:

@@ -99,6 +99,8 @@ def sample(
 ) -> list[int]:
     """Ancestral sampling from `filter_probs(log_probs(context), temperature, top_k, top_p)`."""
     _check_common(max_new_tokens)
+    if not isinstance(seed, np.random.Generator) and (not isinstance(seed, int | np.integer) or seed < 0):
+        raise ParameterError(f"seed={seed!r}: must be an integer >= 0 or a numpy.random.Generator")
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     context, out = [int(t) for t in prompt_ids], []
     for _ in range(max_new_tokens):
