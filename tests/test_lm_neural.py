@@ -123,6 +123,15 @@ def test_perplexity_counts_words_and_eos_but_never_bos(carry):
     assert lm.score(sents, carry=carry)[1] == 5
 
 
+def test_a_diverged_model_has_infinite_perplexity_not_an_overflow_error():
+    # mean NLL > 709.8 nats: exp overflows a float (a model trained with too high a neural.lr got there)
+    lm = RNNLM(small_rnn(), quick(max_steps=1)).fit(TRAIN)
+    with torch.no_grad():
+        lm.module_.decoder.weight.zero_()
+        lm.module_.decoder.bias.fill_(0.0)[4] = 1e4  # every token but id 4 costs ~1e4 nats
+    assert lm.perplexity([np.array([5, 6])]) == math.inf
+
+
 @pytest.mark.parametrize("cell", ["rnn", "lstm", "gru"])
 def test_state_carried_across_windows_equals_one_pass(cell):
     torch.manual_seed(0)

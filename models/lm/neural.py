@@ -197,7 +197,10 @@ class NeuralLM:
         rows is not scored, so the count can be a little smaller than with carry=False.
         """
         nll, count = self.score(sentences, carry=carry)
-        return math.exp(nll / max(count, 1))
+        try:
+            return math.exp(nll / max(count, 1))
+        except OverflowError:  # a diverged model (mean NLL > 709.8 nats): infinite, as n-gram zeros give
+            return math.inf
 
     def score(self, sentences: Sequence[np.ndarray], *, carry: bool = False) -> tuple[float, int]:
         """Summed NLL (nats) and number of predicted tokens; see `perplexity`."""
