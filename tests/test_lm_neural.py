@@ -130,6 +130,9 @@ def test_a_diverged_model_has_infinite_perplexity_not_an_overflow_error():
         lm.module_.decoder.weight.zero_()
         lm.module_.decoder.bias.fill_(0.0)[4] = 1e4  # every token but id 4 costs ~1e4 nats
     assert lm.perplexity([np.array([5, 6])]) == math.inf
+    diverged = TransformerLM(small_transformer(), quick(lr=100.0, max_steps=10)).fit(TRAIN, VALID).metrics_
+    assert diverged["train_loss"][0] > 1000 and diverged["valid_loss"][0] > 1000
+    assert diverged["train_ppl"][0] == diverged["valid_ppl"][0] == math.inf  # not exp(700) = 1.0e304
 
 
 @pytest.mark.parametrize("cell", ["rnn", "lstm", "gru"])
