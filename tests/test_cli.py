@@ -336,6 +336,11 @@ def test_generate_rejects_options_of_another_strategy(tmp_path, capsys, options,
     assert one_error_line(capsys).startswith(message)
 
 
+def test_generate_names_its_own_max_tokens_option(tmp_path, capsys):
+    assert main(["generate", "--prompt", "the", "--store", str(tmp_path), "--max-tokens", "-1"]) == 2
+    assert one_error_line(capsys) == "--max-tokens=-1: generate 0 tokens or more"  # not decoding's max_new_tokens
+
+
 def test_a_reader_that_stops_early_ends_the_output_quietly(tmp_path):
     import subprocess
     import sys
