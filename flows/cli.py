@@ -282,6 +282,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                 raise ParameterError(f"--{name.replace('_', '-')} applies to --strategy {strategy} only; "
                                      f"add --strategy {strategy} or leave it out")
             options[name] = getattr(args, name)
+    if args.max_tokens < 0:
+        raise ParameterError(f"--max-tokens={args.max_tokens}: generate 0 tokens or more")
     catalog = read_catalog(args.store)
     manifest = catalog.get("lm", None if args.lm == "latest" else args.lm)
     model = catalog.load("lm", manifest["version"])

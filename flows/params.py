@@ -76,7 +76,14 @@ class PipelineParams(Params):
         if rnns and n.tie_weights and n.hidden_dim != n.emb_dim:
             problems.append(f"neural.tie_weights=true needs neural.hidden_dim == neural.emb_dim for {', '.join(rnns)} "
                             f"(got {n.hidden_dim} and {n.emb_dim}): make them equal or set neural.tie_weights=false")
+        g = self.ngram
+        if "ngram" in self.lm and g.smoothing == "kneser_ney" and g.order < 2:
+            problems.append(f"ngram.order={g.order} with ngram.smoothing=kneser_ney: Kneser-Ney needs "
+                            f"ngram.order >= 2; raise the order or set ngram.smoothing=add_k or mle")
         neural_lms = [kind for kind in self.lm if kind != "ngram"]
+        if neural_lms and n.batch_size % n.world_size:
+            problems.append(f"neural.batch_size={n.batch_size} is not divisible by neural.world_size={n.world_size}: "
+                            f"the global batch is split evenly across the ranks; use a multiple of world_size")
         if n.pretrained != "none" and neural_lms:  # without a neural LM, pretrained has nothing to initialise
             section = {"svd": "svd", "glove": "glove"}.get(n.pretrained, "word2vec")
             have = getattr(self, section).dim

@@ -32,6 +32,8 @@ def no_pipeline(monkeypatch):
     (['lm=["gru"]', "neural.hidden_dim=64"], "neural.tie_weights=true needs neural.hidden_dim == neural.emb_dim"),
     (["tokenizer.kind=bpe", "tokenizer.end_of_word=end word"], "tokenizer.end_of_word: String should match pattern"),
     (["tokenizer.kind=bpe", "tokenizer.end_of_word=\x1f"], "tokenizer.end_of_word: String should match pattern"),
+    (["ngram.order=1"], "ngram.order=1 with ngram.smoothing=kneser_ney: Kneser-Ney needs ngram.order >= 2"),
+    (['lm=["gru"]', "neural.world_size=3"], "neural.batch_size=20 is not divisible by neural.world_size=3"),
 ])
 def test_run_rejects_combinations_that_cannot_work_before_any_stage(tmp_path, capsys, no_pipeline, settings,
                                                                      message):
@@ -49,6 +51,9 @@ def test_combinations_that_work_are_accepted():
               "neural": {"pretrained": "sgns"}})
     validate({"lm": ["transformer"], "neural": {"n_heads": 8, "hidden_dim": 64}})  # tying concerns RNNs only
     validate({"lm": ["rnn"], "neural": {"hidden_dim": 64, "tie_weights": False}})
+    validate({"lm": ["ngram"], "ngram": {"order": 1, "smoothing": "add_k"}})  # a unigram model needs no KN
+    validate({"lm": ["gru"], "ngram": {"order": 1}})  # no n-gram model trained
+    validate({"lm": ["ngram"], "neural": {"world_size": 3}})  # no neural model trained
 
 
 def test_a_deployed_pipeline_run_checks_the_combinations_before_any_stage(tmp_path):
@@ -365,6 +370,11 @@ def test_generate_rejects_options_of_another_strategy(tmp_path, capsys, options,
     assert one_error_line(capsys).startswith(message)
 
 
+def test_generate_names_its_own_max_tokens_option(tmp_path, capsys):
+    assert main(["generate", "--prompt", "the", "--store", str(tmp_path), "--max-tokens", "-1"]) == 2
+    assert one_error_line(capsys) == "--max-tokens=-1: generate 0 tokens or more"  # not decoding's max_new_tokens
+
+
 def test_a_reader_that_stops_early_ends_the_output_quietly(tmp_path):
     import subprocess
     import sys
@@ -401,6 +411,28 @@ def test_generate_cleans_and_lowercases_the_prompt_as_the_corpus_was(tmp_path, c
     sample = ["--strategy", "sample", "--top-k", "1", "--temperature", "0.5", "--seed", "7"]  # top-1: greedy's tokens
     assert main(["generate", "--store", store.url, "--prompt", prompt, "--max-tokens", "2", *sample]) == 0
     assert capsys.readouterr().out.strip() == "the café sat on"
+
+
+def test_lm_stage_refuses_tokens_encoded_with_another_tokenizer(tmp_path):
+    """train-lm takes its inputs by version: tokens of one tokenizer with another tokenizer's vocabulary
+    would silently train on the wrong words (and `generate` would decode with the wrong tokenizer)."""
+    from storage import ArtifactStore
+    from tasks.corpus import ingest_corpus
+    from tasks.lm import train_lm
+    from tasks.params import CorpusParams, NgramParams, VocabularyParams
+    from tasks.vocabulary import encode_corpus, learn_vocabulary
+
+    text = tmp_path / "docs.txt"
+    text.write_text("\n".join(f"the cat sat on mat {i % 7} and dog {i % 3}." for i in range(100)))
+    store = ArtifactStore(tmp_path / "store")
+    corpus = publish(store, ingest_corpus, params=CorpusParams(sources=[str(text)]))
+    words = publish(store, learn_vocabulary, corpus=corpus, params=VocabularyParams(min_count=1))
+    other = publish(store, learn_vocabulary, corpus=corpus, params=VocabularyParams(min_count=50))
+    tokens = publish(store, encode_corpus, corpus=corpus, tokenizer=words)
+    with pytest.raises(ParameterError, match=f"{tokens} was encoded with {words}, not {other}"):
+        publish(store, train_lm, tokens=tokens, tokenizer=other, model="ngram", params=NgramParams(order=2))
+    assert Catalog(store).list("lm") == []
+    publish(store, train_lm, tokens=tokens, tokenizer=words, model="ngram", params=NgramParams(order=2))
 
 
 @pytest.mark.parametrize("error, retried", [

@@ -136,6 +136,14 @@ def test_temperature_sharpens_and_flattens_and_zero_is_greedy() -> None:
         assert sample(lm, [BOS], max_new_tokens=12, eos_id=EOS, temperature=1e-4, seed=seed) == want
 
 
+def test_tiny_temperature_is_greedy_and_nan_or_infinite_temperature_is_refused() -> None:
+    lp = np.array([np.log(0.1), np.log(0.4), -np.inf, np.log(0.5)])  # a zero-probability token, as n-grams give
+    np.testing.assert_array_equal(filter_probs(lp, temperature=1e-310), [0, 0, 0, 1])  # lp / T overflowed: NaN
+    for bad in (float("nan"), float("inf")):
+        with pytest.raises(ParameterError, match="temperature=(nan|inf): must be a finite number >= 0"):
+            filter_probs(lp, temperature=bad)
+
+
 def test_sampling_frequencies_follow_the_filtered_distribution_and_seed_is_deterministic() -> None:
     probs = np.array([0.05, 0.45, 0.2, 0.3])
 
@@ -163,6 +171,9 @@ def test_generate_dispatches_and_rejects_unknown_options() -> None:
         generate(TREE, [BOS], "greedy", top_p=0.9)
     with pytest.raises(ParameterError):
         filter_probs(np.log([0.5, 0.5]), top_p=1.5)
+    for seed in (-1, 1.5):  # numpy's ValueError / TypeError reached `lexiflow generate --seed -1` as a traceback
+        with pytest.raises(ParameterError, match=f"seed={seed}: must be an integer >= 0"):
+            generate(TREE, [BOS], "sample", seed=seed)
 
 
 def test_decoding_an_ngram_model_reproduces_its_training_sentence() -> None:

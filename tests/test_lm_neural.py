@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -121,6 +128,18 @@ def test_perplexity_counts_words_and_eos_but_never_bos(carry):
     expected = math.exp(-np.mean(np.log(p[targets])))
     assert lm.perplexity(sents, carry=carry) == pytest.approx(expected, rel=1e-5)
     assert lm.score(sents, carry=carry)[1] == 5
+
+
+def test_a_diverged_model_has_infinite_perplexity_not_an_overflow_error():
+    # mean NLL > 709.8 nats: exp overflows a float (a model trained with too high a neural.lr got there)
+    lm = RNNLM(small_rnn(), quick(max_steps=1)).fit(TRAIN)
+    with torch.no_grad():
+        lm.module_.decoder.weight.zero_()
+        lm.module_.decoder.bias.fill_(0.0)[4] = 1e4  # every token but id 4 costs ~1e4 nats
+    assert lm.perplexity([np.array([5, 6])]) == math.inf
+    diverged = TransformerLM(small_transformer(), quick(lr=100.0, max_steps=10)).fit(TRAIN, VALID).metrics_
+    assert diverged["train_loss"][0] > 1000 and diverged["valid_loss"][0] > 1000
+    assert diverged["train_ppl"][0] == diverged["valid_ppl"][0] == math.inf  # not exp(700) = 1.0e304
 
 
 @pytest.mark.parametrize("cell", ["rnn", "lstm", "gru"])
@@ -455,6 +474,43 @@ def test_two_rank_ddp_follows_the_one_process_loss_curve(tmp_path):
     # The checkpoint holds both ranks' carried rows (the whole batch) and each rank's RNG state.
     state = load_file(str(tmp_path / "ckpt" / "checkpoint" / "state.safetensors"))
     assert state["carry.0"].shape == (2, 8, 16) and {"rng.cpu.rank0", "rng.cpu.rank1"} <= set(state)
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            if text in cmdline.read_bytes().decode(errors="replace"):
+                pids.append(int(cmdline.parent.name))
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the ranks in /proc")
+def test_ranks_stop_when_the_process_that_launched_them_is_killed(tmp_path):
+    # SIGKILL of the stage process (OOM killer, a cancelled flow run) releases its build lock; ranks left
+    # running would go on writing the checkpoint folder beside the rerun that the lock now lets in.
+    ckpt, job = tmp_path / "ckpt", tmp_path / "job"
+    launch = (f"from tests.test_lm_neural import *\n"
+              f"train = quick(epochs=1000, checkpoint_every=5, checkpoint_dir={str(ckpt)!r})\n"
+              f"fit_distributed(RNNLM(small_rnn(), train), TRAIN, None, world_size=2, workdir={str(job)!r})\n")
+    stage = subprocess.Popen([sys.executable, "-c", launch], cwd=Path(__file__).parents[1],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        while not (ckpt / "checkpoint" / "trainer.json").exists() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert len(set(_processes_mentioning(str(job))) - {stage.pid}) == 3  # torchrun and its two ranks
+        stage.kill()
+        stage.wait()
+        deadline = time.monotonic() + 15
+        while _processes_mentioning(str(job)) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert _processes_mentioning(str(job)) == []
+    finally:
+        stage.kill()
+        for pid in _processes_mentioning(str(job)):  # only what this test started
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_ddp_parameter_errors():

@@ -60,8 +60,8 @@ def filter_probs(
     probability whose mass reaches p (within a relative 1e-12, as the probabilities come from logs).
     """
     lp = np.asarray(log_probs, dtype=np.float64).reshape(-1)
-    if temperature < 0:
-        raise ParameterError(f"temperature={temperature!r}: must be >= 0 (0 is greedy)")
+    if not 0 <= temperature < np.inf:  # NaN fails too
+        raise ParameterError(f"temperature={temperature!r}: must be a finite number >= 0 (0 is greedy)")
     if top_k is not None and (not isinstance(top_k, int | np.integer) or top_k < 1):
         raise ParameterError(f"top_k={top_k!r}: must be an integer >= 1, or None to keep every token")
     if top_p is not None and not 0.0 < top_p <= 1.0:
@@ -72,8 +72,9 @@ def filter_probs(
         probs = np.zeros_like(lp)
         probs[int(np.argmax(lp))] = 1.0
         return probs
-    logits = lp / temperature
-    probs = np.exp(logits - logits.max())  # (V,), unnormalised, max entry is 1
+    with np.errstate(over="ignore"):  # a tiny temperature sends every non-maximal logit to -inf
+        logits = (lp - lp.max()) / temperature
+    probs = np.exp(logits)  # (V,), unnormalised, max entry is 1
     order = np.argsort(-probs, kind="stable")  # most probable first, lower id first on ties
     keep = np.zeros(lp.size, dtype=bool)
     n_keep = lp.size if top_k is None else min(top_k, lp.size)
@@ -98,6 +99,8 @@ def sample(
 ) -> list[int]:
     """Ancestral sampling from `filter_probs(log_probs(context), temperature, top_k, top_p)`."""
     _check_common(max_new_tokens)
+    if not isinstance(seed, np.random.Generator) and (not isinstance(seed, int | np.integer) or seed < 0):
+        raise ParameterError(f"seed={seed!r}: must be an integer >= 0 or a numpy.random.Generator")
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     context, out = [int(t) for t in prompt_ids], []
     for _ in range(max_new_tokens):

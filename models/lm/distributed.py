@@ -24,6 +24,8 @@ import logging
 import os
 import subprocess
 import sys
+import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import asdict
@@ -38,6 +40,7 @@ from models.lm.train import TrainConfig
 
 logger = logging.getLogger("lexiflow.lm.distributed")
 ROOT = Path(__file__).resolve().parents[2]  # the folder holding the `models` package
+OWNER_ENV = "LEXIFLOW_DDP_OWNER_PID"  # the process that launched torchrun; the ranks stop when it is gone
 
 
 def _write_sentences(path: Path, sentences: Sequence[np.ndarray]) -> None:
@@ -52,6 +55,31 @@ def _read_sentences(path: Path) -> list[np.ndarray]:
     flat = np.load(path.with_suffix(".ids.npy"), allow_pickle=False)
     lengths = np.load(path.with_suffix(".lengths.npy"), allow_pickle=False)
     return np.split(flat, np.cumsum(lengths)[:-1]) if len(lengths) else []
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _stop_with_launchers() -> None:
+    """End this rank once torchrun or the process that started it (the `lm` stage) is gone. A SIGKILL
+    there (OOM killer, a cancelled run) releases the stage's build lock but not its children: left
+    running, the ranks would go on writing the checkpoint folder beside the rerun the lock now lets in."""
+    torchrun, owner = os.getppid(), int(os.environ.get(OWNER_ENV, "0"))
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.5)
+            if os.getppid() != torchrun or (owner and not _alive(owner)):
+                os._exit(1)  # checkpoints are swapped in whole: stopping anywhere leaves a usable one
+
+    threading.Thread(target=watch, name="lexiflow-launcher-watch", daemon=True).start()
 
 
 def torchrun_command(world_size: int, workdir: Path) -> list[str]:
@@ -84,7 +112,8 @@ def fit_distributed(lm: NeuralLM, train_sentences: Sequence[np.ndarray],
         _write_sentences(workdir / "valid", valid_sentences)
     if lm.embeddings is not None:
         np.save(workdir / "embeddings.npy", np.asarray(lm.embeddings, dtype=np.float32), allow_pickle=False)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
+           OWNER_ENV: str(os.getpid())}
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default too: W ranks share the cores
     logger.info("launching %d ranks: %s", world_size, " ".join(torchrun_command(world_size, workdir)))
     tail: deque[str] = deque(maxlen=40)
@@ -102,6 +131,7 @@ def worker(workdir: Path) -> None:
     """One rank (run by torchrun): train with the process group up; rank 0 saves the model and step losses."""
     import torch.distributed as dist
 
+    _stop_with_launchers()
     job = json.loads((workdir / "job.json").read_text())
     import models.lm.ffnn  # noqa: F401  (register the kinds)
     import models.lm.rnn  # noqa: F401

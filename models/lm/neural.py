@@ -16,7 +16,6 @@ The `lm` artifact is a directory of exactly:
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, asdict, dataclass, fields
 from pathlib import Path
@@ -197,7 +196,7 @@ class NeuralLM:
         rows is not scored, so the count can be a little smaller than with carry=False.
         """
         nll, count = self.score(sentences, carry=carry)
-        return math.exp(nll / max(count, 1))
+        return training.perplexity(nll / max(count, 1))  # inf for a diverged model, as n-gram zeros give
 
     def score(self, sentences: Sequence[np.ndarray], *, carry: bool = False) -> tuple[float, int]:
         """Summed NLL (nats) and number of predicted tokens; see `perplexity`."""

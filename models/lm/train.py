@@ -568,6 +568,14 @@ def train(module: LMModule, train_stream: np.ndarray, valid_stream: np.ndarray |
     return history
 
 
+def perplexity(loss: float) -> float:
+    """exp(mean NLL in nats); inf where that overflows a float (a diverged model, mean NLL > 709.8)."""
+    try:
+        return math.exp(loss)
+    except OverflowError:
+        return math.inf
+
+
 def _epoch_row(module: LMModule, pos: _Position, valid: torch.Tensor | None, window: int, device: torch.device,
                cfg: TrainConfig, bos_id: int, pad_id: int) -> dict:
     train_loss = pos.epoch_loss / max(pos.epoch_count, 1)
@@ -579,9 +587,9 @@ def _epoch_row(module: LMModule, pos: _Position, valid: torch.Tensor | None, win
         "epoch": pos.epoch + 1,
         "step": pos.step,
         "train_loss": train_loss,
-        "train_ppl": math.exp(min(train_loss, 700.0)),
+        "train_ppl": perplexity(train_loss),
         "valid_loss": valid_loss,
-        "valid_ppl": math.exp(min(valid_loss, 700.0)) if valid_loss is not None else None,
+        "valid_ppl": perplexity(valid_loss) if valid_loss is not None else None,
         "tokens_per_s": pos.epoch_tokens / max(pos.epoch_seconds, 1e-9),
         "seconds": pos.epoch_seconds,
     }
