@@ -9,8 +9,9 @@ from typing import Any
 from prefect import task
 
 from models import conllu, ingest, text
-from storage import ArtifactWriter
+from storage import ArtifactWriter, formats
 from storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, TAGGED
+from tasks import parallel as parallel_module
 from tasks.parallel import SHARD_TASK, deliver, map_shards
 from tasks.params import CorpusParams, ParallelParams
 from tasks.stage import stage
@@ -56,7 +57,7 @@ def corpus_shard(shard: list[ingest.FileRange], options: ingest.IngestOptions, p
     return deliver(result.documents, part), result.texts, result.errors
 
 
-@stage("corpus", code=[ingest, text, conllu], fingerprint=sources_fingerprint)
+@stage("corpus", code=[ingest, text, conllu, formats, parallel_module], fingerprint=sources_fingerprint)
 def ingest_corpus(out: ArtifactWriter, params: CorpusParams, parallel: ParallelParams | None = None) -> None:
     """Shards of the sources (byte ranges of large text/JSONL files, groups of whole files) are
     read and cleaned in parallel, then merged in order: the same corpus as one process makes."""
@@ -74,7 +75,8 @@ def ingest_corpus(out: ArtifactWriter, params: CorpusParams, parallel: ParallelP
     out.metrics.update(corpus.stats)
 
 
-@stage("tagged_corpus", code=[ingest, conllu], fingerprint=conllu_fingerprint, parameters=tagged_parameters)
+@stage("tagged_corpus", code=[ingest, text, conllu, formats], fingerprint=conllu_fingerprint,
+       parameters=tagged_parameters)
 def ingest_tagged(out: ArtifactWriter, params: CorpusParams) -> None:
     tagged = ingest.build_tagged(ingest.resolve_sources(params.sources), options(params), out.progress)
     out.write_parquet("sentences.parquet", tagged, TAGGED)

@@ -8,7 +8,7 @@ import logging
 import polars as pl
 
 from models import embedding_plots, evaluation, vectors
-from storage import ArtifactRef, ArtifactStore, ArtifactWriter
+from storage import ArtifactRef, ArtifactStore, ArtifactWriter, formats
 from storage.formats import read_vectors
 from tasks.params import EvaluationParams
 from tasks.stage import stage
@@ -20,7 +20,7 @@ def _method(ref: ArtifactRef) -> str:
     return ArtifactStore(ref.store).manifest(ref.kind, ref.version)["metrics"].get("method", ref.version)
 
 
-@stage("evaluation", code=[evaluation, vectors, embedding_plots])
+@stage("evaluation", code=[evaluation, vectors, embedding_plots, formats])
 def evaluate_embeddings(out: ArtifactWriter, embeddings: ArtifactRef, params: EvaluationParams) -> None:
     words, _counts, matrix = read_vectors(embeddings)
     result = evaluation.evaluate(vectors.keyed_vectors(words, matrix), params.analogy_vocabulary, params.probes)

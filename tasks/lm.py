@@ -10,10 +10,11 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from models import device
 from models.device import resolve_device
 from models.errors import ParameterError
 from models.lm import distributed, ffnn, neural, ngram, rnn, train, transformer
-from storage import ArtifactRef, ArtifactStore, ArtifactWriter
+from storage import ArtifactRef, ArtifactStore, ArtifactWriter, formats
 from storage.formats import read_table, read_vectors
 from tasks.params import NeuralLMParams, NgramParams
 from tasks.stage import stage
@@ -66,7 +67,7 @@ def neural_model(kind: str, vocab_size: int, p: NeuralLMParams, out: ArtifactWri
     return transformer.TransformerLM(config, schedule, embeddings)
 
 
-@stage("lm", code=[ngram, neural, train, ffnn, rnn, transformer, distributed])
+@stage("lm", code=[ngram, neural, train, ffnn, rnn, transformer, distributed, device, formats])
 def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, model: str,
              params: NgramParams | NeuralLMParams, embeddings: ArtifactRef | None = None) -> None:
     encoded_with = ArtifactStore(tokens.store).manifest(tokens.kind, tokens.version)["inputs"].get("tokenizer")

@@ -134,7 +134,8 @@ def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dic
     (default: every argument that is not an input artifact or in HOW)."""
 
     def decorate(build: Callable[..., None]):
-        code_hash = code_version((sys.modules[build.__module__], *code))
+        modules = (sys.modules[build.__module__], *code)
+        code_hash = code_version(modules)
         # Prefect reads parameters from the signature: `store` first, then the builder's own.
         own = list(inspect.signature(build).parameters.values())[1:]
         store_param = inspect.Parameter("store", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
@@ -196,6 +197,7 @@ def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dic
                    "retry_condition_fn": retry_transient_only, "cache_key_fn": cache_key,
                    "persist_result": True, "result_serializer": "json", **task_options}
         prefect_task = task(**options)(run)
+        prefect_task.code_modules = modules  # what the code version hashes (tests/test_code_versions.py)
         prefect_task.describe = describe  # for tests that publish without Prefect, and planning
         prefect_task.version_of = lambda arguments: describe(arguments)[2]
         return prefect_task

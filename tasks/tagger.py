@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from models import hmm, ingest, tagging_metrics
-from storage import ArtifactRef, ArtifactWriter
+from models import conllu, hmm, ingest, tagging_metrics, text
+from storage import ArtifactRef, ArtifactWriter, formats
 from storage.formats import read_table
 from tasks.params import TaggerParams
 from tasks.stage import stage
@@ -23,7 +23,7 @@ def tagged_split(table: pl.DataFrame, split: str, column: str, refine: bool) -> 
     return [list(zip(w, t, strict=True)) for w, t, _ in rows]
 
 
-@stage("tagger", code=[hmm, tagging_metrics])
+@stage("tagger", code=[hmm, tagging_metrics, ingest, conllu, text, formats])
 def train_tagger(out: ArtifactWriter, tagged: ArtifactRef, column: str, params: TaggerParams) -> None:
     table = read_table(tagged, "sentences.parquet")
     train, dev = (tagged_split(table, s, column, params.refine_states) for s in ("train", "valid"))

@@ -8,13 +8,14 @@ from typing import Any
 import polars as pl
 from prefect import task
 
-from models import ingest, text, tokenizers, vocab
+from models import conllu, ingest, text, tokenizers, vocab
 from models.tokenizers import BPE, WordPiece
 from models.tokenizers import base as tokenizer_base
 from models.tokenizers import bpe as bpe_module
 from models.tokenizers import wordpiece as wordpiece_module
-from storage import ArtifactRef, ArtifactStore, ArtifactWriter, Catalog
+from storage import ArtifactRef, ArtifactStore, ArtifactWriter, Catalog, formats
 from storage.formats import SHARDED_ROW_GROUP, TOKENS, VOCAB, count_rows, read_rows, read_table
+from tasks import parallel as parallel_module
 from tasks.parallel import (
     SHARD_TASK,
     deliver,
@@ -47,7 +48,7 @@ def count_words_shard(corpus: ArtifactRef, start: int, stop: int, part: str | No
     return deliver(vocab.token_counts(words), part), int(words.list.len().sum())
 
 
-@stage("tokenizer", code=[vocab, text])
+@stage("tokenizer", code=[vocab, text, ingest, conllu, formats, parallel_module])
 def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: VocabularyParams,
                      parallel: ParallelParams | None = None) -> None:
     """Word-level: count words on the train split only, so held-out text can have unknown words.
@@ -67,7 +68,8 @@ def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: Vocabular
                         "train_tokens": sum(n for _, n in results), "covered_tokens": int(vocabulary.counts.sum())})
 
 
-@stage("tokenizer", code=[text, tokenizers, tokenizer_base, bpe_module, wordpiece_module])
+@stage("tokenizer", code=[text, vocab, tokenizers, tokenizer_base, bpe_module, wordpiece_module, ingest, conllu,
+                          formats])
 def learn_subword(out: ArtifactWriter, corpus: ArtifactRef, params: TokenizerParams) -> None:
     """BPE or WordPiece trained on the train split's sentences; saved with a HF tokenizer.json."""
     require_train_split(corpus)
@@ -87,7 +89,8 @@ def encode_shard(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: 
     return deliver(rows.select("doc_index", "sentence", "split").with_columns(ids), part)
 
 
-@stage("tokenized_corpus", code=[vocab, text, tokenizers, tokenizer_base, bpe_module, wordpiece_module])
+@stage("tokenized_corpus", code=[vocab, text, tokenizers, tokenizer_base, bpe_module, wordpiece_module, formats,
+                                  parallel_module])
 def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactRef,
                   parallel: ParallelParams | None = None) -> None:
     """One row of ids per sentence; shards of documents are encoded apart and concatenated in order."""

@@ -1,0 +1,109 @@
+"""Every stage's code version covers the lexiflow code its artifact's content depends on.
+
+A stage's version hashes its task module and the modules in its `@stage(code=[...])`. A module the
+builder reaches but the list leaves out (directly, or through another module: models/text.py through
+models/ingest.py) could change what the stage writes while the version stays, and the stale artifact
+would be reused. The modules a builder reaches are derived here from the code itself: the names its
+function (and the task module's functions and tasks it calls) uses, then every lexiflow import of those
+modules, transitively, function-level imports included."""
+
+import ast
+import importlib
+import inspect
+import pkgutil
+import types
+
+import tasks
+
+OURS = ("models", "storage", "tasks")
+# Modules that cannot change an artifact's content, not followed further.
+CANNOT_CHANGE_CONTENT = {
+    "models", "tasks", "storage",
+    "models.errors",  # exception classes and messages
+    "models.progress",  # progress logging
+    "models.heap",  # allocator settings
+    "tasks.stage", "storage.store",  # versioning and publishing; the layout has SCHEMA_VERSION
+    "tasks.params",  # parameter models: their values are part of the version
+    "storage.catalog", "storage.loaders",  # reading inputs: the stages name the models/ modules they load with
+    "tasks.report_image",  # Prefect UI artifacts only, no file of the report
+}
+
+
+def _ours(name: str) -> bool:
+    return name.split(".")[0] in OURS
+
+
+def imported_names(module_name: str) -> dict[str, str]:
+    """{name bound by an import anywhere in the module: the lexiflow module it comes from}."""
+    names = {}
+    for node in ast.walk(ast.parse(inspect.getsource(importlib.import_module(module_name)))):
+        if isinstance(node, ast.Import):
+            names.update({(a.asname or a.name): a.name for a in node.names if _ours(a.name)})
+        elif isinstance(node, ast.ImportFrom) and node.module and _ours(node.module):
+            base = importlib.import_module(node.module)
+            for a in node.names:
+                obj = getattr(base, a.name)
+                origin = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", None)
+                names[a.asname or a.name] = origin if origin and _ours(origin) else node.module
+    return names
+
+
+def closure(modules: set[str]) -> set[str]:
+    seen, todo = set(), [m for m in modules if m not in CANNOT_CHANGE_CONTENT]
+    while todo:
+        module = todo.pop()
+        if module not in seen:
+            seen.add(module)
+            todo += [m for m in imported_names(module).values() if m not in CANNOT_CHANGE_CONTENT]
+    return seen
+
+
+def reached(fn: types.FunctionType, seen: set) -> set[str]:
+    """Lexiflow modules whose names `fn` uses, following functions and tasks of its own module."""
+    home, imports, modules = fn.__module__, imported_names(fn.__module__), set()
+    codes = [fn.__code__]
+    while codes:
+        code = codes.pop()
+        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
+        for name in code.co_names:
+            value = fn.__globals__.get(name)
+            if name in imports:
+                modules.add(imports[name])
+            elif isinstance(value, types.ModuleType) and _ours(value.__name__):
+                modules.add(value.__name__)
+            callee = getattr(value, "fn", value)  # a Prefect task's function
+            if inspect.isfunction(callee) and callee.__module__ == home and callee not in seen:
+                seen.add(callee)
+                modules |= reached(callee, seen)
+    return modules
+
+
+def stages():
+    for info in pkgutil.iter_modules(tasks.__path__):
+        module = importlib.import_module(f"tasks.{info.name}")
+        for obj in vars(module).values():
+            if hasattr(obj, "code_modules") and obj.fn.__module__ == module.__name__:
+                yield obj
+
+
+def test_every_stage_versions_the_code_it_depends_on():
+    found, gaps = 0, {}
+    for stage in stages():
+        found += 1
+        build = stage.fn.__wrapped__
+        needed = closure(reached(build, {build})) - {build.__module__}
+        missing = needed - {m.__name__ for m in stage.code_modules}
+        if missing:
+            gaps[f"{build.__module__}.{build.__name__}"] = sorted(missing)
+    assert found >= 14, found
+    assert gaps == {}, f"add to @stage(code=[...]): {gaps}"
+
+
+def test_the_code_version_follows_every_listed_module():
+    from tasks.corpus import ingest_corpus
+    from tasks.stage import code_version
+
+    assert {"models.text", "models.ingest", "tasks.parallel", "storage.formats"} <= {
+        m.__name__ for m in ingest_corpus.code_modules}
+    assert code_version(ingest_corpus.code_modules) != code_version(
+        [m for m in ingest_corpus.code_modules if m.__name__ != "models.text"])
