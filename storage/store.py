@@ -37,6 +37,8 @@ import functools
 import hashlib
 import json
 import logging
+import math
+import numbers
 import os
 import re
 import shutil
@@ -132,6 +134,25 @@ def storage_options_for(url: str) -> dict[str, Any]:
     url = str(url).rstrip("/")
     matches = [prefix for prefix in _STORAGE_OPTIONS if url == prefix or url.startswith(prefix + "/")]
     return dict(_STORAGE_OPTIONS[max(matches, key=len)]) if matches else {}
+
+
+def json_safe(value: Any) -> Any:
+    """`value` for strict JSON (docs/artifacts.md, "Non-finite numbers"): a NaN becomes null (no value)
+    and an infinity the string "Infinity" or "-Infinity", inside dicts and lists too; JSON has no such
+    numbers and strict parsers (jq, JavaScript's JSON.parse, Go, ...) reject Python's NaN/Infinity."""
+    if isinstance(value, dict):
+        return {k: json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [json_safe(v) for v in value]
+    if isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral) and not math.isfinite(value):
+        return None if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    return value
+
+
+def metric_number(value: Any) -> Any:
+    """A manifest figure for arithmetic or formatting: "Infinity"/"-Infinity" as floats; anything else
+    (numbers, null, other strings) as it is."""
+    return float(value) if value in ("Infinity", "-Infinity") else value
 
 
 def content_version(kind: str, inputs: Mapping[str, str], parameters: Mapping[str, Any], code: str) -> str:
@@ -319,7 +340,7 @@ class ArtifactStore:
                 "code_version": code_version,
                 "run": dict(run or {}),
             }
-            (staging / MANIFEST).write_text(json.dumps(manifest, indent=2, default=str))
+            (staging / MANIFEST).write_text(json.dumps(json_safe(manifest), indent=2, default=str, allow_nan=False))
             self._publish(staging, kind, version)
             self._drop_scratch(kind, version, out.scratch)  # resumable state is no longer needed
         except BaseException:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import io
+import math
 from typing import Any
 
 HEADLINE = ("ws353_spearman", "simlex999_spearman", "analogy_add_accuracy", "analogy_mul_accuracy", "analogy_coverage")
@@ -25,11 +26,11 @@ def chart_png(rows: list[dict[str, Any]]) -> bytes:
     fig, ax = plt.subplots(figsize=(7, 0.6 + 0.5 * len(metrics) * max(len(rows), 1)), dpi=100)
     height = 0.8 / max(len(rows), 1)
     for i, row in enumerate(rows):
-        values = [float(row.get(m) or 0.0) for m in metrics]
+        values = [float("nan") if row.get(m) is None else float(row[m]) for m in metrics]  # null: no score, no bar
         positions = [k + i * height for k in range(len(metrics))]
         ax.barh(positions, values, height=height, label=str(row.get("embeddings", row.get("evaluation", i))))
         for y, v in zip(positions, values, strict=True):
-            ax.text(v, y, f" {v:.3f}", va="center", fontsize=8)
+            ax.text(0.0 if math.isnan(v) else v, y, " –" if math.isnan(v) else f" {v:.3f}", va="center", fontsize=8)
     ax.set_yticks([k + 0.4 - height / 2 for k in range(len(metrics))], metrics)
     ax.invert_yaxis()
     ax.set_xlim(min(0.0, ax.get_xlim()[0]), 1.0)

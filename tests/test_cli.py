@@ -448,3 +448,36 @@ def test_stages_retry_only_what_another_attempt_could_fix(error, retried):
             raise error
 
     assert retry_transient_only(None, None, State()) is retried
+
+
+def test_artifact_listings_are_strict_json_and_headlines_show_non_finite_figures(tmp_path, capsys):
+    """Manifests hold null for NaN and "Infinity" for inf (docs/artifacts.md); one written before that
+    convention (NaN, Infinity) is still listed as strict JSON."""
+    import json
+
+    from flows.cli import headline
+    from storage import ArtifactStore
+    from tests.test_store import strict
+
+    store = ArtifactStore(tmp_path / "store")
+    with store.writer("lm", "0" * 16) as out:
+        out.write_json("config.json", {})
+        out.metrics.update({"valid_perplexity": float("inf"), "test_perplexity": 12.5})
+    old = {**store.manifest("lm", "0" * 16), "version": "1" * 16, "metrics": {"valid_perplexity": float("nan")}}
+    (tmp_path / "store" / "lm" / ("1" * 16)).mkdir()
+    (tmp_path / "store" / "lm" / ("1" * 16) / "manifest.json").write_text(json.dumps(old))
+    for args in (["list", "--json"], ["show", "lm:" + "1" * 16], ["show", "lm:" + "0" * 16]):
+        assert main(["artifacts", *args, "--store", str(store.root)]) == 0
+        strict(capsys.readouterr().out)
+    assert headline("lm", store.manifest("lm", "0" * 16)["metrics"]) == "valid_perplexity inf, test_perplexity 12.5"
+    assert headline("evaluation", {"ws353_spearman": None, "simlex999_spearman": float("nan"),
+                                   "analogy_add_accuracy": 0.5, "analogy_mul_accuracy": 0.25,
+                                   "analogy_coverage": 1.0}) == (
+        "ws353_spearman –, simlex999_spearman nan, analogy_add_accuracy 0.500, analogy_mul_accuracy 0.250, "
+        "analogy_coverage 1.000")
+    from tasks.report import _table
+    from tasks.report_image import chart_png
+
+    assert _table([{"valid_perplexity": "Infinity", "test_perplexity": None}], ("valid_perplexity", "test_perplexity"))[
+        2] == "| inf | – |"
+    assert chart_png([{"embeddings": "svd", "ws353_spearman": None, "analogy_add_accuracy": 0.5}])[:4] == b"\x89PNG"

@@ -72,6 +72,29 @@ def test_a_failed_builder_leaves_no_artifact_and_no_staging(store_url):
     assert Catalog(store).list() == []
 
 
+def strict(text) -> object:
+    """Parse as strict JSON parsers do (jq, JSON.parse): NaN and Infinity are no JSON."""
+    def refuse(constant):
+        raise ValueError(f"not JSON: {constant}")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_manifest_is_strict_json_with_non_finite_metrics_by_the_convention(store_url):
+    import numpy as np
+
+    store = ArtifactStore(store_url)
+    with store.writer("evaluation", V1, parameters={"bound": float("inf")}) as out:
+        out.write_json("config.json", {})
+        out.metrics.update({"spearman": float("nan"), "perplexity": float("inf"), "gain": float("-inf"),
+                            "per_split": {"valid": [1.5, np.float32("nan")]}, "n": 3, "x": 0.25})
+    manifest = strict(store.fs.cat_file(store.path("evaluation", V1, "manifest.json")))
+    assert manifest["metrics"] == {"spearman": None, "perplexity": "Infinity", "gain": "-Infinity",
+                                   "per_split": {"valid": [1.5, None]}, "n": 3, "x": 0.25}
+    assert manifest["parameters"] == {"bound": "Infinity"}
+    assert store.manifest("evaluation", V1)["metrics"] == manifest["metrics"]
+    assert float(manifest["metrics"]["perplexity"]) == float("inf")  # Python, JavaScript and pandas parse it
+
+
 def test_verify_detects_tampering(store_url):
     store = ArtifactStore(store_url)
     publish(store, "corpus", V1)
