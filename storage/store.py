@@ -384,16 +384,24 @@ class ArtifactStore:
         folder (a shared one may belong to another user), one file per store, kind and version."""
         if self.is_local:
             return self._scratch(kind, version).with_name(f"{kind}-{version}.lock")
-        store = hashlib.sha256(self.url.encode()).hexdigest()[:12]
-        return Path(tempfile.gettempdir()) / f"lexiflow-locks-{os.getuid()}" / f"{store}-{kind}-{version}.lock"
+        return self._temp_folder("locks") / f"{self._store_id()}-{kind}-{version}.lock"
+
+    def _temp_folder(self, purpose: str) -> Path:
+        return Path(tempfile.gettempdir()) / f"lexiflow-{purpose}-{os.getuid()}"
+
+    def _store_id(self) -> str:
+        return hashlib.sha256(self.url.encode()).hexdigest()[:12]
 
     def _scratch(self, kind: str, version: str) -> Path:
         """Where a builder keeps resumable state (checkpoints) across crashes and retries; it
         survives a failed build and is removed once the artifact is published. Object stores: a
         local folder, saved to `<root>/.scratch/<kind>-<version>/` when a build fails and restored
-        by the next attempt, on this machine or another worker."""
-        base = Path(self.root) / SCRATCH if self.is_local else Path(tempfile.gettempdir()) / "lexiflow-scratch"
-        return base / f"{kind}-{version}"
+        by the next attempt, on this machine or another worker. That local folder is this user's and
+        this store's: builds of one version for two stores run at once (their locks differ) and must
+        not resume from, or delete, each other's checkpoints."""
+        if self.is_local:
+            return Path(self.root) / SCRATCH / f"{kind}-{version}"
+        return self._temp_folder("scratch") / f"{self._store_id()}-{kind}-{version}"
 
     def _remote_scratch(self, kind: str, version: str) -> str:
         return f"{self.root}/{SCRATCH}/{kind}-{version}"

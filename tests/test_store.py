@@ -368,3 +368,21 @@ def test_builds_on_two_object_stores_do_not_wait_for_each_other(moto_s3):
         assert entered.wait(30)
         other.join()
     assert first._lock_path("corpus", V1).parent.name == f"lexiflow-locks-{os.getuid()}"
+
+
+def test_builds_of_one_version_on_two_object_stores_keep_their_own_resumable_state(moto_s3):
+    """Their locks differ, so both may train at once on one machine: each store's checkpoints are its
+    own (they were one folder, /tmp/lexiflow-scratch/<kind>-<version>, shared by every store and user)."""
+    first, second = ArtifactStore(moto_s3.new_url()), ArtifactStore(moto_s3.new_url())
+    with pytest.raises(RuntimeError):
+        with first.writer("lm", V1) as out:
+            out.scratch.mkdir(parents=True)
+            (out.scratch / "step-10.json").write_text('{"step": 10}')
+            raise RuntimeError("killed mid-training")
+    with second.writer("lm", V1) as out:
+        assert not out.scratch.exists()  # nothing to resume from: not the other store's checkpoint
+        out.write_json("config.json", {})
+    with first.writer("lm", V1) as out:  # the second's publish left the first's checkpoint alone
+        assert (out.scratch / "step-10.json").read_text() == '{"step": 10}'
+        out.write_json("config.json", {})
+    assert first._scratch("lm", V1).parent.name == f"lexiflow-scratch-{os.getuid()}"
