@@ -89,7 +89,7 @@ def export(catalog: Catalog, kind: str, version: str | None, dest: str | Path) -
         store, names = catalog.store, [entry["name"] for entry in manifest["files"]] + [MANIFEST]
         for name in names:
             try:
-                store.fs.get(store.path(kind, version, name), str(staging / name))
+                store.download(store.path(kind, version, name), staging / name)
             except FileNotFoundError:
                 raise StoreError(f"{kind}:{version}/{name}: listed in the manifest but missing from the store "
                                  f"{store.url}; run `lexiflow artifacts verify`") from None

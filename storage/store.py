@@ -288,7 +288,7 @@ class ArtifactStore:
             return
         with tempfile.TemporaryDirectory(prefix="lexiflow-") as tmp:
             local = Path(tmp) / name
-            self.fs.get(path, str(local))
+            self.download(path, local)
             yield local
 
     @contextmanager
@@ -301,8 +301,13 @@ class ArtifactStore:
             return
         with tempfile.TemporaryDirectory(prefix="lexiflow-") as tmp:
             for entry in self.manifest(kind, version)["files"]:
-                self.fs.get(f"{path}/{entry['name']}", f"{tmp}/{entry['name']}")
+                self.download(self.path(kind, version, entry["name"]), Path(tmp) / entry["name"])
             yield Path(tmp)
+
+    @retry_transient
+    def download(self, path: str, local: Path) -> None:
+        """Copy one file of the store to a local path (retried on transient errors, as reads are)."""
+        self.fs.get_file(path, str(local))
 
     # ---- writing --------------------------------------------------------------------------
     @contextmanager

@@ -5,6 +5,8 @@ tests/test_reliability.py::test_flaky_storage_pipeline_completes_through_retries
 
 from __future__ import annotations
 
+import json
+
 import polars as pl
 import pytest
 
@@ -72,6 +74,10 @@ def test_store_retries_single_operations_and_data_stays_exact(tmp_path):
         assert store.read_parquet("corpus", V1, "a.parquet").equals(FRAME)
         assert store.read_json("corpus", V1, "b.json") == {"k": 1}
         assert store.manifest("corpus", V1)["kind"] == "corpus"
+        with store.local_copy("corpus", V1, "a.parquet") as path:  # downloads (loaders, word2vec's corpus)
+            assert pl.read_parquet(path).equals(FRAME)
+        with store.local_dir("corpus", V1) as folder:
+            assert json.loads((folder / "b.json").read_text()) == {"k": 1}
     assert FlakyFileSystem.stats["faults"] >= 8
 
 
