@@ -451,9 +451,15 @@ class ArtifactStore:
         final = self.path(kind, version)
         if self.is_local:
             Path(final).parent.mkdir(parents=True, exist_ok=True)
+            # On disk before the rename: after a power loss the published folder must not hold files
+            # the page cache never wrote (empty or short, under a manifest that says otherwise).
+            for path in (*staging.iterdir(), staging):
+                _fsync(path)
             for attempt in range(2):
                 try:
                     os.rename(staging, final)  # atomic; fails if another run published it first
+                    _fsync(Path(final).parent)  # the rename itself, and a new kind's folder
+                    _fsync(Path(self.root))
                     return
                 except OSError:
                     if self.exists(kind, version):
@@ -640,6 +646,15 @@ def _mtime(info: Mapping[str, Any]) -> float:
     """Modification time (epoch seconds) from an fsspec `info` entry, local or object store."""
     value = info.get("LastModified", info.get("mtime", info.get("created", 0.0)))
     return value.timestamp() if isinstance(value, dt.datetime) else float(value or 0.0)
+
+
+def _fsync(path: Path) -> None:
+    """Flush a file's or a folder's data and metadata to disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _sha256(f) -> str:

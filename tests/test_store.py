@@ -386,3 +386,20 @@ def test_builds_of_one_version_on_two_object_stores_keep_their_own_resumable_sta
         assert (out.scratch / "step-10.json").read_text() == '{"step": 10}'
         out.write_json("config.json", {})
     assert first._scratch("lm", V1).parent.name == f"lexiflow-scratch-{os.getuid()}"
+
+
+def test_a_local_publish_is_on_disk_before_its_rename(tmp_path, monkeypatch):
+    """A power loss after the rename must not leave a published folder whose files never reached the
+    disk: every staged file, the manifest and the folder are flushed before the rename, the folders
+    holding the rename after it."""
+    import storage.store as store_module
+
+    events = []
+    monkeypatch.setattr(store_module, "_fsync", lambda path: events.append(("fsync", Path(path).name)))
+    real_rename = os.rename
+    monkeypatch.setattr(store_module.os, "rename", lambda a, b: (events.append(("rename", "")), real_rename(a, b)))
+    publish(ArtifactStore(tmp_path / "store"), "corpus", V1)
+    rename = events.index(("rename", ""))
+    flushed = {name for _, name in events[:rename]}
+    assert {"table.parquet", "config.json", "manifest.json"} < flushed and any(n.startswith("corpus-") for n in flushed)
+    assert events[rename + 1:] == [("fsync", "corpus"), ("fsync", "store")]
