@@ -13,7 +13,7 @@ from models.tokenizers import BPE, WordPiece
 from models.tokenizers import base as tokenizer_base
 from models.tokenizers import bpe as bpe_module
 from models.tokenizers import wordpiece as wordpiece_module
-from storage import ArtifactRef, ArtifactStore, ArtifactWriter, Catalog, formats
+from storage import ArtifactRef, ArtifactStore, ArtifactWriter, Catalog, formats, loaders
 from storage.formats import SHARDED_ROW_GROUP, TOKENS, VOCAB, count_rows, read_rows, read_table
 from tasks import parallel as parallel_module
 from tasks.parallel import (
@@ -90,7 +90,7 @@ def encode_shard(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: 
 
 
 @stage("tokenized_corpus", code=[vocab, text, tokenizers, tokenizer_base, bpe_module, wordpiece_module, formats,
-                                  parallel_module])
+                                  parallel_module, loaders])
 def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactRef,
                   parallel: ParallelParams | None = None) -> None:
     """One row of ids per sentence; shards of documents are encoded apart and concatenated in order."""
