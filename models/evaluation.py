@@ -143,6 +143,9 @@ def report_markdown(title: str, results: dict[str, dict]) -> str:
 
 
 def _fmt(v) -> str:
+    """A figure for the reports: no value (None, NaN) is "–"; manifests write an infinity "Infinity"."""
+    if isinstance(v, str) and v in ("Infinity", "-Infinity"):
+        v = float(v)
     if v is None or (isinstance(v, float) and np.isnan(v)):
         return "–"
     return f"{v:.3f}" if isinstance(v, float) else str(v)

@@ -11,7 +11,6 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from models import evaluation
 from storage import ArtifactRef, ArtifactStore, ArtifactWriter
-from storage.store import metric_number
 from tasks.report_image import publish_chart, publish_image
 from tasks.stage import stage
 
@@ -39,7 +38,7 @@ def _copy_pngs(out: ArtifactWriter, ref: ArtifactRef, prefix: str) -> list[str]:
 def _table(rows: list[dict], columns: tuple[str, ...]) -> list[str]:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
-        lines.append("| " + " | ".join(evaluation._fmt(metric_number(row.get(c))) for c in columns) + " |")
+        lines.append("| " + " | ".join(evaluation._fmt(row.get(c)) for c in columns) + " |")
     return lines
 
 
