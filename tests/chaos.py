@@ -480,6 +480,7 @@ def neural_crash_loop(zygote: Zygote, workdir: Path, kills: int, seed: int = 0) 
         break
     report.problems += audit(store)
     from storage import ArtifactStore
+    from storage.store import metric_number
 
     (ours, weights), (theirs, reference_weights) = _lm_weights(store), _lm_weights(reference_store)
     report.problems += ArtifactStore(str(store)).verify("lm", ours["version"], full=True)
@@ -487,7 +488,7 @@ def neural_crash_loop(zygote: Zygote, workdir: Path, kills: int, seed: int = 0) 
         report.problems.append(f"resumed lm {ours['version']} differs from the uninterrupted {theirs['version']}")
     report.max_weight_diff = max(float(abs(weights[k] - reference_weights[k]).max()) for k in reference_weights)
     for key in ("valid_perplexity", "test_perplexity"):
-        a, b = ours["metrics"][key], theirs["metrics"][key]
+        a, b = (metric_number(m["metrics"][key]) for m in (ours, theirs))  # "Infinity": a diverged run
         if not math.isclose(a, b, rel_tol=1e-4):
             report.problems.append(f"{key}: resumed {a} vs uninterrupted {b}")
     return report
