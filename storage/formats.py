@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
-from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter
+from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, retry_transient
 
 # Row groups of the tables that row-range shards read (documents, tokenized sentences): a shard
 # reads only the groups holding its rows (`read_rows`), not the whole file.
@@ -71,12 +71,14 @@ def read_table(ref: ArtifactRef, name: str) -> pl.DataFrame:
     return ArtifactStore(ref.store).read_parquet(ref.kind, ref.version, name)
 
 
+@retry_transient  # open and read: one store operation, retried as ArtifactStore's reads are
 def count_rows(ref: ArtifactRef, name: str) -> int:
     """Rows of a Parquet file of an artifact, from its footer (nothing else is read)."""
     with ArtifactStore(ref.store).open(ref.kind, ref.version, name) as f:
         return pq.ParquetFile(f).metadata.num_rows
 
 
+@retry_transient
 def read_rows(ref: ArtifactRef, name: str, start: int, stop: int) -> pl.DataFrame:
     """Rows [start, stop) of a Parquet file of an artifact, reading only the row groups that hold
     them (a shard of a large table, on any store)."""

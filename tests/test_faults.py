@@ -12,6 +12,7 @@ import pytest
 
 from storage import ArtifactStore, Catalog, StoreError
 from storage.faults import FlakyFileSystem, InjectedFault, InjectedTimeout, flaky_url
+from storage.formats import count_rows, read_rows
 
 V1 = "0123456789abcdef"
 FRAME = pl.DataFrame({"x": list(range(1000))})
@@ -76,6 +77,9 @@ def test_store_retries_single_operations_and_data_stays_exact(tmp_path):
         assert store.manifest("corpus", V1)["kind"] == "corpus"
         with store.local_copy("corpus", V1, "a.parquet") as path:  # downloads (loaders, word2vec's corpus)
             assert pl.read_parquet(path).equals(FRAME)
+        ref = store.ref("corpus", V1)  # row-range reads of shards
+        assert count_rows(ref, "a.parquet") == 1000 and read_rows(ref, "a.parquet", 10, 20)["x"].to_list() == list(
+            range(10, 20))
         with store.local_dir("corpus", V1) as folder:
             assert json.loads((folder / "b.json").read_text()) == {"k": 1}
     assert FlakyFileSystem.stats["faults"] >= 8
