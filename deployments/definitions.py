@@ -119,6 +119,7 @@ def deploy(config: DeployConfig, only: list[str] | None = None) -> dict[str, str
     """Create or update the deployments (and the pools); returns {flow/deployment: id}."""
     from prefect import Flow
 
+    check_schedules(config)
     ensure_pools(config)
     ids = {}
     for spec in DEPLOYMENTS:
@@ -136,11 +137,29 @@ def deploy(config: DeployConfig, only: list[str] | None = None) -> dict[str, str
 
 
 def _cron_schedule(cron: str, timezone: str) -> Any:
+    """The schedule; a ParameterError naming the setting when the cron or the time zone is invalid."""
     from prefect.client.schemas.schedules import CronSchedule
     from prefect.schedules import Cron
+    from pydantic import ValidationError
 
-    CronSchedule(cron=cron, timezone=timezone)  # validates the expression: a bad one fails here, clearly
+    from models.errors import ParameterError
+
+    try:
+        CronSchedule(cron=cron, timezone=timezone)  # validates the expression and the time zone
+    except ValidationError as exc:
+        raise ParameterError(
+            f"--timezone {timezone!r}: not an IANA time zone (e.g. UTC, Europe/Berlin)"
+            if "timezone" in exc.errors()[0]["loc"] else
+            f"--cron {cron!r} (or LEXIFLOW_REBUILD_CRON): not a cron expression; use 5 fields, minute hour "
+            f"day-of-month month day-of-week, e.g. {DEFAULT_CRON!r}") from None
     return Cron(cron, timezone=timezone)
+
+
+def check_schedules(config: DeployConfig) -> None:
+    """Refuse a bad schedule before anything is started, created or deployed."""
+    for spec in DEPLOYMENTS:
+        if (cron := spec.cron(config)) is not None:
+            _cron_schedule(cron, config.timezone)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,7 +176,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = DeployConfig(source=args.source, store=args.store, sources=args.sources, rebuild_cron=args.cron,
                           timezone=args.timezone, remote_training=not args.local_training)
-    for name, deployment_id in deploy(config, args.only).items():
+    from models.errors import ParameterError
+
+    try:
+        ids = deploy(config, args.only)
+    except ParameterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for name, deployment_id in ids.items():
         print(f"{name}  {deployment_id}")
     return 0
 

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from deployments.definitions import DeployConfig, deploy
+from deployments.definitions import DeployConfig, check_schedules, deploy
 from models.errors import InputError
 
 STATE_FILE = "lexiflow-serve.json"
@@ -125,6 +125,7 @@ def start(home: str | os.PathLike[str], config: DeployConfig, *, port: int | Non
           gpus: list[str] | None = None, cpu_limit: int = 2, worker_poll_seconds: float = 5.0,
           startup_timeout: float = 120.0) -> dict[str, Any]:
     """Start server, pools, deployments and workers; returns the recorded state (urls, processes)."""
+    check_schedules(config)  # a bad --cron fails now, not after the server has started
     home = Path(home).resolve()
     home.mkdir(parents=True, exist_ok=True)
     state = read_state(home)

@@ -181,6 +181,30 @@ def test_serve_cli_stop_with_nothing_started(tmp_path, capsys):
         assert err.startswith(f"error: {tmp_path / serve.STATE_FILE} is damaged") and "delete the file" in err
 
 
+@pytest.mark.parametrize("option, value, message", [
+    ("--cron", "bad", "--cron 'bad' (or LEXIFLOW_REBUILD_CRON): not a cron expression; use 5 fields"),
+    ("--cron", "61 3 * * 1", "--cron '61 3 * * 1'"),
+])
+def test_serve_refuses_a_bad_cron_in_one_line_before_starting_anything(tmp_path, capsys, monkeypatch, option, value,
+                                                                        message):
+    """A typo in --cron used to start the Prefect server, deploy `pipeline`, then end in a pydantic traceback."""
+    from flows.cli import main
+
+    monkeypatch.setattr(serve, "_spawn", lambda *a, **k: pytest.fail("serve started a process"))
+    assert main(["serve", "--home", str(tmp_path), option, value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and err.count("\n") == 1
+    assert not (tmp_path / serve.STATE_FILE).exists()
+
+
+def test_deploying_a_bad_schedule_fails_before_any_pool_or_deployment(capsys, monkeypatch):
+    from deployments import definitions
+
+    monkeypatch.setattr(definitions, "ensure_pools", lambda c: pytest.fail("pools created"))
+    assert definitions.main(["--cron", "0 3 * * 1", "--timezone", "Mars/Base"]) == 2
+    assert capsys.readouterr().err == "error: --timezone 'Mars/Base': not an IANA time zone (e.g. UTC, Europe/Berlin)\n"
+
+
 # ---- slow: the whole thing on loopback ----------------------------------------------------
 class Api:
     """The REST API, retried as Prefect's own client does: on 503/429 (SQLite busy under load, the
