@@ -132,6 +132,13 @@ def start(home: str | os.PathLike[str], config: DeployConfig, *, port: int | Non
     if state and any(is_running(Started(**p)) for p in state["processes"]):
         raise ServeError(f"lexiflow serve is already running from {home} ({state['ui_url']}); "
                          f"stop it first with `lexiflow serve --stop`")
+    if port:  # else the health check below could find another server already on that port, and deploy there
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))
+        except OSError as exc:
+            raise ServeError(f"port {port} on 127.0.0.1 is in use ({exc.strerror}): pick another --port, or leave "
+                             f"it out for a free one") from None
     port = port or free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     state = {"home": str(home), "api_url": api_url, "ui_url": f"http://127.0.0.1:{port}", "processes": []}

@@ -197,6 +197,33 @@ def test_serve_refuses_a_bad_cron_in_one_line_before_starting_anything(tmp_path,
     assert not (tmp_path / serve.STATE_FILE).exists()
 
 
+def test_serve_on_a_port_another_server_answers_refuses_instead_of_deploying_there(tmp_path, capsys, monkeypatch):
+    """The new server cannot bind a taken port, but the health check used to find the other server answering
+    and deployed onto it (and pointed the workers at it)."""
+    import http.server
+    import threading
+
+    from flows.cli import main
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    other = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    port = other.server_address[1]
+    monkeypatch.setattr(serve, "_spawn", lambda *a, **k: pytest.fail("serve started a process"))
+    try:
+        assert main(["serve", "--home", str(tmp_path), "--port", str(port)]) == 2
+    finally:
+        other.shutdown()
+    assert capsys.readouterr().err.startswith(f"error: port {port} on 127.0.0.1 is in use")
+
+
 def test_deploying_a_bad_schedule_fails_before_any_pool_or_deployment(capsys, monkeypatch):
     from deployments import definitions
 
