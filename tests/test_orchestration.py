@@ -88,7 +88,7 @@ def test_remote_training_runs_the_configured_deployments_and_finds_what_they_pub
     kind goes to the deployment its `training.*_deployment` setting names."""
     import polars as pl
     from prefect import flow
-    from prefect.states import Failed
+    from prefect.states import Failed, Scheduled
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.params import TrainingParams
@@ -110,6 +110,8 @@ def test_remote_training_runs_the_configured_deployments_and_finds_what_they_pub
 
     def gpu_worker(deployment, parameters, **_options):  # what a worker of the gpu pool runs
         handed_off.append(deployment)
+        if deployment == "gpu-emb/idle":  # no gpu worker picked it up before the timeout
+            return SimpleNamespace(state=Scheduled(), name="idle-run", id="1")
         state = train_lm(**parameters, return_state=True) if deployment == "gpu-lm/custom" else Failed()
         return SimpleNamespace(state=state, name="gpu-run", id="0")
 
@@ -123,11 +125,16 @@ def test_remote_training_runs_the_configured_deployments_and_finds_what_they_pub
         with pytest.raises(RuntimeError, match="gpu-emb/custom ended Failed"):
             train(EMBEDDING_TRAINERS["svd"], "svd", store.url, {"ppmi": store.ref("ppmi", "2" * 16)}, SVDParams(),
                   training)
+        idle = training.model_copy(update={"embeddings_deployment": "gpu-emb/idle", "timeout_minutes": 0.5})
+        with pytest.raises(RuntimeError, match=re.escape(  # it said "ended Scheduled: None"
+                "gpu-emb/idle did not finish within training.timeout_minutes=0.5 (it is Scheduled; is a worker")):
+            train(EMBEDDING_TRAINERS["svd"], "svd", store.url, {"ppmi": store.ref("ppmi", "2" * 16)}, SVDParams(),
+                  idle)
         return lm
 
     with prefect_test_harness(server_startup_timeout=120):
         ref = handoff()
-    assert handed_off == ["gpu-lm/custom", "gpu-emb/custom"]
+    assert handed_off == ["gpu-lm/custom", "gpu-emb/custom", "gpu-emb/idle"]
     assert [m["version"] for m in Catalog(store.url).list("lm")] == [ref.version]
 
 
