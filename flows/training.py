@@ -127,7 +127,15 @@ def train_lm(
             pretrained initialisation); missing required ones are the latest.
     """
     trainer = LM_TRAINERS[method]
-    return _run_here(trainer, store, inputs or {}, {"ngram": ngram, "neural": neural}[trainer.section])
+    inputs = inputs or {}
+    if trainer.section == "neural" and (neural.pretrained == "none") == ("embeddings" in inputs):
+        # the stage initialises from inputs.embeddings whatever neural.pretrained says: make the two agree
+        raise ParameterError(
+            f"neural.pretrained={neural.pretrained} needs inputs.embeddings, the version of the {neural.pretrained} "
+            f"embeddings to start from (lexiflow artifacts list --kind embeddings)" if neural.pretrained != "none" else
+            "inputs.embeddings is given but neural.pretrained=none: set neural.pretrained to the method of those "
+            "embeddings, or leave inputs.embeddings out")
+    return _run_here(trainer, store, inputs, {"ngram": ngram, "neural": neural}[trainer.section])
 
 
 def train(trainer: Trainer, method: str, store: str, inputs: dict[str, ArtifactRef], params: BaseModel,

@@ -138,6 +138,19 @@ def test_remote_training_runs_the_configured_deployments_and_finds_what_they_pub
     assert [m["version"] for m in Catalog(store.url).list("lm")] == [ref.version]
 
 
+def test_train_lm_flow_refuses_pretrained_without_embeddings_and_embeddings_without_pretrained(tmp_path):
+    """From the train-lm form: neural.pretrained=svd without inputs.embeddings trained from random vectors,
+    and inputs.embeddings with pretrained=none initialised from them; both silently."""
+    from flows.training import train_lm
+    from models.errors import ParameterError
+    from tasks.params import NeuralLMParams
+
+    with pytest.raises(ParameterError, match=r"^neural.pretrained=svd needs inputs.embeddings"):
+        train_lm.fn(str(tmp_path), "lstm", {}, neural=NeuralLMParams(pretrained="svd"))
+    with pytest.raises(ParameterError, match=r"^inputs.embeddings is given but neural.pretrained=none"):
+        train_lm.fn(str(tmp_path), "gru", {"embeddings": "latest"})
+
+
 # ---- fast: stop by PID --------------------------------------------------------------------
 def _record(home: Path, procs: list[serve.Started]) -> None:
     home.mkdir(parents=True, exist_ok=True)
