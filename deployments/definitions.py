@@ -117,7 +117,8 @@ def _strict(schema: Any) -> Any:
 
 def deploy(config: DeployConfig, only: list[str] | None = None) -> dict[str, str]:
     """Create or update the deployments (and the pools); returns {flow/deployment: id}."""
-    from prefect import Flow
+    from prefect import Flow, get_client
+    from prefect.exceptions import ObjectNotFound
 
     check_schedules(config)
     ensure_pools(config)
@@ -127,16 +128,25 @@ def deploy(config: DeployConfig, only: list[str] | None = None) -> dict[str, str
             continue
         flow = Flow.from_source(config.source, spec.entrypoint)
         cron = spec.cron(config)
+        # A redeploy (a `serve` restart, a code change) keeps what was paused in the UI paused: Prefect
+        # would otherwise set the deployment and its schedules active again.
+        with get_client(sync_client=True) as client:
+            try:
+                existing = client.read_deployment_by_name(f"{flow.name}/{spec.name}")
+            except ObjectNotFound:
+                existing = None
+        active = existing is None or all(s.active for s in existing.schedules)
         deployment = flow.to_deployment(
             name=spec.name, work_pool_name=pool_name(spec, config), description=spec.description,
             parameters=spec.parameters(config), tags=["lexiflow", *spec.tags], enforce_parameter_schema=True,
-            schedules=None if cron is None else [_cron_schedule(cron, config.timezone)])
+            paused=existing.paused if existing else None,
+            schedules=None if cron is None else [_cron_schedule(cron, config.timezone, active)])
         deployment._parameter_openapi_schema = _strict(deployment._parameter_openapi_schema)
         ids[f"{flow.name}/{spec.name}"] = str(deployment.apply())
     return ids
 
 
-def _cron_schedule(cron: str, timezone: str) -> Any:
+def _cron_schedule(cron: str, timezone: str, active: bool = True) -> Any:
     """The schedule; a ParameterError naming the setting when the cron or the time zone is invalid."""
     from prefect.client.schemas.schedules import CronSchedule
     from prefect.schedules import Cron
@@ -152,7 +162,7 @@ def _cron_schedule(cron: str, timezone: str) -> Any:
             if "timezone" in exc.errors()[0]["loc"] else
             f"--cron {cron!r} (or LEXIFLOW_REBUILD_CRON): not a cron expression; use 5 fields, minute hour "
             f"day-of-month month day-of-week, e.g. {DEFAULT_CRON!r}") from None
-    return Cron(cron, timezone=timezone)
+    return Cron(cron, timezone=timezone, active=active)
 
 
 def check_schedules(config: DeployConfig) -> None:

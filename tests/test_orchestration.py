@@ -151,6 +151,28 @@ def test_train_lm_flow_refuses_pretrained_without_embeddings_and_embeddings_with
         train_lm.fn(str(tmp_path), "gru", {"embeddings": "latest"})
 
 
+@pytest.mark.prefect
+def test_redeploying_keeps_a_schedule_or_deployment_paused_in_the_ui(tmp_path):
+    """`lexiflow serve` restarted (or a redeploy after a code change) set a paused corpus-rebuild active again."""
+    from prefect import get_client
+    from prefect.testing.utilities import prefect_test_harness
+
+    from deployments.definitions import deploy
+
+    config = DeployConfig(store=str(tmp_path / "store"))
+    with prefect_test_harness(server_startup_timeout=120):
+        ids = deploy(config, only=["corpus-rebuild", "pipeline"])
+        with get_client(sync_client=True) as client:
+            rebuild = client.read_deployment(ids["pipeline/corpus-rebuild"])
+            client.update_deployment_schedule(rebuild.id, rebuild.schedules[0].id, active=False)  # the UI's toggles
+            client.pause_deployment(ids["pipeline/pipeline"])
+            deploy(config.model_copy(update={"rebuild_cron": "0 4 * * 2"}), only=["corpus-rebuild", "pipeline"])
+            rebuild, manual = (client.read_deployment(ids[name]) for name in ("pipeline/corpus-rebuild",
+                                                                             "pipeline/pipeline"))
+    assert [(s.schedule.cron, s.active) for s in rebuild.schedules] == [("0 4 * * 2", False)]
+    assert (manual.paused, rebuild.paused) == (True, False)
+
+
 # ---- fast: stop by PID --------------------------------------------------------------------
 def _record(home: Path, procs: list[serve.Started]) -> None:
     home.mkdir(parents=True, exist_ok=True)
