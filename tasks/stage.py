@@ -51,6 +51,8 @@ class UserErrorsOnOneLine(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, USER_ERRORS):
+            if record.msg == "Engine execution exited with unexpected exception":
+                return False  # Prefect's outer wrapper, after the failure was logged: the error is expected
             record.exc_info, record.exc_text = None, None
         return True
 

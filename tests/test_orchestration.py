@@ -173,6 +173,29 @@ def test_redeploying_keeps_a_schedule_or_deployment_paused_in_the_ui(tmp_path):
     assert (manual.paused, rebuild.paused) == (True, False)
 
 
+def test_a_deployed_run_failing_on_bad_input_logs_the_error_once_without_calling_it_unexpected():
+    """A worker's run that failed on bad input ended its log with Prefect's "Engine execution exited with
+    unexpected exception" (ERROR): the user error, already logged in one line, is expected."""
+    import logging
+    import sys
+
+    from models.errors import InputError
+    from tasks.stage import UserErrorsOnOneLine
+
+    def record(msg, exc):
+        try:
+            raise exc
+        except Exception:
+            return logging.LogRecord("prefect.flow_runs", logging.ERROR, __file__, 1, msg, None, sys.exc_info())
+
+    one_line = UserErrorsOnOneLine()
+    assert not one_line.filter(record("Engine execution exited with unexpected exception", InputError("a.txt:2: bad")))
+    kept = record("Encountered exception during execution: %r", InputError("a.txt:2: bad"))
+    assert one_line.filter(kept) and kept.exc_info is None
+    bug = record("Engine execution exited with unexpected exception", KeyError("bug"))
+    assert one_line.filter(bug) and bug.exc_info is not None  # a bug keeps its traceback
+
+
 # ---- fast: stop by PID --------------------------------------------------------------------
 def _record(home: Path, procs: list[serve.Started]) -> None:
     home.mkdir(parents=True, exist_ok=True)
