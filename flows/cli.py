@@ -87,7 +87,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     params = pipeline_params(args)
     from flows.pipeline import run_pipeline
     from storage import ArtifactStore
-    from tasks.report_image import HEADLINE
 
     ArtifactStore(params.store).check_root()  # before Prefect starts: one line, not a failed run
     refs = run_pipeline(params)
@@ -99,18 +98,30 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"\nEvaluation report: {store.path(report.kind, report.version, 'report.md')}")
     print("Headline figures:")
     for name, ref in refs.items():
-        metrics = store.manifest(ref.kind, ref.version)["metrics"]
-        if ref.kind == "evaluation":
-            print(f"  {name:<17} " + ", ".join(f"{k} {metrics[k]:.3f}" for k in HEADLINE))
-        elif ref.kind == "tagger":
-            print(f"  {name:<17} " + (", ".join(f"{k} {metrics[k]:.4f}" for k in
-                                                ("accuracy", "known_accuracy", "unknown_accuracy")
-                                                if metrics.get(k) is not None)
-                                      or "not evaluated (no valid or test sentences)"))
-        elif ref.kind == "lm":
-            print(f"  {name:<17} " + ", ".join(f"{k} {metrics[k]:.1f}" for k in ("valid_perplexity", "test_perplexity")
-                                               if metrics.get(k) is not None))
+        if (figures := headline(ref.kind, store.manifest(ref.kind, ref.version)["metrics"])) is not None:
+            print(f"  {name:<17} {figures}")
     return 0
+
+
+def headline(kind: str, metrics: dict[str, Any]) -> str | None:
+    """The headline figures of an artifact's manifest metrics (None for kinds without any): a score
+    with nothing to score (null in the manifest, NaN in older ones) is "–", an infinite perplexity "inf"."""
+    from storage.store import metric_number
+    from tasks.report_image import HEADLINE
+
+    def figure(key: str, digits: int) -> str:
+        value = metric_number(metrics.get(key))
+        return "–" if value is None else f"{value:.{digits}f}"
+
+    if kind == "evaluation":
+        return ", ".join(f"{k} {figure(k, 3)}" for k in HEADLINE)
+    if kind == "tagger":
+        return ", ".join(f"{k} {figure(k, 4)}" for k in ("accuracy", "known_accuracy", "unknown_accuracy")
+                         if metrics.get(k) is not None) or "not evaluated (no valid or test sentences)"
+    if kind == "lm":
+        return ", ".join(f"{k} {figure(k, 1)}" for k in ("valid_perplexity", "test_perplexity")
+                         if metrics.get(k) is not None)
+    return None
 
 
 def read_catalog(store: str):
@@ -129,10 +140,17 @@ def _listing(manifest: dict[str, Any]) -> dict[str, Any]:
             "parameters": manifest["parameters"], "metrics": manifest["metrics"], "path": manifest["path"]}
 
 
+def strict_json(obj: Any) -> str:
+    """JSON output by the manifest convention (manifests written before it may hold NaN/Infinity)."""
+    from storage.store import json_safe
+
+    return json.dumps(json_safe(obj), indent=2, default=str, allow_nan=False)
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     manifests = [_listing(m) for m in read_catalog(args.store).list(args.kind)]
     if args.json:
-        print(json.dumps(manifests, indent=2, default=str))
+        print(strict_json(manifests))
         return 0
     if not manifests:
         print(f"no artifacts in {args.store}")
@@ -147,7 +165,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     catalog = read_catalog(args.store)
     manifest = catalog.get(kind, version or None)
     manifest["lineage"] = catalog.lineage(manifest["version"])
-    print(json.dumps(manifest, indent=2, default=str))
+    print(strict_json(manifest))
     return 0
 
 
@@ -307,6 +325,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _absolute(location: str) -> str:
+    """A local path made absolute, since deployed runs work in the code folder, not here; a URL (s3://...)
+    or a built-in corpus as given."""
+    from fsspec.utils import get_protocol
+
+    if location.startswith("builtin:") or "://" in location or get_protocol(location) != "file":
+        return location
+    return os.path.abspath(location)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from deployments import serve
 
@@ -317,8 +345,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 1 if any(line.endswith("still running!") for line in lines) else 0
     from deployments.definitions import DeployConfig
 
-    config = DeployConfig(**{k: v for k, v in {"store": args.store and str(Path(args.store).resolve()),
-                                                "sources": args.corpus, "rebuild_cron": args.cron}.items() if v})
+    config = DeployConfig(**{k: v for k, v in {"store": args.store and _absolute(args.store),
+                                                "sources": args.corpus and [_absolute(s) for s in args.corpus],
+                                                "rebuild_cron": args.cron}.items() if v})
     try:
         state = serve.start(home, config, port=args.port, gpus=args.gpus.split(",") if args.gpus else None)
     except serve.ServeError as exc:

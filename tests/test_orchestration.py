@@ -289,6 +289,27 @@ def test_serve_on_a_port_another_server_answers_refuses_instead_of_deploying_the
     assert capsys.readouterr().err.startswith(f"error: port {port} on 127.0.0.1 is in use")
 
 
+def test_serve_keeps_a_store_url_and_makes_local_corpus_paths_absolute(tmp_path, monkeypatch):
+    """`serve --store s3://bucket/x` deployed the store `<cwd>/s3:/bucket/x`; a relative --corpus was read by
+    corpus-rebuild from the code folder (the runs' working directory), not from where serve was started."""
+    from flows.cli import main
+
+    configs = []
+
+    def start(home, config, **_options):
+        configs.append(config)
+        return {"ui_url": "u", "api_url": "a", "deployments": {}, "processes": []}
+
+    monkeypatch.setattr(serve, "start", start)
+    monkeypatch.chdir(tmp_path)
+    assert main(["serve", "--home", "h", "--store", "s3://bucket/lexiflow", "--corpus", "data/*.txt",
+                 "builtin:lee", "/abs/a.txt"]) == 0
+    assert main(["serve", "--home", "h", "--store", "store"]) == 0
+    assert configs[0].store == "s3://bucket/lexiflow"
+    assert configs[0].sources == [f"{tmp_path}/data/*.txt", "builtin:lee", "/abs/a.txt"]
+    assert configs[1].store == f"{tmp_path}/store"
+
+
 def test_deploying_a_bad_schedule_fails_before_any_pool_or_deployment(capsys, monkeypatch):
     from deployments import definitions
 
