@@ -196,6 +196,26 @@ def test_a_deployed_run_failing_on_bad_input_logs_the_error_once_without_calling
     assert one_line.filter(bug) and bug.exc_info is not None  # a bug keeps its traceback
 
 
+def test_a_retried_stage_moves_one_progress_bar_instead_of_leaving_a_stuck_one(monkeypatch):
+    """Each attempt of a task run created its own progress artifact: after a transient failure at 40 % the run
+    page kept a bar stuck at 40 % beside the retry's."""
+    from tasks import stage as stage_module
+
+    calls = []
+    monkeypatch.setattr(stage_module, "create_progress_artifact",
+                        lambda value, description: calls.append(("create", value)) or "artifact-1")
+    monkeypatch.setattr(stage_module, "update_progress_artifact", lambda i, value: calls.append((i, value)))
+    monkeypatch.setattr(stage_module, "task_run", SimpleNamespace(id="task-run-1"))
+    first = stage_module._progress_artifact("corpus")  # attempt 1: fails at 40 %
+    first(0.2), first(0.4)
+    retry = stage_module._progress_artifact("corpus")  # attempt 2 of the same task run
+    retry(0.5), retry(1.0)
+    assert calls == [("create", 20.0), ("artifact-1", 40.0), ("artifact-1", 50.0), ("artifact-1", 100.0)]
+    monkeypatch.setattr(stage_module, "task_run", SimpleNamespace(id="task-run-2"))
+    stage_module._progress_artifact("corpus")(0.1)  # another task run: its own bar
+    assert calls[-1] == ("create", 10.0)
+
+
 # ---- fast: stop by PID --------------------------------------------------------------------
 def _record(home: Path, procs: list[serve.Started]) -> None:
     home.mkdir(parents=True, exist_ok=True)
