@@ -216,6 +216,32 @@ def test_a_retried_stage_moves_one_progress_bar_instead_of_leaving_a_stuck_one(m
     assert calls[-1] == ("create", 10.0)
 
 
+def test_evaluation_table_rows_carry_every_column(tmp_path, monkeypatch):
+    """The UI's table artifact takes its columns from the first row (an embeddings evaluation): the language
+    models' perplexities, in later rows only, were not shown."""
+    from storage import ArtifactStore
+    from tasks import report as report_module
+
+    store = ArtifactStore(tmp_path / "store")
+    refs = {}
+    for kind, version, metrics in (("evaluation", "1" * 16, {"method": "svd", "ws353_spearman": 0.5}),
+                                   ("lm", "2" * 16, {"model": "ngram", "test_perplexity": 120.0})):
+        with store.writer(kind, version) as out:
+            out.write_text("x.txt", "x")
+            out.metrics.update(metrics)
+        refs[kind] = store.ref(kind, version)
+    with store.writer("report", "3" * 16, inputs={"evaluations.0": refs["evaluation"], "lms.0": refs["lm"]}) as out:
+        out.write_text("report.md", "# report\n")
+    tables = []
+    monkeypatch.setattr(report_module, "create_table_artifact", lambda rows, **_options: tables.append(rows))
+    monkeypatch.setattr(report_module, "create_markdown_artifact", lambda *a, **k: None)
+    monkeypatch.setattr(report_module, "publish_chart", lambda rows: None)
+    report_module.publish_report(store.ref("report", "3" * 16))
+    (first, second), = tables
+    assert list(first) == list(second)
+    assert (first["test_perplexity"], second["test_perplexity"], second["ws353_spearman"]) == (None, 120.0, None)
+
+
 # ---- fast: stop by PID --------------------------------------------------------------------
 def _record(home: Path, procs: list[serve.Started]) -> None:
     home.mkdir(parents=True, exist_ok=True)
