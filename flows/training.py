@@ -161,10 +161,14 @@ def train(trainer: Trainer, method: str, store: str, inputs: dict[str, ArtifactR
     child = run_deployment(deployment, parameters=parameters, timeout=training.timeout_minutes * 60,
                            poll_interval=2, tags=["handoff"])
     state = child.state
-    if state is None or not state.is_completed():
-        name = state.name if state else "unknown"
-        raise RuntimeError(f"remote training run {child.name!r} ({child.id}) of {deployment} ended {name}: "
-                           f"{state.message if state else ''} -- see its logs in the UI")
+    if state is None or not state.is_final():  # run_deployment gave up waiting; the run goes on without us
+        raise RuntimeError(f"remote training run {child.name!r} ({child.id}) of {deployment} did not finish within "
+                           f"training.timeout_minutes={training.timeout_minutes:g} (it is "
+                           f"{state.name if state else 'unknown'}; is a worker of its work pool running?): "
+                           f"cancel it in the UI, or let it finish and run the pipeline again to reuse {expected}")
+    if not state.is_completed():
+        raise RuntimeError(f"remote training run {child.name!r} ({child.id}) of {deployment} ended {state.name}"
+                           f"{': ' + state.message if state.message else ''} -- see its logs in the UI")
     if not ArtifactStore(store).exists(expected.kind, expected.version):
         raise StoreError(f"remote training run {child.name!r} completed but {expected} is not in {store}: the GPU "
                          f"workers must see the same store and run the same lexiflow code")
