@@ -87,6 +87,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     params = pipeline_params(args)
     from flows.pipeline import run_pipeline
     from storage import ArtifactStore
+    from tasks.report_image import HEADLINE
 
     ArtifactStore(params.store).check_root()  # before Prefect starts: one line, not a failed run
     refs = run_pipeline(params)
@@ -98,30 +99,18 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"\nEvaluation report: {store.path(report.kind, report.version, 'report.md')}")
     print("Headline figures:")
     for name, ref in refs.items():
-        if (figures := headline(ref.kind, store.manifest(ref.kind, ref.version)["metrics"])) is not None:
-            print(f"  {name:<17} {figures}")
+        metrics = store.manifest(ref.kind, ref.version)["metrics"]
+        if ref.kind == "evaluation":
+            print(f"  {name:<17} " + ", ".join(f"{k} {metrics[k]:.3f}" for k in HEADLINE))
+        elif ref.kind == "tagger":
+            print(f"  {name:<17} " + (", ".join(f"{k} {metrics[k]:.4f}" for k in
+                                                ("accuracy", "known_accuracy", "unknown_accuracy")
+                                                if metrics.get(k) is not None)
+                                      or "not evaluated (no valid or test sentences)"))
+        elif ref.kind == "lm":
+            print(f"  {name:<17} " + ", ".join(f"{k} {metrics[k]:.1f}" for k in ("valid_perplexity", "test_perplexity")
+                                               if metrics.get(k) is not None))
     return 0
-
-
-def headline(kind: str, metrics: dict[str, Any]) -> str | None:
-    """The headline figures of an artifact's manifest metrics (None for kinds without any): a score
-    with nothing to score (null in the manifest, NaN in older ones) is "–", an infinite perplexity "inf"."""
-    from storage.store import metric_number
-    from tasks.report_image import HEADLINE
-
-    def figure(key: str, digits: int) -> str:
-        value = metric_number(metrics.get(key))
-        return "–" if value is None else f"{value:.{digits}f}"
-
-    if kind == "evaluation":
-        return ", ".join(f"{k} {figure(k, 3)}" for k in HEADLINE)
-    if kind == "tagger":
-        return ", ".join(f"{k} {figure(k, 4)}" for k in ("accuracy", "known_accuracy", "unknown_accuracy")
-                         if metrics.get(k) is not None) or "not evaluated (no valid or test sentences)"
-    if kind == "lm":
-        return ", ".join(f"{k} {figure(k, 1)}" for k in ("valid_perplexity", "test_perplexity")
-                         if metrics.get(k) is not None)
-    return None
 
 
 def read_catalog(store: str):
@@ -140,17 +129,10 @@ def _listing(manifest: dict[str, Any]) -> dict[str, Any]:
             "parameters": manifest["parameters"], "metrics": manifest["metrics"], "path": manifest["path"]}
 
 
-def strict_json(obj: Any) -> str:
-    """JSON output by the manifest convention (manifests written before it may hold NaN/Infinity)."""
-    from storage.store import json_safe
-
-    return json.dumps(json_safe(obj), indent=2, default=str, allow_nan=False)
-
-
 def cmd_list(args: argparse.Namespace) -> int:
     manifests = [_listing(m) for m in read_catalog(args.store).list(args.kind)]
     if args.json:
-        print(strict_json(manifests))
+        print(json.dumps(manifests, indent=2, default=str))
         return 0
     if not manifests:
         print(f"no artifacts in {args.store}")
@@ -165,7 +147,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     catalog = read_catalog(args.store)
     manifest = catalog.get(kind, version or None)
     manifest["lineage"] = catalog.lineage(manifest["version"])
-    print(strict_json(manifest))
+    print(json.dumps(manifest, indent=2, default=str))
     return 0
 
 
