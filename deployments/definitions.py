@@ -117,8 +117,10 @@ def _strict(schema: Any) -> Any:
 
 def deploy(config: DeployConfig, only: list[str] | None = None) -> dict[str, str]:
     """Create or update the deployments (and the pools); returns {flow/deployment: id}."""
-    from prefect import Flow
+    from prefect import Flow, get_client
+    from prefect.exceptions import ObjectNotFound
 
+    check_schedules(config)
     ensure_pools(config)
     ids = {}
     for spec in DEPLOYMENTS:
@@ -126,21 +128,48 @@ def deploy(config: DeployConfig, only: list[str] | None = None) -> dict[str, str
             continue
         flow = Flow.from_source(config.source, spec.entrypoint)
         cron = spec.cron(config)
+        # A redeploy (a `serve` restart, a code change) keeps what was paused in the UI paused: Prefect
+        # would otherwise set the deployment and its schedules active again.
+        with get_client(sync_client=True) as client:
+            try:
+                existing = client.read_deployment_by_name(f"{flow.name}/{spec.name}")
+            except ObjectNotFound:
+                existing = None
+        active = existing is None or all(s.active for s in existing.schedules)
         deployment = flow.to_deployment(
             name=spec.name, work_pool_name=pool_name(spec, config), description=spec.description,
             parameters=spec.parameters(config), tags=["lexiflow", *spec.tags], enforce_parameter_schema=True,
-            schedules=None if cron is None else [_cron_schedule(cron, config.timezone)])
+            paused=existing.paused if existing else None,
+            schedules=None if cron is None else [_cron_schedule(cron, config.timezone, active)])
         deployment._parameter_openapi_schema = _strict(deployment._parameter_openapi_schema)
         ids[f"{flow.name}/{spec.name}"] = str(deployment.apply())
     return ids
 
 
-def _cron_schedule(cron: str, timezone: str) -> Any:
+def _cron_schedule(cron: str, timezone: str, active: bool = True) -> Any:
+    """The schedule; a ParameterError naming the setting when the cron or the time zone is invalid."""
     from prefect.client.schemas.schedules import CronSchedule
     from prefect.schedules import Cron
+    from pydantic import ValidationError
 
-    CronSchedule(cron=cron, timezone=timezone)  # validates the expression: a bad one fails here, clearly
-    return Cron(cron, timezone=timezone)
+    from models.errors import ParameterError
+
+    try:
+        CronSchedule(cron=cron, timezone=timezone)  # validates the expression and the time zone
+    except ValidationError as exc:
+        raise ParameterError(
+            f"--timezone {timezone!r}: not an IANA time zone (e.g. UTC, Europe/Berlin)"
+            if "timezone" in exc.errors()[0]["loc"] else
+            f"--cron {cron!r} (or LEXIFLOW_REBUILD_CRON): not a cron expression; use 5 fields, minute hour "
+            f"day-of-month month day-of-week, e.g. {DEFAULT_CRON!r}") from None
+    return Cron(cron, timezone=timezone, active=active)
+
+
+def check_schedules(config: DeployConfig) -> None:
+    """Refuse a bad schedule before anything is started, created or deployed."""
+    for spec in DEPLOYMENTS:
+        if (cron := spec.cron(config)) is not None:
+            _cron_schedule(cron, config.timezone)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,7 +186,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = DeployConfig(source=args.source, store=args.store, sources=args.sources, rebuild_cron=args.cron,
                           timezone=args.timezone, remote_training=not args.local_training)
-    for name, deployment_id in deploy(config, args.only).items():
+    from models.errors import ParameterError
+
+    try:
+        ids = deploy(config, args.only)
+    except ParameterError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    for name, deployment_id in ids.items():
         print(f"{name}  {deployment_id}")
     return 0
 

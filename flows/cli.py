@@ -325,6 +325,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _absolute(location: str) -> str:
+    """A local path made absolute, since deployed runs work in the code folder, not here; a URL (s3://...)
+    or a built-in corpus as given."""
+    from fsspec.utils import get_protocol
+
+    if location.startswith("builtin:") or "://" in location or get_protocol(location) != "file":
+        return location
+    return os.path.abspath(location)
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     from deployments import serve
 
@@ -335,8 +345,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 1 if any(line.endswith("still running!") for line in lines) else 0
     from deployments.definitions import DeployConfig
 
-    config = DeployConfig(**{k: v for k, v in {"store": args.store and str(Path(args.store).resolve()),
-                                                "sources": args.corpus, "rebuild_cron": args.cron}.items() if v})
+    config = DeployConfig(**{k: v for k, v in {"store": args.store and _absolute(args.store),
+                                                "sources": args.corpus and [_absolute(s) for s in args.corpus],
+                                                "rebuild_cron": args.cron}.items() if v})
     try:
         state = serve.start(home, config, port=args.port, gpus=args.gpus.split(",") if args.gpus else None)
     except serve.ServeError as exc:

@@ -127,7 +127,15 @@ def train_lm(
             pretrained initialisation); missing required ones are the latest.
     """
     trainer = LM_TRAINERS[method]
-    return _run_here(trainer, store, inputs or {}, {"ngram": ngram, "neural": neural}[trainer.section])
+    inputs = inputs or {}
+    if trainer.section == "neural" and (neural.pretrained == "none") == ("embeddings" in inputs):
+        # the stage initialises from inputs.embeddings whatever neural.pretrained says: make the two agree
+        raise ParameterError(
+            f"neural.pretrained={neural.pretrained} needs inputs.embeddings, the version of the {neural.pretrained} "
+            f"embeddings to start from (lexiflow artifacts list --kind embeddings)" if neural.pretrained != "none" else
+            "inputs.embeddings is given but neural.pretrained=none: set neural.pretrained to the method of those "
+            "embeddings, or leave inputs.embeddings out")
+    return _run_here(trainer, store, inputs, {"ngram": ngram, "neural": neural}[trainer.section])
 
 
 def train(trainer: Trainer, method: str, store: str, inputs: dict[str, ArtifactRef], params: BaseModel,
@@ -153,10 +161,14 @@ def train(trainer: Trainer, method: str, store: str, inputs: dict[str, ArtifactR
     child = run_deployment(deployment, parameters=parameters, timeout=training.timeout_minutes * 60,
                            poll_interval=2, tags=["handoff"])
     state = child.state
-    if state is None or not state.is_completed():
-        name = state.name if state else "unknown"
-        raise RuntimeError(f"remote training run {child.name!r} ({child.id}) of {deployment} ended {name}: "
-                           f"{state.message if state else ''} -- see its logs in the UI")
+    if state is None or not state.is_final():  # run_deployment gave up waiting; the run goes on without us
+        raise RuntimeError(f"remote training run {child.name!r} ({child.id}) of {deployment} did not finish within "
+                           f"training.timeout_minutes={training.timeout_minutes:g} (it is "
+                           f"{state.name if state else 'unknown'}; is a worker of its work pool running?): "
+                           f"cancel it in the UI, or let it finish and run the pipeline again to reuse {expected}")
+    if not state.is_completed():
+        raise RuntimeError(f"remote training run {child.name!r} ({child.id}) of {deployment} ended {state.name}"
+                           f"{': ' + state.message if state.message else ''} -- see its logs in the UI")
     if not ArtifactStore(store).exists(expected.kind, expected.version):
         raise StoreError(f"remote training run {child.name!r} completed but {expected} is not in {store}: the GPU "
                          f"workers must see the same store and run the same lexiflow code")

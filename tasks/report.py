@@ -90,6 +90,10 @@ def publish_report(report: ArtifactRef) -> str:
             metrics = store.manifest(ref["kind"], ref["version"])["metrics"]
             rows.append({"input": name, "artifact": f"{ref['kind']}:{ref['version']}",
                          **{k: v for k, v in metrics.items() if isinstance(v, int | float | str)}})
+        # every row with every column: the UI takes the table's columns from its first row only, which
+        # hid the language models' perplexities and the taggers' accuracy behind the embeddings' figures
+        columns = list(dict.fromkeys(column for row in rows for column in row))
+        rows = [{column: row.get(column) for column in columns} for row in rows]
         # the UI cannot follow report.md's relative image links: each figure is its own image artifact
         figures = {}
         for entry in manifest["files"]:

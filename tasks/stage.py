@@ -51,6 +51,8 @@ class UserErrorsOnOneLine(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         exc = record.exc_info[1] if record.exc_info else None
         if isinstance(exc, USER_ERRORS):
+            if record.msg == "Engine execution exited with unexpected exception":
+                return False  # Prefect's outer wrapper, after the failure was logged: the error is expected
             record.exc_info, record.exc_text = None, None
         return True
 
@@ -97,19 +99,23 @@ def _split_arguments(arguments: dict[str, Any]) -> tuple[dict[str, ArtifactRef],
     return inputs, params
 
 
+_PROGRESS: dict[str, Any] = {}  # task run id → its progress artifact: a retry moves the same bar
+
+
 def _progress_artifact(kind: str) -> Callable[[float | None], None]:
-    """A Prefect progress artifact for this stage, created on the first report."""
-    artifact_id = None
+    """A Prefect progress artifact for this stage's task run, created on the first report (of any attempt)."""
+    run_id = str(task_run.id or "")
 
     def report(fraction: float | None) -> None:
-        nonlocal artifact_id
         if fraction is None:
             return
         try:
-            if artifact_id is None:
+            if not run_id or run_id not in _PROGRESS:
                 artifact_id = create_progress_artifact(100 * fraction, description=f"{kind}: progress")
+                if run_id:
+                    _PROGRESS[run_id] = artifact_id
             else:
-                update_progress_artifact(artifact_id, 100 * fraction)
+                update_progress_artifact(_PROGRESS[run_id], 100 * fraction)
         except Exception:  # outside a run context, or the API is busy: progress is a nicety
             pass
 

@@ -88,7 +88,7 @@ def test_remote_training_runs_the_configured_deployments_and_finds_what_they_pub
     kind goes to the deployment its `training.*_deployment` setting names."""
     import polars as pl
     from prefect import flow
-    from prefect.states import Failed
+    from prefect.states import Failed, Scheduled
     from prefect.testing.utilities import prefect_test_harness
 
     from flows.params import TrainingParams
@@ -110,6 +110,8 @@ def test_remote_training_runs_the_configured_deployments_and_finds_what_they_pub
 
     def gpu_worker(deployment, parameters, **_options):  # what a worker of the gpu pool runs
         handed_off.append(deployment)
+        if deployment == "gpu-emb/idle":  # no gpu worker picked it up before the timeout
+            return SimpleNamespace(state=Scheduled(), name="idle-run", id="1")
         state = train_lm(**parameters, return_state=True) if deployment == "gpu-lm/custom" else Failed()
         return SimpleNamespace(state=state, name="gpu-run", id="0")
 
@@ -123,12 +125,121 @@ def test_remote_training_runs_the_configured_deployments_and_finds_what_they_pub
         with pytest.raises(RuntimeError, match="gpu-emb/custom ended Failed"):
             train(EMBEDDING_TRAINERS["svd"], "svd", store.url, {"ppmi": store.ref("ppmi", "2" * 16)}, SVDParams(),
                   training)
+        idle = training.model_copy(update={"embeddings_deployment": "gpu-emb/idle", "timeout_minutes": 0.5})
+        with pytest.raises(RuntimeError, match=re.escape(  # it said "ended Scheduled: None"
+                "gpu-emb/idle did not finish within training.timeout_minutes=0.5 (it is Scheduled; is a worker")):
+            train(EMBEDDING_TRAINERS["svd"], "svd", store.url, {"ppmi": store.ref("ppmi", "2" * 16)}, SVDParams(),
+                  idle)
         return lm
 
     with prefect_test_harness(server_startup_timeout=120):
         ref = handoff()
-    assert handed_off == ["gpu-lm/custom", "gpu-emb/custom"]
+    assert handed_off == ["gpu-lm/custom", "gpu-emb/custom", "gpu-emb/idle"]
     assert [m["version"] for m in Catalog(store.url).list("lm")] == [ref.version]
+
+
+def test_train_lm_flow_refuses_pretrained_without_embeddings_and_embeddings_without_pretrained(tmp_path):
+    """From the train-lm form: neural.pretrained=svd without inputs.embeddings trained from random vectors,
+    and inputs.embeddings with pretrained=none initialised from them; both silently."""
+    from flows.training import train_lm
+    from models.errors import ParameterError
+    from tasks.params import NeuralLMParams
+
+    with pytest.raises(ParameterError, match=r"^neural.pretrained=svd needs inputs.embeddings"):
+        train_lm.fn(str(tmp_path), "lstm", {}, neural=NeuralLMParams(pretrained="svd"))
+    with pytest.raises(ParameterError, match=r"^inputs.embeddings is given but neural.pretrained=none"):
+        train_lm.fn(str(tmp_path), "gru", {"embeddings": "latest"})
+
+
+@pytest.mark.prefect
+def test_redeploying_keeps_a_schedule_or_deployment_paused_in_the_ui(tmp_path):
+    """`lexiflow serve` restarted (or a redeploy after a code change) set a paused corpus-rebuild active again."""
+    from prefect import get_client
+    from prefect.testing.utilities import prefect_test_harness
+
+    from deployments.definitions import deploy
+
+    config = DeployConfig(store=str(tmp_path / "store"))
+    with prefect_test_harness(server_startup_timeout=120):
+        ids = deploy(config, only=["corpus-rebuild", "pipeline"])
+        with get_client(sync_client=True) as client:
+            rebuild = client.read_deployment(ids["pipeline/corpus-rebuild"])
+            client.update_deployment_schedule(rebuild.id, rebuild.schedules[0].id, active=False)  # the UI's toggles
+            client.pause_deployment(ids["pipeline/pipeline"])
+            deploy(config.model_copy(update={"rebuild_cron": "0 4 * * 2"}), only=["corpus-rebuild", "pipeline"])
+            rebuild, manual = (client.read_deployment(ids[name]) for name in ("pipeline/corpus-rebuild",
+                                                                             "pipeline/pipeline"))
+    assert [(s.schedule.cron, s.active) for s in rebuild.schedules] == [("0 4 * * 2", False)]
+    assert (manual.paused, rebuild.paused) == (True, False)
+
+
+def test_a_deployed_run_failing_on_bad_input_logs_the_error_once_without_calling_it_unexpected():
+    """A worker's run that failed on bad input ended its log with Prefect's "Engine execution exited with
+    unexpected exception" (ERROR): the user error, already logged in one line, is expected."""
+    import logging
+    import sys
+
+    from models.errors import InputError
+    from tasks.stage import UserErrorsOnOneLine
+
+    def record(msg, exc):
+        try:
+            raise exc
+        except Exception:
+            return logging.LogRecord("prefect.flow_runs", logging.ERROR, __file__, 1, msg, None, sys.exc_info())
+
+    one_line = UserErrorsOnOneLine()
+    assert not one_line.filter(record("Engine execution exited with unexpected exception", InputError("a.txt:2: bad")))
+    kept = record("Encountered exception during execution: %r", InputError("a.txt:2: bad"))
+    assert one_line.filter(kept) and kept.exc_info is None
+    bug = record("Engine execution exited with unexpected exception", KeyError("bug"))
+    assert one_line.filter(bug) and bug.exc_info is not None  # a bug keeps its traceback
+
+
+def test_a_retried_stage_moves_one_progress_bar_instead_of_leaving_a_stuck_one(monkeypatch):
+    """Each attempt of a task run created its own progress artifact: after a transient failure at 40 % the run
+    page kept a bar stuck at 40 % beside the retry's."""
+    from tasks import stage as stage_module
+
+    calls = []
+    monkeypatch.setattr(stage_module, "create_progress_artifact",
+                        lambda value, description: calls.append(("create", value)) or "artifact-1")
+    monkeypatch.setattr(stage_module, "update_progress_artifact", lambda i, value: calls.append((i, value)))
+    monkeypatch.setattr(stage_module, "task_run", SimpleNamespace(id="task-run-1"))
+    first = stage_module._progress_artifact("corpus")  # attempt 1: fails at 40 %
+    first(0.2), first(0.4)
+    retry = stage_module._progress_artifact("corpus")  # attempt 2 of the same task run
+    retry(0.5), retry(1.0)
+    assert calls == [("create", 20.0), ("artifact-1", 40.0), ("artifact-1", 50.0), ("artifact-1", 100.0)]
+    monkeypatch.setattr(stage_module, "task_run", SimpleNamespace(id="task-run-2"))
+    stage_module._progress_artifact("corpus")(0.1)  # another task run: its own bar
+    assert calls[-1] == ("create", 10.0)
+
+
+def test_evaluation_table_rows_carry_every_column(tmp_path, monkeypatch):
+    """The UI's table artifact takes its columns from the first row (an embeddings evaluation): the language
+    models' perplexities, in later rows only, were not shown."""
+    from storage import ArtifactStore
+    from tasks import report as report_module
+
+    store = ArtifactStore(tmp_path / "store")
+    refs = {}
+    for kind, version, metrics in (("evaluation", "1" * 16, {"method": "svd", "ws353_spearman": 0.5}),
+                                   ("lm", "2" * 16, {"model": "ngram", "test_perplexity": 120.0})):
+        with store.writer(kind, version) as out:
+            out.write_text("x.txt", "x")
+            out.metrics.update(metrics)
+        refs[kind] = store.ref(kind, version)
+    with store.writer("report", "3" * 16, inputs={"evaluations.0": refs["evaluation"], "lms.0": refs["lm"]}) as out:
+        out.write_text("report.md", "# report\n")
+    tables = []
+    monkeypatch.setattr(report_module, "create_table_artifact", lambda rows, **_options: tables.append(rows))
+    monkeypatch.setattr(report_module, "create_markdown_artifact", lambda *a, **k: None)
+    monkeypatch.setattr(report_module, "publish_chart", lambda rows: None)
+    report_module.publish_report(store.ref("report", "3" * 16))
+    (first, second), = tables
+    assert list(first) == list(second)
+    assert (first["test_perplexity"], second["test_perplexity"], second["ws353_spearman"]) == (None, 120.0, None)
 
 
 # ---- fast: stop by PID --------------------------------------------------------------------
@@ -179,6 +290,78 @@ def test_serve_cli_stop_with_nothing_started(tmp_path, capsys):
         assert main(["serve", "--stop", "--home", str(tmp_path)]) == 2
         err = capsys.readouterr().err
         assert err.startswith(f"error: {tmp_path / serve.STATE_FILE} is damaged") and "delete the file" in err
+
+
+@pytest.mark.parametrize("option, value, message", [
+    ("--cron", "bad", "--cron 'bad' (or LEXIFLOW_REBUILD_CRON): not a cron expression; use 5 fields"),
+    ("--cron", "61 3 * * 1", "--cron '61 3 * * 1'"),
+])
+def test_serve_refuses_a_bad_cron_in_one_line_before_starting_anything(tmp_path, capsys, monkeypatch, option, value,
+                                                                        message):
+    """A typo in --cron used to start the Prefect server, deploy `pipeline`, then end in a pydantic traceback."""
+    from flows.cli import main
+
+    monkeypatch.setattr(serve, "_spawn", lambda *a, **k: pytest.fail("serve started a process"))
+    assert main(["serve", "--home", str(tmp_path), option, value]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {message}") and err.count("\n") == 1
+    assert not (tmp_path / serve.STATE_FILE).exists()
+
+
+def test_serve_on_a_port_another_server_answers_refuses_instead_of_deploying_there(tmp_path, capsys, monkeypatch):
+    """The new server cannot bind a taken port, but the health check used to find the other server answering
+    and deployed onto it (and pointed the workers at it)."""
+    import http.server
+    import threading
+
+    from flows.cli import main
+
+    class Health(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 - http.server's name
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args):
+            pass
+
+    other = http.server.HTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=other.serve_forever, daemon=True).start()
+    port = other.server_address[1]
+    monkeypatch.setattr(serve, "_spawn", lambda *a, **k: pytest.fail("serve started a process"))
+    try:
+        assert main(["serve", "--home", str(tmp_path), "--port", str(port)]) == 2
+    finally:
+        other.shutdown()
+    assert capsys.readouterr().err.startswith(f"error: port {port} on 127.0.0.1 is in use")
+
+
+def test_serve_keeps_a_store_url_and_makes_local_corpus_paths_absolute(tmp_path, monkeypatch):
+    """`serve --store s3://bucket/x` deployed the store `<cwd>/s3:/bucket/x`; a relative --corpus was read by
+    corpus-rebuild from the code folder (the runs' working directory), not from where serve was started."""
+    from flows.cli import main
+
+    configs = []
+
+    def start(home, config, **_options):
+        configs.append(config)
+        return {"ui_url": "u", "api_url": "a", "deployments": {}, "processes": []}
+
+    monkeypatch.setattr(serve, "start", start)
+    monkeypatch.chdir(tmp_path)
+    assert main(["serve", "--home", "h", "--store", "s3://bucket/lexiflow", "--corpus", "data/*.txt",
+                 "builtin:lee", "/abs/a.txt"]) == 0
+    assert main(["serve", "--home", "h", "--store", "store"]) == 0
+    assert configs[0].store == "s3://bucket/lexiflow"
+    assert configs[0].sources == [f"{tmp_path}/data/*.txt", "builtin:lee", "/abs/a.txt"]
+    assert configs[1].store == f"{tmp_path}/store"
+
+
+def test_deploying_a_bad_schedule_fails_before_any_pool_or_deployment(capsys, monkeypatch):
+    from deployments import definitions
+
+    monkeypatch.setattr(definitions, "ensure_pools", lambda c: pytest.fail("pools created"))
+    assert definitions.main(["--cron", "0 3 * * 1", "--timezone", "Mars/Base"]) == 2
+    assert capsys.readouterr().err == "error: --timezone 'Mars/Base': not an IANA time zone (e.g. UTC, Europe/Berlin)\n"
 
 
 # ---- slow: the whole thing on loopback ----------------------------------------------------
