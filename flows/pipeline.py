@@ -36,6 +36,7 @@ from tasks.params import (
     Word2VecParams,
 )
 from tasks.report import publish_report, write_report
+from tasks.stage import published_manifest
 from tasks.tagger import train_tagger
 from tasks.vocabulary import encode_corpus, learn_subword, learn_vocabulary
 
@@ -117,7 +118,7 @@ def pipeline(
             lms[kind] = train(LM_TRAINERS[kind], kind, store, inputs, ngram if kind == "ngram" else neural, training)
 
     taggers = {}
-    skipped = {s["source"] for s in ArtifactStore(store).manifest("corpus", docs.version)["metrics"].get("skipped", [])}
+    skipped = {s["source"] for s in published_manifest(docs)["metrics"].get("skipped", [])}
     if any(str(path) not in skipped for path in ingest.tagged_files(ingest.resolve_sources(corpus.sources))):
         tagged = ingest_tagged(store, params=corpus)
         taggers = {column: train_tagger(store, tagged=tagged, column=column, params=tagger)

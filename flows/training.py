@@ -38,6 +38,7 @@ from tasks.params import (
     SVDParams,
     Word2VecParams,
 )
+from tasks.stage import published_manifest
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ def train(trainer: Trainer, method: str, store: str, inputs: dict[str, ArtifactR
     expected = ArtifactStore(store).ref(trainer.kind, version)
     deployment = training.deployment(trainer.kind)
     logger = get_run_logger()
-    if ArtifactStore(store).exists(expected.kind, expected.version):
+    if published_manifest(expected) is not None:
         logger.info("%s: reusing %s (no training run needed)", trainer.kind, expected)
         return expected
     logger.info("%s: handing %s training to deployment %s (expecting %s)", trainer.kind, method, deployment, expected)
@@ -169,7 +170,7 @@ def train(trainer: Trainer, method: str, store: str, inputs: dict[str, ArtifactR
     if not state.is_completed():
         raise RuntimeError(f"remote training run {child.name!r} ({child.id}) of {deployment} ended {state.name}"
                            f"{': ' + state.message if state.message else ''} -- see its logs in the UI")
-    if not ArtifactStore(store).exists(expected.kind, expected.version):
+    if published_manifest(expected) is None:
         raise StoreError(f"remote training run {child.name!r} completed but {expected} is not in {store}: the GPU "
                          f"workers must see the same store and run the same lexiflow code")
     logger.info("%s: remote run %r published %s", trainer.kind, child.name, expected)

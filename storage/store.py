@@ -72,6 +72,10 @@ class StoreError(Exception):
     """A store problem the user can act on: bad name, missing artifact, failed verification."""
 
 
+class ArtifactNotFound(StoreError):
+    """No published artifact of that kind and version (its manifest is missing)."""
+
+
 RETRY_DELAYS = (0.05, 0.1, 0.25, 0.5, 1.0)  # seconds between attempts of one storage operation
 # OSErrors that another attempt would meet again: the path is missing, taken, forbidden or not a folder.
 NOT_TRANSIENT = (FileNotFoundError, FileExistsError, PermissionError, IsADirectoryError, NotADirectoryError)
@@ -250,7 +254,7 @@ class ArtifactStore:
             with self.fs.open(self.path(kind, version, MANIFEST), "r") as f:
                 manifest = json.load(f)
         except FileNotFoundError:
-            raise StoreError(f"no artifact {kind}:{version} in {self.url}") from None
+            raise ArtifactNotFound(f"no artifact {kind}:{version} in {self.url}") from None
         except (ValueError, UnicodeDecodeError) as exc:  # only tampering can do this: manifests are published whole
             raise StoreError(f"{kind}:{version}: manifest is not valid JSON ({exc})") from None
         if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):

@@ -31,12 +31,13 @@ from typing import Any
 
 from prefect import get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_progress_artifact, update_progress_artifact
+from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run, task_run
 from pydantic import BaseModel
 
 from models.errors import LexiflowError
 from storage import ArtifactRef, ArtifactStore, StoreError, content_version
-from storage.store import is_transient
+from storage.store import ArtifactNotFound, is_transient
 
 USER_ERRORS = (LexiflowError, StoreError)
 HOW = {"store", "parallel"}  # arguments that choose where/how a stage runs, not what it makes: not versioned
@@ -72,6 +73,22 @@ def retry_transient_only(task_obj: Any, task_run_obj: Any, state: Any) -> bool:
     except Exception as exc:
         return is_transient(exc)
     return False
+
+
+# A stage's retries: the outer layer over the store's own per-operation retries, which ride out a
+# blip but not an outage (storage/faults.py's outages outlast them on purpose).
+STAGE_RETRIES: dict[str, Any] = {"retries": 3, "retry_delay_seconds": [1, 2, 4],
+                                 "retry_condition_fn": retry_transient_only}
+
+
+@task(name="read-manifest", cache_policy=NO_CACHE, persist_result=False, **STAGE_RETRIES)
+def published_manifest(ref: ArtifactRef) -> dict[str, Any] | None:
+    """An artifact's manifest, or None when it is not published: for a flow's own reads of the store
+    (a flow body has no retries of its own, a task run has the stages')."""
+    try:  # one read, no exists(): fsspec's exists() answers False on any error, a fault included
+        return ArtifactStore(ref.store).manifest(ref.kind, ref.version)
+    except ArtifactNotFound:
+        return None
 
 
 def code_version(modules: Sequence[ModuleType]) -> str:
@@ -199,8 +216,7 @@ def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dic
         run.__signature__ = signature
         # No tags: Prefect 3.8 acquires a tag-concurrency lease per tagged task run (an API round
         # trip measured at ~2 s here), which made cached reruns slower than the work they skip.
-        options = {"name": kind, "retries": 3, "retry_delay_seconds": [1, 2, 4],
-                   "retry_condition_fn": retry_transient_only, "cache_key_fn": cache_key,
+        options = {"name": kind, **STAGE_RETRIES, "cache_key_fn": cache_key,
                    "persist_result": True, "result_serializer": "json", **task_options}
         prefect_task = task(**options)(run)
         prefect_task.code_modules = modules  # what the code version hashes (tests/test_code_versions.py)

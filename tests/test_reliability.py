@@ -219,6 +219,34 @@ def test_bad_input_is_not_retried_and_transient_errors_are(api, tmp_path, monkey
     assert ArtifactStore(str(tmp_path / "store")).verify(ref.kind, ref.version, full=True) == []
 
 
+def test_a_flow_reads_the_store_through_an_outage(api, tmp_path, monkeypatch):
+    # The pipeline flow reads the corpus manifest itself (which sources were skipped). A flow body
+    # has no retries: an outage longer than the store's own retries of one operation failed the
+    # whole run there (the flaky-storage pipeline above met it). Those reads retry as stages do.
+    from prefect import flow
+
+    from tasks.stage import published_manifest
+
+    store = ArtifactStore(str(tmp_path / "store"))
+    with store.writer("corpus", "0123456789abcdef") as out:
+        out.metrics["skipped"] = []
+    real_manifest, outage = ArtifactStore.manifest, [TimeoutError("outage")] * 2
+
+    def manifest(self, kind, version):  # its own retries used up: the outage outlasts them
+        if outage:
+            raise outage.pop()
+        return real_manifest(self, kind, version)
+
+    monkeypatch.setattr(ArtifactStore, "manifest", manifest)
+
+    @flow
+    def reads(version: str) -> dict | None:
+        return published_manifest(store.ref("corpus", version))
+
+    assert reads("0123456789abcdef")["metrics"] == {"skipped": []} and outage == []
+    assert reads("f" * 16) is None  # not published
+
+
 def test_hostile_directory_through_the_cli(zygote, tmp_path):
     """Default policy: the first bad file stops the run with one line, no traceback, no artifact.
     `corpus.bad_files=skip`: every bad file is skipped and listed in the corpus stats; the run completes."""
