@@ -235,11 +235,14 @@ def test_evaluation_table_rows_carry_every_column(tmp_path, monkeypatch):
     tables = []
     monkeypatch.setattr(report_module, "create_table_artifact", lambda rows, **_options: tables.append(rows))
     monkeypatch.setattr(report_module, "create_markdown_artifact", lambda *a, **k: None)
-    monkeypatch.setattr(report_module, "publish_chart", lambda rows: None)
+    charts = []
+    monkeypatch.setattr(report_module, "publish_chart", charts.append)
     report_module.publish_report(store.ref("report", "3" * 16))
     (first, second), = tables
     assert list(first) == list(second)
     assert (first["test_perplexity"], second["test_perplexity"], second["ws353_spearman"]) == (None, 120.0, None)
+    (chart,), = charts  # the headline chart draws the embeddings' evaluations only, not the LM's empty row
+    assert (chart["embeddings"], chart["ws353_spearman"]) == ("svd", 0.5)
 
 
 # ---- fast: stop by PID --------------------------------------------------------------------
