@@ -85,7 +85,7 @@ STAGE_RETRIES: dict[str, Any] = {"retries": 3, "retry_delay_seconds": [1, 2, 4],
 def published_manifest(ref: ArtifactRef) -> dict[str, Any] | None:
     """An artifact's manifest, or None when it is not published: for a flow's own reads of the store
     (a flow body has no retries of its own, a task run has the stages')."""
-    try:  # one read, no exists(): fsspec's exists() answers False on any error, a fault included
+    try:  # one read, no exists(): fsspec's default exists() answers False on any error
         return ArtifactStore(ref.store).manifest(ref.kind, ref.version)
     except ArtifactNotFound:
         return None
