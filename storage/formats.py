@@ -67,6 +67,11 @@ def read_vectors(ref: ArtifactRef) -> tuple[list[str], np.ndarray, np.ndarray]:
     return table["word"].to_pylist(), table["count"].to_numpy(), vectors
 
 
+def read_manifest(ref: ArtifactRef) -> dict:
+    """An input artifact's manifest (its metrics, inputs, files), as a stage reads it."""
+    return ArtifactStore(ref.store).manifest(ref.kind, ref.version)
+
+
 def read_table(ref: ArtifactRef, name: str) -> pl.DataFrame:
     return ArtifactStore(ref.store).read_parquet(ref.kind, ref.version, name)
 

@@ -10,7 +10,7 @@ import polars as pl
 from models import device, embedding_plots, glove, svd, text, vectors, vocab, word2vec
 from models.errors import InputError
 from storage import ArtifactRef, ArtifactStore, ArtifactWriter, formats
-from storage.formats import read_matrix, read_table, write_vectors
+from storage.formats import read_manifest, read_matrix, read_table, write_vectors
 from tasks.params import GloVeParams, SVDParams, Word2VecParams
 from tasks.stage import stage
 
@@ -50,7 +50,7 @@ def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: Art
     """Skip-gram (`sgns`) or CBOW (`cbow`) through gensim, streaming the corpus artifact's train text
     (one record batch in memory at a time; held-out text never reaches vectors that may initialise a
     language model) on our word vocabulary."""
-    kind = ArtifactStore(tokenizer.store).manifest(tokenizer.kind, tokenizer.version)["metrics"].get("kind")
+    kind = read_manifest(tokenizer)["metrics"].get("kind")
     if kind != "word":  # a subword vocabulary would leave nearly every corpus word unknown
         raise InputError(f"inputs.tokenizer={tokenizer.version}: a {kind} tokenizer; {method} learns word vectors, "
                          "give it the word vocabulary's version "
@@ -69,7 +69,7 @@ def glove_embeddings(out: ArtifactWriter, cooccurrence: ArtifactRef, params: Glo
     cells/s and, comparable with word2vec's, in corpus words/s: the tokens the matrix was counted from
     per second of an epoch."""
     model = glove.GloVe(**params.model_dump()).fit(read_matrix(cooccurrence), progress=out.progress)
-    n_tokens = ArtifactStore(cooccurrence.store).manifest(cooccurrence.kind, cooccurrence.version)["metrics"]["tokens"]
+    n_tokens = read_manifest(cooccurrence)["metrics"]["tokens"]
     history = [{**h, "words_per_s": n_tokens / max(h["seconds"], 1e-12)} for h in model.history_]
     write_embeddings(out, read_table(cooccurrence, "vocab.parquet"), model.vectors_, "glove", history)
     out.metrics["device"] = model.device_

@@ -8,8 +8,8 @@ import logging
 import polars as pl
 
 from models import embedding_plots, evaluation, vectors
-from storage import ArtifactRef, ArtifactStore, ArtifactWriter, formats
-from storage.formats import read_vectors
+from storage import ArtifactRef, ArtifactWriter, formats
+from storage.formats import read_manifest, read_vectors
 from tasks.params import EvaluationParams
 from tasks.stage import stage
 
@@ -17,7 +17,7 @@ logger = logging.getLogger("lexiflow.evaluation")
 
 
 def _method(ref: ArtifactRef) -> str:
-    return ArtifactStore(ref.store).manifest(ref.kind, ref.version)["metrics"].get("method", ref.version)
+    return read_manifest(ref)["metrics"].get("method", ref.version)
 
 
 @stage("evaluation", code=[evaluation, vectors, embedding_plots, formats])

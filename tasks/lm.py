@@ -14,8 +14,8 @@ from models import device
 from models.device import resolve_device
 from models.errors import ParameterError
 from models.lm import distributed, ffnn, neural, ngram, rnn, train, transformer
-from storage import ArtifactRef, ArtifactStore, ArtifactWriter, formats
-from storage.formats import read_table, read_vectors
+from storage import ArtifactRef, ArtifactWriter, formats
+from storage.formats import read_manifest, read_table, read_vectors
 from tasks.params import NeuralLMParams, NgramParams
 from tasks.stage import stage
 
@@ -70,7 +70,7 @@ def neural_model(kind: str, vocab_size: int, p: NeuralLMParams, out: ArtifactWri
 @stage("lm", code=[ngram, neural, train, ffnn, rnn, transformer, distributed, device, formats])
 def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, model: str,
              params: NgramParams | NeuralLMParams, embeddings: ArtifactRef | None = None) -> None:
-    encoded_with = ArtifactStore(tokens.store).manifest(tokens.kind, tokens.version)["inputs"].get("tokenizer")
+    encoded_with = read_manifest(tokens)["inputs"].get("tokenizer")
     if encoded_with and encoded_with["version"] != tokenizer.version:  # train-lm takes the two by version
         raise ParameterError(f"inputs: {tokens} was encoded with tokenizer:{encoded_with['version']}, not "
                              f"{tokenizer}: pass inputs.tokenizer={encoded_with['version']} (or tokens that "

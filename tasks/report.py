@@ -10,7 +10,8 @@ import re
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 from models import evaluation
-from storage import ArtifactRef, ArtifactStore, ArtifactWriter
+from storage import ArtifactRef, ArtifactStore, ArtifactWriter, formats
+from storage.formats import read_manifest
 from tasks.report_image import publish_chart, publish_image
 from tasks.stage import stage
 
@@ -18,15 +19,11 @@ LM_COLUMNS = ("model", "vocabulary_size", "train_tokens", "parameters", "valid_p
 FIGURE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+\.png)\)")
 
 
-def _manifest(ref: ArtifactRef) -> dict:
-    return ArtifactStore(ref.store).manifest(ref.kind, ref.version)
-
-
 def _copy_pngs(out: ArtifactWriter, ref: ArtifactRef, prefix: str) -> list[str]:
     """Copy an input artifact's PNGs into the report (so report.md's links work), return their names."""
     store = ArtifactStore(ref.store)
     names = []
-    for entry in _manifest(ref)["files"]:
+    for entry in read_manifest(ref)["files"]:
         if entry["name"].endswith(".png"):
             name = f"{prefix}-{entry['name']}"
             with store.open(ref.kind, ref.version, entry["name"]) as src:
@@ -42,12 +39,12 @@ def _table(rows: list[dict], columns: tuple[str, ...]) -> list[str]:
     return lines
 
 
-@stage("report", code=[evaluation])
+@stage("report", code=[evaluation, formats])
 def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[ArtifactRef] | None = None,
                  taggers: list[ArtifactRef] | None = None) -> None:
     store = ArtifactStore(evaluations[0].store)
     lines = ["# lexiflow evaluation report", ""]
-    manifests = [_manifest(ref) for ref in evaluations]
+    manifests = [read_manifest(ref) for ref in evaluations]
     rows = [{**m["metrics"], "embeddings": m["metrics"]["method"]} for m in manifests]
     lines += ["## Word embeddings", ""]
     lines += _table(rows, ("embeddings", "ws353_spearman", "simlex999_spearman", "analogy_add_accuracy",
@@ -65,13 +62,14 @@ def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[
     if lms:
         lines += ["", "## Language models", "", "Perplexity per token (every word and `</s>`), each sentence "
                   "scored from `<s>`; validation tunes, test is reported once.", ""]
-        lines += _table([_manifest(ref)["metrics"] for ref in lms], LM_COLUMNS)
+        lines += _table([read_manifest(ref)["metrics"] for ref in lms], LM_COLUMNS)
         for ref in lms:
-            lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, f"lm-{_manifest(ref)['metrics']['model']}")]
+            model = read_manifest(ref)["metrics"]["model"]
+            lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, f"lm-{model}")]
     for ref in taggers or []:
         detail = store.read_text(ref.kind, ref.version, "report.md")
         lines += ["", re.sub(r"(?m)^(#+) ", r"#\1 ", detail)]  # its headings, one level down
-        column = _manifest(ref)["metrics"]["column"]
+        column = read_manifest(ref)["metrics"]["column"]
         lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, f"tagger-{column}")]
     out.write_text("report.md", "\n".join(lines) + "\n")
     out.metrics.update({"embeddings": len(evaluations), "lms": len(lms or []), "taggers": len(taggers or [])})
@@ -82,7 +80,7 @@ def publish_report(report: ArtifactRef) -> str:
     chart and each of the report's figures as an image artifact."""
     store = ArtifactStore(report.store)
     try:
-        manifest = _manifest(report)
+        manifest = read_manifest(report)
         markdown = store.read_text(report.kind, report.version, "report.md") + \
             f"\nArtifact: `{store.path(report.kind, report.version)}`\n"
         rows = []

@@ -37,6 +37,7 @@ from pydantic import BaseModel
 
 from models.errors import LexiflowError
 from storage import ArtifactRef, ArtifactStore, StoreError, content_version
+from storage.formats import read_manifest
 from storage.store import ArtifactNotFound, is_transient
 
 USER_ERRORS = (LexiflowError, StoreError)
@@ -86,7 +87,7 @@ def published_manifest(ref: ArtifactRef) -> dict[str, Any] | None:
     """An artifact's manifest, or None when it is not published: for a flow's own reads of the store
     (a flow body has no retries of its own, a task run has the stages')."""
     try:  # one read, no exists(): fsspec's default exists() answers False on any error
-        return ArtifactStore(ref.store).manifest(ref.kind, ref.version)
+        return read_manifest(ref)
     except ArtifactNotFound:
         return None
 

@@ -13,8 +13,8 @@ from models.tokenizers import BPE, WordPiece
 from models.tokenizers import base as tokenizer_base
 from models.tokenizers import bpe as bpe_module
 from models.tokenizers import wordpiece as wordpiece_module
-from storage import ArtifactRef, ArtifactStore, ArtifactWriter, Catalog, formats, loaders
-from storage.formats import SHARDED_ROW_GROUP, TOKENS, VOCAB, count_rows, read_rows, read_table
+from storage import ArtifactRef, ArtifactWriter, Catalog, formats, loaders
+from storage.formats import SHARDED_ROW_GROUP, TOKENS, VOCAB, count_rows, read_manifest, read_rows, read_table
 from tasks import parallel as parallel_module
 from tasks.parallel import (
     SHARD_TASK,
@@ -34,7 +34,7 @@ def train_sentences(corpus: ArtifactRef) -> pl.DataFrame:
 
 def require_train_split(corpus: ArtifactRef) -> None:
     """Fail before learning a tokenizer from nothing (every later stage would fail less clearly)."""
-    metrics = ArtifactStore(corpus.store).manifest(corpus.kind, corpus.version)["metrics"]
+    metrics = read_manifest(corpus)["metrics"]
     per_split = {split: metrics.get(f"documents_{split}", 0) for split in ingest.SPLITS}
     if not per_split["train"]:
         raise ingest.no_train_split(f"corpus {corpus.version}", per_split)
