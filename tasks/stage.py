@@ -210,6 +210,7 @@ def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dic
                                       run=run_info) as out:
                     out.progress = _progress_artifact(kind)
                     build(out, **arguments)
+            _PROGRESS.pop(str(task_run.id or ""), None)  # no later attempt will move this bar
             logger.info("%s: published %s at %s", kind, ref, artifacts.path(kind, version))
             link_artifact(artifacts, kind, version)
             return ref

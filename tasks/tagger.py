@@ -4,7 +4,6 @@ and unknown words, per tag — with a confusion-matrix heatmap."""
 
 from __future__ import annotations
 
-import numpy as np
 import polars as pl
 
 from models import conllu, hmm, ingest, tagging_metrics, text
@@ -48,8 +47,7 @@ def train_tagger(out: ArtifactWriter, tagged: ArtifactRef, column: str, params: 
     out.write_parquet("per_tag.parquet", per_tag)
     tagging_metrics.plot_confusion(gold, pred, out.path("confusion.png"),
                                    title=f"{column.upper()} confusion ({evaluated}, row-normalised)")
-    out.metrics.update({"column": column, "evaluated_on": evaluated, "method": params.method,
-                        **{k: None if np.isnan(v) else v for k, v in scores.items()}})  # no unknown word: None
+    out.metrics.update({"column": column, "evaluated_on": evaluated, "method": params.method, **scores})
     lines = [f"# {column.upper()} HMM tagger (order {params.order})", "",
              f"On the {evaluated} split ({int(scores['tokens'])} tokens, {int(scores['unknown_tokens'])} unknown): "
              f"accuracy **{scores['accuracy']:.4f}**, known words {scores['known_accuracy']:.4f}, "
