@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from lexiflow.models.cooccurrence import cooccurrence_matrix
 from threadpoolctl import threadpool_limits
 
 from benchmarks.corpora import repeated_stream
 from benchmarks.harness import Row
-from models.cooccurrence import cooccurrence_matrix
 
 
 def reference(ids: np.ndarray, offsets: np.ndarray, vocab_size: int, window: int) -> tuple[np.ndarray, np.ndarray]:

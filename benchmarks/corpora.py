@@ -7,11 +7,11 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+from lexiflow.models.cooccurrence import id_stream
+from lexiflow.models.ingest import IngestOptions, build_corpus, resolve_sources
+from lexiflow.models.vocab import SPECIALS, Vocabulary, sentence_tokens
 
 from benchmarks.harness import SHARED_DATA
-from models.cooccurrence import id_stream
-from models.ingest import IngestOptions, build_corpus, resolve_sources
-from models.vocab import SPECIALS, Vocabulary, sentence_tokens
 
 WIKITEXT_VALID = SHARED_DATA / "wikitext-2" / "wiki.valid.tokens"
 

@@ -28,11 +28,11 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
+from lexiflow.models.conllu import read_conllu
+from lexiflow.models.text import clean_expr, pretokenize_expr
+from lexiflow.models.vocab import Vocabulary
 
 from benchmarks.harness import SHARED_DATA, Row
-from models.conllu import read_conllu
-from models.text import clean_expr, pretokenize_expr
-from models.vocab import Vocabulary
 
 CACHE = Path(tempfile.gettempdir()) / "lexiflow-bench-embeddings"
 WIKI = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
@@ -91,9 +91,9 @@ def prepare(path: Path, window: int = WINDOW, sample: float | None = None, seed:
     As the pipeline's `cooccurrence` stage (and glove.c's `cooccur`): rare words (<unk>) are
     dropped before windowing, so windows close over them and <unk> is no hub row.
     """
-    from models.cooccurrence import cooccurrence_matrix, id_stream, keep_probabilities, subsample
-    from models.vocab import SPECIALS
-    from tasks.params import CooccurrenceParams
+    from lexiflow.models.cooccurrence import cooccurrence_matrix, id_stream, keep_probabilities, subsample
+    from lexiflow.models.vocab import SPECIALS
+    from lexiflow.tasks.params import CooccurrenceParams
 
     tokens = pl.read_parquet(path)["tokens"]
     vocab = Vocabulary.count(tokens, min_count=MIN_COUNT)
@@ -126,7 +126,7 @@ def split_eval_files() -> dict[str, Path]:
 
 def evaluate(vectors: np.ndarray, tokens: list[str], sets: dict[str, Path]) -> dict[str, float]:
     """Spearman rho per evaluation set, through gensim KeyedVectors (zero rows left out)."""
-    from models.vectors import keyed_vectors
+    from lexiflow.models.vectors import keyed_vectors
 
     return evaluate_kv(keyed_vectors(tokens, vectors), sets)
 
@@ -140,7 +140,7 @@ def evaluate_kv(kv, sets: dict[str, Path]) -> dict[str, float]:
 
 
 def train_glove(matrix, on_epoch=None, **params):
-    from models.glove import GloVe
+    from lexiflow.models.glove import GloVe
 
     return GloVe(dim=DIM, **params).fit(matrix, on_epoch=on_epoch)
 
@@ -181,10 +181,9 @@ def residual_ceiling(x_max: float, alpha: float = 0.75, clip: bool = False, path
     the directions gradient descent from a small initialisation learns first. `clip=True` keeps only
     the positive part of the residual (PPMI-like; no longer GloVe) for comparison.
     """
+    from lexiflow.models.glove import weighting
     from scipy.sparse import coo_matrix
     from scipy.sparse.linalg import svds
-
-    from models.glove import weighting
 
     vocab, _n_tokens, matrix = prepare(path or corpus_path())
     coo = matrix.tocoo()
@@ -207,8 +206,7 @@ def residual_ceiling(x_max: float, alpha: float = 0.75, clip: bool = False, path
 def _w2v_rows(name: str, sg: bool, path: Path, vocab, sets, epochs: int, quick: bool) -> tuple[list[Row], dict]:
     """Our wrapper vs raw gensim (same parameters and seed), and raw gensim with another seed (noise)."""
     import gensim
-
-    from models.word2vec import ParquetSentences, Word2Vec
+    from lexiflow.models.word2vec import ParquetSentences, Word2Vec
 
     stream = ParquetSentences(path)
     ours = Word2Vec(sg=sg, dim=DIM, window=WINDOW, epochs=epochs, min_count=MIN_COUNT, seed=0, workers=1)
@@ -244,8 +242,7 @@ def glove_epoch_seconds(n_cells: int = 10_000_000, vocab_size: int = 400_000, de
     frequent end as in a corpus: the issue's GPU target is one epoch over 10 M cells on an H100
     (`python -c "from benchmarks.embeddings import glove_epoch_seconds as g; print(g())"`)."""
     import scipy.sparse as sp
-
-    from models.glove import GloVe
+    from lexiflow.models.glove import GloVe
 
     rng = np.random.default_rng(0)
     half = n_cells // 2
@@ -266,9 +263,8 @@ def glove_epoch_seconds(n_cells: int = 10_000_000, vocab_size: int = 400_000, de
 def run(quick: bool) -> list[Row]:
     """GloVe quality/speed and the word2vec wrapper against raw gensim on the benchmark corpus."""
     import torch
-
-    from models.embedding_plots import plot_loss, plot_projection
-    from models.glove import GloVe
+    from lexiflow.models.embedding_plots import plot_loss, plot_projection
+    from lexiflow.models.glove import GloVe
 
     path = quick_path() if quick else corpus_path()
     vocab, n_tokens, matrix = prepare(path)

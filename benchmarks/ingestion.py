@@ -24,13 +24,13 @@ import unicodedata
 from pathlib import Path
 
 import polars as pl
+from lexiflow.models.ingest import IngestOptions, ShardResult, build_corpus, ingest_shard, merge_shards, plan_shards
+from lexiflow.storage import ArtifactStore
+from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP
+from lexiflow.storage.store import ArtifactWriter
 
 from benchmarks.corpora import plain_text_file
 from benchmarks.harness import Row
-from models.ingest import IngestOptions, ShardResult, build_corpus, ingest_shard, merge_shards, plan_shards
-from storage import ArtifactStore
-from storage.formats import DOCUMENTS, SHARDED_ROW_GROUP
-from storage.store import ArtifactWriter
 
 # Prefect, Dask and the stages are imported in `run`: the merge's child process imports this module,
 # and its peak memory should be the merge's, not theirs.
@@ -95,11 +95,11 @@ def merge_in_this_process(path: str, folder: str, streamed: bool) -> tuple[float
 
 
 def run(quick: bool = False) -> list[Row]:
+    from lexiflow.tasks.corpus import ingest_corpus
+    from lexiflow.tasks.params import CorpusParams
     from prefect.testing.utilities import prefect_test_harness
 
     from benchmarks.sharding import cluster, dask_params, time_stage
-    from tasks.corpus import ingest_corpus
-    from tasks.params import CorpusParams
 
     size = 5_000_000 if quick else 100_000_000
     with tempfile.TemporaryDirectory() as tmp, prefect_test_harness(server_startup_timeout=120):

@@ -38,15 +38,15 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import torch
 import torch.nn.functional as F
+from lexiflow.models.lm.ffnn import FFNNLM, FFNNConfig
+from lexiflow.models.lm.neural import NeuralLM
+from lexiflow.models.lm.ngram import NgramLM
+from lexiflow.models.lm.rnn import RNNLM, RNNConfig
+from lexiflow.models.lm.train import TrainConfig
+from lexiflow.models.lm.transformer import TransformerConfig, TransformerLM, count_parameters
 from torch import nn
 
 from benchmarks.harness import SHARED_DATA, Row
-from models.lm.ffnn import FFNNLM, FFNNConfig
-from models.lm.neural import NeuralLM
-from models.lm.ngram import NgramLM
-from models.lm.rnn import RNNLM, RNNConfig
-from models.lm.train import TrainConfig
-from models.lm.transformer import TransformerConfig, TransformerLM, count_parameters
 
 NAME = "lm_neural"
 WIKI = SHARED_DATA / "wikitext-2" / "wiki.valid.tokens"

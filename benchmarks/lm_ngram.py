@@ -14,9 +14,9 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from lexiflow.models.lm.ngram import NgramLM
 
 from benchmarks.harness import SHARED_DATA, Row
-from models.lm.ngram import NgramLM
 
 DATA = SHARED_DATA / "wikitext-2" / "wiki.valid.tokens"
 DISCOUNT = 0.75  # the fixed discount both libraries use in the side-by-side rows

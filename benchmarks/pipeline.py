@@ -6,12 +6,12 @@ from __future__ import annotations
 import tempfile
 import time
 
+from lexiflow.flows.params import validate
+from lexiflow.flows.pipeline import run_pipeline
 from prefect import flow
 from prefect.testing.utilities import prefect_test_harness
 
 from benchmarks.harness import Row
-from flows.params import validate
-from flows.pipeline import run_pipeline
 
 
 @flow

@@ -59,11 +59,11 @@ def _crash_and_concurrency(quick: bool, work: Path) -> list[Row]:
 def _flaky(env: dict[str, str], work: Path) -> list[Row]:
     import logging
 
+    from lexiflow.flows.params import validate
+    from lexiflow.flows.pipeline import run_pipeline
+    from lexiflow.storage.faults import FlakyFileSystem, flaky_url
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from flows.params import validate
-    from flows.pipeline import run_pipeline
-    from storage.faults import FlakyFileSystem, flaky_url
     from tests.chaos import audit
 
     injected = survived = retries = 0
@@ -101,8 +101,9 @@ def _flaky(env: dict[str, str], work: Path) -> list[Row]:
 
 
 def _hostile(quick: bool, work: Path) -> list[Row]:
-    from models.errors import InputError
-    from models.ingest import IngestOptions, build_corpus
+    from lexiflow.models.errors import InputError
+    from lexiflow.models.ingest import IngestOptions, build_corpus
+
     from tests.hostile import BOMB_LIMIT, hostile_directory
 
     expected = hostile_directory(work / "hostile")

@@ -16,16 +16,16 @@ from pathlib import Path
 from typing import Any
 
 from distributed import LocalCluster
+from lexiflow.storage import ArtifactRef, ArtifactStore
+from lexiflow.tasks.corpus import ingest_corpus
+from lexiflow.tasks.matrices import count_cooccurrence
+from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
+from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
 from prefect import flow, task
 from prefect.testing.utilities import prefect_test_harness
 
 from benchmarks.corpora import plain_text_file
 from benchmarks.harness import Row
-from storage import ArtifactRef, ArtifactStore
-from tasks.corpus import ingest_corpus
-from tasks.matrices import count_cooccurrence
-from tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
-from tasks.vocabulary import encode_corpus, learn_vocabulary
 
 
 @flow(name="benchmark-stage")
@@ -51,8 +51,8 @@ def dask_params(cluster: LocalCluster, **shards: int) -> ParallelParams:
 
 @task
 def _warm_up() -> None:
-    import tasks.matrices  # noqa: F401 - what the shard tasks import, loaded once per worker
-    import tasks.vocabulary  # noqa: F401
+    import lexiflow.tasks.matrices  # noqa: F401 - what the shard tasks import, loaded once per worker
+    import lexiflow.tasks.vocabulary  # noqa: F401
 
 
 def cluster(workers: int) -> LocalCluster:

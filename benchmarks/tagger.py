@@ -12,10 +12,11 @@ from __future__ import annotations
 import logging
 import time
 
+from lexiflow.models.conllu import read_conllu
+from lexiflow.models.hmm import HMMTagger
+from lexiflow.models.tagging_metrics import accuracy_report, per_tag_scores
+
 from benchmarks.harness import SHARED_DATA, Row
-from models.conllu import read_conllu
-from models.hmm import HMMTagger
-from models.tagging_metrics import accuracy_report, per_tag_scores
 
 EWT = SHARED_DATA / "ud-english-ewt"
 TARGETS = {"upos": 0.94, "xpos": 0.935}

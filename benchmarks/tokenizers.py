@@ -66,7 +66,7 @@ def _lines(path: Path) -> list[str]:
 
 
 def _ours_train(path: str, vocab: int, save_to: str, pre: str = "word") -> dict:
-    from models.tokenizers import BPE
+    from lexiflow.models.tokenizers import BPE
 
     lines = _lines(Path(path))
     t0, c0 = time.perf_counter(), time.process_time()
@@ -77,9 +77,8 @@ def _ours_train(path: str, vocab: int, save_to: str, pre: str = "word") -> dict:
 
 
 def _hf_train(path: str, vocab: int, save_to: str, pre: str = "word") -> dict:
+    from lexiflow.models.text import WORD_PATTERN
     from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
-
-    from models.text import WORD_PATTERN
 
     lines = _lines(Path(path))
     tok = Tokenizer(models.BPE(unk_token="<unk>", end_of_word_suffix="</w>"))
@@ -107,8 +106,7 @@ def _spm_train(path: str, vocab: int, save_to: str) -> dict:
 
 def _ours_encode(path: str, tok_dir: str) -> dict:
     import polars as pl
-
-    from models.tokenizers import BPE
+    from lexiflow.models.tokenizers import BPE
 
     lines = pl.Series(_lines(Path(path)))
     bpe = BPE.load(tok_dir)  # cold: a freshly loaded tokenizer has no word cache

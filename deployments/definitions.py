@@ -148,11 +148,10 @@ def deploy(config: DeployConfig, only: list[str] | None = None) -> dict[str, str
 
 def _cron_schedule(cron: str, timezone: str, active: bool = True) -> Any:
     """The schedule; a ParameterError naming the setting when the cron or the time zone is invalid."""
+    from lexiflow.models.errors import ParameterError
     from prefect.client.schemas.schedules import CronSchedule
     from prefect.schedules import Cron
     from pydantic import ValidationError
-
-    from models.errors import ParameterError
 
     try:
         CronSchedule(cron=cron, timezone=timezone)  # validates the expression and the time zone
@@ -186,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     config = DeployConfig(source=args.source, store=args.store, sources=args.sources, rebuild_cron=args.cron,
                           timezone=args.timezone, remote_training=not args.local_training)
-    from models.errors import ParameterError
+    from lexiflow.models.errors import ParameterError
 
     try:
         ids = deploy(config, args.only)

@@ -24,8 +24,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from deployments.definitions import DeployConfig, check_schedules, deploy
-from models.errors import InputError
+from lexiflow.deployments.definitions import DeployConfig, check_schedules, deploy
+from lexiflow.models.errors import InputError
 
 STATE_FILE = "lexiflow-serve.json"
 QUIET = {  # quiet, offline Prefect (see docs/operations.md)

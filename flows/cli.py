@@ -44,7 +44,7 @@ def parse_value(text: str) -> Any:
 
 
 def load_config(path: str) -> dict[str, Any]:
-    from models.errors import ParameterError
+    from lexiflow.models.errors import ParameterError
 
     file = Path(path)
     if not file.is_file():
@@ -67,8 +67,8 @@ def load_config(path: str) -> dict[str, Any]:
 
 def pipeline_params(args: argparse.Namespace):
     """Defaults ← config file ← --corpus ← --set, validated as a whole."""
-    from flows.params import set_dotted, validate
-    from models.errors import ParameterError
+    from lexiflow.flows.params import set_dotted, validate
+    from lexiflow.models.errors import ParameterError
 
     tree: dict[str, Any] = load_config(args.config) if args.config else {}
     if args.store:
@@ -85,8 +85,8 @@ def pipeline_params(args: argparse.Namespace):
 
 def cmd_run(args: argparse.Namespace) -> int:
     params = pipeline_params(args)
-    from flows.pipeline import run_pipeline
-    from storage import ArtifactStore
+    from lexiflow.flows.pipeline import run_pipeline
+    from lexiflow.storage import ArtifactStore
 
     ArtifactStore(params.store).check_root()  # before Prefect starts: one line, not a failed run
     refs = run_pipeline(params)
@@ -106,8 +106,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def headline(kind: str, metrics: dict[str, Any]) -> str | None:
     """The headline figures of an artifact's manifest metrics (None for kinds without any): a score
     with nothing to score (null in the manifest, NaN in older ones) is "–", an infinite perplexity "inf"."""
-    from storage.store import metric_number
-    from tasks.report_image import HEADLINE
+    from lexiflow.storage.store import metric_number
+    from lexiflow.tasks.report_image import HEADLINE
 
     def figure(key: str, digits: int) -> str:
         value = metric_number(metrics.get(key))
@@ -127,7 +127,7 @@ def headline(kind: str, metrics: dict[str, Any]) -> str | None:
 def read_catalog(store: str):
     """The catalog of a store that read-only commands read: a local path that does not exist, or is
     not a folder, is a mistyped --store, not an empty store. (Object stores: no artifacts yet is fine.)"""
-    from storage import Catalog
+    from lexiflow.storage import Catalog
 
     catalog = Catalog(store)
     catalog.store.check_root(create=False)
@@ -142,7 +142,7 @@ def _listing(manifest: dict[str, Any]) -> dict[str, Any]:
 
 def strict_json(obj: Any) -> str:
     """JSON output by the manifest convention (manifests written before it may hold NaN/Infinity)."""
-    from storage.store import json_safe
+    from lexiflow.storage.store import json_safe
 
     return json.dumps(json_safe(obj), indent=2, default=str, allow_nan=False)
 
@@ -180,9 +180,9 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def tagger_manifests(catalog, versions: list[str]) -> dict[str, dict[str, Any]]:
     """Tag set (upos, xpos) -> the manifest of the tagger that predicts it: the given versions, one
     per tag set, or with `latest` the latest tagger of each tag set (the pipeline trains one per set)."""
-    from models.conllu import TAG_COLUMNS
-    from models.errors import ParameterError
-    from storage import StoreError
+    from lexiflow.models.conllu import TAG_COLUMNS
+    from lexiflow.models.errors import ParameterError
+    from lexiflow.storage import StoreError
 
     if versions == ["latest"]:
         manifests = catalog.list("tagger")  # oldest first: the latest of a tag set comes last and stays
@@ -207,7 +207,7 @@ def tagger_manifests(catalog, versions: list[str]) -> dict[str, dict[str, Any]]:
 
 def check_tag_paths(source: Path, output: Path | None) -> None:
     """Refuse what `tag` cannot read or write before any work, with what to do."""
-    from models.errors import InputError
+    from lexiflow.models.errors import InputError
 
     if source.is_dir():
         raise InputError(f"{source}: is a folder; give a .conllu or plain-text file")
@@ -229,7 +229,7 @@ def check_tag_paths(source: Path, output: Path | None) -> None:
 def write_whole(path: Path, chunks: Iterable[str]) -> None:
     """Write a file whole or not at all: into a temporary file beside it, renamed over it once complete
     (a failure leaves the previous file, or none, never a partial one)."""
-    from models.errors import InputError
+    from lexiflow.models.errors import InputError
 
     partial = path.with_name(f".{path.name}.{os.urandom(4).hex()}.tmp")
     try:
@@ -245,9 +245,9 @@ def write_whole(path: Path, chunks: Iterable[str]) -> None:
 def cmd_tag(args: argparse.Namespace) -> int:
     """Tag a CoNLL-U file (predicted tags replace its UPOS/XPOS columns) or plain text (written as CoNLL-U).
     Everything is read and tagged before the output is written; a tag set no tagger predicts is `_`."""
-    from models import conllu
-    from models.errors import InputError
-    from models.hmm import HMMTagger
+    from lexiflow.models import conllu
+    from lexiflow.models.errors import InputError
+    from lexiflow.models.hmm import HMMTagger
 
     source, output = Path(args.input), Path(args.output) if args.output else None
     check_tag_paths(source, output)
@@ -264,7 +264,7 @@ def cmd_tag(args: argparse.Namespace) -> int:
     if is_conllu:
         sentences = [s.words for s in conllu.parse_lines(lines, source=str(source))]
     else:  # a line is a document, as ingestion reads plain text: sentences never run across lines
-        from models.text import sentence_words
+        from lexiflow.models.text import sentence_words
 
         sentences = sentence_words("".join(lines).splitlines())
     tags = {column: taggers[column].tag_many(sentences, method=args.method) if column in taggers
@@ -288,10 +288,9 @@ STRATEGY_OPTIONS = {"beam": ("width",), "sample": ("temperature", "top_k", "top_
 def cmd_generate(args: argparse.Namespace) -> int:
     """Continue a prompt with a trained language model and its own tokenizer."""
     import polars as pl
-
-    from models.errors import ParameterError
-    from models.lm.decoding import generate
-    from models.text import normalize
+    from lexiflow.models.errors import ParameterError
+    from lexiflow.models.lm.decoding import generate
+    from lexiflow.models.text import normalize
 
     options: dict[str, Any] = {}
     for strategy, names in STRATEGY_OPTIONS.items():
@@ -317,7 +316,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from storage.export import export
+    from lexiflow.storage.export import export
 
     kind, _, version = args.artifact.partition(":")
     for path in export(read_catalog(args.store), kind, version or None, args.dest):
@@ -336,14 +335,14 @@ def _absolute(location: str) -> str:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from deployments import serve
+    from lexiflow.deployments import serve
 
     home = Path(args.home or os.environ.get("PREFECT_HOME") or ".prefect")
     if args.stop:
         lines = serve.stop(home)
         print("\n".join(lines) if lines else f"nothing to stop (no {serve.STATE_FILE} in {home})")
         return 1 if any(line.endswith("still running!") for line in lines) else 0
-    from deployments.definitions import DeployConfig
+    from lexiflow.deployments.definitions import DeployConfig
 
     config = DeployConfig(**{k: v for k, v in {"store": args.store and _absolute(args.store),
                                                 "sources": args.corpus and [_absolute(s) for s in args.corpus],
@@ -439,8 +438,8 @@ def main(argv: list[str] | None = None) -> int:
     for key, value in PREFECT_DEFAULTS.items():
         os.environ.setdefault(key, value)
     args = build_parser().parse_args(argv)
-    from models.errors import LexiflowError
-    from storage import StoreError
+    from lexiflow.models.errors import LexiflowError
+    from lexiflow.storage import StoreError
 
     try:
         status = args.func(args)

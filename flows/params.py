@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field, ValidationError, model_validator
-
-from models.errors import ParameterError
-from storage import ArtifactRef, Catalog, StoreError
-from tasks.params import (
+from lexiflow.models.errors import ParameterError
+from lexiflow.storage import ArtifactRef, Catalog, StoreError
+from lexiflow.tasks.params import (
     CooccurrenceParams,
     CorpusParams,
     EmbeddingMethods,
@@ -26,6 +24,7 @@ from tasks.params import (
     VocabularyParams,
     Word2VecParams,
 )
+from pydantic import Field, ValidationError, model_validator
 
 
 class TrainingParams(Params):

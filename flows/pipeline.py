@@ -8,17 +8,15 @@ Every task returns a small `ArtifactRef`; data travels through the artifact stor
 
 from __future__ import annotations
 
-from prefect import flow, get_run_logger
-
-from flows.params import PipelineParams, TrainingParams, artifact_ref, validate
-from flows.training import EMBEDDING_TRAINERS, LM_TRAINERS, train
-from models import ingest
-from storage import ArtifactRef, ArtifactStore
-from tasks.corpus import ingest_corpus, ingest_tagged
-from tasks.embeddings import svd_embeddings
-from tasks.evaluation import evaluate_embeddings
-from tasks.matrices import compute_ppmi, count_cooccurrence
-from tasks.params import (
+from lexiflow.flows.params import PipelineParams, TrainingParams, artifact_ref, validate
+from lexiflow.flows.training import EMBEDDING_TRAINERS, LM_TRAINERS, train
+from lexiflow.models import ingest
+from lexiflow.storage import ArtifactRef, ArtifactStore
+from lexiflow.tasks.corpus import ingest_corpus, ingest_tagged
+from lexiflow.tasks.embeddings import svd_embeddings
+from lexiflow.tasks.evaluation import evaluate_embeddings
+from lexiflow.tasks.matrices import compute_ppmi, count_cooccurrence
+from lexiflow.tasks.params import (
     CooccurrenceParams,
     CorpusParams,
     EmbeddingMethods,
@@ -35,10 +33,11 @@ from tasks.params import (
     VocabularyParams,
     Word2VecParams,
 )
-from tasks.report import publish_report, write_report
-from tasks.stage import published_manifest
-from tasks.tagger import train_tagger
-from tasks.vocabulary import encode_corpus, learn_subword, learn_vocabulary
+from lexiflow.tasks.report import publish_report, write_report
+from lexiflow.tasks.stage import published_manifest
+from lexiflow.tasks.tagger import train_tagger
+from lexiflow.tasks.vocabulary import encode_corpus, learn_subword, learn_vocabulary
+from prefect import flow, get_run_logger
 
 
 @flow(name="pipeline", log_prints=True)

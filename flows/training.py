@@ -20,16 +20,12 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from prefect import flow, get_run_logger
-from prefect.deployments import run_deployment
-from pydantic import BaseModel
-
-from flows.params import TrainingParams, artifact_ref
-from models.errors import ParameterError
-from storage import ArtifactRef, ArtifactStore, StoreError
-from tasks.embeddings import glove_embeddings, svd_embeddings, word2vec_embeddings
-from tasks.lm import train_lm as lm_stage
-from tasks.params import (
+from lexiflow.flows.params import TrainingParams, artifact_ref
+from lexiflow.models.errors import ParameterError
+from lexiflow.storage import ArtifactRef, ArtifactStore, StoreError
+from lexiflow.tasks.embeddings import glove_embeddings, svd_embeddings, word2vec_embeddings
+from lexiflow.tasks.lm import train_lm as lm_stage
+from lexiflow.tasks.params import (
     EmbeddingMethod,
     GloVeParams,
     LMKind,
@@ -38,7 +34,10 @@ from tasks.params import (
     SVDParams,
     Word2VecParams,
 )
-from tasks.stage import published_manifest
+from lexiflow.tasks.stage import published_manifest
+from prefect import flow, get_run_logger
+from prefect.deployments import run_deployment
+from pydantic import BaseModel
 
 
 @dataclass(frozen=True)

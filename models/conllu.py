@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from models.errors import InputError
+from lexiflow.models.errors import InputError
 
 TAG_COLUMNS = {"upos": 3, "xpos": 4}  # tag set -> its column index in a CoNLL-U token line
 

@@ -24,9 +24,8 @@ from typing import Literal
 import numpy as np
 import polars as pl
 import scipy.sparse as sp
-
-from models.errors import ParameterError
-from models.progress import Progress
+from lexiflow.models.errors import ParameterError
+from lexiflow.models.progress import Progress
 
 Weighting = Literal["uniform", "harmonic"]
 _DIST_BITS = 6  # low key bits hold the distance d (window <= 63)

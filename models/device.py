@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 
 import torch
-
-from models.errors import ParameterError
+from lexiflow.models.errors import ParameterError
 
 
 def resolve_device(device: str, parameter: str = "device") -> torch.device:

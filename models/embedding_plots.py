@@ -19,9 +19,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from lexiflow.models.errors import InputError, ParameterError  # noqa: E402
 from matplotlib.ticker import MaxNLocator  # noqa: E402
-
-from models.errors import InputError, ParameterError  # noqa: E402
 
 METHODS = ("pca", "tsne")
 

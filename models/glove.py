@@ -62,11 +62,10 @@ from typing import Any, Literal
 import numpy as np
 import scipy.sparse as sp
 import torch
-
-from models.device import resolve_device
-from models.errors import InputError, ParameterError
-from models.progress import Progress
-from models.vectors import reweight_spectrum
+from lexiflow.models.device import resolve_device
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.progress import Progress
+from lexiflow.models.vectors import reweight_spectrum
 
 logger = logging.getLogger("lexiflow.glove")
 

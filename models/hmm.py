@@ -52,9 +52,8 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 import scipy.sparse as sp
-
-from models.errors import InputError, ParameterError
-from models.progress import Progress
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.progress import Progress
 
 logger = logging.getLogger("lexiflow.hmm")
 
@@ -635,7 +634,7 @@ class HMMTagger:
 
     def tag_text(self, text: str, method: str = "viterbi") -> list[list[tuple[str, str]]]:
         """Split plain text into sentences and words (models.text) and tag them: [[(word, tag), ...], ...]."""
-        from models.text import pretokenize, split_sentences
+        from lexiflow.models.text import pretokenize, split_sentences
 
         sents = [pretokenize(s) for s in split_sentences(text)]
         sents = [s for s in sents if s]

@@ -76,11 +76,10 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-
-from models.conllu import parse_lines
-from models.errors import InputError, ParameterError
-from models.progress import Progress
-from models.text import clean_series
+from lexiflow.models.conllu import parse_lines
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.progress import Progress
+from lexiflow.models.text import clean_series
 
 BUILTIN = {
     "builtin:enwiki": "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2",

@@ -13,8 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
-
-from models.errors import ParameterError
+from lexiflow.models.errors import ParameterError
 
 
 def ppmi_matrix(counts: sp.spmatrix, alpha: float = 0.75, shift: float = 1.0) -> sp.csr_matrix:

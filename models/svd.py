@@ -10,9 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
+from lexiflow.models.errors import ParameterError
 from sklearn.utils.extmath import randomized_svd
-
-from models.errors import ParameterError
 
 
 def svd_vectors(

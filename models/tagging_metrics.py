@@ -11,8 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-
-from models.errors import InputError
+from lexiflow.models.errors import InputError
 
 
 def _flatten(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]],

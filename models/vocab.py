@@ -11,8 +11,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
-
-from models.errors import ParameterError
+from lexiflow.models.errors import ParameterError
 
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
 UNK_ID, BOS_ID, EOS_ID, PAD_ID = range(4)
@@ -58,7 +57,7 @@ class Vocabulary:
 
     def encode_corpus(self, texts: pl.Series) -> pl.Series:
         """Texts -> id lists, through the word pre-tokenizer (the subword tokenizers' interface)."""
-        from models.text import pretokenize_expr
+        from lexiflow.models.text import pretokenize_expr
 
         return self.encode(texts.to_frame("t").select(pretokenize_expr(pl.col("t")))["t"])
 
@@ -100,6 +99,6 @@ def sentences(documents: pl.DataFrame, first_doc: int = 0) -> pl.DataFrame:
 
 def sentence_tokens(documents: pl.DataFrame) -> pl.DataFrame:
     """Corpus documents -> one row per sentence: doc_index, sentence, split, words (pre-tokenized)."""
-    from models.text import pretokenize_expr
+    from lexiflow.models.text import pretokenize_expr
 
     return sentences(documents).with_columns(pretokenize_expr(pl.col("text")).alias("words")).drop("text")

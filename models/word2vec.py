@@ -39,11 +39,10 @@ from gensim.models import KeyedVectors
 from gensim.models import Word2Vec as GensimWord2Vec
 from gensim.models.callbacks import CallbackAny2Vec
 from gensim.models.word2vec_inner import MAX_WORDS_IN_BATCH
-
-from models.errors import InputError, ParameterError
-from models.progress import Progress
-from models.text import pretokenize_expr
-from models.vocab import SPECIALS, Vocabulary
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.progress import Progress
+from lexiflow.models.text import pretokenize_expr
+from lexiflow.models.vocab import SPECIALS, Vocabulary
 
 logger = logging.getLogger("lexiflow.word2vec")
 

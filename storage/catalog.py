@@ -14,7 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from storage.store import (
+from lexiflow.storage.store import (
     _KIND,
     _VERSION,
     MANIFEST,
@@ -101,7 +101,7 @@ class Catalog:
         """The artifact as a natural object (the latest of the kind when version is None): polars
         DataFrames (corpus, tokenized_corpus), `Vocabulary` (tokenizer), scipy + polars (cooccurrence,
         ppmi), gensim `KeyedVectors` (embeddings), ... See storage/loaders.py (`LOADERS`)."""
-        from storage.loaders import LOADERS  # lazily: loaders import models/ inside their bodies
+        from lexiflow.storage.loaders import LOADERS  # lazily: loaders import models/ inside their bodies
 
         manifest = self.get(kind, version)
         if manifest["kind"] not in LOADERS:

@@ -18,8 +18,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from storage.catalog import Catalog
-from storage.store import MANIFEST, StoreError
+from lexiflow.storage.catalog import Catalog
+from lexiflow.storage.store import MANIFEST, StoreError
 
 Extra = Callable[[Catalog, dict[str, Any], Path], list[Path]]
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3 of every word-level vocabulary (models/vocab.py)

@@ -11,8 +11,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
-
-from storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, retry_transient
+from lexiflow.storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, retry_transient
 
 # Row groups of the tables that row-range shards read (documents, tokenized sentences): a shard
 # reads only the groups holding its rows (`read_rows`), not the whole file.

@@ -1,6 +1,6 @@
 """Loaders: an artifact as the natural Python object, for downstream jobs.
 
-    from storage import Catalog
+    from lexiflow.storage import Catalog
     kv = Catalog("artifacts").load("embeddings")          # gensim KeyedVectors, the latest
     docs = Catalog("artifacts").load("corpus", "3f2a...")  # polars DataFrame
 
@@ -17,8 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import polars as pl
-
-from storage.store import ArtifactStore
+from lexiflow.storage.store import ArtifactStore
 
 Loader = Callable[[ArtifactStore, dict[str, Any]], Any]
 
@@ -70,10 +69,10 @@ def load_tokenizer(store: ArtifactStore, manifest: dict[str, Any]):
     have `encode_corpus(texts)`."""
     kind = store.read_json(manifest["kind"], manifest["version"], "config.json")["kind"]
     if kind == "word":
-        from models.vocab import Vocabulary
+        from lexiflow.models.vocab import Vocabulary
 
         return Vocabulary(store.read_parquet(manifest["kind"], manifest["version"], "vocab.parquet"))
-    from models.tokenizers import BPE, WordPiece
+    from lexiflow.models.tokenizers import BPE, WordPiece
 
     with local_folder(store, manifest) as folder:
         return {"bpe": BPE, "wordpiece": WordPiece}[kind].load(folder)
@@ -85,7 +84,7 @@ def load_report(store: ArtifactStore, manifest: dict[str, Any]) -> str:
 
 
 def load_matrix(store: ArtifactStore, manifest: dict[str, Any]) -> MatrixArtifact:
-    from storage.formats import read_matrix
+    from lexiflow.storage.formats import read_matrix
 
     ref, names = _ref(store, manifest), {f["name"] for f in manifest["files"]}
     return MatrixArtifact(read_matrix(ref), store.read_parquet(ref.kind, ref.version, "vocab.parquet"),
@@ -94,8 +93,8 @@ def load_matrix(store: ArtifactStore, manifest: dict[str, Any]) -> MatrixArtifac
 
 def load_embeddings(store: ArtifactStore, manifest: dict[str, Any]):
     """gensim `KeyedVectors`, words in frequency order, with their training counts."""
-    from models.vectors import keyed_vectors
-    from storage.formats import read_vectors
+    from lexiflow.models.vectors import keyed_vectors
+    from lexiflow.storage.formats import read_vectors
 
     words, counts, vectors = read_vectors(_ref(store, manifest))
     return keyed_vectors(words, vectors, counts)
@@ -119,17 +118,17 @@ def load_lm(store: ArtifactStore, manifest: dict[str, Any]):
     model = manifest["metrics"].get("model")
     with local_folder(store, manifest) as folder:
         if model == "ngram":
-            from models.lm.ngram import NgramLM
+            from lexiflow.models.lm.ngram import NgramLM
 
             return NgramLM.load(folder)
-        from models.lm import neural
+        from lexiflow.models.lm import neural
 
         return neural.load(folder)
 
 
 def load_tagger(store: ArtifactStore, manifest: dict[str, Any]):
     """The HMM part-of-speech tagger (`.tag(words)`)."""
-    from models.hmm import HMMTagger
+    from lexiflow.models.hmm import HMMTagger
 
     with local_folder(store, manifest) as folder:
         return HMMTagger.load(folder)

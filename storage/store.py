@@ -563,7 +563,7 @@ class ArtifactStore:
     def audit(self, full: bool = False) -> tuple[int, list[str]]:
         """(artifacts checked, problems) over the whole store: every manifest must parse and every
         file it lists must match (sizes; checksums with `full`). Used by `lexiflow artifacts verify`."""
-        from storage.catalog import Catalog
+        from lexiflow.storage.catalog import Catalog
 
         checked, problems = 0, []
         for kind, version in Catalog(self).entries():

@@ -6,15 +6,14 @@ import functools
 from pathlib import Path
 from typing import Any
 
+from lexiflow.models import conllu, ingest, text
+from lexiflow.storage import ArtifactWriter, formats
+from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, TAGGED
+from lexiflow.tasks import parallel as parallel_module
+from lexiflow.tasks.parallel import SHARD_TASK, deliver, map_shards
+from lexiflow.tasks.params import CorpusParams, ParallelParams
+from lexiflow.tasks.stage import stage
 from prefect import task
-
-from models import conllu, ingest, text
-from storage import ArtifactWriter, formats
-from storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, TAGGED
-from tasks import parallel as parallel_module
-from tasks.parallel import SHARD_TASK, deliver, map_shards
-from tasks.params import CorpusParams, ParallelParams
-from tasks.stage import stage
 
 
 def options(params: CorpusParams) -> ingest.IngestOptions:

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-
-from models import device, embedding_plots, glove, svd, text, vectors, vocab, word2vec
-from models.errors import InputError
-from storage import ArtifactRef, ArtifactStore, ArtifactWriter, formats
-from storage.formats import read_manifest, read_matrix, read_table, write_vectors
-from tasks.params import GloVeParams, SVDParams, Word2VecParams
-from tasks.stage import stage
+from lexiflow.models import device, embedding_plots, glove, svd, text, vectors, vocab, word2vec
+from lexiflow.models.errors import InputError
+from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter, formats
+from lexiflow.storage.formats import read_manifest, read_matrix, read_table, write_vectors
+from lexiflow.tasks.params import GloVeParams, SVDParams, Word2VecParams
+from lexiflow.tasks.stage import stage
 
 
 def write_embeddings(out: ArtifactWriter, vocabulary: pl.DataFrame, word_vectors: np.ndarray, method: str,

@@ -6,12 +6,11 @@ from __future__ import annotations
 import logging
 
 import polars as pl
-
-from models import embedding_plots, evaluation, vectors
-from storage import ArtifactRef, ArtifactWriter, formats
-from storage.formats import read_manifest, read_vectors
-from tasks.params import EvaluationParams
-from tasks.stage import stage
+from lexiflow.models import embedding_plots, evaluation, vectors
+from lexiflow.storage import ArtifactRef, ArtifactWriter, formats
+from lexiflow.storage.formats import read_manifest, read_vectors
+from lexiflow.tasks.params import EvaluationParams
+from lexiflow.tasks.stage import stage
 
 logger = logging.getLogger("lexiflow.evaluation")
 

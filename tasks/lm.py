@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-
-from models import device
-from models.device import resolve_device
-from models.errors import ParameterError
-from models.lm import distributed, ffnn, neural, ngram, rnn, train, transformer
-from storage import ArtifactRef, ArtifactWriter, formats
-from storage.formats import read_manifest, read_table, read_vectors
-from tasks.params import NeuralLMParams, NgramParams
-from tasks.stage import stage
+from lexiflow.models import device
+from lexiflow.models.device import resolve_device
+from lexiflow.models.errors import ParameterError
+from lexiflow.models.lm import distributed, ffnn, neural, ngram, rnn, train, transformer
+from lexiflow.storage import ArtifactRef, ArtifactWriter, formats
+from lexiflow.storage.formats import read_manifest, read_table, read_vectors
+from lexiflow.tasks.params import NeuralLMParams, NgramParams
+from lexiflow.tasks.stage import stage
 
 
 def split_sentences(tokens: ArtifactRef) -> dict[str, list[np.ndarray]]:

@@ -7,21 +7,20 @@ from typing import Any
 import numpy as np
 import polars as pl
 import scipy.sparse as sp
-from prefect import task
-
-from models import cooccurrence, ppmi, text, vocab
-from storage import ArtifactRef, ArtifactWriter, formats
-from storage.formats import VOCAB, count_rows, read_matrix, read_rows, read_table, write_matrix
-from tasks import parallel as parallel_module
-from tasks.parallel import (
+from lexiflow.models import cooccurrence, ppmi, text, vocab
+from lexiflow.storage import ArtifactRef, ArtifactWriter, formats
+from lexiflow.storage.formats import VOCAB, count_rows, read_matrix, read_rows, read_table, write_matrix
+from lexiflow.tasks import parallel as parallel_module
+from lexiflow.tasks.parallel import (
     SHARD_TASK,
     deliver,
     map_shards,
     row_ranges,
     sum_matrices,
 )
-from tasks.params import CooccurrenceParams, ParallelParams, PPMIParams
-from tasks.stage import stage
+from lexiflow.tasks.params import CooccurrenceParams, ParallelParams, PPMIParams
+from lexiflow.tasks.stage import stage
+from prefect import task
 
 
 @task(name="cooccurrence-shard", **SHARD_TASK)

@@ -31,13 +31,12 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
+from lexiflow.models.progress import Progress
+from lexiflow.storage import ArtifactWriter
+from lexiflow.tasks.params import ParallelParams
+from lexiflow.tasks.stage import retry_transient_only
 from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
-
-from models.progress import Progress
-from storage import ArtifactWriter
-from tasks.params import ParallelParams
-from tasks.stage import retry_transient_only
 
 # Options of every shard task: no cache or persisted result (the stage around it caches the
 # artifact); transient I/O errors retried like the stages'.

@@ -5,9 +5,8 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
+from lexiflow.models.evaluation import DEFAULT_PROBES
 from pydantic import BaseModel, ConfigDict, Field
-
-from models.evaluation import DEFAULT_PROBES
 
 
 class Params(BaseModel):

@@ -7,13 +7,12 @@ from __future__ import annotations
 import logging
 import re
 
+from lexiflow.models import evaluation
+from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter, formats
+from lexiflow.storage.formats import read_manifest
+from lexiflow.tasks.report_image import publish_chart, publish_image
+from lexiflow.tasks.stage import stage
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
-
-from models import evaluation
-from storage import ArtifactRef, ArtifactStore, ArtifactWriter, formats
-from storage.formats import read_manifest
-from tasks.report_image import publish_chart, publish_image
-from tasks.stage import stage
 
 LM_COLUMNS = ("model", "vocabulary_size", "train_tokens", "parameters", "valid_perplexity", "test_perplexity")
 FIGURE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+\.png)\)")

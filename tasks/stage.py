@@ -29,16 +29,15 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from lexiflow.models.errors import LexiflowError
+from lexiflow.storage import ArtifactRef, ArtifactStore, StoreError, content_version
+from lexiflow.storage.formats import read_manifest
+from lexiflow.storage.store import ArtifactNotFound, is_transient
 from prefect import get_run_logger, task
 from prefect.artifacts import create_link_artifact, create_progress_artifact, update_progress_artifact
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run, task_run
 from pydantic import BaseModel
-
-from models.errors import LexiflowError
-from storage import ArtifactRef, ArtifactStore, StoreError, content_version
-from storage.formats import read_manifest
-from storage.store import ArtifactNotFound, is_transient
 
 USER_ERRORS = (LexiflowError, StoreError)
 HOW = {"store", "parallel"}  # arguments that choose where/how a stage runs, not what it makes: not versioned

@@ -5,12 +5,11 @@ and unknown words, per tag — with a confusion-matrix heatmap."""
 from __future__ import annotations
 
 import polars as pl
-
-from models import conllu, hmm, ingest, tagging_metrics, text
-from storage import ArtifactRef, ArtifactWriter, formats
-from storage.formats import read_table
-from tasks.params import TaggerParams
-from tasks.stage import stage
+from lexiflow.models import conllu, hmm, ingest, tagging_metrics, text
+from lexiflow.storage import ArtifactRef, ArtifactWriter, formats
+from lexiflow.storage.formats import read_table
+from lexiflow.tasks.params import TaggerParams
+from lexiflow.tasks.stage import stage
 
 OTHER = {"upos": "xpos", "xpos": "upos"}
 

@@ -6,24 +6,23 @@ from __future__ import annotations
 from typing import Any
 
 import polars as pl
-from prefect import task
-
-from models import conllu, ingest, text, tokenizers, vocab
-from models.tokenizers import BPE, WordPiece
-from models.tokenizers import base as tokenizer_base
-from models.tokenizers import bpe as bpe_module
-from models.tokenizers import wordpiece as wordpiece_module
-from storage import ArtifactRef, ArtifactWriter, Catalog, formats, loaders
-from storage.formats import SHARDED_ROW_GROUP, TOKENS, VOCAB, count_rows, read_manifest, read_rows, read_table
-from tasks import parallel as parallel_module
-from tasks.parallel import (
+from lexiflow.models import conllu, ingest, text, tokenizers, vocab
+from lexiflow.models.tokenizers import BPE, WordPiece
+from lexiflow.models.tokenizers import base as tokenizer_base
+from lexiflow.models.tokenizers import bpe as bpe_module
+from lexiflow.models.tokenizers import wordpiece as wordpiece_module
+from lexiflow.storage import ArtifactRef, ArtifactWriter, Catalog, formats, loaders
+from lexiflow.storage.formats import SHARDED_ROW_GROUP, TOKENS, VOCAB, count_rows, read_manifest, read_rows, read_table
+from lexiflow.tasks import parallel as parallel_module
+from lexiflow.tasks.parallel import (
     SHARD_TASK,
     deliver,
     map_shards,
     row_ranges,
 )
-from tasks.params import ParallelParams, TokenizerParams, VocabularyParams
-from tasks.stage import stage
+from lexiflow.tasks.params import ParallelParams, TokenizerParams, VocabularyParams
+from lexiflow.tasks.stage import stage
+from prefect import task
 
 SUBWORD = {"bpe": BPE, "wordpiece": WordPiece}
 

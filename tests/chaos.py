@@ -203,8 +203,8 @@ def zygote_main() -> None:
     """Read one JSON request per line; fork a child running `flows.cli.main(argv)` for each."""
     for key, value in QUIET_PREFECT.items():
         os.environ.setdefault(key, value)
-    import flows.cli
-    import flows.pipeline  # noqa: F401 (the expensive imports, done once)
+    import lexiflow.flows.cli
+    import lexiflow.flows.pipeline  # noqa: F401 (the expensive imports, done once)
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # children are reaped automatically
     print("ready", flush=True)
@@ -218,7 +218,7 @@ def zygote_main() -> None:
                 fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 os.dup2(fd, 1), os.dup2(fd, 2)
                 sys.stdin.close()
-                code = flows.cli.main(request["argv"])
+                code = lexiflow.flows.cli.main(request["argv"])
             except SystemExit as exc:
                 code = exc.code if isinstance(exc.code, int) else 1
             except BaseException:
@@ -241,7 +241,7 @@ def zygote_main() -> None:
 def audit(store_root: Path) -> list[str]:
     """Problems a reader could see in a local store: an artifact whose files differ from its
     manifest (sizes and SHA-256), or a visible `<kind>/<version>` folder without a manifest."""
-    from storage import ArtifactStore, Catalog
+    from lexiflow.storage import ArtifactStore, Catalog
 
     store = ArtifactStore(str(store_root))
     _checked, problems = store.audit(full=True)
@@ -256,7 +256,7 @@ def audit(store_root: Path) -> list[str]:
 
 
 def published(store_root: Path) -> dict[str, set[str]]:
-    from storage import Catalog
+    from lexiflow.storage import Catalog
 
     out: dict[str, set[str]] = {}
     for kind, version in Catalog(str(store_root)).entries():
@@ -382,7 +382,7 @@ class NeuralCrashReport:
 
 def _checkpoint_step(store: Path) -> int | None:
     """The step of the neural LM checkpoint in the store's scratch space (None: no checkpoint yet)."""
-    from models.lm.train import _find_checkpoint
+    from lexiflow.models.lm.train import _find_checkpoint
 
     for folder in sorted((store / ".scratch").glob("lm-*")):
         found = _find_checkpoint(str(folder))
@@ -393,9 +393,8 @@ def _checkpoint_step(store: Path) -> int | None:
 
 
 def _lm_weights(store: Path) -> tuple[dict, dict]:
+    from lexiflow.storage import ArtifactStore, Catalog
     from safetensors.numpy import load_file
-
-    from storage import ArtifactStore, Catalog
 
     manifest = Catalog(str(store)).latest("lm")
     path = Path(ArtifactStore(str(store)).path("lm", manifest["version"]))
@@ -479,8 +478,8 @@ def neural_crash_loop(zygote: Zygote, workdir: Path, kills: int, seed: int = 0) 
             continue
         break
     report.problems += audit(store)
-    from storage import ArtifactStore
-    from storage.store import metric_number
+    from lexiflow.storage import ArtifactStore
+    from lexiflow.storage.store import metric_number
 
     (ours, weights), (theirs, reference_weights) = _lm_weights(store), _lm_weights(reference_store)
     report.problems += ArtifactStore(str(store)).verify("lm", ours["version"], full=True)
@@ -517,7 +516,7 @@ def concurrent_runs(zygote: Zygote, store: Path, variants: list[list[str]], time
         report.completed += 1
         refs |= {(m.group(1), m.group(2)) for m in re.finditer(r"/(\w+)/([0-9a-f]{16})$", run.output(), re.M)}
     report.problems += audit(store)
-    from storage import Catalog
+    from lexiflow.storage import Catalog
 
     entries = Catalog(str(store)).entries()
     if sorted(set(entries)) != sorted(entries) or set(entries) != refs:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from storage import ArtifactRef, ArtifactStore
+from lexiflow.storage import ArtifactRef, ArtifactStore
 
 
 def publish(store: ArtifactStore, stage, **arguments) -> ArtifactRef:

@@ -18,20 +18,19 @@ import numpy as np
 import polars as pl
 import pytest
 import scipy.sparse as sp
-
-from flows.cli import main as cli
-from models import text, vocab
-from models.lm.ngram import NgramLM
-from storage import ArtifactStore, Catalog, StoreError
-from storage.formats import MATRIX, write_matrix
-from storage.loaders import LOADERS, EvaluationReport, MatrixArtifact
-from storage.store import storage_options_for
-from tasks.corpus import ingest_corpus
-from tasks.embeddings import svd_embeddings
-from tasks.evaluation import evaluate_embeddings
-from tasks.lm import train_lm
-from tasks.matrices import compute_ppmi, count_cooccurrence
-from tasks.params import (
+from lexiflow.flows.cli import main as cli
+from lexiflow.models import text, vocab
+from lexiflow.models.lm.ngram import NgramLM
+from lexiflow.storage import ArtifactStore, Catalog, StoreError
+from lexiflow.storage.formats import MATRIX, write_matrix
+from lexiflow.storage.loaders import LOADERS, EvaluationReport, MatrixArtifact
+from lexiflow.storage.store import storage_options_for
+from lexiflow.tasks.corpus import ingest_corpus
+from lexiflow.tasks.embeddings import svd_embeddings
+from lexiflow.tasks.evaluation import evaluate_embeddings
+from lexiflow.tasks.lm import train_lm
+from lexiflow.tasks.matrices import compute_ppmi, count_cooccurrence
+from lexiflow.tasks.params import (
     CooccurrenceParams,
     CorpusParams,
     EvaluationParams,
@@ -40,7 +39,8 @@ from tasks.params import (
     SVDParams,
     VocabularyParams,
 )
-from tasks.vocabulary import encode_corpus, learn_vocabulary
+from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
+
 from tests.backends import BACKENDS
 from tests.stages import publish
 
@@ -184,8 +184,9 @@ def test_get_by_version_lineage_and_unknown_kind(store):
 
 
 def test_storage_imports_no_models_until_a_loader_runs():
-    code = ("import sys, storage, storage.loaders, storage.export; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('models', 'gensim', 'torch', 'prefect')))")
+    code = ("import sys, lexiflow.storage, lexiflow.storage.loaders, lexiflow.storage.export; "
+            "print(sorted(m for m in sys.modules if m.startswith('lexiflow.models') "
+            "or m.split('.')[0] in ('gensim', 'torch', 'prefect')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
 

@@ -6,11 +6,11 @@ import logging
 from pathlib import Path
 
 import pytest
+from lexiflow.flows.cli import main
+from lexiflow.flows.params import validate
+from lexiflow.models.errors import ParameterError
+from lexiflow.storage import Catalog
 
-from flows.cli import main
-from flows.params import validate
-from models.errors import ParameterError
-from storage import Catalog
 from tests.stages import publish
 
 
@@ -19,7 +19,7 @@ def no_pipeline(monkeypatch):
     """`lexiflow run` must stop before the pipeline starts."""
     def fail(_params):
         raise AssertionError("the pipeline started")
-    monkeypatch.setattr("flows.pipeline.run_pipeline", fail)
+    monkeypatch.setattr("lexiflow.flows.pipeline.run_pipeline", fail)
 
 
 @pytest.mark.parametrize("settings, message", [
@@ -57,8 +57,8 @@ def test_combinations_that_work_are_accepted():
 
 
 def test_a_deployed_pipeline_run_checks_the_combinations_before_any_stage(tmp_path):
-    from flows.pipeline import pipeline
-    from tasks.params import CorpusParams, NeuralLMParams
+    from lexiflow.flows.pipeline import pipeline
+    from lexiflow.tasks.params import CorpusParams, NeuralLMParams
 
     missing = CorpusParams(sources=[str(tmp_path / "missing.txt")])  # the first stage would fail on it
     with pytest.raises(ParameterError, match="neural.pretrained=glove: not among embeddings"):
@@ -90,7 +90,7 @@ def test_run_rejects_a_config_file_it_cannot_use_naming_it(tmp_path, capsys, no_
 
 
 def test_stage_flows_name_the_version_parameter_the_store_lacks(tmp_path):
-    from flows.pipeline import ppmi_flow, vocabulary_flow
+    from lexiflow.flows.pipeline import ppmi_flow, vocabulary_flow
 
     missing = "0" * 16
     with pytest.raises(ParameterError, match=f"corpus_version: no artifact corpus:{missing} in {tmp_path}"):
@@ -107,7 +107,7 @@ UPOS_TAGGER, XPOS_TAGGER = "a" * 16, "b" * 16
 
 def publish_tagger(store, column, version, suffix=""):
     """A small HMM tagger of one tag set (its tags + `suffix`), recorded as the tagger stage records it."""
-    from models.hmm import HMMTagger
+    from lexiflow.models.hmm import HMMTagger
 
     index = {"upos": 1, "xpos": 2}[column]
     train = [[(word[0], word[index] + suffix) for word in sentence] for sentence in TAGGED]
@@ -129,7 +129,7 @@ def quiet_logs():
 @pytest.fixture
 def tagger_store(tmp_path, quiet_logs):
     """A store with the two taggers the pipeline trains, UPOS then XPOS."""
-    from storage import ArtifactStore
+    from lexiflow.storage import ArtifactStore
 
     store = ArtifactStore(tmp_path / "store")
     publish_tagger(store, "upos", UPOS_TAGGER)
@@ -248,7 +248,7 @@ def test_tag_writes_its_output_whole_or_not_at_all(tmp_path, capsys, tagger_stor
         yield "# sent_id = s1\n"
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr("models.conllu.replace_tags", full_disk)
+    monkeypatch.setattr("lexiflow.models.conllu.replace_tags", full_disk)
     assert main(["tag", str(good), "-o", str(output), "--store", tagger_store.url]) == 2
     assert one_error_line(capsys) == f"-o {output}: cannot write it (No space left on device)"
     assert output.read_bytes() == tagged and sorted(tmp_path.iterdir()) == files  # no new, partial or temporary file
@@ -301,7 +301,7 @@ def publish_files(store, kind, version, **files):
 
 
 def test_export_of_an_artifact_missing_a_file_names_it_and_leaves_nothing(tmp_path, capsys):
-    from storage import ArtifactStore
+    from lexiflow.storage import ArtifactStore
 
     store, version = ArtifactStore(tmp_path / "store"), "d" * 16
     folder = publish_files(store, "table", version, a_txt="a", b_txt="b")
@@ -315,7 +315,7 @@ def test_export_of_an_artifact_missing_a_file_names_it_and_leaves_nothing(tmp_pa
 
 
 def test_export_goes_into_a_new_or_empty_folder_only(tmp_path, capsys):
-    from storage import ArtifactStore
+    from lexiflow.storage import ArtifactStore
 
     store, version = ArtifactStore(tmp_path / "store"), "d" * 16
     publish_files(store, "table", version, a_txt="a")
@@ -379,11 +379,11 @@ def test_a_reader_that_stops_early_ends_the_output_quietly(tmp_path):
     import subprocess
     import sys
 
-    from storage import ArtifactStore
+    from lexiflow.storage import ArtifactStore
 
     store = ArtifactStore(tmp_path / "store")
     publish_files(store, "table", "d" * 16, a_txt="a")
-    command = [sys.executable, "-m", "flows.cli", "artifacts", "show", "table", "--store", store.url]
+    command = [sys.executable, "-m", "lexiflow.flows.cli", "artifacts", "show", "table", "--store", store.url]
     proc = subprocess.Popen(command, cwd=Path(__file__).parents[1], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     proc.stdout.close()  # as `| head` does once it has its lines
     err = proc.stderr.read().decode()
@@ -391,11 +391,11 @@ def test_a_reader_that_stops_early_ends_the_output_quietly(tmp_path):
 
 
 def test_generate_cleans_and_lowercases_the_prompt_as_the_corpus_was(tmp_path, capsys):
-    from storage import ArtifactStore
-    from tasks.corpus import ingest_corpus
-    from tasks.lm import train_lm
-    from tasks.params import CorpusParams, NgramParams, VocabularyParams
-    from tasks.vocabulary import encode_corpus, learn_vocabulary
+    from lexiflow.storage import ArtifactStore
+    from lexiflow.tasks.corpus import ingest_corpus
+    from lexiflow.tasks.lm import train_lm
+    from lexiflow.tasks.params import CorpusParams, NgramParams, VocabularyParams
+    from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
 
     text = tmp_path / "docs.txt"
     text.write_text("\n".join(f"The café sat on the mat number {i % 5}." for i in range(200)))
@@ -416,11 +416,11 @@ def test_generate_cleans_and_lowercases_the_prompt_as_the_corpus_was(tmp_path, c
 def test_lm_stage_refuses_tokens_encoded_with_another_tokenizer(tmp_path):
     """train-lm takes its inputs by version: tokens of one tokenizer with another tokenizer's vocabulary
     would silently train on the wrong words (and `generate` would decode with the wrong tokenizer)."""
-    from storage import ArtifactStore
-    from tasks.corpus import ingest_corpus
-    from tasks.lm import train_lm
-    from tasks.params import CorpusParams, NgramParams, VocabularyParams
-    from tasks.vocabulary import encode_corpus, learn_vocabulary
+    from lexiflow.storage import ArtifactStore
+    from lexiflow.tasks.corpus import ingest_corpus
+    from lexiflow.tasks.lm import train_lm
+    from lexiflow.tasks.params import CorpusParams, NgramParams, VocabularyParams
+    from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
 
     text = tmp_path / "docs.txt"
     text.write_text("\n".join(f"the cat sat on mat {i % 7} and dog {i % 3}." for i in range(100)))
@@ -441,7 +441,7 @@ def test_lm_stage_refuses_tokens_encoded_with_another_tokenizer(tmp_path):
     (TimeoutError("slow store"), True), (ConnectionResetError(104, "reset"), True), (OSError(5, "I/O error"), True),
 ])
 def test_stages_retry_only_what_another_attempt_could_fix(error, retried):
-    from tasks.stage import retry_transient_only
+    from lexiflow.tasks.stage import retry_transient_only
 
     class State:
         def result(self):
@@ -455,8 +455,9 @@ def test_artifact_listings_are_strict_json_and_headlines_show_non_finite_figures
     convention (NaN, Infinity) is still listed as strict JSON."""
     import json
 
-    from flows.cli import headline
-    from storage import ArtifactStore
+    from lexiflow.flows.cli import headline
+    from lexiflow.storage import ArtifactStore
+
     from tests.test_store import strict
 
     store = ArtifactStore(tmp_path / "store")
@@ -475,8 +476,8 @@ def test_artifact_listings_are_strict_json_and_headlines_show_non_finite_figures
                                    "analogy_coverage": 1.0}) == (
         "ws353_spearman –, simlex999_spearman nan, analogy_add_accuracy 0.500, analogy_mul_accuracy 0.250, "
         "analogy_coverage 1.000")
-    from tasks.report import _table
-    from tasks.report_image import chart_png
+    from lexiflow.tasks.report import _table
+    from lexiflow.tasks.report_image import chart_png
 
     assert _table([{"valid_perplexity": "Infinity", "test_perplexity": None}], ("valid_perplexity", "test_perplexity"))[
         2] == "| inf | – |"

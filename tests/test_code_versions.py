@@ -13,28 +13,28 @@ import inspect
 import pkgutil
 import types
 
-import tasks
+from lexiflow import tasks
 
-OURS = ("models", "storage", "tasks")
+OURS = ("lexiflow.models", "lexiflow.storage", "lexiflow.tasks")
 # Modules that cannot change an artifact's content, not followed further.
 CANNOT_CHANGE_CONTENT = {
-    "models", "tasks", "storage",
-    "models.errors",  # exception classes and messages
-    "models.progress",  # progress logging
-    "models.heap",  # allocator settings
-    "tasks.stage", "storage.store",  # versioning and publishing; the layout has SCHEMA_VERSION
-    "tasks.params",  # parameter models: their values are part of the version
-    "storage.catalog",  # reading inputs; Catalog.load's loaders are storage.loaders (LOADED_BY)
-    "storage.loaders",  # required, not followed, with Catalog: each loader imports the models/ it loads with
-    "tasks.report_image",  # Prefect UI artifacts only, no file of the report
+    "lexiflow.models", "lexiflow.tasks", "lexiflow.storage",
+    "lexiflow.models.errors",  # exception classes and messages
+    "lexiflow.models.progress",  # progress logging
+    "lexiflow.models.heap",  # allocator settings
+    "lexiflow.tasks.stage", "lexiflow.storage.store",  # versioning and publishing; the layout has SCHEMA_VERSION
+    "lexiflow.tasks.params",  # parameter models: their values are part of the version
+    "lexiflow.storage.catalog",  # reading inputs; Catalog.load's loaders are storage.loaders (LOADED_BY)
+    "lexiflow.storage.loaders",  # required, not followed, with Catalog: each loader imports the models/ it loads with
+    "lexiflow.tasks.report_image",  # Prefect UI artifacts only, no file of the report
 }
 
 
-LOADED_BY = {"storage.catalog": "storage.loaders"}
+LOADED_BY = {"lexiflow.storage.catalog": "lexiflow.storage.loaders"}
 
 
 def _ours(name: str) -> bool:
-    return name.split(".")[0] in OURS
+    return name.startswith(OURS)
 
 
 def imported_names(module_name: str) -> dict[str, str]:
@@ -84,7 +84,7 @@ def reached(fn: types.FunctionType, seen: set) -> set[str]:
 
 def stages():
     for info in pkgutil.iter_modules(tasks.__path__):
-        module = importlib.import_module(f"tasks.{info.name}")
+        module = importlib.import_module(f"lexiflow.tasks.{info.name}")
         for obj in vars(module).values():
             if hasattr(obj, "code_modules") and obj.fn.__module__ == module.__name__:
                 yield obj
@@ -105,10 +105,10 @@ def test_every_stage_versions_the_code_it_depends_on():
 
 
 def test_the_code_version_follows_every_listed_module():
-    from tasks.corpus import ingest_corpus
-    from tasks.stage import code_version
+    from lexiflow.tasks.corpus import ingest_corpus
+    from lexiflow.tasks.stage import code_version
 
-    assert {"models.text", "models.ingest", "tasks.parallel", "storage.formats"} <= {
-        m.__name__ for m in ingest_corpus.code_modules}
+    assert {"lexiflow.models.text", "lexiflow.models.ingest", "lexiflow.tasks.parallel",
+            "lexiflow.storage.formats"} <= {m.__name__ for m in ingest_corpus.code_modules}
     assert code_version(ingest_corpus.code_modules) != code_version(
-        [m for m in ingest_corpus.code_modules if m.__name__ != "models.text"])
+        [m for m in ingest_corpus.code_modules if m.__name__ != "lexiflow.models.text"])

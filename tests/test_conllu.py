@@ -1,7 +1,6 @@
 import pytest
-
-from models.conllu import format_sentence, parse_lines, read_conllu
-from models.errors import InputError
+from lexiflow.models.conllu import format_sentence, parse_lines, read_conllu
+from lexiflow.models.errors import InputError
 
 SAMPLE = """# sent_id = s1
 # text = I can't go.
@@ -56,8 +55,8 @@ def test_byte_order_mark_is_skipped(tmp_path):
 
 
 def test_tagged_corpus_version_follows_only_the_conllu_sources_and_the_settings_it_reads(tmp_path):
-    from tasks.corpus import ingest_tagged
-    from tasks.params import CorpusParams
+    from lexiflow.tasks.corpus import ingest_tagged
+    from lexiflow.tasks.params import CorpusParams
 
     treebank, text = tmp_path / "a-train.conllu", tmp_path / "b.txt"
     treebank.write_text("1\tThe\tthe\tDET\tDT\t_\t0\troot\t_\t_\n\n", encoding="utf-8")

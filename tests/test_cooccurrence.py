@@ -2,9 +2,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from models.cooccurrence import cooccurrence_matrix, keep_probabilities, subsample, term_document_matrix
-from models.errors import ParameterError
+from lexiflow.models.cooccurrence import cooccurrence_matrix, keep_probabilities, subsample, term_document_matrix
+from lexiflow.models.errors import ParameterError
 
 
 def reference(ids, offsets, vocab_size, window, weighting):

@@ -10,10 +10,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from models.errors import ParameterError
-from models.lm.decoding import beam, filter_probs, generate, greedy, sample
-from models.lm.ngram import NgramLM
+from lexiflow.models.errors import ParameterError
+from lexiflow.models.lm.decoding import beam, filter_probs, generate, greedy, sample
+from lexiflow.models.lm.ngram import NgramLM
 
 BOS, EOS = 1, 2
 

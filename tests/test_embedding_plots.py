@@ -1,10 +1,9 @@
 import matplotlib.image
 import numpy as np
 import pytest
+from lexiflow.models.embedding_plots import frequent_rows, plot_loss, plot_projection, project
+from lexiflow.models.errors import InputError, ParameterError
 from scipy.spatial.distance import pdist
-
-from models.embedding_plots import frequent_rows, plot_loss, plot_projection, project
-from models.errors import InputError, ParameterError
 
 
 def test_loss_png(tmp_path):

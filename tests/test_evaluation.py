@@ -2,14 +2,13 @@ import numpy as np
 import polars as pl
 import pytest
 from gensim.test.utils import datapath
-
-from models import evaluation
-from models.cooccurrence import cooccurrence_matrix, id_stream
-from models.ingest import IngestOptions, build_corpus, resolve_sources
-from models.ppmi import ppmi_matrix
-from models.svd import svd_vectors
-from models.vectors import keyed_vectors, reweight_spectrum
-from models.vocab import SPECIALS, Vocabulary, sentence_tokens
+from lexiflow.models import evaluation
+from lexiflow.models.cooccurrence import cooccurrence_matrix, id_stream
+from lexiflow.models.ingest import IngestOptions, build_corpus, resolve_sources
+from lexiflow.models.ppmi import ppmi_matrix
+from lexiflow.models.svd import svd_vectors
+from lexiflow.models.vectors import keyed_vectors, reweight_spectrum
+from lexiflow.models.vocab import SPECIALS, Vocabulary, sentence_tokens
 
 
 @pytest.fixture(scope="module")
@@ -123,10 +122,11 @@ def test_evaluation_stage_of_a_toy_vocabulary_leaves_out_only_the_map(tmp_path):
     # Three trained words: too few for a PCA/t-SNE map and no analogy covered. The stage still
     # publishes every metric, says why the map is missing, and reports the analogy accuracy as
     # missing ("–"), not as 0 %.
-    from storage import ArtifactStore
-    from tasks.embeddings import write_embeddings
-    from tasks.evaluation import evaluate_embeddings
-    from tasks.params import EvaluationParams
+    from lexiflow.storage import ArtifactStore
+    from lexiflow.tasks.embeddings import write_embeddings
+    from lexiflow.tasks.evaluation import evaluate_embeddings
+    from lexiflow.tasks.params import EvaluationParams
+
     from tests.stages import publish
 
     store = ArtifactStore(str(tmp_path))

@@ -9,10 +9,9 @@ import json
 
 import polars as pl
 import pytest
-
-from storage import ArtifactStore, Catalog, StoreError
-from storage.faults import FlakyFileSystem, InjectedFault, InjectedTimeout, flaky_url
-from storage.formats import count_rows, read_rows
+from lexiflow.storage import ArtifactStore, Catalog, StoreError
+from lexiflow.storage.faults import FlakyFileSystem, InjectedFault, InjectedTimeout, flaky_url
+from lexiflow.storage.formats import count_rows, read_rows
 
 V1 = "0123456789abcdef"
 FRAME = pl.DataFrame({"x": list(range(1000))})

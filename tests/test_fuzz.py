@@ -19,12 +19,11 @@ from xml.sax.saxutils import escape
 import polars as pl
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
-
-from models import text, vocab
-from models.conllu import Sentence, format_sentence, parse_lines
-from models.errors import InputError, ParameterError
-from models.ingest import IngestOptions, _jsonl_documents, _wiki_documents, read_file
-from models.tokenizers import BPE, WordPiece
+from lexiflow.models import text, vocab
+from lexiflow.models.conllu import Sentence, format_sentence, parse_lines
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.ingest import IngestOptions, _jsonl_documents, _wiki_documents, read_file
+from lexiflow.models.tokenizers import BPE, WordPiece
 
 EXAMPLES: Counter = Counter()
 FUZZ = settings(max_examples=int(os.environ.get("LEXIFLOW_FUZZ_EXAMPLES", "100")), deadline=None,

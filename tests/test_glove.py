@@ -5,12 +5,11 @@ import polars as pl
 import pytest
 import scipy.sparse as sp
 import torch
-
-from models.conllu import read_conllu
-from models.cooccurrence import cooccurrence_matrix
-from models.device import resolve_device
-from models.errors import InputError, ParameterError
-from models.glove import (
+from lexiflow.models.conllu import read_conllu
+from lexiflow.models.cooccurrence import cooccurrence_matrix
+from lexiflow.models.device import resolve_device
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.glove import (
     GloVe,
     GloVeConfig,
     add_context_gradients,
@@ -18,8 +17,8 @@ from models.glove import (
     noise_table,
     weighting,
 )
-from models.vectors import reweight_spectrum
-from models.vocab import Vocabulary
+from lexiflow.models.vectors import reweight_spectrum
+from lexiflow.models.vocab import Vocabulary
 
 torch.set_num_threads(1)
 AS_TRAINED = {"spectrum_power": 1.0}  # hand-computed steps check the trained w + w̃, not its reweighting
@@ -263,7 +262,7 @@ def test_pipeline_parameters_default_to_the_model_defaults():
     # the documented defaults (docs/embeddings.md) are what both `GloVe()` and the pipeline's glove.* give
     from dataclasses import asdict
 
-    from tasks.params import GloVeParams
+    from lexiflow.tasks.params import GloVeParams
 
     assert GloVeParams().model_dump() == asdict(GloVeConfig()) == GloVe().get_params()
     assert (GloVeConfig.x_max, GloVeConfig.epochs, GloVeConfig.lr, GloVeConfig.adagrad_init, GloVeConfig.negative,
@@ -274,13 +273,14 @@ def test_pipeline_parameters_default_to_the_model_defaults():
 def test_glove_stage_reports_corpus_words_per_second_beside_cells_per_second(tmp_path):
     # words/s is the speed unit for every method: for GloVe, the tokens the co-occurrence
     # matrix was counted from, per second of an epoch (as word2vec's raw corpus tokens per second).
-    from storage import ArtifactStore
-    from storage.formats import read_table
-    from tasks.corpus import ingest_corpus
-    from tasks.embeddings import glove_embeddings
-    from tasks.matrices import count_cooccurrence
-    from tasks.params import CooccurrenceParams, CorpusParams, GloVeParams, VocabularyParams
-    from tasks.vocabulary import encode_corpus, learn_vocabulary
+    from lexiflow.storage import ArtifactStore
+    from lexiflow.storage.formats import read_table
+    from lexiflow.tasks.corpus import ingest_corpus
+    from lexiflow.tasks.embeddings import glove_embeddings
+    from lexiflow.tasks.matrices import count_cooccurrence
+    from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, GloVeParams, VocabularyParams
+    from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
+
     from tests.stages import publish
 
     store = ArtifactStore(str(tmp_path))

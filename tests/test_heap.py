@@ -4,8 +4,7 @@ import resource
 
 import numpy as np
 import pytest
-
-from models.heap import _glibc, reuse_freed_memory
+from lexiflow.models.heap import _glibc, reuse_freed_memory
 
 
 def _page_faults_of_a_second_large_array() -> int:
@@ -30,6 +29,6 @@ def test_large_blocks_are_reused_inside_and_returned_after():
 
 
 def test_does_nothing_without_glibc(monkeypatch):
-    monkeypatch.setattr("models.heap._glibc", lambda: None)
+    monkeypatch.setattr("lexiflow.models.heap._glibc", lambda: None)
     with reuse_freed_memory() as active:
         assert not active

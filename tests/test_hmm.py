@@ -6,13 +6,13 @@ import math
 
 import numpy as np
 import pytest
+from lexiflow.models.conllu import read_conllu
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.hmm import HMMTagger
+from lexiflow.models.tagging_metrics import accuracy_report, confusion_matrix, per_tag_scores, plot_confusion
 from sklearn.metrics import confusion_matrix as sk_confusion
 from sklearn.metrics import precision_recall_fscore_support
 
-from models.conllu import read_conllu
-from models.errors import InputError, ParameterError
-from models.hmm import HMMTagger
-from models.tagging_metrics import accuracy_report, confusion_matrix, per_tag_scores, plot_confusion
 from tests.conftest import EWT
 
 # Three sentences; tags sorted: D, N, V.
@@ -350,10 +350,11 @@ def test_confusion_and_accuracy_report(tmp_path):
 @pytest.mark.parametrize("names, evaluated", [(["a-train.conllu"], None),
                                               (["a-train.conllu", "a-dev.conllu"], "valid")])
 def test_tagger_stage_with_no_held_out_sentences_reports_no_accuracy_not_nan(tmp_path, names, evaluated):
-    from storage import ArtifactStore
-    from tasks.corpus import ingest_tagged
-    from tasks.params import CorpusParams, TaggerParams
-    from tasks.tagger import train_tagger
+    from lexiflow.storage import ArtifactStore
+    from lexiflow.tasks.corpus import ingest_tagged
+    from lexiflow.tasks.params import CorpusParams, TaggerParams
+    from lexiflow.tasks.tagger import train_tagger
+
     from tests.stages import publish
 
     block = "1\tthe\t_\tDET\tDT\t_\t_\t_\t_\t_\n2\tdog\t_\tNOUN\tNN\t_\t_\t_\t_\t_\n\n"
@@ -374,10 +375,11 @@ def test_tagger_stage_with_no_held_out_sentences_reports_no_accuracy_not_nan(tmp
 
 
 def test_tagger_stage_without_train_sentences_says_which_split_they_went_to(tmp_path):
-    from storage import ArtifactStore
-    from tasks.corpus import ingest_tagged
-    from tasks.params import CorpusParams, TaggerParams
-    from tasks.tagger import train_tagger
+    from lexiflow.storage import ArtifactStore
+    from lexiflow.tasks.corpus import ingest_tagged
+    from lexiflow.tasks.params import CorpusParams, TaggerParams
+    from lexiflow.tasks.tagger import train_tagger
+
     from tests.stages import publish
 
     (tmp_path / "en-ud-test.conllu").write_text("1\tthe\t_\tDET\tDT\t_\t_\t_\t_\t_\n\n" * 3, encoding="utf-8")

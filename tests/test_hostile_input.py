@@ -9,9 +9,9 @@ import tracemalloc
 
 import polars as pl
 import pytest
+from lexiflow.models.errors import InputError
+from lexiflow.models.ingest import IngestOptions, build_corpus, build_tagged, read_file, resolve_sources
 
-from models.errors import InputError
-from models.ingest import IngestOptions, build_corpus, build_tagged, read_file, resolve_sources
 from tests.hostile import BOMB_LIMIT, hostile_directory
 
 

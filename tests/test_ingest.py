@@ -6,9 +6,8 @@ from pathlib import Path
 import polars as pl
 import pyarrow.compute as pc
 import pytest
-
-from models.errors import InputError, ParameterError
-from models.ingest import (
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.ingest import (
     CorpusCounts,
     IngestOptions,
     _file_split,

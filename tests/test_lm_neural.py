@@ -16,17 +16,14 @@ import numpy as np
 import polars as pl
 import pytest
 import torch
-from safetensors.torch import load_file
-from torch import nn
-
-from models.device import resolve_device
-from models.errors import InputError, ParameterError
-from models.lm import neural
-from models.lm.distributed import fit_distributed
-from models.lm.ffnn import FFNN, FFNNLM, FFNNConfig
-from models.lm.rnn import RNN, RNNLM, RNNConfig
-from models.lm.train import StopTraining, TrainConfig, clip_grad_norm, lr_at, sparse_embedding_grads
-from models.lm.transformer import (
+from lexiflow.models.device import resolve_device
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.lm import neural
+from lexiflow.models.lm.distributed import fit_distributed
+from lexiflow.models.lm.ffnn import FFNN, FFNNLM, FFNNConfig
+from lexiflow.models.lm.rnn import RNN, RNNLM, RNNConfig
+from lexiflow.models.lm.train import StopTraining, TrainConfig, clip_grad_norm, lr_at, sparse_embedding_grads
+from lexiflow.models.lm.transformer import (
     CausalSelfAttention,
     Transformer,
     TransformerConfig,
@@ -34,6 +31,8 @@ from models.lm.transformer import (
     count_parameters,
     sinusoidal_positions,
 )
+from safetensors.torch import load_file
+from torch import nn
 
 torch.set_num_threads(1)
 
@@ -322,7 +321,7 @@ def test_resume_after_kill_ends_like_an_uninterrupted_run(tmp_path):
 
 
 def test_resumed_progress_counts_done_work_in_the_total_not_in_the_rate(monkeypatch):
-    from models import progress
+    from lexiflow.models import progress
 
     clock = iter([100.0, 102.0, 102.0])  # start; the update; the rate: 2 s of this run
     monkeypatch.setattr(progress.time, "perf_counter", lambda: next(clock))

@@ -9,11 +9,11 @@ import math
 import numpy as np
 import polars as pl
 import pytest
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.lm.ngram import NgramLM
 from nltk.lm import KneserNeyInterpolated, Vocabulary
 from nltk.util import everygrams
 
-from models.errors import InputError, ParameterError
-from models.lm.ngram import NgramLM
 from tests.conftest import WIKITEXT_VALID
 
 UNK, BOS, EOS, PAD = 0, 1, 2, 3

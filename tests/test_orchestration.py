@@ -25,13 +25,12 @@ from typing import get_args
 import httpx
 import numpy as np
 import pytest
-
-from deployments import serve
-from deployments.definitions import DEFAULT_CRON, DEPLOYMENTS, DeployConfig, _strict, pool_name
-from flows.pipeline import pipeline
-from flows.training import EMBEDDING_TRAINERS, LM_TRAINERS
-from storage import Catalog
-from tasks.params import EmbeddingMethod, LMKind
+from lexiflow.deployments import serve
+from lexiflow.deployments.definitions import DEFAULT_CRON, DEPLOYMENTS, DeployConfig, _strict, pool_name
+from lexiflow.flows.pipeline import pipeline
+from lexiflow.flows.training import EMBEDDING_TRAINERS, LM_TRAINERS
+from lexiflow.storage import Catalog
+from lexiflow.tasks.params import EmbeddingMethod, LMKind
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "build" / "test-output"
@@ -87,15 +86,14 @@ def test_remote_training_runs_the_configured_deployments_and_finds_what_they_pub
     as Prefect does, with the default `embeddings=None` filled in: both must give one version. Each
     kind goes to the deployment its `training.*_deployment` setting names."""
     import polars as pl
+    from lexiflow.flows.params import TrainingParams
+    from lexiflow.flows.training import train, train_lm
+    from lexiflow.storage import ArtifactStore
+    from lexiflow.storage.formats import TOKENS, VOCAB
+    from lexiflow.tasks.params import NgramParams, SVDParams
     from prefect import flow
     from prefect.states import Failed, Scheduled
     from prefect.testing.utilities import prefect_test_harness
-
-    from flows.params import TrainingParams
-    from flows.training import train, train_lm
-    from storage import ArtifactStore
-    from storage.formats import TOKENS, VOCAB
-    from tasks.params import NgramParams, SVDParams
 
     store = ArtifactStore(tmp_path / "store")
     with store.writer("tokenizer", "0" * 16) as out:
@@ -115,7 +113,7 @@ def test_remote_training_runs_the_configured_deployments_and_finds_what_they_pub
         state = train_lm(**parameters, return_state=True) if deployment == "gpu-lm/custom" else Failed()
         return SimpleNamespace(state=state, name="gpu-run", id="0")
 
-    monkeypatch.setattr("flows.training.run_deployment", gpu_worker)
+    monkeypatch.setattr("lexiflow.flows.training.run_deployment", gpu_worker)
 
     @flow
     def handoff():
@@ -141,9 +139,9 @@ def test_remote_training_runs_the_configured_deployments_and_finds_what_they_pub
 def test_train_lm_flow_refuses_pretrained_without_embeddings_and_embeddings_without_pretrained(tmp_path):
     """From the train-lm form: neural.pretrained=svd without inputs.embeddings trained from random vectors,
     and inputs.embeddings with pretrained=none initialised from them; both silently."""
-    from flows.training import train_lm
-    from models.errors import ParameterError
-    from tasks.params import NeuralLMParams
+    from lexiflow.flows.training import train_lm
+    from lexiflow.models.errors import ParameterError
+    from lexiflow.tasks.params import NeuralLMParams
 
     with pytest.raises(ParameterError, match=r"^neural.pretrained=svd needs inputs.embeddings"):
         train_lm.fn(str(tmp_path), "lstm", {}, neural=NeuralLMParams(pretrained="svd"))
@@ -154,10 +152,9 @@ def test_train_lm_flow_refuses_pretrained_without_embeddings_and_embeddings_with
 @pytest.mark.prefect
 def test_redeploying_keeps_a_schedule_or_deployment_paused_in_the_ui(tmp_path):
     """`lexiflow serve` restarted (or a redeploy after a code change) set a paused corpus-rebuild active again."""
+    from lexiflow.deployments.definitions import deploy
     from prefect import get_client
     from prefect.testing.utilities import prefect_test_harness
-
-    from deployments.definitions import deploy
 
     config = DeployConfig(store=str(tmp_path / "store"))
     with prefect_test_harness(server_startup_timeout=120):
@@ -179,8 +176,8 @@ def test_a_deployed_run_failing_on_bad_input_logs_the_error_once_without_calling
     import logging
     import sys
 
-    from models.errors import InputError
-    from tasks.stage import UserErrorsOnOneLine
+    from lexiflow.models.errors import InputError
+    from lexiflow.tasks.stage import UserErrorsOnOneLine
 
     def record(msg, exc):
         try:
@@ -199,7 +196,7 @@ def test_a_deployed_run_failing_on_bad_input_logs_the_error_once_without_calling
 def test_a_retried_stage_moves_one_progress_bar_instead_of_leaving_a_stuck_one(monkeypatch):
     """Each attempt of a task run created its own progress artifact: after a transient failure at 40 % the run
     page kept a bar stuck at 40 % beside the retry's."""
-    from tasks import stage as stage_module
+    from lexiflow.tasks import stage as stage_module
 
     calls = []
     monkeypatch.setattr(stage_module, "create_progress_artifact",
@@ -219,8 +216,8 @@ def test_a_retried_stage_moves_one_progress_bar_instead_of_leaving_a_stuck_one(m
 def test_evaluation_table_rows_carry_every_column(tmp_path, monkeypatch):
     """The UI's table artifact takes its columns from the first row (an embeddings evaluation): the language
     models' perplexities, in later rows only, were not shown."""
-    from storage import ArtifactStore
-    from tasks import report as report_module
+    from lexiflow.storage import ArtifactStore
+    from lexiflow.tasks import report as report_module
 
     store = ArtifactStore(tmp_path / "store")
     refs = {}
@@ -284,7 +281,7 @@ def test_stop_sends_a_second_sigterm_to_a_process_that_survives_the_first(tmp_pa
 
 
 def test_serve_cli_stop_with_nothing_started(tmp_path, capsys):
-    from flows.cli import main
+    from lexiflow.flows.cli import main
 
     assert main(["serve", "--stop", "--home", str(tmp_path)]) == 0
     assert "nothing to stop" in capsys.readouterr().out
@@ -302,7 +299,7 @@ def test_serve_cli_stop_with_nothing_started(tmp_path, capsys):
 def test_serve_refuses_a_bad_cron_in_one_line_before_starting_anything(tmp_path, capsys, monkeypatch, option, value,
                                                                         message):
     """A typo in --cron used to start the Prefect server, deploy `pipeline`, then end in a pydantic traceback."""
-    from flows.cli import main
+    from lexiflow.flows.cli import main
 
     monkeypatch.setattr(serve, "_spawn", lambda *a, **k: pytest.fail("serve started a process"))
     assert main(["serve", "--home", str(tmp_path), option, value]) == 2
@@ -317,7 +314,7 @@ def test_serve_on_a_port_another_server_answers_refuses_instead_of_deploying_the
     import http.server
     import threading
 
-    from flows.cli import main
+    from lexiflow.flows.cli import main
 
     class Health(http.server.BaseHTTPRequestHandler):
         def do_GET(self):  # noqa: N802 - http.server's name
@@ -341,7 +338,7 @@ def test_serve_on_a_port_another_server_answers_refuses_instead_of_deploying_the
 def test_serve_keeps_a_store_url_and_makes_local_corpus_paths_absolute(tmp_path, monkeypatch):
     """`serve --store s3://bucket/x` deployed the store `<cwd>/s3:/bucket/x`; a relative --corpus was read by
     corpus-rebuild from the code folder (the runs' working directory), not from where serve was started."""
-    from flows.cli import main
+    from lexiflow.flows.cli import main
 
     configs = []
 
@@ -360,7 +357,7 @@ def test_serve_keeps_a_store_url_and_makes_local_corpus_paths_absolute(tmp_path,
 
 
 def test_deploying_a_bad_schedule_fails_before_any_pool_or_deployment(capsys, monkeypatch):
-    from deployments import definitions
+    from lexiflow.deployments import definitions
 
     monkeypatch.setattr(definitions, "ensure_pools", lambda c: pytest.fail("pools created"))
     assert definitions.main(["--cron", "0 3 * * 1", "--timezone", "Mars/Base"]) == 2
@@ -601,7 +598,7 @@ def test_a_plain_process_reads_the_latest_embeddings_with_duckdb(box, runs, tmp_
         word, vector, n = duckdb.connect().execute(
             "SELECT word, vector, (SELECT count(*) FROM read_parquet($path)) FROM read_parquet($path) "
             "WHERE word = 'the'", {"path": path}).fetchall()[0]
-        ours = sorted(m for m in sys.modules if m.split(".")[0] in ("flows", "tasks", "models", "storage", "prefect"))
+        ours = sorted(m for m in sys.modules if m.split(".")[0] in ("lexiflow", "prefect"))
         print(json.dumps({"version": latest["version"], "word": word, "vector": list(vector), "rows": n,
                           "imported": ours}))
     """)

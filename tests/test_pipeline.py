@@ -5,19 +5,18 @@ import json
 import time
 
 import pytest
+from lexiflow.flows.cli import main
+from lexiflow.flows.params import PipelineParams, validate
+from lexiflow.flows.pipeline import run_pipeline
+from lexiflow.storage import ArtifactStore, Catalog
+from lexiflow.tasks.report import figure_key
+from lexiflow.tasks.stage import stage
 from prefect import flow
 from prefect.client.orchestration import get_client
 from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterFlowRunId, ArtifactFilterKey
 from prefect.task_runners import ThreadPoolTaskRunner
 from prefect.testing.utilities import prefect_test_harness
 from pydantic import BaseModel
-
-from flows.cli import main
-from flows.params import PipelineParams, validate
-from flows.pipeline import run_pipeline
-from storage import ArtifactStore, Catalog
-from tasks.report import figure_key
-from tasks.stage import stage
 
 pytestmark = pytest.mark.prefect
 SMALL = {"corpus": {"sources": ["builtin:lee"]}, "vocabulary": {"min_count": 3}, "svd": {"dim": 40},

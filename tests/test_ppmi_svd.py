@@ -1,12 +1,11 @@
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from lexiflow.models.errors import ParameterError
+from lexiflow.models.ppmi import ppmi_matrix
+from lexiflow.models.svd import svd_vectors
+from lexiflow.tasks.params import PPMIParams
 from pydantic import ValidationError
-
-from models.errors import ParameterError
-from models.ppmi import ppmi_matrix
-from models.svd import svd_vectors
-from tasks.params import PPMIParams
 
 COUNTS = np.array([[0.0, 2.0, 1.0], [2.0, 0.0, 0.0], [1.0, 0.0, 4.0]])
 

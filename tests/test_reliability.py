@@ -13,8 +13,8 @@ import os
 from pathlib import Path
 
 import pytest
+from lexiflow.storage import ArtifactStore, Catalog
 
-from storage import ArtifactStore, Catalog
 from tests.chaos import (
     SMALL_RUN,
     Zygote,
@@ -149,7 +149,7 @@ class Messages(logging.Handler):
 
 
 def small_params(store: str, **corpus):
-    from flows.params import validate
+    from lexiflow.flows.params import validate
 
     return validate({"store": store, "corpus": {"sources": ["builtin:lee"], **corpus}, "vocabulary": {"min_count": 2},
                      "svd": {"dim": 20}, "embeddings": ["svd"], "lm": ["ngram"],
@@ -157,8 +157,8 @@ def small_params(store: str, **corpus):
 
 
 def test_flaky_storage_pipeline_completes_through_retries(api, tmp_path):
-    from flows.pipeline import run_pipeline
-    from storage.faults import FlakyFileSystem, flaky_url
+    from lexiflow.flows.pipeline import run_pipeline
+    from lexiflow.storage.faults import FlakyFileSystem, flaky_url
 
     FlakyFileSystem.stats.clear()
     url = flaky_url(str(tmp_path / "store"), fail=FAULT_RATE, seed=FAULT_SEED, outage=OUTAGE_RATE)
@@ -186,11 +186,11 @@ def test_flaky_storage_pipeline_completes_through_retries(api, tmp_path):
 
 
 def test_bad_input_is_not_retried_and_transient_errors_are(api, tmp_path, monkeypatch):
-    from flows.pipeline import ingest_flow
-    from models import ingest
-    from models.errors import InputError
-    from storage.faults import flaky_url
-    from tasks.params import CorpusParams
+    from lexiflow.flows.pipeline import ingest_flow
+    from lexiflow.models import ingest
+    from lexiflow.models.errors import InputError
+    from lexiflow.storage.faults import flaky_url
+    from lexiflow.tasks.params import CorpusParams
 
     real_build = ingest.build_corpus
     calls, transient_failures = [], []
@@ -223,9 +223,8 @@ def test_a_flow_reads_the_store_through_an_outage(api, tmp_path, monkeypatch):
     # The pipeline flow reads the corpus manifest itself (which sources were skipped). A flow body
     # has no retries: an outage longer than the store's own retries of one operation failed the
     # whole run there (the flaky-storage pipeline above met it). Those reads retry as stages do.
+    from lexiflow.tasks.stage import published_manifest
     from prefect import flow
-
-    from tasks.stage import published_manifest
 
     store = ArtifactStore(str(tmp_path / "store"))
     with store.writer("corpus", "0123456789abcdef") as out:

@@ -14,10 +14,9 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-
-from flows.cli import main
-from storage import ArtifactRef, ArtifactStore, Catalog, StoreError
-from storage.store import validate_file_name, validate_kind, validate_version
+from lexiflow.flows.cli import main
+from lexiflow.storage import ArtifactRef, ArtifactStore, Catalog, StoreError
+from lexiflow.storage.store import validate_file_name, validate_kind, validate_version
 
 ROOT = Path(__file__).resolve().parents[1]
 V1, V2 = "0123456789abcdef", "fedcba9876543210"
@@ -39,10 +38,9 @@ def test_no_pickle_in_code_that_writes_or_reads_artifacts():
 
 
 def test_prefect_results_of_stages_are_json_not_pickle():
+    from lexiflow.tasks.corpus import ingest_corpus
+    from lexiflow.tasks.embeddings import svd_embeddings
     from prefect.serializers import JSONSerializer
-
-    from tasks.corpus import ingest_corpus
-    from tasks.embeddings import svd_embeddings
 
     for stage_task in (ingest_corpus, svd_embeddings):
         assert isinstance(stage_task.result_serializer, JSONSerializer) or stage_task.result_serializer == "json"

@@ -10,8 +10,7 @@ import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from models.cooccurrence import (
+from lexiflow.models.cooccurrence import (
     cooccurrence_matrix,
     distance_counts,
     id_stream,
@@ -20,8 +19,8 @@ from models.cooccurrence import (
     term_document_matrix,
     weigh,
 )
-from models.errors import InputError
-from models.ingest import (
+from lexiflow.models.errors import InputError
+from lexiflow.models.ingest import (
     FileRange,
     IngestOptions,
     ShardResult,
@@ -30,13 +29,14 @@ from models.ingest import (
     merge_shards,
     plan_shards,
 )
-from models.vocab import SPECIALS
-from storage import ArtifactStore
-from storage.formats import read_matrix
-from tasks.corpus import ingest_corpus
-from tasks.matrices import count_cooccurrence
-from tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
-from tasks.vocabulary import encode_corpus, learn_vocabulary
+from lexiflow.models.vocab import SPECIALS
+from lexiflow.storage import ArtifactStore
+from lexiflow.storage.formats import read_matrix
+from lexiflow.tasks.corpus import ingest_corpus
+from lexiflow.tasks.matrices import count_cooccurrence
+from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
+from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
+
 from tests.stages import publish
 
 
@@ -259,7 +259,7 @@ def test_sharded_stages_publish_the_same_artifacts_and_versions(tmp_path, source
 def test_a_concurrent_build_of_the_same_version_leaves_this_builds_shard_parts(tmp_path, monkeypatch):
     """Shard parts (processes and dask runners) live in the writer's own work folder: another run
     building the same version meanwhile neither clears them when it starts nor removes them at its end."""
-    from tasks import parallel
+    from lexiflow.tasks import parallel
 
     def shard(rows: list[int], part: str | None):
         return parallel.deliver(pl.DataFrame({"x": rows}), part)

@@ -4,14 +4,14 @@ with another runner reuses them (the version does not depend on where the work r
 
 import pytest
 from distributed import LocalCluster
+from lexiflow.storage import ArtifactStore
+from lexiflow.tasks.corpus import ingest_corpus
+from lexiflow.tasks.matrices import count_cooccurrence
+from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
+from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
 from prefect import flow
 from prefect.testing.utilities import prefect_test_harness
 
-from storage import ArtifactStore
-from tasks.corpus import ingest_corpus
-from tasks.matrices import count_cooccurrence
-from tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
-from tasks.vocabulary import encode_corpus, learn_vocabulary
 from tests.test_sharding import assert_same_artifacts, files, sources  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.prefect

@@ -13,8 +13,7 @@ from pathlib import Path
 
 import polars as pl
 import pytest
-
-from storage import ArtifactStore, Catalog, StoreError, content_version
+from lexiflow.storage import ArtifactStore, Catalog, StoreError, content_version
 
 V1, V2, V3 = "0123456789abcdef", "fedcba9876543210", "00000000000000aa"
 
@@ -392,7 +391,7 @@ def test_a_local_publish_is_on_disk_before_its_rename(tmp_path, monkeypatch):
     """A power loss after the rename must not leave a published folder whose files never reached the
     disk: every staged file, the manifest and the folder are flushed before the rename, the folders
     holding the rename after it."""
-    import storage.store as store_module
+    import lexiflow.storage.store as store_module
 
     events = []
     monkeypatch.setattr(store_module, "_fsync", lambda path: events.append(("fsync", Path(path).name)))

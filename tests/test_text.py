@@ -3,8 +3,7 @@ import unicodedata
 import polars as pl
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from models.text import (
+from lexiflow.models.text import (
     _NFC_UNSAFE,
     WORD_PATTERN,
     normalize,

@@ -11,11 +11,11 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.text import WORD_CHARS, pretokenize
+from lexiflow.models.tokenizers import BPE, WordPiece
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
-from models.errors import InputError, ParameterError
-from models.text import WORD_CHARS, pretokenize
-from models.tokenizers import BPE, WordPiece
 from tests.conftest import WIKITEXT_VALID
 
 SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
@@ -80,7 +80,7 @@ def test_words_with_underscores_round_trip_with_the_default_marker(marker, vocab
 
 
 def test_the_pipeline_uses_the_same_default_marker():
-    from tasks.params import TokenizerParams
+    from lexiflow.tasks.params import TokenizerParams
 
     assert TokenizerParams().end_of_word == BPE().end_of_word == "</w>"
 

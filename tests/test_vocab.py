@@ -1,8 +1,7 @@
 import polars as pl
 import pytest
-
-from models.errors import ParameterError
-from models.vocab import SPECIALS, UNK_ID, Vocabulary
+from lexiflow.models.errors import ParameterError
+from lexiflow.models.vocab import SPECIALS, UNK_ID, Vocabulary
 
 
 def test_ids_are_specials_then_count_descending_with_code_point_ties():

@@ -2,11 +2,10 @@ import gensim
 import numpy as np
 import polars as pl
 import pytest
-
-from models.errors import InputError, ParameterError
-from models.vectors import keyed_vectors
-from models.vocab import Vocabulary
-from models.word2vec import ParquetSentences, Word2Vec
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.vectors import keyed_vectors
+from lexiflow.models.vocab import Vocabulary
+from lexiflow.models.word2vec import ParquetSentences, Word2Vec
 
 
 def distinct_count_corpus(seed: int = 0) -> list[list[str]]:
@@ -129,7 +128,7 @@ def test_pipeline_parameters_default_to_the_model_defaults():
     # ~1 M-token corpora, docs/embeddings.md; gensim's own default is 5)
     from dataclasses import asdict
 
-    from tasks.params import Word2VecParams
+    from lexiflow.tasks.params import Word2VecParams
 
     model = asdict(Word2Vec().config)
     assert Word2VecParams().model_dump() == {k: model[k] for k in Word2VecParams.model_fields}
@@ -139,11 +138,12 @@ def test_pipeline_parameters_default_to_the_model_defaults():
 def test_stage_refuses_a_subword_tokenizer(tmp_path):
     # train-embeddings takes the latest tokenizer when none is named; after a BPE run that is a
     # subword vocabulary, which would leave nearly every corpus word unknown to word2vec.
-    from storage import ArtifactStore
-    from tasks.corpus import ingest_corpus
-    from tasks.embeddings import word2vec_embeddings
-    from tasks.params import CorpusParams, TokenizerParams, Word2VecParams
-    from tasks.vocabulary import learn_subword
+    from lexiflow.storage import ArtifactStore
+    from lexiflow.tasks.corpus import ingest_corpus
+    from lexiflow.tasks.embeddings import word2vec_embeddings
+    from lexiflow.tasks.params import CorpusParams, TokenizerParams, Word2VecParams
+    from lexiflow.tasks.vocabulary import learn_subword
+
     from tests.stages import publish
 
     store = ArtifactStore(str(tmp_path))

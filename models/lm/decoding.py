@@ -22,8 +22,7 @@ import inspect
 from collections.abc import Callable, Sequence
 
 import numpy as np
-
-from models.errors import ParameterError
+from lexiflow.models.errors import ParameterError
 
 LogProbs = Callable[[Sequence[int]], np.ndarray]  # context ids -> (V,) natural-log probabilities
 BatchLogProbs = Callable[[Sequence[Sequence[int]]], np.ndarray]  # B contexts -> (B, V)

@@ -33,10 +33,9 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
-from models.errors import ParameterError
-from models.lm.neural import NeuralLM, _from_dict, load
-from models.lm.train import TrainConfig
+from lexiflow.models.errors import ParameterError
+from lexiflow.models.lm.neural import NeuralLM, _from_dict, load
+from lexiflow.models.lm.train import TrainConfig
 
 logger = logging.getLogger("lexiflow.lm.distributed")
 ROOT = Path(__file__).resolve().parents[2]  # the folder holding the `models` package
@@ -85,7 +84,7 @@ def _stop_with_launchers() -> None:
 def torchrun_command(world_size: int, workdir: Path) -> list[str]:
     """The launch command (one node; a free rendezvous port chosen by torchrun --standalone)."""
     return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={world_size}",
-            "-m", "models.lm.distributed", str(workdir)]
+            "-m", "lexiflow.models.lm.distributed", str(workdir)]
 
 
 def fit_distributed(lm: NeuralLM, train_sentences: Sequence[np.ndarray],
@@ -133,9 +132,9 @@ def worker(workdir: Path) -> None:
 
     _stop_with_launchers()
     job = json.loads((workdir / "job.json").read_text())
-    import models.lm.ffnn  # noqa: F401  (register the kinds)
-    import models.lm.rnn  # noqa: F401
-    import models.lm.transformer  # noqa: F401
+    import lexiflow.models.lm.ffnn  # noqa: F401  (register the kinds)
+    import lexiflow.models.lm.rnn  # noqa: F401
+    import lexiflow.models.lm.transformer  # noqa: F401
 
     kind_cls = NeuralLM._registry[job["kind"]]
     config = _from_dict(kind_cls.config_class, job["config"], workdir / "job.json")

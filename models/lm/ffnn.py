@@ -15,10 +15,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+from lexiflow.models.errors import ParameterError
+from lexiflow.models.lm.neural import LMConfig, LMModule, NeuralLM, State
 from torch import nn
-
-from models.errors import ParameterError
-from models.lm.neural import LMConfig, LMModule, NeuralLM, State
 
 
 @dataclass

@@ -25,15 +25,14 @@ import numpy as np
 import polars as pl
 import torch
 import torch.nn.functional as F
+from lexiflow.models.device import resolve_device
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.heap import reuse_freed_memory
+from lexiflow.models.lm import train as training
+from lexiflow.models.lm.train import TrainConfig
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
-
-from models.device import resolve_device
-from models.errors import InputError, ParameterError
-from models.heap import reuse_freed_memory
-from models.lm import train as training
-from models.lm.train import TrainConfig
 
 METRIC_COLUMNS = {
     "epoch": pl.Int64, "step": pl.Int64, "train_loss": pl.Float64, "train_ppl": pl.Float64,
@@ -301,8 +300,8 @@ def plot_loss_curve(metrics: pl.DataFrame, out: Path, title: str = "LM") -> None
 
 def load(path: str | Path, device: str = "cpu") -> NeuralLM:
     """Load any neural `lm` artifact (FFNN, RNN or Transformer)."""
-    import models.lm.ffnn  # noqa: F401  (register the kinds)
-    import models.lm.rnn  # noqa: F401
-    import models.lm.transformer  # noqa: F401
+    import lexiflow.models.lm.ffnn  # noqa: F401  (register the kinds)
+    import lexiflow.models.lm.rnn  # noqa: F401
+    import lexiflow.models.lm.transformer  # noqa: F401
 
     return NeuralLM.load(path, device)

@@ -41,9 +41,8 @@ from pathlib import Path
 
 import numpy as np
 import polars as pl
-
-from models.errors import InputError, ParameterError
-from models.progress import Progress
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.progress import Progress
 
 logger = logging.getLogger("lexiflow.ngram")
 

@@ -44,14 +44,13 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from lexiflow.models.device import resolve_device
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.progress import Progress
 from safetensors.torch import load_file, save_file
 
-from models.device import resolve_device
-from models.errors import InputError, ParameterError
-from models.progress import Progress
-
 if TYPE_CHECKING:
-    from models.lm.neural import LMModule
+    from lexiflow.models.lm.neural import LMModule
 
 logger = logging.getLogger("lexiflow.lm.train")
 

@@ -18,10 +18,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from lexiflow.models.errors import ParameterError
+from lexiflow.models.lm.neural import LMConfig, LMModule, NeuralLM, State
 from torch import nn
-
-from models.errors import ParameterError
-from models.lm.neural import LMConfig, LMModule, NeuralLM, State
 
 
 @dataclass

@@ -3,7 +3,7 @@
 `from models.tokenizers import BPE, WordPiece`; see docs/tokenizers.md.
 """
 
-from models.tokenizers.bpe import BPE
-from models.tokenizers.wordpiece import WordPiece
+from lexiflow.models.tokenizers.bpe import BPE
+from lexiflow.models.tokenizers.wordpiece import WordPiece
 
 __all__ = ["BPE", "WordPiece"]

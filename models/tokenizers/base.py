@@ -28,10 +28,9 @@ from typing import Any, ClassVar
 import numpy as np
 import polars as pl
 import pyarrow as pa
-
-from models.errors import InputError, ParameterError
-from models.progress import Progress
-from models.text import WORD_PATTERN
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.progress import Progress
+from lexiflow.models.text import WORD_PATTERN
 
 log = logging.getLogger("lexiflow.tokenizers")
 

@@ -39,10 +39,9 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-
-from models.errors import ParameterError
-from models.progress import Progress
-from models.tokenizers.base import DEFAULT_SPECIALS, SubwordTokenizer, count_words, log, token_counts
+from lexiflow.models.errors import ParameterError
+from lexiflow.models.progress import Progress
+from lexiflow.models.tokenizers.base import DEFAULT_SPECIALS, SubwordTokenizer, count_words, log, token_counts
 
 _S = 1 << 24  # pair key = left * _S + right: an int key hashes faster than a tuple and sorts the same
 

@@ -34,11 +34,10 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-
-from models.errors import ParameterError
-from models.progress import Progress
-from models.tokenizers.base import DEFAULT_SPECIALS, SubwordTokenizer, count_words, log, token_counts
-from models.tokenizers.bpe import _S, initial_pairs, words_to_symbols
+from lexiflow.models.errors import ParameterError
+from lexiflow.models.progress import Progress
+from lexiflow.models.tokenizers.base import DEFAULT_SPECIALS, SubwordTokenizer, count_words, log, token_counts
+from lexiflow.models.tokenizers.bpe import _S, initial_pairs, words_to_symbols
 
 
 def train_wordpiece(
