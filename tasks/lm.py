@@ -12,7 +12,7 @@ import polars as pl
 from lexiflow.models import device
 from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import ParameterError
-from lexiflow.models.lm import distributed, ffnn, neural, ngram, rnn, train, transformer
+from lexiflow.models.lm import distributed, ffnn, neural, ngram, registry, rnn, train, transformer
 from lexiflow.storage import ArtifactRef, ArtifactWriter, formats
 from lexiflow.storage.formats import read_manifest, read_table, read_vectors
 from lexiflow.tasks.params import NeuralLMParams, NgramParams
@@ -66,7 +66,7 @@ def neural_model(kind: str, vocab_size: int, p: NeuralLMParams, out: ArtifactWri
     return transformer.TransformerLM(config, schedule, embeddings)
 
 
-@stage("lm", code=[ngram, neural, train, ffnn, rnn, transformer, distributed, device, formats])
+@stage("lm", code=[ngram, neural, train, ffnn, rnn, transformer, distributed, registry, device, formats])
 def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, model: str,
              params: NgramParams | NeuralLMParams, embeddings: ArtifactRef | None = None) -> None:
     encoded_with = read_manifest(tokens)["inputs"].get("tokenizer")

@@ -11,7 +11,7 @@ from lexiflow.models.tokenizers import BPE, WordPiece
 from lexiflow.models.tokenizers import base as tokenizer_base
 from lexiflow.models.tokenizers import bpe as bpe_module
 from lexiflow.models.tokenizers import wordpiece as wordpiece_module
-from lexiflow.storage import ArtifactRef, ArtifactWriter, Catalog, formats, loaders
+from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter, formats
 from lexiflow.storage.formats import SHARDED_ROW_GROUP, TOKENS, VOCAB, count_rows, read_manifest, read_rows, read_table
 from lexiflow.tasks import parallel as parallel_module
 from lexiflow.tasks.parallel import (
@@ -84,12 +84,13 @@ def learn_subword(out: ArtifactWriter, corpus: ArtifactRef, params: TokenizerPar
 def encode_shard(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: int, part: str | None) -> Any:
     """The sentences of documents [start, stop), encoded (doc_index counts from the corpus start)."""
     rows = vocab.sentences(read_rows(corpus, "documents.parquet", start, stop), first_doc=start)
-    ids = Catalog(tokenizer.store).load(tokenizer.kind, tokenizer.version).encode_corpus(rows["text"]).alias("ids")
+    with ArtifactStore(tokenizer.store).local_dir(tokenizer.kind, tokenizer.version) as folder:
+        ids = tokenizers.load(folder).encode_batch(rows["text"]).alias("ids")
     return deliver(rows.select("doc_index", "sentence", "split").with_columns(ids), part)
 
 
 @stage("tokenized_corpus", code=[vocab, text, tokenizers, tokenizer_base, bpe_module, wordpiece_module, formats,
-                                  parallel_module, loaders])
+                                  parallel_module])
 def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactRef,
                   parallel: ParallelParams | None = None) -> None:
     """One row of ids per sentence; shards of documents are encoded apart and concatenated in order."""

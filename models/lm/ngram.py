@@ -293,7 +293,8 @@ class NgramLM:
         return ids
 
     def _probs(self, ctx_ids: list[np.ndarray], words: np.ndarray) -> np.ndarray:
-        """p(word | context) for P positions: ctx_ids per level (P,), words (P,) already mapped."""
+        """p(word | context) for P positions: ctx_ids per level (P,), words (P,) in [0, V) (a word the model
+        never predicts, e.g. one mapped to <unk> in training, gets 0)."""
         n, V = self.order, self.vocab_size_
         if self.smoothing == "add_k":
             c = ctx_ids[n - 1]
@@ -314,14 +315,6 @@ class NgramLM:
                 p = np.where(seen, (num + self._gamma[k][cs] * p) / np.where(seen, self._total[k][cs], 1.0), p)
         return p
 
-    def _dense(self, k: int, c: int) -> np.ndarray:
-        """Alpha numerators of order k for context id c, scattered over the vocabulary (V,)."""
-        V, keys = self.vocab_size_, self.ngram_keys_[k]
-        lo, hi = np.searchsorted(keys, [c * V, (c + 1) * V])
-        out = np.zeros(V)
-        out[keys[lo:hi] - c * V] = self._num[k][lo:hi]
-        return out
-
     def _prepare_context(self, context: Sequence[int]) -> np.ndarray:
         """The last order-1 ids of <s>-padded `context` (leading <s> ids optional), mapped."""
         ctx = np.asarray(context, dtype=np.int64).reshape(-1)
@@ -330,32 +323,23 @@ class NgramLM:
         padded = np.concatenate([np.full(self.order - 1, self.bos_id, dtype=np.int64), ctx])
         return padded[len(padded) - (self.order - 1):]
 
-    def log_probs(self, context: Sequence[int]) -> np.ndarray:
-        """Natural-log next-token distribution (V,) after `context` (ids, conventionally starting with
-        `<s>`; a context shorter than order-1 is sentence-initial). -inf where the probability is 0."""
+    def log_probs_batch(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
+        """(B, V) natural-log next-token distributions, one per context (ids, conventionally starting
+        with `<s>`; a context shorter than order-1 is sentence-initial). -inf where the probability is 0.
+        The same scorer as perplexity's (`_probs`), over every word of the vocabulary."""
         self._check_fitted()
-        n = self.order
-        ctx = self._prepare_context(context)
-        ids = [int(x[0]) for x in self._context_ids(ctx[None, :])]
-        if self.smoothing == "add_k":
-            c = ids[n - 1]
-            num = (self._dense(n, c) if c >= 0 else np.zeros(self.vocab_size_)) + self.k
-            den = (self._total[n][c] if c >= 0 else 0.0) + self.k * self._predictable.sum()
-            p = np.where(self._predictable, num / den, 0.0)
-        else:
-            p = np.zeros(self.vocab_size_)
-            for k in range(1, n + 1):
-                c = ids[k - 1]
-                if c < 0:
-                    break  # every longer context is unseen too
-                g = self._gamma[k][c] if self.smoothing == "kneser_ney" else 0.0
-                p = (self._dense(k, c) + g * p) / self._total[k][c]
+        V = self.vocab_size_
+        if not len(contexts):
+            return np.zeros((0, V))
+        ctx = np.stack([self._prepare_context(c) for c in contexts])  # (B, order-1)
+        ctx_ids = [np.repeat(level, V) for level in self._context_ids(ctx)]  # each (B*V,)
+        words = np.tile(np.arange(V, dtype=np.int64), len(contexts))
         with np.errstate(divide="ignore"):
-            return np.log(p)
+            return np.log(self._probs(ctx_ids, words)).reshape(len(contexts), V)
 
-    def batch_log_probs(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
-        """`log_probs` for several contexts: (B, V)."""
-        return np.stack([self.log_probs(c) for c in contexts]) if len(contexts) else np.zeros((0, self.vocab_size_))
+    def log_probs(self, context: Sequence[int]) -> np.ndarray:
+        """(V,) `log_probs_batch` of one context."""
+        return self.log_probs_batch([context])[0]
 
     def token_log_probs(self, sentences: Sequence[np.ndarray]) -> np.ndarray:
         """Natural-log probability of every predicted position (each token, then </s>), concatenated."""
