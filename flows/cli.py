@@ -315,10 +315,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from lexiflow.loaders import EXPORT_EXTRAS
     from lexiflow.storage.export import export
 
     kind, _, version = args.artifact.partition(":")
-    for path in export(read_catalog(args.store), kind, version or None, args.dest):
+    for path in export(read_catalog(args.store), kind, version or None, args.dest, EXPORT_EXTRAS):
         print(path)
     return 0
 

@@ -15,10 +15,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import polars as pl
 from lexiflow.storage import ArtifactStore, Catalog, StoreError
+from lexiflow.storage.export import Extra
 from lexiflow.storage.formats import read_matrix, read_vectors
 
 Loader = Callable[[ArtifactStore, dict[str, Any]], Any]
@@ -119,6 +121,19 @@ def load_tagger(store: ArtifactStore, manifest: dict[str, Any]):
         return HMMTagger.load(folder)
 
 
+def word_tokenizer_json(catalog: Catalog, manifest: dict[str, Any], dest: Path) -> list[Path]:
+    """`tokenizer.json` for a word-level tokenizer (subword tokenizers save their own)."""
+    config = catalog.store.read_json(manifest["kind"], manifest["version"], "config.json")
+    if config.get("kind") != "word":
+        return []
+    path = dest / "tokenizer.json"
+    path.write_text(load_tokenizer(catalog.store, manifest).to_hf_json(config["pattern"], catalog.lowercased(manifest)),
+                    encoding="utf-8")
+    return [path]
+
+
+EXPORT_EXTRAS: dict[str, Extra] = {"tokenizer": word_tokenizer_json}  # `lexiflow artifacts export`: derived files
+
 LOADERS: dict[str, Loader] = {
     "tagger": load_tagger,
     "corpus": table("documents.parquet"),
@@ -146,4 +161,4 @@ def load(catalog: Catalog | ArtifactStore | str | os.PathLike[str], kind: str, v
     return LOADERS[manifest["kind"]](catalog.store, manifest)
 
 
-__all__ = ["LOADERS", "EvaluationReport", "MatrixArtifact", "load", "local_folder"]
+__all__ = ["EXPORT_EXTRAS", "LOADERS", "EvaluationReport", "MatrixArtifact", "load", "local_folder"]

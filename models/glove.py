@@ -56,14 +56,15 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import scipy.sparse as sp
 import torch
 from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.estimator import Estimator
 from lexiflow.models.progress import Progress
 from lexiflow.models.vectors import reweight_spectrum
 
@@ -129,7 +130,7 @@ def initial_parameters(vocab_size: int, dim: int, seed: int) -> list[np.ndarray]
     return [((torch.rand(shape, generator=gen) - 0.5) / dim).numpy() for shape in shapes]
 
 
-class GloVe:
+class GloVe(Estimator):
     """GloVe estimator: `GloVe(...).fit(cooccurrence).vectors_` (V × dim float32, w + w̃)."""
 
     def __init__(
@@ -154,15 +155,9 @@ class GloVe:
         self.adagrad_init, self.negative, self.negative_weight = adagrad_init, negative, negative_weight
         self.negative_bound, self.spectrum_power = negative_bound, spectrum_power
 
-    def get_params(self) -> dict[str, Any]:
-        """The configuration as a JSON-ready dict (what determines the vectors)."""
-        return asdict(self.config)
-
     @property
     def config(self) -> GloVeConfig:
-        return GloVeConfig(self.dim, self.x_max, self.alpha, self.epochs, self.lr, self.batch_size,
-                           self.optimizer, self.adagrad_init, self.negative, self.negative_weight,
-                           self.negative_bound, self.spectrum_power, self.device, self.seed)
+        return GloVeConfig(**self.get_params())
 
     def fit(
         self,

@@ -7,6 +7,7 @@ broken by the word's code points (so the same counts always give the same ids). 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from functools import cached_property
@@ -112,6 +113,30 @@ class Vocabulary:
         """Words joined by spaces; `<s>`, `</s>`, `<pad>` dropped."""
         tokens = self.tokens
         return " ".join(tokens[i] for i in ids if i not in (BOS_ID, EOS_ID, PAD_ID))
+
+    def to_hf_json(self, pattern: str, lowercase: bool) -> str:
+        """A Hugging Face `tokenizer.json` (WordLevel model) that encodes as `encode` does, for text
+        normalized as the corpus was (`lowercase`). Pre-tokenization splits on whitespace, then
+        isolates every match of the word `pattern` (the artifact's), which covers every non-space
+        character, so it yields exactly our pre-tokenizer's tokens."""
+        tokens = self.tokens
+        return json.dumps({
+            "version": "1.0",
+            "truncation": None,
+            "padding": None,
+            "added_tokens": [{"id": i, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
+                              "normalized": False, "special": True}
+                             for i, token in enumerate(tokens) if token in SPECIALS],
+            "normalizer": {"type": "Lowercase"} if lowercase else None,
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "WhitespaceSplit"},
+                {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
+            ]},
+            "post_processor": None,
+            "decoder": None,
+            "model": {"type": "WordLevel", "vocab": {token: i for i, token in enumerate(tokens)},
+                      "unk_token": SPECIALS[UNK_ID]},
+        }, ensure_ascii=False)
 
 
 def token_counts(token_lists: pl.Series) -> pl.DataFrame:

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-from lexiflow.models import device, embedding_plots, glove, svd, text, vectors, vocab, word2vec
+from lexiflow.models import device, embedding_plots, estimator, glove, svd, text, vectors, vocab, word2vec
 from lexiflow.models.errors import InputError
 from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter, formats
 from lexiflow.storage.formats import read_manifest, read_matrix, read_table, write_vectors
@@ -43,7 +43,7 @@ def svd_embeddings(out: ArtifactWriter, ppmi: ArtifactRef, params: SVDParams) ->
     out.metrics["top_singular_value"] = float(singular_values[0])
 
 
-@stage("embeddings", code=[word2vec, vectors, vocab, text, embedding_plots, formats])
+@stage("embeddings", code=[word2vec, estimator, vectors, vocab, text, embedding_plots, formats])
 def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactRef, method: str,
                         params: Word2VecParams) -> None:
     """Skip-gram (`sgns`) or CBOW (`cbow`) through gensim, streaming the corpus artifact's train text
@@ -62,7 +62,7 @@ def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: Art
     write_embeddings(out, vocabulary.frame, model.vectors_, method, model.history_)
 
 
-@stage("embeddings", code=[glove, device, vectors, vocab, text, embedding_plots, formats])
+@stage("embeddings", code=[glove, estimator, device, vectors, vocab, text, embedding_plots, formats])
 def glove_embeddings(out: ArtifactWriter, cooccurrence: ArtifactRef, params: GloVeParams) -> None:
     """GloVe on the co-occurrence artifact (on CUDA when the worker has one). Its speed is given in
     cells/s and, comparable with word2vec's, in corpus words/s: the tokens the matrix was counted from

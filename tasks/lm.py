@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-from lexiflow.models import device
+from lexiflow.models import device, estimator
 from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import ParameterError
 from lexiflow.models.lm import distributed, ffnn, neural, ngram, registry, rnn, train, transformer
@@ -66,7 +66,7 @@ def neural_model(kind: str, vocab_size: int, p: NeuralLMParams, out: ArtifactWri
     return transformer.TransformerLM(config, schedule, embeddings)
 
 
-@stage("lm", code=[ngram, neural, train, ffnn, rnn, transformer, distributed, registry, device, formats])
+@stage("lm", code=[ngram, neural, train, ffnn, rnn, transformer, distributed, registry, estimator, device, formats])
 def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, model: str,
              params: NgramParams | NeuralLMParams, embeddings: ArtifactRef | None = None) -> None:
     encoded_with = read_manifest(tokens)["inputs"].get("tokenizer")

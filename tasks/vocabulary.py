@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import polars as pl
-from lexiflow.models import conllu, ingest, text, tokenizers, vocab
+from lexiflow.models import conllu, estimator, ingest, text, tokenizers, vocab
 from lexiflow.models.tokenizers import BPE, WordPiece
 from lexiflow.models.tokenizers import base as tokenizer_base
 from lexiflow.models.tokenizers import bpe as bpe_module
@@ -67,8 +67,8 @@ def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: Vocabular
                         "train_tokens": sum(n for _, n in results), "covered_tokens": int(vocabulary.counts.sum())})
 
 
-@stage("tokenizer", code=[text, vocab, tokenizers, tokenizer_base, bpe_module, wordpiece_module, ingest, conllu,
-                          formats])
+@stage("tokenizer", code=[text, vocab, estimator, tokenizers, tokenizer_base, bpe_module, wordpiece_module, ingest,
+                          conllu, formats])
 def learn_subword(out: ArtifactWriter, corpus: ArtifactRef, params: TokenizerParams) -> None:
     """BPE or WordPiece trained on the train split's sentences; saved with a HF tokenizer.json."""
     require_train_split(corpus)
@@ -89,8 +89,8 @@ def encode_shard(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: 
     return deliver(rows.select("doc_index", "sentence", "split").with_columns(ids), part)
 
 
-@stage("tokenized_corpus", code=[vocab, text, tokenizers, tokenizer_base, bpe_module, wordpiece_module, formats,
-                                  parallel_module])
+@stage("tokenized_corpus", code=[vocab, text, estimator, tokenizers, tokenizer_base, bpe_module, wordpiece_module,
+                                  formats, parallel_module])
 def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactRef,
                   parallel: ParallelParams | None = None) -> None:
     """One row of ids per sentence; shards of documents are encoded apart and concatenated in order."""

@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.estimator import Estimator
 from lexiflow.models.heap import reuse_freed_memory
 from lexiflow.models.lm import train as training
 from lexiflow.models.lm.train import TrainConfig
@@ -101,7 +102,7 @@ def init_embeddings(embedding: nn.Embedding, pretrained: np.ndarray | None, free
     weight.requires_grad_(not freeze)
 
 
-class NeuralLM:
+class NeuralLM(Estimator):
     """Estimator base: subclasses set `kind`, `config_class` and `_build()` (the kinds: `models.lm.registry`)."""
 
     kind: ClassVar[str] = ""
@@ -127,10 +128,6 @@ class NeuralLM:
     def _window(self) -> int:
         mc = self.module_.max_context if hasattr(self, "module_") else None
         return self.train.bptt if mc is None else min(self.train.bptt, mc)
-
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "module_"):
-            raise ParameterError(f"{type(self).__name__} is not fitted: call fit() or load() first")
 
     def fit(self, train_sentences: Sequence[np.ndarray], valid_sentences: Sequence[np.ndarray] | None = None, *,
             on_step: Callable[[int, float], None] | None = None) -> NeuralLM:

@@ -42,6 +42,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.estimator import Estimator
 from lexiflow.models.progress import Progress
 
 logger = logging.getLogger("lexiflow.ngram")
@@ -62,7 +63,7 @@ def _find(keys: np.ndarray, query: np.ndarray) -> np.ndarray:
     return np.where(hit, pos_c, -1)
 
 
-class NgramLM:
+class NgramLM(Estimator):
     """An n-gram language model over token ids ``0..vocab_size-1``.
 
     Parameters
@@ -113,10 +114,6 @@ class NgramLM:
         self._check_params()
 
     # ------------------------------------------------------------------ parameters
-    def get_params(self) -> dict:
-        return {name: getattr(self, name) for name in (
-            "order", "smoothing", "discount", "k", "min_count", "vocab_size", "unk_id", "bos_id", "eos_id", "pad_id")}
-
     def _check_params(self) -> None:
         if not isinstance(self.order, int | np.integer) or self.order < 1:
             raise ParameterError(f"order={self.order!r}: must be an integer >= 1 (3 for a trigram model)")
@@ -355,10 +352,6 @@ class NgramLM:
         out-of-vocabulary tokens are scored as <unk>; <s> padding is never scored)."""
         return float(np.exp(-self.token_log_probs(sentences).mean()))
 
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "ngram_keys_"):
-            raise ParameterError("this NgramLM is not fitted: call fit(sentences) or NgramLM.load(dir) first")
-
     # ------------------------------------------------------------------ tables and persistence
     def ngram_table(self, k: int) -> pl.DataFrame:
         """Order-k n-grams as a table: columns w1..wk (token ids, oldest first), `count` (raw count)
@@ -404,8 +397,7 @@ class NgramLM:
                              f"NgramLM.save") from e
         if config.get("format") != FORMAT or config.get("format_version") != FORMAT_VERSION:
             raise InputError(f"{path}: not a {FORMAT} v{FORMAT_VERSION} model config")
-        names = ("order", "smoothing", "discount", "k", "min_count", "vocab_size", "unk_id", "bos_id", "eos_id",
-                 "pad_id", "vocab_size_")
+        names = [*cls.param_names(), "vocab_size_"]
         if missing := [k for k in names if k not in config]:
             raise InputError(f"{path}: the n-gram config lacks {', '.join(missing)}; rebuild the model")
         model = cls(**{k: config[k] for k in names[:-1]})

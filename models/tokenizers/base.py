@@ -29,6 +29,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.estimator import Estimator
 from lexiflow.models.progress import Progress
 from lexiflow.models.text import WORD_PATTERN
 
@@ -85,8 +86,9 @@ def count_words(texts: Iterable[str] | pl.Series, pattern: str) -> pl.DataFrame:
     return counts.with_columns(pl.col("count").cast(pl.Int64))
 
 
-class SubwordTokenizer:
-    """Base class: special tokens, text path, corpus encoding and persistence.
+class SubwordTokenizer(Estimator):
+    """Base class: special tokens, text path, corpus encoding and persistence (an `Estimator`:
+    `get_params` reads the subclass's `__init__`).
 
     Subclasses implement `fit`, `_encode_word(word) -> list[int]`, `_decode_tokens`, the HF model
     JSON and the state columns of `merges.parquet`.
@@ -155,14 +157,7 @@ class SubwordTokenizer:
     def pad_id(self) -> int | None:
         return self._role(3)
 
-    def get_params(self) -> dict[str, Any]:
-        raise NotImplementedError
-
     # ---- learned state helpers ---------------------------------------------------------------
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "vocab_"):
-            raise ParameterError(f"{type(self).__name__} is not fitted: call fit(texts) or load(dir) first")
-
     def _set_vocab(self, tokens: list[str]) -> None:
         self.vocab_ = tokens
         self.token_to_id_ = {t: i for i, t in enumerate(tokens)}

@@ -184,11 +184,6 @@ class BPE(SubwordTokenizer):
         self.end_of_word = end_of_word
         self.marker = marker
 
-    def get_params(self) -> dict[str, Any]:
-        return {"vocab_size": self.vocab_size, "end_of_word": self.end_of_word, "marker": self.marker,
-                "special_tokens": list(self.special_tokens), "unk_token": self.unk_token,
-                "pretokenizer": self.pretokenizer, "min_frequency": self.min_frequency}
-
     def _check_params(self) -> None:
         super()._check_params()
         if self.marker not in ("separate", "glued"):

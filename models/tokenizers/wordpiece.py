@@ -161,11 +161,6 @@ class WordPiece(SubwordTokenizer):
         self.prefix = prefix
         self.max_input_chars_per_word = max_input_chars_per_word
 
-    def get_params(self) -> dict[str, Any]:
-        return {"vocab_size": self.vocab_size, "prefix": self.prefix, "special_tokens": list(self.special_tokens),
-                "unk_token": self.unk_token, "pretokenizer": self.pretokenizer, "min_frequency": self.min_frequency,
-                "max_input_chars_per_word": self.max_input_chars_per_word}
-
     def _check_params(self) -> None:
         super()._check_params()
         if not isinstance(self.prefix, str) or not self.prefix or any(c.isspace() for c in self.prefix):
