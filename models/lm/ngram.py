@@ -320,19 +320,47 @@ class NgramLM(Estimator):
         padded = np.concatenate([np.full(self.order - 1, self.bos_id, dtype=np.int64), ctx])
         return padded[len(padded) - (self.order - 1):]
 
+    def _dense(self, k: int, c: np.ndarray) -> np.ndarray:
+        """(B, V): the alpha numerators of order k for seen context ids `c` (B,), scattered over the
+        vocabulary (a context's k-grams are one sorted run of keys, c * V .. (c + 1) * V)."""
+        V, keys = self.vocab_size_, self.ngram_keys_[k]
+        lo = np.searchsorted(keys, c * V)
+        runs = np.searchsorted(keys, (c + 1) * V) - lo
+        idx = np.arange(int(runs.sum())) + np.repeat(lo - (np.cumsum(runs) - runs), runs)
+        out = np.zeros((len(c), V))
+        # row b's cell for key c_b * V + w is b * V + w: flat index = key + (b - c_b) * V
+        out.reshape(-1)[keys[idx] + np.repeat((np.arange(len(c)) - c) * V, runs)] = self._num[k][idx]
+        return out
+
     def log_probs_batch(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
         """(B, V) natural-log next-token distributions, one per context (ids, conventionally starting
         with `<s>`; a context shorter than order-1 is sentence-initial). -inf where the probability is 0.
-        The same scorer as perplexity's (`_probs`), over every word of the vocabulary."""
+        The estimators of `_probs` (perplexity's scorer), for whole distributions: each context's seen
+        k-grams are read as one run of sorted keys instead of V binary searches."""
         self._check_fitted()
-        V = self.vocab_size_
+        n, V = self.order, self.vocab_size_
         if not len(contexts):
             return np.zeros((0, V))
-        ctx = np.stack([self._prepare_context(c) for c in contexts])  # (B, order-1)
-        ctx_ids = [np.repeat(level, V) for level in self._context_ids(ctx)]  # each (B*V,)
-        words = np.tile(np.arange(V, dtype=np.int64), len(contexts))
+        ids = self._context_ids(np.stack([self._prepare_context(c) for c in contexts]))  # per level, (B,)
+        p = np.zeros((len(contexts), V))
+        if self.smoothing == "add_k":
+            seen = np.flatnonzero(ids[n - 1] >= 0)
+            c = ids[n - 1][seen]
+            p[seen] = self._dense(n, c)
+            p += self.k
+            p[seen] /= (self._total[n][c] + self.k * self._predictable.sum())[:, None]
+            p[np.flatnonzero(ids[n - 1] < 0)] /= self.k * self._predictable.sum()
+            p[:, ~self._predictable] = 0.0
+        else:
+            for k in range(1, n + 1):
+                seen = np.flatnonzero(ids[k - 1] >= 0)  # an unseen context keeps the shorter one's distribution
+                c = ids[k - 1][seen]
+                num = self._dense(k, c)
+                if self.smoothing == "kneser_ney":
+                    num += self._gamma[k][c][:, None] * p[seen]
+                p[seen] = num / self._total[k][c][:, None]
         with np.errstate(divide="ignore"):
-            return np.log(self._probs(ctx_ids, words)).reshape(len(contexts), V)
+            return np.log(p)
 
     def log_probs(self, context: Sequence[int]) -> np.ndarray:
         """(V,) `log_probs_batch` of one context."""
