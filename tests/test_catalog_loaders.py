@@ -187,7 +187,7 @@ def test_get_by_version_lineage_and_unknown_kind(store):
         load(catalog, "glove")
 
 
-def test_storage_imports_no_models_and_loading_a_table_imports_no_model():
+def test_storage_and_the_loaders_import_no_model_until_one_loads():
     """storage/ imports no model (the loader map sits above both, in lexiflow.loaders, whose loaders
     import a model only to load one)."""
     code = ("import sys, lexiflow.storage, lexiflow.storage.export, lexiflow.storage.formats, lexiflow.loaders; "

@@ -11,9 +11,9 @@ import json
 from pathlib import Path
 
 from lexiflow.models.errors import InputError
-from lexiflow.models.lm import ngram
 from lexiflow.models.lm.ffnn import FFNNLM
 from lexiflow.models.lm.neural import NeuralLM
+from lexiflow.models.lm.ngram import FORMAT as NGRAM_FORMAT
 from lexiflow.models.lm.ngram import NgramLM
 from lexiflow.models.lm.rnn import RNNLM
 from lexiflow.models.lm.transformer import TransformerLM
@@ -44,7 +44,7 @@ def kind_of(directory: str | Path) -> str:
         config = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
         raise InputError(f"{path}: cannot read it ({e}); is {directory} an lm artifact?") from e
-    if config.get("format") == ngram.FORMAT:
+    if config.get("format") == NGRAM_FORMAT:
         return "ngram"
     if not isinstance(config.get("kind"), str):
         raise InputError(f"{path}: names no LM kind (neither an n-gram format nor a neural `kind`)")
