@@ -276,9 +276,12 @@ def stage(kind: str, fingerprint: Callable[[dict], Any] | None = None,
         def modules_for(arguments: dict[str, Any]) -> list[str]:
             return code_modules(build, kinds.get(arguments.get(choice)), kinds.values())
 
-        @functools.cache
+        hashes: dict[str | None, str] = {}  # a plain dict, not functools.cache: Dask pickles the task by value
+
         def code_hash(variant: str | None) -> str:  # derived on first use: the module is fully defined by then
-            return code_version(modules_for({choice: variant}))
+            if variant not in hashes:
+                hashes[variant] = code_version(modules_for({choice: variant}))
+            return hashes[variant]
         # Prefect reads parameters from the signature: `store` first, then the builder's own.
         own = list(inspect.signature(build).parameters.values())[1:]
         store_param = inspect.Parameter("store", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
