@@ -129,7 +129,8 @@ def _long_line(work: Path) -> list[Row]:
         for _ in range(200):
             f.write("word Another. " * 74_899)  # ~1 MB of text per write, sentence breaks included
         f.write("\n")
-    code = ("import resource, time; from pathlib import Path; from models.ingest import build_corpus, IngestOptions; "
+    code = ("import resource, time; from pathlib import Path; "
+            "from lexiflow.models.ingest import build_corpus, IngestOptions; "
             f"t = time.perf_counter(); c = build_corpus([Path({str(path)!r})], IngestOptions()); "
             "print(c.stats['documents'], time.perf_counter() - t, "
             "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from lexiflow.models import conllu, ingest, text
+from lexiflow.models.ingest import readers, sharding, sources, stats
 from lexiflow.storage import ArtifactWriter, formats
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, TAGGED
 from lexiflow.tasks import parallel as parallel_module
@@ -14,6 +15,8 @@ from lexiflow.tasks.parallel import SHARD_TASK, deliver, map_shards
 from lexiflow.tasks.params import CorpusParams, ParallelParams
 from lexiflow.tasks.stage import stage
 from prefect import task
+
+INGESTION = (ingest, sources, readers, stats, sharding, text, conllu)  # what ingestion reads and cleans with
 
 
 def options(params: CorpusParams) -> ingest.IngestOptions:
@@ -56,7 +59,7 @@ def corpus_shard(shard: list[ingest.FileRange], options: ingest.IngestOptions, p
     return deliver(result.documents, part), result.texts, result.errors
 
 
-@stage("corpus", code=[ingest, text, conllu, formats, parallel_module], fingerprint=sources_fingerprint)
+@stage("corpus", code=[*INGESTION, formats, parallel_module], fingerprint=sources_fingerprint)
 def ingest_corpus(out: ArtifactWriter, params: CorpusParams, parallel: ParallelParams | None = None) -> None:
     """Shards of the sources (byte ranges of large text/JSONL files, groups of whole files) are
     read and cleaned in parallel, then merged in order: the same corpus as one process makes."""
@@ -74,8 +77,7 @@ def ingest_corpus(out: ArtifactWriter, params: CorpusParams, parallel: ParallelP
     out.metrics.update(corpus.stats)
 
 
-@stage("tagged_corpus", code=[ingest, text, conllu, formats], fingerprint=conllu_fingerprint,
-       parameters=tagged_parameters)
+@stage("tagged_corpus", code=[*INGESTION, formats], fingerprint=conllu_fingerprint, parameters=tagged_parameters)
 def ingest_tagged(out: ArtifactWriter, params: CorpusParams) -> None:
     tagged = ingest.build_tagged(ingest.resolve_sources(params.sources), options(params), out.progress)
     out.write_parquet("sentences.parquet", tagged, TAGGED)

@@ -6,7 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import polars as pl
-from lexiflow.models import conllu, ingest, text, tokenizers, vocab
+from lexiflow.models import conllu, text, tokenizers, vocab
+from lexiflow.models.ingest import sources as ingest
 from lexiflow.models.tokenizers import BPE, WordPiece
 from lexiflow.models.tokenizers import base as tokenizer_base
 from lexiflow.models.tokenizers import bpe as bpe_module

@@ -2,7 +2,7 @@
 
 A stage's version hashes its task module and the modules in its `@stage(code=[...])`. A module the
 builder reaches but the list leaves out (directly, or through another module: models/text.py through
-models/ingest.py) could change what the stage writes while the version stays, and the stale artifact
+models/ingest/sharding.py) could change what the stage writes while the version stays, and the stale artifact
 would be reused. The modules a builder reaches are derived here from the code itself: the names its
 function (and the task module's functions and tasks it calls) uses, then every lexiflow import of those
 modules, transitively, function-level imports included."""

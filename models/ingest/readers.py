@@ -1,0 +1,278 @@
+"""Readers: the raw document texts of one file, per format (plain text, JSONL, Parquet, MediaWiki
+XML, CoNLL-U), with the file's decompression and decoding. Every problem is one `InputError` line
+naming the file (and line); see the package docstring for the policy."""
+
+from __future__ import annotations
+
+import bz2
+import codecs
+import gzip
+import io
+import json
+import os
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+from lexiflow.models.conllu import parse_lines
+from lexiflow.models.errors import InputError
+from lexiflow.models.ingest.sources import IngestOptions, format_of
+
+BINARY_SNIFF = 8192
+_WIKI_QUOTES = re.compile(r"'{2,}")
+
+
+def open_source(path: Path):
+    try:
+        return open(path, "rb")  # noqa: SIM115 (the caller closes it; errors here are about the file, not its data)
+    except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
+        raise InputError(f"{path}: cannot open ({exc.strerror}); check the path in corpus.sources") from None
+
+
+def _read_bytes(path: Path, compression: str | None, limit: int) -> bytes:
+    with open_source(path) as raw:
+        if compression is None:
+            # Other OSErrors here are I/O trouble, raised as they are (transient: the stage retries).
+            data = raw.read(min(limit, os.fstat(raw.fileno()).st_size) + 1)  # read(n) allocates n bytes
+        else:
+            try:
+                opened = gzip.GzipFile(fileobj=raw, mode="rb") if compression == "gz" else bz2.BZ2File(raw, mode="rb")
+                with opened as f:
+                    data = _read_at_most(f, limit + 1)
+            except (OSError, EOFError, ValueError) as exc:  # truncated or corrupt archives
+                raise InputError(f"{path}: cannot read ({_one_line(exc)}); the file is damaged or not "
+                                 f"{compression} data") from None
+    if len(data) > limit:
+        raise InputError(f"{path}: more than {limit} bytes once decompressed; raise corpus.max_file_bytes if intended")
+    return data
+
+
+def _read_at_most(f, size: int, chunk: int = 16 << 20) -> bytes:
+    """Up to `size` bytes of a stream of unknown length, in chunks (never allocating `size` up front)."""
+    parts, total = [], 0
+    while total < size:
+        part = f.read(min(chunk, size - total))
+        if not part:
+            break
+        parts.append(part)
+        total += len(part)
+    return b"".join(parts)
+
+
+def _one_line(exc: BaseException, limit: int = 200) -> str:
+    """A library's error message as one short line (some span several)."""
+    text = " ".join(str(exc).split())
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+WIDE_BOMS = ((codecs.BOM_UTF32_LE, "utf-32"), (codecs.BOM_UTF32_BE, "utf-32"),
+              (codecs.BOM_UTF16_LE, "utf-16"), (codecs.BOM_UTF16_BE, "utf-16"))
+
+
+def decode(path: Path, data: bytes, start: int = 0) -> str:
+    """The text of a file's bytes, or of its bytes from `start` on (a line start; BOMs and the
+    binary sniff concern the file's beginning only, checked when the file was planned)."""
+    if start:
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            line = lines_before(path, start) + data[: exc.start].count(b"\n") + 1
+            raise InputError(f"{path}:{line}: invalid UTF-8 (byte {start + exc.start}); re-encode the file as UTF-8 "
+                             "(mixed encodings are not guessed)") from None
+    for bom, encoding in WIDE_BOMS:  # UTF-32 first: its LE BOM starts with UTF-16's
+        if data.startswith(bom):
+            try:
+                return data.decode(encoding)
+            except UnicodeDecodeError as exc:
+                raise InputError(f"{path}: invalid {encoding.upper()} at byte {exc.start}; re-encode the file as "
+                                 "UTF-8") from None
+    if b"\x00" in data[:BINARY_SNIFF]:
+        raise InputError(f"{path}: looks like a binary file (NUL bytes); remove it from the sources")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        line = data[: exc.start].count(b"\n") + 1
+        raise InputError(
+            f"{path}:{line}: invalid UTF-8 (byte {exc.start}); re-encode the file as UTF-8 "
+            "(mixed encodings are not guessed)"
+        ) from None
+
+
+# ---- readers: each yields raw document texts of one file ------------------------------------
+def _text_documents(path: Path, text: str, unit: str) -> list[str]:
+    if unit == "file":
+        return [text]
+    if unit == "paragraph":
+        return re.split(r"\r?\n[ \t]*\r?\n", text)  # a blank line, LF or CRLF (Windows) line ends
+    return text.splitlines()
+
+
+# In a line cut at LF: a line break of `str.splitlines` other than CRLF (a CR not before the LF).
+_OTHER_LINE_BREAKS = r"[\x0b\x0c\x1c-\x1e\x85\u2028\u2029]|\r."
+
+
+def line_documents(path: Path, data: bytes, start: int = 0) -> pl.Series:
+    """`_text_documents(path, decode(path, data, start), "line")` as a Series, fast for the usual
+    file (UTF-8, LF or CRLF line ends): Arrow cuts the bytes at LF (polars' split of one huge string
+    touches ~5× its size in fresh memory) and polars validates them as UTF-8; they never become
+    Python strings. Anything else, an invalid file included (for its error message), goes the `str` way."""
+    if not start and (any(data.startswith(bom) for bom, _ in WIDE_BOMS) or b"\x00" in data[:BINARY_SNIFF]):
+        return _str_lines(path, data, start)
+    first = len(codecs.BOM_UTF8) if not start and data.startswith(codecs.BOM_UTF8) else 0
+    bounds = pa.py_buffer(np.array([first, len(data)], np.int64))
+    whole = pa.LargeBinaryArray.from_buffers(pa.large_binary(), 1, [None, bounds, pa.py_buffer(data)])  # no copy
+    try:
+        lines = pl.from_arrow(pc.split_pattern(whole, "\n").flatten()).cast(pl.String)
+    except (pl.exceptions.ComputeError, pl.exceptions.InvalidOperationError):  # invalid UTF-8
+        return _str_lines(path, data, start)
+    if lines.str.contains(_OTHER_LINE_BREAKS).any():
+        return _str_lines(path, data, start)
+    if lines[-1] == "":  # after a final newline, or of an empty file
+        lines = lines.head(-1)
+    return lines.str.strip_suffix("\r") if b"\r" in data else lines
+
+
+def _str_lines(path: Path, data: bytes, start: int) -> pl.Series:
+    return pl.Series(_text_documents(path, decode(path, data, start), "line"), dtype=pl.String)
+
+
+def _lines(text: str) -> list[str]:
+    """Lines of a line-based format (JSONL, CoNLL-U): split at LF only (CRLF tolerated). Unicode
+    line separators (U+2028, U+0085, ...) may appear inside JSON strings and words."""
+    lines = text.split("\n")
+    if lines and lines[-1] == "":
+        lines.pop()
+    return [line[:-1] if line.endswith("\r") else line for line in lines]
+
+
+def jsonl_documents(path: Path, text: str, field_name: str, start: int = 0) -> list[str]:
+    """`start`: the byte offset of `text` in the file (a line start); an error's line number adds
+    the lines before it, counted only then."""
+
+    def at(line_no: int) -> str:
+        return f"{path}:{line_no + (lines_before(path, start) if start else 0)}"
+
+    docs = []
+    for line_no, line in enumerate(_lines(text), start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise InputError(f"{at(line_no)}: invalid JSON ({exc.msg}); fix or remove the line") from None
+        except RecursionError:
+            raise InputError(f"{at(line_no)}: JSON nested too deeply to read; fix or remove the line") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get(field_name), str):
+            raise InputError(f"{at(line_no)}: no string field {field_name!r}; set corpus.text_field")
+        docs.append(obj[field_name])
+    return docs
+
+
+def _parquet_documents(path: Path, data: bytes, column: str) -> list[str]:
+    try:
+        table = pq.read_table(io.BytesIO(data))
+    except Exception as exc:  # pyarrow raises several types for damaged files
+        raise InputError(f"{path}: not a readable Parquet file ({_one_line(exc)})") from None
+    if column not in table.column_names:
+        columns = ", ".join(table.column_names)
+        raise InputError(f"{path}: no column {column!r} (columns: {columns}); set corpus.text_field")
+    column_type = table.schema.field(column).type
+    if not (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)
+            or pa.types.is_string_view(column_type)):
+        raise InputError(f"{path}: column {column!r} holds {column_type}, not text; set corpus.text_field")
+    return [t for t in table.column(column).to_pylist() if isinstance(t, str)]
+
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]  # dumps put every element in the export-0.x namespace
+
+
+def wiki_documents(path: Path, data: bytes) -> list[str]:
+    """Articles (namespace 0, not redirects) of a MediaWiki dump, markup stripped by gensim's
+    `filter_wiki`. The XML is read incrementally, page by page, so errors carry a line number."""
+    from gensim.corpora.wikicorpus import filter_wiki
+
+    docs: list[str] = []
+    depth = 0
+    try:
+        for event, elem in ET.iterparse(io.BytesIO(data), events=("start", "end")):
+            if event == "start":
+                if depth == 0 and _local(elem.tag) != "mediawiki":
+                    raise InputError(f"{path}: root element <{_local(elem.tag)}> is not <mediawiki>; not a MediaWiki "
+                                     "XML dump")
+                depth += 1
+                continue
+            depth -= 1
+            if _local(elem.tag) != "page":
+                continue
+            fields = {_local(child.tag): child for child in elem}
+            namespace = (fields["ns"].text or "").strip() if "ns" in fields else "0"
+            revision = fields.get("revision")
+            text_elem = next((c for c in revision if _local(c.tag) == "text"), None) if revision is not None else None
+            text = text_elem.text if text_elem is not None else None
+            if (namespace == "0" and text and "redirect" not in fields
+                    and not text.lstrip().lower().startswith("#redirect")):
+                docs.append(_WIKI_QUOTES.sub("", filter_wiki(text)))  # filter_wiki keeps ''bold''/''italic'' quotes
+            elem.clear()  # pages are done with: keep memory flat on large dumps
+    except ET.ParseError as exc:
+        line, column = exc.position
+        reason = str(exc).split(":", 1)[0]
+        raise InputError(f"{path}:{line}: not well-formed XML ({reason}, column {column}); the dump is damaged or "
+                         "truncated") from None
+    return docs
+
+
+def read_file(path: Path, options: IngestOptions) -> tuple[list[str], pl.DataFrame | None]:
+    """Raw document texts of one file, and its tagged sentences if it is CoNLL-U."""
+    docs, tagged = read_documents(path, options)
+    return docs.to_list(), tagged
+
+
+def read_documents(path: Path, options: IngestOptions) -> tuple[pl.Series, pl.DataFrame | None]:
+    """`read_file` with the texts as a Series (plain-text lines never become Python strings)."""
+    fmt, compression = format_of(path)
+    data = _read_bytes(path, compression, options.max_file_bytes)
+    if fmt == "text" and data[:512].lstrip().startswith(b"<mediawiki"):
+        fmt = "wiki"  # dumps are often named *.xml-p<range>.bz2
+    if fmt == "parquet":
+        return text_series(_parquet_documents(path, data, options.text_field)), None
+    if fmt == "wiki":
+        return text_series(wiki_documents(path, data)), None
+    if fmt == "text" and options.text_unit == "line":
+        return line_documents(path, data), None
+    text = decode(path, data)
+    if fmt == "jsonl":
+        return text_series(jsonl_documents(path, text, options.text_field)), None
+    if fmt == "conllu":
+        sents = list(parse_lines(_lines(text), source=str(path)))
+        tagged = pl.DataFrame(
+            {
+                "sent_id": [s.sent_id or f"{path.name}:{s.line}" for s in sents],
+                "words": [s.words for s in sents],
+                "upos": [s.upos for s in sents],
+                "xpos": [s.xpos for s in sents],
+            },
+            schema={"sent_id": pl.String, "words": pl.List(pl.String), "upos": pl.List(pl.String),
+                    "xpos": pl.List(pl.String)},
+        )
+        return text_series([" ".join(s.words) for s in sents]), tagged
+    return text_series(_text_documents(path, text, options.text_unit)), None
+
+
+def text_series(texts: list[str]) -> pl.Series:
+    return pl.Series(texts, dtype=pl.String)
+
+
+def lines_before(path: Path, start: int) -> int:
+    """Newlines in the file's first `start` bytes (for error line numbers of a range)."""
+    count = 0
+    with path.open("rb") as f:
+        while start > 0 and (block := f.read(min(1 << 24, start))):
+            count += block.count(b"\n")
+            start -= len(block)
+    return count
