@@ -294,7 +294,7 @@ def cmd_tag(args: argparse.Namespace) -> int:
     """Tag a CoNLL-U file (predicted tags replace its UPOS/XPOS columns) or plain text (written as CoNLL-U).
     Everything is read and tagged before the output is written; a tag set no tagger predicts is `_`."""
     from lexiflow.models import conllu
-    from lexiflow.models.errors import InputError
+    from lexiflow.models.errors import InputError, shown
     from lexiflow.models.hmm import HMMTagger
 
     source, output = Path(args.input), Path(args.output) if args.output else None
@@ -310,7 +310,7 @@ def cmd_tag(args: argparse.Namespace) -> int:
         raise InputError(f"{source}: cannot read it ({exc.strerror})") from None
     is_conllu = source.suffix.lower() == ".conllu"  # as ingestion reads names: EN_EWT.CONLLU is CoNLL-U
     if is_conllu:
-        sentences = [s.words for s in conllu.parse_lines(lines, source=str(source))]
+        sentences = [s.words for s in conllu.parse_lines(lines, source=shown(source))]
     else:  # a line is a document, as ingestion reads plain text: sentences never run across lines
         from lexiflow.models.text import sentence_words
 
@@ -510,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a reader that went away shows here, not at exit
         return status
     except (LexiflowError, StoreError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        # One line whatever the message holds (a name with a newline or an escape code, from a source not quoted)
+        print("error: " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(exc)), file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader stopped early (`| head`): stop quietly, as other CLIs do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout again at exit

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from lexiflow.models.conllu import parse_lines
-from lexiflow.models.errors import InputError
+from lexiflow.models.errors import InputError, shown
 from lexiflow.models.ingest.sources import IngestOptions, format_of
 
 BINARY_SNIFF = 8192
@@ -31,36 +31,48 @@ def open_source(path: Path):
     try:
         return open(path, "rb")  # noqa: SIM115 (the caller closes it; errors here are about the file, not its data)
     except (FileNotFoundError, PermissionError, IsADirectoryError) as exc:
-        raise InputError(f"{path}: cannot open ({exc.strerror}); check the path in corpus.sources") from None
+        raise InputError(f"{shown(path)}: cannot open ({exc.strerror}); check the path in corpus.sources") from None
+
+
+# A compressed file that decompresses to more than this many times its size, past the first
+# EXPANSION_FLOOR bytes, is refused as a decompression bomb while it streams (English text: 3-5x
+# under gzip or bz2; a gzip bomb of zeros ~1000x, bz2 far more).
+MAX_EXPANSION = 100
+EXPANSION_FLOOR = 16 << 20
 
 
 def _read_bytes(path: Path, compression: str | None, limit: int) -> bytes:
+    """The file's bytes, decompressed: a plain file's size is checked before it is read, a compressed
+    file's decompressed bytes (total, and per compressed byte) while it streams."""
     with open_source(path) as raw:
         if compression is None:
             # Other OSErrors here are I/O trouble, raised as they are (transient: the stage retries).
-            data = raw.read(min(limit, os.fstat(raw.fileno()).st_size) + 1)  # read(n) allocates n bytes
-        else:
-            try:
-                opened = gzip.GzipFile(fileobj=raw, mode="rb") if compression == "gz" else bz2.BZ2File(raw, mode="rb")
-                with opened as f:
-                    data = _read_at_most(f, limit + 1)
-            except (OSError, EOFError, ValueError) as exc:  # truncated or corrupt archives
-                raise InputError(f"{path}: cannot read ({_one_line(exc)}); the file is damaged or not "
-                                 f"{compression} data") from None
-    if len(data) > limit:
-        raise InputError(f"{path}: more than {limit} bytes once decompressed; raise corpus.max_file_bytes if intended")
-    return data
+            if (size := os.fstat(raw.fileno()).st_size) > limit:
+                raise InputError(f"{shown(path)}: {size} bytes, more than corpus.max_file_bytes ({limit}); raise it "
+                                 "if intended, or split the file")
+            return raw.read(size + 1)  # +1: a file growing meanwhile still ends where it ends
+        try:
+            opened = gzip.GzipFile(fileobj=raw, mode="rb") if compression == "gz" else bz2.BZ2File(raw, mode="rb")
+            with opened as f:
+                return _decompress(path, f, raw, limit)
+        except (OSError, EOFError, ValueError) as exc:  # truncated or corrupt archives
+            raise InputError(f"{shown(path)}: cannot read ({_one_line(exc)}); the file is damaged or not "
+                             f"{compression} data") from None
 
 
-def _read_at_most(f, size: int, chunk: int = 16 << 20) -> bytes:
-    """Up to `size` bytes of a stream of unknown length, in chunks (never allocating `size` up front)."""
+def _decompress(path: Path, f, raw, limit: int, chunk: int = 16 << 20) -> bytes:
+    """All of a decompressing stream `f` (over the compressed file `raw`), in chunks, refused as soon
+    as it passes `limit` bytes or MAX_EXPANSION times the compressed bytes read so far."""
     parts, total = [], 0
-    while total < size:
-        part = f.read(min(chunk, size - total))
-        if not part:
-            break
+    while part := f.read(min(chunk, limit + 1 - total)):
         parts.append(part)
         total += len(part)
+        if total > limit:
+            raise InputError(f"{shown(path)}: more than {limit} bytes once decompressed; raise corpus.max_file_bytes "
+                             "if intended")
+        if total > EXPANSION_FLOOR and total > MAX_EXPANSION * raw.tell():
+            raise InputError(f"{shown(path)}: decompresses to more than {MAX_EXPANSION} times its size (a "
+                             "decompression bomb?); if it is real text, decompress it and give the plain file")
     return b"".join(parts)
 
 
@@ -82,23 +94,23 @@ def decode(path: Path, data: bytes, start: int = 0) -> str:
             return data.decode("utf-8")
         except UnicodeDecodeError as exc:
             line = lines_before(path, start) + data[: exc.start].count(b"\n") + 1
-            raise InputError(f"{path}:{line}: invalid UTF-8 (byte {start + exc.start}); re-encode the file as UTF-8 "
-                             "(mixed encodings are not guessed)") from None
+            raise InputError(f"{shown(path)}:{line}: invalid UTF-8 (byte {start + exc.start}); re-encode the file as "
+                             "UTF-8 (mixed encodings are not guessed)") from None
     for bom, encoding in WIDE_BOMS:  # UTF-32 first: its LE BOM starts with UTF-16's
         if data.startswith(bom):
             try:
                 return data.decode(encoding)
             except UnicodeDecodeError as exc:
-                raise InputError(f"{path}: invalid {encoding.upper()} at byte {exc.start}; re-encode the file as "
-                                 "UTF-8") from None
+                raise InputError(f"{shown(path)}: invalid {encoding.upper()} at byte {exc.start}; re-encode the file "
+                                 "as UTF-8") from None
     if b"\x00" in data[:BINARY_SNIFF]:
-        raise InputError(f"{path}: looks like a binary file (NUL bytes); remove it from the sources")
+        raise InputError(f"{shown(path)}: looks like a binary file (NUL bytes); remove it from the sources")
     try:
         return data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise InputError(
-            f"{path}:{line}: invalid UTF-8 (byte {exc.start}); re-encode the file as UTF-8 "
+            f"{shown(path)}:{line}: invalid UTF-8 (byte {exc.start}); re-encode the file as UTF-8 "
             "(mixed encodings are not guessed)"
         ) from None
 
@@ -155,7 +167,7 @@ def jsonl_documents(path: Path, text: str, field_name: str, start: int = 0) -> l
     the lines before it, counted only then."""
 
     def at(line_no: int) -> str:
-        return f"{path}:{line_no + (lines_before(path, start) if start else 0)}"
+        return f"{shown(path)}:{line_no + (lines_before(path, start) if start else 0)}"
 
     docs = []
     for line_no, line in enumerate(_lines(text), start=1):
@@ -173,19 +185,57 @@ def jsonl_documents(path: Path, text: str, field_name: str, start: int = 0) -> l
     return docs
 
 
-def _parquet_documents(path: Path, data: bytes, column: str) -> list[str]:
+def _parquet_documents(path: Path, data: bytes, column: str, limit: int) -> list[str]:
+    """The text column's values, checked before they are decoded: rows and the column's declared size
+    from the file's metadata, then, batch by batch, the bytes of text its dictionary-encoded values
+    expand to (a tiny file can repeat one long value a billion times). Dictionary-encoded text
+    (pandas categoricals) is text."""
     try:
-        table = pq.read_table(io.BytesIO(data))
+        schema = pq.ParquetFile(pa.BufferReader(data)).schema_arrow
     except Exception as exc:  # pyarrow raises several types for damaged files
-        raise InputError(f"{path}: not a readable Parquet file ({_one_line(exc)})") from None
-    if column not in table.column_names:
-        columns = ", ".join(table.column_names)
-        raise InputError(f"{path}: no column {column!r} (columns: {columns}); set corpus.text_field")
-    column_type = table.schema.field(column).type
-    if not (pa.types.is_string(column_type) or pa.types.is_large_string(column_type)
-            or pa.types.is_string_view(column_type)):
-        raise InputError(f"{path}: column {column!r} holds {column_type}, not text; set corpus.text_field")
-    return [t for t in table.column(column).to_pylist() if isinstance(t, str)]
+        raise InputError(f"{shown(path)}: not a readable Parquet file ({_one_line(exc)})") from None
+    if column not in schema.names:
+        raise InputError(f"{shown(path)}: no column {column!r} (columns: {', '.join(schema.names)}); set "
+                         "corpus.text_field")
+    column_type = schema.field(column).type
+    value_type = column_type.value_type if pa.types.is_dictionary(column_type) else column_type
+    if not (pa.types.is_string(value_type) or pa.types.is_large_string(value_type)
+            or pa.types.is_string_view(value_type)):
+        raise InputError(f"{shown(path)}: column {column!r} holds {column_type}, not text; set corpus.text_field")
+    file = pq.ParquetFile(pa.BufferReader(data), read_dictionary=[column])  # values and indices: nothing expands yet
+    meta = file.metadata
+    declared = sum(meta.row_group(g).column(c).total_uncompressed_size for g in range(meta.num_row_groups)
+                   for c in range(meta.num_columns) if meta.row_group(g).column(c).path_in_schema == column)
+    if meta.num_rows > limit // ROW_BYTES or declared > limit:
+        raise InputError(f"{shown(path)}: {meta.num_rows} rows, {declared} bytes in column {column!r}: more than "
+                         f"corpus.max_file_bytes ({limit}) allows; raise it if intended")
+    texts, expanded = [], 0
+    try:
+        for batch in file.iter_batches(batch_size=1 << 16, columns=[column]):
+            values = batch.column(0)
+            expanded += _text_bytes(values)
+            if expanded > limit:
+                raise InputError(f"{shown(path)}: column {column!r} expands to more than corpus.max_file_bytes "
+                                 f"({limit}) bytes of text (repeated dictionary values); raise it if intended")
+            if pa.types.is_dictionary(values.type):
+                values = values.dictionary_decode()
+            texts.extend(t for t in values.to_pylist() if isinstance(t, str))
+    except (OSError, pa.ArrowException) as exc:
+        raise InputError(f"{shown(path)}: not a readable Parquet file ({_one_line(exc)})") from None
+    return texts
+
+
+ROW_BYTES = 16  # memory a row of text costs at least (offsets, the Python string): the limit on rows
+
+
+def _text_bytes(values: pa.Array) -> int:
+    """Bytes of text `values` hold once decoded, without decoding them (a dictionary's value lengths,
+    counted per use)."""
+    if not pa.types.is_dictionary(values.type):
+        return int(pc.sum(pc.binary_length(values)).as_py() or 0)
+    lengths = pc.binary_length(values.dictionary).fill_null(0).to_numpy(zero_copy_only=False)
+    uses = np.bincount(values.indices.fill_null(0).to_numpy(zero_copy_only=False), minlength=len(lengths))
+    return int(lengths.astype(np.int64) @ uses)
 
 
 def _local(tag: str) -> str:
@@ -203,8 +253,8 @@ def wiki_documents(path: Path, data: bytes) -> list[str]:
         for event, elem in ET.iterparse(io.BytesIO(data), events=("start", "end")):
             if event == "start":
                 if depth == 0 and _local(elem.tag) != "mediawiki":
-                    raise InputError(f"{path}: root element <{_local(elem.tag)}> is not <mediawiki>; not a MediaWiki "
-                                     "XML dump")
+                    raise InputError(f"{shown(path)}: root element <{_local(elem.tag)}> is not <mediawiki>; not a "
+                                     "MediaWiki XML dump")
                 depth += 1
                 continue
             depth -= 1
@@ -222,8 +272,8 @@ def wiki_documents(path: Path, data: bytes) -> list[str]:
     except ET.ParseError as exc:
         line, column = exc.position
         reason = str(exc).split(":", 1)[0]
-        raise InputError(f"{path}:{line}: not well-formed XML ({reason}, column {column}); the dump is damaged or "
-                         "truncated") from None
+        raise InputError(f"{shown(path)}:{line}: not well-formed XML ({reason}, column {column}); the dump is damaged "
+                         "or truncated") from None
     return docs
 
 
@@ -240,7 +290,7 @@ def read_documents(path: Path, options: IngestOptions) -> tuple[pl.Series, pl.Da
     if fmt == "text" and data[:512].lstrip().startswith(b"<mediawiki"):
         fmt = "wiki"  # dumps are often named *.xml-p<range>.bz2
     if fmt == "parquet":
-        return text_series(_parquet_documents(path, data, options.text_field)), None
+        return text_series(_parquet_documents(path, data, options.text_field, options.max_file_bytes)), None
     if fmt == "wiki":
         return text_series(wiki_documents(path, data)), None
     if fmt == "text" and options.text_unit == "line":
@@ -249,7 +299,7 @@ def read_documents(path: Path, options: IngestOptions) -> tuple[pl.Series, pl.Da
     if fmt == "jsonl":
         return text_series(jsonl_documents(path, text, options.text_field)), None
     if fmt == "conllu":
-        sents = list(parse_lines(_lines(text), source=str(path)))
+        sents = list(parse_lines(_lines(text), source=shown(path)))
         tagged = pl.DataFrame(
             {
                 "sent_id": [s.sent_id or f"{path.name}:{s.line}" for s in sents],

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
-from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.errors import InputError, ParameterError, shown
 from lexiflow.models.ingest.readers import (
     BINARY_SNIFF,
     WIDE_BOMS,
@@ -247,7 +247,7 @@ def merge_shards(files: list[Path], results: list[ShardResult], options: IngestO
             skipped.append({"source": str(path), "reason": "no documents (empty file)"})
     if not any(texts.get(i) for i in range(len(files)) if i not in bad):
         reasons = "; ".join(s["reason"] for s in skipped if "empty file" not in s["reason"])
-        raise InputError(f"no documents found in {', '.join(map(str, files))}: the corpus would be empty"
+        raise InputError(f"no documents found in {', '.join(map(shown, files))}: the corpus would be empty"
                          + (f" (skipped: {reasons})" if reasons else ""))
 
     frames = [result.documents.lazy() for result in results]
@@ -267,7 +267,7 @@ def merge_shards(files: list[Path], results: list[ShardResult], options: IngestO
         else:
             write(docs)
     if counts.documents == 0:
-        raise InputError(f"no non-empty documents in {', '.join(map(str, files))}: the corpus would be empty")
+        raise InputError(f"no non-empty documents in {', '.join(map(shown, files))}: the corpus would be empty")
     stats = counts.stats(files, int(good.sum()) - counts.documents, skipped)
     return Corpus(None if write is not None else pl.concat(kept), stats)
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.errors import InputError, ParameterError, shown
 
 BUILTIN = {
     "builtin:enwiki": "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2",
@@ -60,18 +60,31 @@ def resolve_sources(sources: list[str]) -> list[Path]:
         elif os.path.isdir(source):
             found = sorted(p for p in Path(source).rglob("*") if p.is_file() and not p.name.startswith("."))
             if not found:
-                raise InputError(f"{source}: directory holds no files")
+                raise InputError(f"{shown(source)}: directory holds no files")
             files.extend(found)
         elif os.path.isfile(source):  # before globs: an existing name may hold `[`, `*` or `?`
             files.append(Path(source))
         elif any(c in source for c in "*?["):
-            found = sorted(Path(p) for p in glob.glob(source, recursive=True) if os.path.isfile(p))
+            found = sorted(_glob(source))
             if not found:
-                raise InputError(f"{source}: no file matches this pattern")
+                raise InputError(f"{shown(source)}: no file matches this pattern")
             files.extend(found)
         else:
-            raise InputError(f"{source}: no such file or directory; check the path in corpus.sources")
+            raise InputError(f"{shown(source)}: no such file or directory; check the path in corpus.sources")
     return list(dict.fromkeys(p.resolve() for p in files))
+
+
+def _glob(pattern: str) -> list[Path]:
+    """Files matching a glob pattern. `**` spans folders but, as for a folder source, never enters a
+    link to a folder: `glob.glob` follows links, and two links to a parent folder make 2^depth paths
+    (a search that never ends)."""
+    if "**" not in pattern:
+        return [Path(p) for p in glob.glob(pattern) if os.path.isfile(p)]
+    parts = Path(pattern).parts
+    first = next(i for i, part in enumerate(parts) if any(c in part for c in "*?["))
+    root = Path(*parts[:first]) if first else Path(".")
+    return [p for p in root.glob(str(Path(*parts[first:])))  # pathlib's `**` skips links to folders
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)]
 
 
 def fingerprint(files: list[Path], hash_limit: int = 1 << 30) -> list[dict]:
