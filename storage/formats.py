@@ -71,6 +71,20 @@ def read_manifest(ref: ArtifactRef) -> dict:
     return ArtifactStore(ref.store).manifest(ref.kind, ref.version)
 
 
+def corpus_sources(ref: ArtifactRef) -> str:
+    """The sources of the corpus an artifact was made from (following its inputs), for messages that
+    must name them: "a.txt, b.txt" (names quoted repr-style when they hold control characters)."""
+    manifest = read_manifest(ref)
+    if ref.kind == "corpus":
+        sources = manifest["parameters"].get("params", {}).get("sources", [])
+        return ", ".join(name if str(name).isprintable() else repr(name) for name in sources) or "the corpus"
+    for found in manifest["inputs"].values():
+        sources = corpus_sources(ArtifactRef(store=ref.store, kind=found["kind"], version=found["version"]))
+        if sources != "the corpus":
+            return sources
+    return "the corpus"
+
+
 def read_table(ref: ArtifactRef, name: str) -> pl.DataFrame:
     return ArtifactStore(ref.store).read_parquet(ref.kind, ref.version, name)
 

@@ -7,13 +7,23 @@ from typing import Any
 
 import polars as pl
 from lexiflow.models import conllu, text, tokenizers, vocab
+from lexiflow.models.errors import InputError
 from lexiflow.models.ingest import sources as ingest
 from lexiflow.models.tokenizers import BPE, WordPiece
 from lexiflow.models.tokenizers import base as tokenizer_base
 from lexiflow.models.tokenizers import bpe as bpe_module
 from lexiflow.models.tokenizers import wordpiece as wordpiece_module
 from lexiflow.storage import ArtifactRef, ArtifactWriter, Catalog, formats, loaders
-from lexiflow.storage.formats import SHARDED_ROW_GROUP, TOKENS, VOCAB, count_rows, read_manifest, read_rows, read_table
+from lexiflow.storage.formats import (
+    SHARDED_ROW_GROUP,
+    TOKENS,
+    VOCAB,
+    corpus_sources,
+    count_rows,
+    read_manifest,
+    read_rows,
+    read_table,
+)
 from lexiflow.tasks import parallel as parallel_module
 from lexiflow.tasks.parallel import (
     SHARD_TASK,
@@ -61,6 +71,10 @@ def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: Vocabular
     counts = [c for c, _ in results]
     vocabulary = vocab.Vocabulary.from_counts(counts[0] if len(counts) == 1 else vocab.merge_counts(counts),
                                               params.min_count, params.max_size)
+    if len(vocabulary) <= len(vocab.SPECIALS):  # an empty vocabulary is no artifact: nothing could use it
+        raise InputError(f"no word occurs {params.min_count} times or more (vocabulary.min_count) in the train "
+                         f"split of {corpus_sources(corpus)} ({sum(n for _, n in results)} words): give more text, "
+                         "or lower vocabulary.min_count")
     out.write_parquet("vocab.parquet", vocabulary.frame, VOCAB)
     out.write_json("config.json", {"kind": "word", "special_tokens": list(vocab.SPECIALS),
                                    "pattern": text.WORD_PATTERN, "params": params.model_dump()})
