@@ -705,6 +705,7 @@ class ArtifactStore:
                     todo.append(ref)
         return [key for key in reversed(list(inputs)) if key not in kept]
 
+    @retry_transient
     def verify(self, kind: str, version: str, full: bool = False) -> list[str]:
         """Problems with an artifact: its manifest against the schema, its files against the manifest
         (present, plain files, sizes; checksums too with `full`), and any symbolic link in its folder.

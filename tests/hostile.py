@@ -32,7 +32,7 @@ def hostile_directory(folder: Path) -> dict[str, str]:
         "truncated.txt.bz2": (bz2.compress(noise)[:4000], "truncated.txt.bz2: cannot read"),
         "bomb.txt.gz": (gzip.compress(b"\0" * (64 << 20)), "bomb.txt.gz: decompresses to more than 100 times"),
         "bomb.txt.bz2": (bz2.compress(b"\0" * (40 << 20)), "bomb.txt.bz2: decompresses to more than 100 times"),
-        "big.txt.gz": (gzip.compress(noise * 400), f"big.txt.gz: more than {BOMB_LIMIT} bytes once decompressed"),
+        "plenty.txt.gz": (gzip.compress(noise * 400), f"plenty.txt.gz: more than {BOMB_LIMIT} bytes once decompressed"),
         "newline\nname.txt": (b"fine\nbad \xff\n", "newline\\nname.txt':2: invalid UTF-8"),
         "escape\x1b[31mred.txt": (b"\0binary", "escape\\x1b[31mred.txt': looks like a binary file"),
         "garbled.xml": (ns + b"\n<page><title>A</title><ns>0</ns><revision><text>x</text></revision></page>\n<page><ti",
