@@ -8,7 +8,8 @@ A builder is `build(out: ArtifactWriter, **arguments) -> None`, where arguments 
    material (`fingerprint`, e.g. source file contents) and the code version, which hashes the
    source of the task module and of the `models/` modules the stage names (Prefect's TASK_SOURCE
    alone would miss a change in `models/`);
-2. returns at once if the store already holds that version (nothing is recomputed);
+2. returns at once if the store already holds that version, sound (`reusable`: manifest valid, files
+   there with their sizes; nothing is recomputed); a damaged one is removed and rebuilt;
 3. otherwise builds it into a staging folder and publishes it atomically; a second run of the same
    version on this machine waits for the first and reuses its artifact (`ArtifactStore.build_lock`).
 
@@ -199,7 +200,7 @@ def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dic
             try:
                 store = ArtifactStore(arguments["store"])
                 version = describe(arguments)[2]
-                if not store.exists(kind, version) or store.verify(kind, version):
+                if not reusable(store, kind, version):
                     return None  # nothing (sound) to reuse: a stale Prefect record must not answer for it
             except (OSError, *USER_ERRORS):
                 return None  # store unreachable, or bad input: the task itself retries or reports it
