@@ -1,13 +1,15 @@
 """Reliability figures: kill -9 crashes, concurrent runs, flaky storage, hostile inputs, fuzzing.
 
 Each row is `ours` = survived (or passed), `peer` = tried, so the target is ratio 1. The same
-machinery as tests/test_reliability.py (tests/chaos.py), with bigger counts; the 200 MB single
+machinery as tests/test_reliability.py (benchmarks/chaos.py), with bigger counts; the 200 MB single
 line is measured here only (too slow for CI on two shared cores; CI runs 20 MB).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -29,7 +31,7 @@ def _cost_row(case: str, metric: str, percent: float, at_most: float, notes: str
 
 
 def _crash_and_concurrency(quick: bool, work: Path) -> list[Row]:
-    from tests.chaos import Zygote, concurrent_runs, crash_loop, neural_crash_loop, prefect_server
+    from benchmarks.chaos import Zygote, concurrent_runs, crash_loop, neural_crash_loop, prefect_server
 
     kills = 3 if quick else 30
     rows = []
@@ -69,7 +71,7 @@ def _flaky(env: dict[str, str], work: Path) -> list[Row]:
     from lexiflow.storage.faults import FlakyFileSystem, flaky_url
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from tests.chaos import audit
+    from benchmarks.chaos import audit
 
     injected = survived = retries = 0
     seeds = (1, 2)
@@ -109,7 +111,7 @@ def _hostile(quick: bool, work: Path) -> list[Row]:
     from lexiflow.models.errors import InputError
     from lexiflow.models.ingest import IngestOptions, build_corpus
 
-    from tests.hostile import BOMB_LIMIT, hostile_directory
+    from benchmarks.hostile import BOMB_LIMIT, hostile_directory
 
     expected = hostile_directory(work / "hostile")
     handled = 0
@@ -149,27 +151,18 @@ def _long_line(work: Path) -> list[Row]:
                  f"{float(seconds):.0f} s, peak memory {int(peak) / 1e9:.2f} GB ({int(peak) / size:.1f}× the line)")]
 
 
-def _fuzz(quick: bool) -> list[Row]:
-    os.environ["LEXIFLOW_FUZZ_EXAMPLES"] = "30" if quick else "500"
-    import importlib
-
-    import tests.test_fuzz as fuzz
-
-    fuzz = importlib.reload(fuzz)  # picks up the example count
-    properties = [getattr(fuzz, n) for n in dir(fuzz)
-                  if n.startswith("test_") and hasattr(getattr(fuzz, n), "hypothesis")]
-    passed_examples, failures = 0, []
-    for prop in properties:
-        before = sum(fuzz.EXAMPLES.values())
-        try:
-            prop()
-            passed_examples += sum(fuzz.EXAMPLES.values()) - before
-        except Exception as exc:  # noqa: BLE001 (a failing property is the figure)
-            failures.append(f"{prop.__name__}: {type(exc).__name__}")
-    total = sum(fuzz.EXAMPLES.values())
-    return [_row(f"hypothesis properties ({len(properties)}) on CoNLL-U, MediaWiki, JSONL, any-file ingestion, "
+def _fuzz(quick: bool, work: Path) -> list[Row]:
+    """The hypothesis properties of tests/test_fuzz.py, run by pytest with more examples."""
+    report = work / "fuzz-examples.json"
+    env = {**os.environ, "LEXIFLOW_FUZZ_EXAMPLES": "30" if quick else "500", "LEXIFLOW_FUZZ_REPORT": str(report)}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_fuzz.py"],
+                         cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True)
+    examples = json.loads(report.read_text()) if report.exists() else {}
+    failures = [line.split("::")[-1].split(" ")[0] for line in out.stdout.splitlines() if line.startswith("FAILED")]
+    properties = len(examples) or 1
+    return [_row(f"hypothesis properties ({len(examples)}) on CoNLL-U, MediaWiki, JSONL, any-file ingestion, "
                  "normalizer/sentences/pre-tokenizer, vocabulary, BPE/WordPiece", "fuzz examples passed",
-                 passed_examples, total,
+                 sum(examples.values()) * (properties - len(failures)) // properties, sum(examples.values()),
                  "; ".join(failures) or "no failing property")]
 
 
@@ -184,7 +177,7 @@ def _damage(work: Path) -> list[Row]:
     from lexiflow.storage.store import ArtifactDamaged
     from lexiflow.tasks.stage import reusable
 
-    from tests.test_store_integrity import flip_byte, rewrite_manifest
+    from benchmarks.hostile import flip_byte, rewrite_manifest
 
     logger = logging.getLogger("benchmark")
     logger.setLevel(logging.ERROR)
@@ -234,27 +227,21 @@ def _damage(work: Path) -> list[Row]:
 
 
 def _store_repair(work: Path) -> list[Row]:
-    """Manifest schema, symbolic links, `rm` and `gc`: the store's own tests, counted."""
-    import pytest
-
-    tests = ["tests/test_store_integrity.py", "-q", "-p", "no:cacheprovider", "-k",
-             "schema or symlink or rm_refuses or gc_"]
-    counter = _PassCounter()
-    code = pytest.main(tests, plugins=[counter])
+    """Manifest schema, symbolic links, `rm` and `gc`: the store's own tests (both backends), counted."""
+    passed, tried, failures = _pytest(["tests/test_store_integrity.py", "-k", "schema or symlink or rm_refuses or gc_"])
     return [_row("store repair and validation (both backends): manifests against the schema on read, symlinks "
                  "reported/not exported, rm refused/forced, gc of killed writers' leftovers and keep-N retention",
-                 "tests passed", counter.passed, counter.collected, f"pytest exit {int(code)}")]
+                 "tests passed", passed, tried, failures)]
 
 
-class _PassCounter:
-    def __init__(self) -> None:
-        self.passed = self.collected = 0
-
-    def pytest_collection_finish(self, session) -> None:  # noqa: ANN001 (pytest hook)
-        self.collected = len(session.items)  # after -k deselection
-
-    def pytest_runtest_logreport(self, report) -> None:  # noqa: ANN001 (pytest hook)
-        self.passed += report.when == "call" and report.passed
+def _pytest(args: list[str]) -> tuple[int, int, str]:
+    """(passed, run, failures) of a pytest run in a child process."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
+    summary = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-200:]
+    counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|error)", summary)}
+    failures = "; ".join(line.split("::")[-1] for line in out.stdout.splitlines() if line.startswith("FAILED"))
+    return counts.get("passed", 0), sum(counts.values()), failures or summary
 
 
 BOUNDED_CHILD = """
@@ -278,7 +265,7 @@ def _bounded_inputs(work: Path) -> list[Row]:
     process: refused, how fast, at what peak memory (VmHWM, interpreter and libraries included)."""
     import gzip
 
-    from tests.hostile import dictionary_bomb
+    from benchmarks.hostile import dictionary_bomb
 
     folder = work / "bounded"
     (folder / "loop" / "sub").mkdir(parents=True)
@@ -315,32 +302,11 @@ def _bounded_inputs(work: Path) -> list[Row]:
     return rows
 
 
-def _empty_result(work: Path) -> list[Row]:
-    from lexiflow.models.errors import InputError
-    from lexiflow.storage import ArtifactStore, Catalog
-    from lexiflow.tasks.corpus import ingest_corpus
-    from lexiflow.tasks.matrices import count_cooccurrence
-    from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, VocabularyParams
-    from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
-
-    from tests.stages import publish
-    from tests.test_empty_result import PUNCTUATION
-
-    source = work / "punctuation.txt"
-    source.write_text("\n".join(PUNCTUATION * 50))
-    store = ArtifactStore(work / "empty")
-    corpus = publish(store, ingest_corpus, params=CorpusParams(sources=[str(source)]))
-    words = publish(store, learn_vocabulary, corpus=corpus, params=VocabularyParams(min_count=5))
-    tokens = publish(store, encode_corpus, corpus=corpus, tokenizer=words)
-    try:
-        publish(store, count_cooccurrence, tokens=tokens, tokenizer=words, params=CooccurrenceParams())
-        ok, message = False, "published an empty co-occurrence matrix"
-    except InputError as exc:
-        message = str(exc)
-        ok = str(source) in message and "\n" not in message
-    valid = store.audit(full=True) == (3, []) and "cooccurrence" not in Catalog(store).kinds()
-    return [_row("corpus of only punctuation: one line naming the source; what was published verifies",
-                 "handled", int(ok and valid), 1, f"{message[:140]}…; published: {', '.join(Catalog(store).kinds())}")]
+def _empty_result() -> list[Row]:
+    passed, tried, failures = _pytest(["tests/test_empty_result.py"])
+    return [_row("corpus of only punctuation (or no word over min_count): one line naming the source, no artifact "
+                 "from the failing stage, what was published before verifies", "tests passed", passed, tried,
+                 failures)]
 
 
 def _reuse_cost(zygote, work: Path) -> list[Row]:
@@ -350,7 +316,7 @@ def _reuse_cost(zygote, work: Path) -> list[Row]:
     from lexiflow.storage import ArtifactStore, Catalog
     from lexiflow.tasks.stage import reusable
 
-    from tests.chaos import SMALL_RUN
+    from benchmarks.chaos import SMALL_RUN
 
     store_dir = work / "reuse"
     times = []
@@ -427,9 +393,9 @@ def run(quick: bool = False) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="lexiflow-reliability-") as tmp:
         work = Path(tmp)
         if "inputs" in chosen:
-            rows += _hostile(quick, work) + _bounded_inputs(work) + _empty_result(work)
+            rows += _hostile(quick, work) + _bounded_inputs(work) + _empty_result()
         if "fuzz" in chosen:
-            rows += _fuzz(quick)
+            rows += _fuzz(quick, work)
         if "store" in chosen:
             rows += _damage(work) + _store_repair(work) + _read_checks(work) + _cached_rerun(work)
         if "crash" in chosen:
@@ -438,7 +404,7 @@ def run(quick: bool = False) -> list[Row]:
 
 
 def _cached_rerun(work: Path) -> list[Row]:
-    from tests.chaos import Zygote, prefect_server
+    from benchmarks.chaos import Zygote, prefect_server
 
     with prefect_server(work / "prefect-home-reuse") as env, Zygote(env, work / "reuse-runs") as zygote:
         return _reuse_cost(zygote, work)

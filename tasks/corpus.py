@@ -6,17 +6,13 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from lexiflow.models import conllu, ingest, text
-from lexiflow.models.ingest import readers, sharding, sources, stats
-from lexiflow.storage import ArtifactWriter, formats
+from lexiflow.models import ingest
+from lexiflow.storage import ArtifactWriter
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, TAGGED
-from lexiflow.tasks import parallel as parallel_module
 from lexiflow.tasks.parallel import SHARD_TASK, deliver, map_shards
 from lexiflow.tasks.params import CorpusParams, ParallelParams
 from lexiflow.tasks.stage import stage
 from prefect import task
-
-INGESTION = (ingest, sources, readers, stats, sharding, text, conllu)  # what ingestion reads and cleans with
 
 
 def options(params: CorpusParams) -> ingest.IngestOptions:
@@ -59,7 +55,7 @@ def corpus_shard(shard: list[ingest.FileRange], options: ingest.IngestOptions, p
     return deliver(result.documents, part), result.texts, result.errors
 
 
-@stage("corpus", code=[*INGESTION, formats, parallel_module], fingerprint=sources_fingerprint)
+@stage("corpus", fingerprint=sources_fingerprint)
 def ingest_corpus(out: ArtifactWriter, params: CorpusParams, parallel: ParallelParams | None = None) -> None:
     """Shards of the sources (byte ranges of large text/JSONL files, groups of whole files) are
     read and cleaned in parallel, then merged in order: the same corpus as one process makes."""
@@ -77,7 +73,8 @@ def ingest_corpus(out: ArtifactWriter, params: CorpusParams, parallel: ParallelP
     out.metrics.update(corpus.stats)
 
 
-@stage("tagged_corpus", code=[*INGESTION, formats], fingerprint=conllu_fingerprint, parameters=tagged_parameters)
+@stage("tagged_corpus", fingerprint=conllu_fingerprint,
+       parameters=tagged_parameters)
 def ingest_tagged(out: ArtifactWriter, params: CorpusParams) -> None:
     tagged = ingest.build_tagged(ingest.resolve_sources(params.sources), options(params), out.progress)
     out.write_parquet("sentences.parquet", tagged, TAGGED)

@@ -20,24 +20,10 @@ from lexiflow.storage.formats import read_rows
 from lexiflow.storage.store import ArtifactDamaged, manifest_problems
 from lexiflow.tasks.stage import reusable
 
+from benchmarks.hostile import flip_byte, rewrite_manifest
 from tests.test_store import V1, V2, V3, files, publish, put
 
 V4, V5 = "00000000000000bb", "00000000000000cc"
-
-
-def rewrite_manifest(store, kind, version, change) -> dict:
-    manifest = json.loads(store.fs.cat_file(store.path(kind, version, "manifest.json")))
-    change(manifest)
-    store.fs.pipe_file(store.path(kind, version, "manifest.json"), json.dumps(manifest).encode())
-    return manifest
-
-
-def flip_byte(store, kind, version, name, where: float = 0.5) -> None:
-    """One bit of a data page changed, the size kept (what only checksums see)."""
-    path = store.path(kind, version, name)
-    data = bytearray(store.fs.cat_file(path))
-    data[int(len(data) * where)] ^= 0x01
-    store.fs.pipe_file(path, bytes(data))
 
 
 @pytest.mark.parametrize("damage, problem", [

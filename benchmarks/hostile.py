@@ -74,3 +74,21 @@ def dictionary_bomb(path: Path, value_bytes: int, rows: int) -> int:
     column = pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, np.int32)), pa.array(["a" * value_bytes]))
     pq.write_table(pa.table({"text": column}), path, compression="zstd")
     return path.stat().st_size
+
+
+def rewrite_manifest(store, kind: str, version: str, change) -> dict:
+    """Change a published manifest in place, behind the store's back (`change(manifest)` edits the dict)."""
+    import json
+
+    manifest = json.loads(store.fs.cat_file(store.path(kind, version, "manifest.json")))
+    change(manifest)
+    store.fs.pipe_file(store.path(kind, version, "manifest.json"), json.dumps(manifest).encode())
+    return manifest
+
+
+def flip_byte(store, kind: str, version: str, name: str, where: float = 0.5) -> None:
+    """One bit of an artifact's file changed, its size kept (what only checksums see)."""
+    path = store.path(kind, version, name)
+    data = bytearray(store.fs.cat_file(path))
+    data[int(len(data) * where)] ^= 0x01
+    store.fs.pipe_file(path, bytes(data))
