@@ -18,6 +18,7 @@ from lexiflow.storage.store import (
     KIND_PATTERN,
     MANIFEST,
     VERSION_PATTERN,
+    ArtifactNotFound,
     ArtifactRef,
     ArtifactStore,
     StoreError,
@@ -36,6 +37,7 @@ class Catalog:
     def __init__(self, root: str | os.PathLike[str] | ArtifactStore = "artifacts",
                  storage_options: Mapping[str, Any] | None = None) -> None:
         self.store = root if isinstance(root, ArtifactStore) else ArtifactStore(root, storage_options)
+        self.left_out: list[str] = []  # why the last `list` left artifacts out (damaged manifests)
 
     @retry_transient
     def entries(self, kind: str | None = None) -> list[tuple[str, str]]:
@@ -56,12 +58,13 @@ class Catalog:
         """Manifests, oldest first, each with its `path` added. An artifact whose manifest cannot be
         read (damaged, or deleted meanwhile) is left out with a warning: it is no artifact to use,
         and one must not hide the others (`lexiflow artifacts verify` reports it)."""
-        manifests = []
+        manifests, self.left_out = [], []
         for found_kind, version in self.entries(kind):
             try:
                 manifest = self.store.manifest(found_kind, version)
             except StoreError as exc:
                 log.warning("left out of the catalog: %s", exc)
+                self.left_out.append(str(exc))
                 continue
             manifest.update(kind=found_kind, version=version, path=self.store.location(found_kind, version))
             manifests.append(manifest)
@@ -109,7 +112,10 @@ class Catalog:
     def lineage(self, version: str, kind: str | None = None) -> dict[str, Any]:
         """The artifact and, recursively, the artifacts it was made from (inputs are looked up by
         kind and version: one manifest read each, no listing)."""
-        manifest = self.find(version) if kind is None else self.get(kind, version)
+        try:
+            manifest = self.find(version) if kind is None else self.get(kind, version)
+        except ArtifactNotFound:  # removed (`lexiflow artifacts rm --force`): a run that needs it rebuilds it
+            return {"kind": kind, "version": version, "missing": True}
         return {
             "kind": manifest["kind"],
             "version": manifest["version"],

@@ -47,6 +47,9 @@ def export(catalog: Catalog, kind: str, version: str | None, dest: str | Path,
     try:
         store, names = catalog.store, [entry["name"] for entry in manifest["files"]] + [MANIFEST]
         for name in names:
+            if store.is_local and os.path.islink(store.path(kind, version, name)):  # could point out of the store
+                raise StoreError(f"{kind}:{version}/{name}: a symbolic link, not exported (artifacts hold plain "
+                                 f"files only); run `lexiflow artifacts verify`")
             try:
                 store.download(store.path(kind, version, name), staging / name)
             except FileNotFoundError:

@@ -9,11 +9,12 @@ A builder is `build(out: ArtifactWriter, **arguments) -> None`, where arguments 
    code: the task module and every lexiflow module its builder reaches, imports followed
    transitively, each hashed without comments and docstrings (Prefect's TASK_SOURCE alone would
    miss a change in `models/`);
-2. returns at once if the store already holds that version (nothing is recomputed);
+2. returns at once if the store already holds that version, sound (`reusable`: manifest valid, files
+   there with their sizes; nothing is recomputed); a damaged one is removed and rebuilt;
 3. otherwise builds it into a staging folder and publishes it atomically; a second run of the same
    version on this machine waits for the first and reuses its artifact (`ArtifactStore.build_lock`).
 
-Prefect's cache key is the same version, given only while the artifact exists, so a cache hit
+Prefect's cache key is the same version, given only while the artifact exists and is sound, so a cache hit
 can never return a reference to a deleted artifact. Retries (with backoff) cover transient I/O
 errors only; `LexiflowError` (bad input or parameters) fails at once.
 """
@@ -21,6 +22,7 @@ errors only; `LexiflowError` (bad input or parameters) fails at once.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -91,6 +93,22 @@ def published_manifest(ref: ArtifactRef) -> dict[str, Any] | None:
         return read_manifest(ref)
     except ArtifactNotFound:
         return None
+
+
+def reusable(store: ArtifactStore, kind: str, version: str, logger: Any = None) -> bool:
+    """Whether the store holds `kind:version` sound: its manifest follows the schema and its files are
+    there with their sizes (one manifest read and one listing; the content is checked where it is read:
+    Parquet page checksums, SHA-256 of files read whole). With a `logger` (the caller holds the build
+    lock), a damaged artifact is removed, to be rebuilt, with a warning naming it."""
+    try:
+        problems = store.verify(kind, version)
+    except ArtifactNotFound:
+        return False
+    if problems and logger is not None:
+        logger.warning("%s:%s: damaged (%s); rebuilding it", kind, version, "; ".join(problems)[:500])
+        with contextlib.suppress(StoreError):  # another run removed it first
+            store.delete(kind, version)
+    return not problems
 
 
 # ---- code versions ---------------------------------------------------------------------------
@@ -306,8 +324,8 @@ def stage(kind: str, fingerprint: Callable[[dict], Any] | None = None,
             try:
                 store = ArtifactStore(arguments["store"])
                 version = describe(arguments)[2]
-                if not store.exists(kind, version):
-                    return None  # nothing to reuse: a stale Prefect record must not answer for it
+                if not reusable(store, kind, version):
+                    return None  # nothing (sound) to reuse: a stale Prefect record must not answer for it
             except (OSError, *USER_ERRORS):
                 return None  # store unreachable, or bad input: the task itself retries or reports it
             return f"{kind}-{version}-{hashlib.sha256(store.url.encode()).hexdigest()[:12]}"
@@ -320,11 +338,11 @@ def stage(kind: str, fingerprint: Callable[[dict], Any] | None = None,
             inputs, params, version = describe({"store": store, **arguments})
             ref = artifacts.ref(kind, version)
             logger = get_run_logger()
-            if artifacts.exists(kind, version):
+            if reusable(artifacts, kind, version):
                 logger.info("%s: reusing %s", kind, ref)
                 return ref
             with artifacts.build_lock(kind, version):
-                if artifacts.exists(kind, version):
+                if reusable(artifacts, kind, version, logger):
                     logger.info("%s: reusing %s, built by another run while this one waited", kind, ref)
                     return ref
                 run_info = {"flow_run_id": str(flow_run.id or ""), "flow_run_name": flow_run.name or "",

@@ -24,7 +24,8 @@ from hypothesis import strategies as st
 from lexiflow.models import text, vocab
 from lexiflow.models.conllu import Sentence, format_sentence, parse_lines
 from lexiflow.models.errors import InputError, ParameterError
-from lexiflow.models.ingest import IngestOptions, _jsonl_documents, _wiki_documents, read_file
+from lexiflow.models.ingest import IngestOptions, read_file
+from lexiflow.models.ingest.readers import jsonl_documents, wiki_documents
 from lexiflow.models.tokenizers import BPE, WordPiece
 
 EXAMPLES: Counter = Counter()
@@ -90,7 +91,7 @@ def test_conllu_token_ids_are_ascii_integers():
 def test_jsonl_round_trip(objects, ascii_only):
     EXAMPLES["jsonl round trip"] += 1
     body = "\n".join(json.dumps(o, ensure_ascii=ascii_only) for o in objects) + "\n"
-    assert _jsonl_documents(PATH, body, "text") == [o["text"] for o in objects]
+    assert jsonl_documents(PATH, body, "text") == [o["text"] for o in objects]
 
 
 @FUZZ
@@ -98,7 +99,7 @@ def test_jsonl_round_trip(objects, ascii_only):
 def test_jsonl_garbage_is_input_error_or_documents(body):
     EXAMPLES["jsonl garbage"] += 1
     try:
-        docs = _jsonl_documents(PATH, body, "text")
+        docs = jsonl_documents(PATH, body, "text")
         assert all(isinstance(d, str) for d in docs)
     except InputError as exc:
         assert str(exc).startswith(f"{PATH}:") and "\n" not in str(exc)
@@ -124,7 +125,7 @@ def test_wiki_markup_never_crashes_and_keeps_article_pages_only(pages):
     xml = "<mediawiki xmlns='http://www.mediawiki.org/xml/export-0.10/'>" + "".join(
         f"<page><title>T{i}</title><ns>{ns}</ns><revision><text>{escape(_xml_safe(body))}</text></revision></page>"
         for i, (body, ns) in enumerate(pages)) + "</mediawiki>"
-    docs = _wiki_documents(PATH, xml.encode())
+    docs = wiki_documents(PATH, xml.encode())
     articles = [b for b, ns in pages if ns == "0" and _xml_safe(b) and not _xml_safe(b).lstrip().lower()
                 .startswith("#redirect")]
     assert len(docs) == len(articles) and all(isinstance(d, str) for d in docs)
@@ -137,7 +138,7 @@ def test_garbled_wiki_xml_is_input_error_or_documents(noise, cut):
     base = b"<mediawiki><page><title>A</title><ns>0</ns><revision><text>x [[y]]</text></revision></page></mediawiki>"
     for data in (noise, base[:cut] + noise, base[:cut] + noise + base[cut:]):
         try:
-            docs = _wiki_documents(PATH, data)
+            docs = wiki_documents(PATH, data)
             assert all(isinstance(d, str) for d in docs)
         except InputError as exc:
             assert str(exc).startswith(f"{PATH}") and "\n" not in str(exc)
