@@ -9,6 +9,7 @@ in the same run on the same sentences.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -73,7 +74,7 @@ def run(quick: bool = False) -> list[Row]:
 
         case = f"EWT test {col.upper()}, {n_tok} tokens" + (" (quick: small slices)" if quick else "")
         target = TARGETS[col]
-        cal = ", ".join(f"{k}={v:g}" for k, v in ours.calibration_.items())
+        cal = ", ".join(f"{k}={v:g}" for k, v in dataclasses.asdict(ours.calibration_).items())
         rows.append(Row("tagger", case, "accuracy", rep["accuracy"], tnt_rep["accuracy"], "nltk TnT",
                         target=f">= {target}", met=rep["accuracy"] >= target,
                         notes=f"trigram HMM, lambdas {ours.lambdas_.round(3).tolist()}, dev acc "
