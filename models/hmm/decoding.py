@@ -11,14 +11,37 @@ em: log emission scores, (B, n, K) for a batch of equal-length sentences or (n, 
   of candidates, as flat arrays of (sentence, prev2, prev, cur) triples.
 - Greedy: s_t = argmax_s P(s | s_{t-1}) P(o_t | s), batched.
 - Beam search of width beta with recombination of hypotheses ending in the same state (order 3: the same
-  pair of states): O(n K beta), equal to Viterbi when beta is at least the number of states.
+  pair of states): O(n K beta), equal to Viterbi when beta is at least the number of states; batched.
+- Exact Viterbi over every tag of finite emission score: order 2 a ragged max-product pass; order 3 the
+  ragged search whose step splits log P(c | a, b) into its smallest over a plus the observed trigrams.
+- One sentence: small dense arrays per position (`viterbi_one`), no batch set-up.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import numpy as np
 
 NEG = -np.inf
+
+
+class SparseTrigrams(NamedTuple):
+    """log P(c | a, b) = base[b, c] except at the (a, b, c) listed per (a, b) row: (base, row pointers
+    (row a * (K+1) + b), c of each entry, its log P). Interpolated trigrams differ from their smallest
+    over a only where the trigram was observed, so the list is short."""
+
+    base: np.ndarray
+    ptr: np.ndarray
+    cur: np.ndarray
+    value: np.ndarray
+
+
+def sparse_trigrams(log_trans: np.ndarray) -> SparseTrigrams:
+    base = log_trans.min(axis=0)  # (K+1, K+1): over the tag two back
+    a, b, c = np.nonzero(log_trans > base[None])
+    ptr = np.searchsorted(a * len(log_trans) + b, np.arange(len(log_trans) ** 2 + 1))
+    return SparseTrigrams(base, ptr, c, log_trans[a, b, c])
 
 
 def token_candidates(em: np.ndarray, max_candidates: int,
@@ -27,7 +50,7 @@ def token_candidates(em: np.ndarray, max_candidates: int,
     (how many are kept: possible, within `prune` of the best, at most max_candidates)."""
     n, k = em.shape
     m = min(max_candidates, k)
-    if m >= k and prune is None:
+    if m >= k and prune is None and np.isfinite(em).all():
         return np.broadcast_to(np.arange(k), (n, k)), em, np.full(n, k)
     ids = np.argpartition(-em, m - 1, axis=1)[:, :m] if m < k else np.broadcast_to(np.arange(k), (n, k))
     sc = np.take_along_axis(em, ids, axis=1)
@@ -40,10 +63,12 @@ def token_candidates(em: np.ndarray, max_candidates: int,
 
 
 def viterbi_ragged(log_trans: np.ndarray, ids: np.ndarray, sc: np.ndarray, wid: np.ndarray,
-                   lengths: np.ndarray) -> list[list[int]]:
+                   lengths: np.ndarray, tables: SparseTrigrams | None = None) -> list[list[int]]:
     """Trigram Viterbi over state pairs for many sentences at once, each position with its own number
     of candidate tags (no padding to a batch's widest): one step per position handles every sentence
-    still running, as flat arrays of (sentence, prev2 slot, prev slot, cur slot) triples.
+    still running, as flat arrays of (sentence, prev2 slot, prev slot, cur slot) triples, or, with
+    `tables` (`sparse_trigrams(log_trans)`), of (sentence, prev slot, cur slot) pairs plus the few
+    triples whose trigram is not the smallest (`_sparse_step`): O(m^2 + observed trigrams) a step, not m^3.
     ids, sc: (N, m) candidate states and scores of the tokens of the sentences concatenated, best first;
     wid: (N,) how many candidates each token keeps; lengths (S,). Returns state ids per sentence."""
     k, k1, pad = len(log_trans) - 1, len(log_trans), 2
@@ -62,6 +87,11 @@ def viterbi_ragged(log_trans: np.ndarray, ids: np.ndarray, sc: np.ndarray, wid: 
     x_sc = np.zeros((n_ext, m))
     x_w = np.ones(n_ext, dtype=np.int64)
     x_ids[dst], x_sc[dst], x_w[dst] = ids[src], sc[src], wid[src]
+    slot_of = None
+    if tables is not None:  # slot_of[row, state]: the slot of that state among the row's candidates, or -1
+        slot_of = np.full((n_ext, k1), -1, dtype=np.int16)
+        row, slot = _segments(x_w)
+        slot_of[row, x_ids[row, slot]] = slot
     flat_lt = log_trans.ravel()
     active = np.searchsorted(-ext_len, -np.arange(int(ext_len.max()) + 1), side="left")  # ext_len > p
     delta = np.zeros(n_sent)  # per running sentence, flat over (slot p-2, slot p-1) pairs
@@ -93,6 +123,13 @@ def viterbi_ragged(log_trans: np.ndarray, ids: np.ndarray, sc: np.ndarray, wid: 
         r = np.arange(n)
         ra, rb, rc = ext_start[r] + p - 2, ext_start[r] + p - 1, ext_start[r] + p
         a_w, b_w, c_w = x_w[ra], x_w[rb], x_w[rc]
+        if tables is not None:
+            best, bp = _sparse_step(tables, x_ids, x_w, slot_of, ra, rb, rc, delta, d_off)
+            g_sent, g_loc = _segments(b_w * c_w)
+            delta = best + x_sc[rc[g_sent], g_loc % c_w[g_sent]]
+            d_off = np.concatenate([[0], np.cumsum(b_w * c_w)])
+            steps.append((bp, d_off, c_w))
+            continue
         cnt = a_w * b_w * c_w  # triples per sentence, ordered (prev, cur, prev2) with prev2 fastest
         sent = np.repeat(r, cnt)
         loc = np.arange(int(cnt.sum())) - np.repeat(np.cumsum(cnt) - cnt, cnt)
@@ -220,36 +257,182 @@ def greedy(log_trans: np.ndarray, em: np.ndarray) -> np.ndarray:
     return out
 
 
-def beam(log_trans: np.ndarray, em: np.ndarray, width: int) -> list[int]:
-    """Beam search over states with recombination: each step extends the <= width best states by
-    every tag (width * K scores), keeps the best path into each state, then the width best states."""
-    k, order = len(log_trans) - 1, log_trans.ndim
-    n = em.shape[0]
-    prev = np.array([k])
-    cur = np.array([k])
-    score = np.array([0.0])
-    history: list[tuple[np.ndarray, np.ndarray]] = []  # per step: (parent hypothesis, tag)
-    tag_ids = np.arange(k)
-    for t in range(n):
-        trans = (log_trans[cur[:, None], tag_ids[None, :]] if order == 2
-                 else log_trans[prev[:, None], cur[:, None], tag_ids[None, :]])
-        cand = (score[:, None] + trans + em[t][None, :]).ravel()  # (h * K,)
-        parent = np.repeat(np.arange(len(score)), k)
-        new = np.tile(tag_ids, len(score))
-        key = new if order == 2 else cur[parent] * (k + 1) + new
-        rank = np.argsort(-cand, kind="stable")
-        _, first = np.unique(key[rank], return_index=True)  # best hypothesis of each state
-        keep = rank[first]
-        keep = keep[np.argsort(-cand[keep], kind="stable")][:width]
-        history.append((parent[keep], new[keep]))
-        prev, cur, score = cur[parent[keep]], new[keep], cand[keep]
-    end = log_trans[cur, k] if order == 2 else log_trans[prev, cur, k]
-    h = int(np.argmax(score + end))
+def _segments(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For runs of the given lengths laid end to end: each element's run and its place within the run."""
+    run = np.repeat(np.arange(len(counts)), counts)
+    return run, np.arange(int(counts.sum())) - np.repeat(np.cumsum(counts) - counts, counts)
+
+
+def _sparse_step(t: SparseTrigrams, x_ids: np.ndarray, x_w: np.ndarray, slot_of: np.ndarray, ra: np.ndarray,
+                 rb: np.ndarray, rc: np.ndarray, delta: np.ndarray, d_off: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One trigram Viterbi step, exact: max_a delta[a, b] + log P(c | a, b) is the larger of
+    (max_a delta[a, b]) + base[b, c] and the listed (a, b, c) with their own log P. Rows ra, rb, rc of the
+    running sentences at p-2, p-1, p; delta over (slot p-2, slot p-1) pairs (p-2 major). Returns the best
+    score and the slot at p-2 of each (sentence, slot p-1, slot p), p-1 major."""
+    k1 = len(t.base)
+    a_w, b_w, c_w = x_w[ra], x_w[rb], x_w[rc]
+    # max and argmax over the slot at p-2 of each (sentence, slot at p-1)
+    sent, loc = _segments(a_w * b_w)  # p-1 major
+    i, j = loc % a_w[sent], loc // a_w[sent]
+    d = delta[d_off[sent] + i * b_w[sent] + j]
+    size = np.repeat(a_w, b_w)
+    seg = np.cumsum(size) - size
+    m = np.maximum.reduceat(d, seg)
+    arg = np.minimum.reduceat(np.where(d == np.repeat(m, size), i, np.iinfo(np.int64).max), seg)
+    m_off = np.cumsum(b_w) - b_w
+    g_sent, g_loc = _segments(b_w * c_w)
+    j, kk = g_loc // c_w[g_sent], g_loc % c_w[g_sent]
+    pair = m_off[g_sent] + j
+    best = m[pair] + t.base[x_ids[rb[g_sent], j], x_ids[rc[g_sent], kk]]
+    bp = arg[pair]
+    # the listed trigrams among the candidates
+    sent, loc = _segments(a_w * b_w)  # p-2 major, as delta
+    i, j = loc // b_w[sent], loc % b_w[sent]
+    row = x_ids[ra[sent], i] * k1 + x_ids[rb[sent], j]
+    e_pair, e_loc = _segments(t.ptr[row + 1] - t.ptr[row])
+    entry = t.ptr[row[e_pair]] + e_loc
+    e_sent = sent[e_pair]
+    kk = slot_of[rc[e_sent], t.cur[entry]].astype(np.int64)
+    hit = kk >= 0
+    e_pair, entry, e_sent, kk = e_pair[hit], entry[hit], e_sent[hit], kk[hit]
+    g_off = np.cumsum(b_w * c_w) - b_w * c_w
+    g = g_off[e_sent] + j[e_pair] * c_w[e_sent] + kk
+    val = delta[d_off[e_sent] + loc[e_pair]] + t.value[entry]
+    np.maximum.at(best, g, val)
+    won = val == best[g]
+    bp[g[won]] = i[e_pair][won]
+    return best, bp
+
+
+def viterbi_exact(log_trans: np.ndarray, ids: np.ndarray, sc: np.ndarray, wid: np.ndarray, lengths: np.ndarray,
+                  tables: SparseTrigrams | None = None) -> list[list[int]]:
+    """Exact Viterbi of non-empty sentences laid end to end, each token with every tag of finite emission
+    score as a candidate (ids/sc (N, m), widths wid). Order 2: a max-product pass over consecutive
+    tokens' candidates, O(sum m_t-1 m_t); order 3: the ragged search with the sparse trigram step."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if log_trans.ndim == 3:
+        return viterbi_ragged(log_trans, ids, sc, wid, lengths, tables or sparse_trigrams(log_trans))
+    k = len(log_trans) - 1
+    starts = np.cumsum(lengths) - lengths
+    f = np.full(sc.shape, NEG)
+    bp = np.zeros(sc.shape, dtype=np.int64)
+    run, slot = _segments(wid[starts])
+    f[starts[run], slot] = sc[starts[run], slot] + log_trans[k, ids[starts[run], slot]]
+    order = np.argsort(-lengths, kind="stable")  # longest first: sentences still running are a prefix
+    s_sorted, ln = starts[order], lengths[order]
+    for p in range(1, int(ln.max(initial=0))):
+        cur = s_sorted[: int(np.searchsorted(-ln, -p, side="left"))] + p  # sentences longer than p
+        a_w, c_w = wid[cur - 1], wid[cur]
+        sent, loc = _segments(a_w * c_w)  # (cur slot, prev slot), prev slot fastest
+        i, j = loc % a_w[sent], loc // a_w[sent]
+        cand = f[cur[sent] - 1, i] + log_trans[ids[cur[sent] - 1, i], ids[cur[sent], j]]
+        size = np.repeat(a_w, c_w)
+        seg = np.cumsum(size) - size
+        best = np.maximum.reduceat(cand, seg)
+        g_sent, g_slot = _segments(c_w)
+        f[cur[g_sent], g_slot] = best + sc[cur[g_sent], g_slot]
+        bp[cur[g_sent], g_slot] = np.minimum.reduceat(
+            np.where(cand == np.repeat(best, size), i, np.iinfo(np.int64).max), seg)
+    last = starts + lengths - 1
+    end = np.where(np.arange(ids.shape[1]) < wid[last, None], f[last] + log_trans[ids[last], k], NEG)
+    slots = np.zeros(int(lengths.sum()), dtype=np.int64)
+    tok, slot, left = last, np.argmax(end, axis=1), lengths.copy()
+    while len(tok):  # back-pointers, all sentences at once
+        slots[tok] = slot
+        slot = bp[tok, slot]
+        tok, left = tok - 1, left - 1
+        tok, slot, left = tok[left > 0], slot[left > 0], left[left > 0]
+    states = ids[np.arange(len(slots)), slots]
+    return [part.tolist() for part in np.split(states, np.cumsum(lengths)[:-1])]
+
+
+def viterbi_one(log_trans: np.ndarray, ids: list[np.ndarray], sc: list[np.ndarray]) -> list[int]:
+    """Viterbi of one sentence over its tokens' candidates (states ids[t], scores sc[t]) with small dense
+    arrays per position: the per-call path, a handful of numpy calls per word. Order 3 over state pairs."""
+    k1 = len(log_trans)
+    k = k1 - 1
+    flat = log_trans.reshape(-1)
+    bos = np.array([k])
+    backs = []
+    if log_trans.ndim == 2:
+        delta, prev = np.zeros(1), bos
+        for c, s in zip(ids, sc, strict=True):
+            cand = flat.take((prev * k1)[:, None] + c)  # (m_prev, m_cur)
+            cand += delta[:, None]
+            backs.append(cand.argmax(axis=0))
+            delta = cand.max(axis=0) + s
+            prev = c
+        slot = int(np.argmax(delta + flat[prev * k1 + k]))
+        path = []
+        for c, bp in zip(reversed(ids), reversed(backs), strict=True):
+            path.append(int(c[slot]))
+            slot = int(bp[slot])
+        return path[::-1]
+    delta, a, b = np.zeros((1, 1)), bos, bos
+    for c, s in zip(ids, sc, strict=True):
+        cand = flat.take(((a[:, None] * k1 + b) * k1)[:, :, None] + c)  # (m_prev2, m_prev, m_cur)
+        cand += delta[:, :, None]
+        backs.append(cand.argmax(axis=0))
+        delta = cand.max(axis=0) + s
+        a, b = b, c
+    end = delta + flat[(a[:, None] * k1 + b) * k1 + k]
+    j, slot = divmod(int(np.argmax(end)), end.shape[1])  # slots of the last two words
     path = []
-    for parents, tags in reversed(history):
-        path.append(int(tags[h]))
-        h = int(parents[h])
+    for c, bp in zip(reversed(ids), reversed(backs), strict=True):
+        path.append(int(c[slot]))
+        j, slot = int(bp[j, slot]), j
     return path[::-1]
 
-# ------------------------------------------------------------------ textbook MLE tables
 
+def beam_batch(log_trans: np.ndarray, em: np.ndarray, width: int) -> np.ndarray:
+    """Beam search of `width` over a batch of equal-length sentences, em (B, n, K): each step extends every
+    hypothesis by every tag, keeps the best path into each state (order 3: each pair of states), then the
+    `width` best states. Same search as `beam`, batched; ties may break differently. Returns (B, n)."""
+    k = len(log_trans) - 1
+    order = log_trans.ndim
+    bsz, n, _ = em.shape
+    rows = np.arange(bsz)[:, None]
+    prev = np.full((bsz, width), k)
+    cur = np.full((bsz, width), k)
+    score = np.full((bsz, width), NEG)
+    score[:, 0] = 0.0  # one hypothesis, <s>, to start
+    parents, tags = [], []
+    for t in range(n):
+        trans = log_trans[cur, :k] if order == 2 else log_trans[prev, cur, :k]  # (B, w, K)
+        cand = score[:, :, None] + trans + em[:, t, None, :]
+        if order == 2:  # recombine: the best hypothesis into each tag
+            parent = cand.argmax(axis=1)  # (B, K)
+            best = np.take_along_axis(cand, parent[:, None, :], axis=1)[:, 0, :]
+            keep = np.argpartition(-best, width - 1, axis=1)[:, :width] if width < k else np.broadcast_to(
+                np.arange(k), (bsz, k))
+            new_score = np.take_along_axis(best, keep, axis=1)
+            new_parent, new_tag = np.take_along_axis(parent, keep, axis=1), keep
+        else:  # recombine hypotheses with the same current state: (cur, tag) is the new pair
+            same = (cur[:, :, None] == cur[:, None, :]) & (np.arange(width)[:, None] != np.arange(width)[None, :])
+            better = (cand[:, None, :, :] > cand[:, :, None, :]) | (
+                (cand[:, None, :, :] == cand[:, :, None, :]) & (np.arange(width)[None, :] < np.arange(width)[:, None])
+                [None, :, :, None])  # [b, h, h2, tag]: h2 beats h into the same pair
+            dominated = np.any(same[:, :, :, None] & better, axis=2)
+            cand = np.where(dominated, NEG, cand).reshape(bsz, -1)
+            m = min(width, cand.shape[1])
+            keep = np.argpartition(-cand, m - 1, axis=1)[:, :m]
+            new_score = np.take_along_axis(cand, keep, axis=1)
+            new_parent, new_tag = keep // k, keep % k
+        rank = np.argsort(-new_score, axis=1, kind="stable")
+        new_score = np.take_along_axis(new_score, rank, axis=1)
+        new_parent = np.take_along_axis(new_parent, rank, axis=1)
+        new_tag = np.take_along_axis(new_tag, rank, axis=1)
+        if new_score.shape[1] < width:  # fewer states than the width (order 2, width > K)
+            pad = width - new_score.shape[1]
+            new_score = np.pad(new_score, ((0, 0), (0, pad)), constant_values=NEG)
+            new_parent, new_tag = np.pad(new_parent, ((0, 0), (0, pad))), np.pad(new_tag, ((0, 0), (0, pad)))
+        parents.append(new_parent)
+        tags.append(new_tag)
+        prev, cur, score = cur[rows, new_parent], new_tag, new_score
+    end = log_trans[cur, k] if order == 2 else log_trans[prev, cur, k]
+    h = np.argmax(score + end, axis=1)
+    out = np.empty((bsz, n), dtype=np.int64)
+    for t in range(n - 1, -1, -1):
+        out[:, t] = tags[t][rows[:, 0], h]
+        h = parents[t][rows[:, 0], h]
+    return out

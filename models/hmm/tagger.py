@@ -18,7 +18,7 @@ from lexiflow.models.progress import Progress
 
 logger = logging.getLogger("lexiflow.hmm")
 
-METHODS = ("viterbi", "greedy", "beam")
+METHODS = ("viterbi", "viterbi_pruned", "greedy", "beam")
 UNKNOWN_MODELS = ("suffix", "logreg", "both")
 
 
@@ -192,6 +192,7 @@ class HMMTagger:
         else:
             self.lambdas_ = counts.deleted_interpolation(c2, c3, self.order)
         self.log_trans_ = counts.log_transitions(c2, c3, self.lambdas_)
+        self._trigrams = decoding.sparse_trigrams(self.log_trans_) if self.order == 3 else None
         self.log_prior_ = log(self.tag_counts_ / self.tag_counts_.sum())  # (K,) log P(t)
         with np.errstate(divide="ignore", invalid="ignore"):
             self.log_emit_ = log(self.emission_counts_ / self.tag_counts_[None, :])  # (V, K)
@@ -248,7 +249,7 @@ class HMMTagger:
 
         def score() -> float:
             self._apply_calibration()
-            pred = proj[np.concatenate([np.asarray(p, dtype=np.int64) for p in self._tag_ids(words, "viterbi")])]
+            pred = proj[np.concatenate([np.asarray(p, dtype=np.int64) for p in self._tag_ids(words, "viterbi_pruned")])]
             return float(np.mean(pred == gold))
 
         best = score()
@@ -346,6 +347,21 @@ class HMMTagger:
         ids = self._tag_ids(_validate_words(sentences), method, beam_width)
         return [[self.state_output_[j] for j in s] for s in ids]
 
+    def states(self, sentences: Sequence[Sequence[str]], method: str = "viterbi",
+               beam_width: int = 8) -> list[list[int]]:
+        """State ids (indices into `tags_`) of many tokenised sentences: the paths `tag_many` maps to tags."""
+        self._check_fitted()
+        return self._tag_ids(_validate_words(sentences), method, beam_width)
+
+    def path_score(self, words: Sequence[str], states: Sequence[int]) -> float:
+        """The model's log score of one state path: emissions plus transitions from <s> to </s>."""
+        self._check_fitted()
+        k, order = len(self.tags_), self.order
+        em = self._emissions(words)
+        seq = [k] * (order - 1) + list(states) + [k]
+        return float(sum(em[i, s] for i, s in enumerate(states))
+                     + sum(self.log_trans_[tuple(seq[i:i + order])] for i in range(len(states) + 1)))
+
     def tag_text(self, text: str, method: str = "viterbi") -> list[list[tuple[str, str]]]:
         """Split plain text into sentences and words (models.text) and tag them: [[(word, tag), ...], ...]."""
         from lexiflow.models.text import pretokenize, split_sentences
@@ -359,20 +375,13 @@ class HMMTagger:
             raise ParameterError(f"method={method!r}: choose one of {', '.join(METHODS)}")
         if method == "beam" and beam_width < 1:
             raise ParameterError(f"beam_width={beam_width}: must be >= 1")
+        if len(sentences) == 1 and method == "viterbi_pruned":  # one call, one sentence: no batch set-up
+            return [self._viterbi_one(sentences[0])]
         out: list[list[int]] = [[] for _ in sentences]
-        if method == "beam":
-            with Progress("hmm.tag", total=sum(map(len, sentences)), unit="tokens") as prog:
-                for i, s in enumerate(sentences):
-                    if s:
-                        out[i] = decoding.beam(self.log_trans_, self._emissions(s), beam_width)
-                    prog.update(len(s))
-            return out
-        if method == "viterbi":
-            def decode(em: np.ndarray) -> np.ndarray:
-                return decoding.viterbi_batch(self.log_trans_, em, self.max_candidates, self.prune)
-        else:
-            def decode(em: np.ndarray) -> np.ndarray:
-                return decoding.greedy(self.log_trans_, em)
+        decode = {"viterbi_pruned": lambda em: decoding.viterbi_batch(self.log_trans_, em, self.max_candidates,
+                                                                      self.prune),
+                  "greedy": lambda em: decoding.greedy(self.log_trans_, em),
+                  "beam": lambda em: decoding.beam_batch(self.log_trans_, em, beam_width)}.get(method)
         with Progress("hmm.tag", total=sum(map(len, sentences)), unit="tokens") as prog:
             chunk_start = 0
             while chunk_start < len(sentences):  # chunks of ~50k tokens bound the emission arrays
@@ -381,30 +390,56 @@ class HMMTagger:
                     n_tok += len(sentences[chunk_end])
                     chunk_end += 1
                 chunk = sentences[chunk_start:chunk_end]
-                offsets = np.cumsum([0] + [len(s) for s in chunk])
-                if method == "viterbi" and self.order == 3:
-                    for i, tags in enumerate(self._viterbi_ragged_chunk(chunk, offsets)):
-                        out[chunk_start + i] = tags
-                    prog.update(n_tok)
-                    chunk_start = chunk_end
-                    continue
-                flat = self._emissions_flat(chunk)  # (N, K)
-                by_len: dict[int, list[int]] = defaultdict(list)
-                for i, s in enumerate(chunk):
-                    if s:
-                        by_len[len(s)].append(i)
-                for n, members in sorted(by_len.items()):
-                    for start in range(0, len(members), 2048):  # bound the (B, M, M) work arrays
-                        part = members[start:start + 2048]
-                        idx = offsets[part][:, None] + np.arange(n)[None, :]  # (B, n)
-                        for i, tags in zip(part, decode(flat[idx]), strict=True):
-                            out[chunk_start + i] = tags.tolist()
+                if method == "viterbi":
+                    out[chunk_start:chunk_end] = self._viterbi_exact_chunk(chunk)
+                elif method == "viterbi_pruned" and self.order == 3:
+                    out[chunk_start:chunk_end] = self._viterbi_ragged_chunk(chunk)
+                else:
+                    out[chunk_start:chunk_end] = self._decode_by_length(chunk, decode)
                 prog.update(n_tok)
                 chunk_start = chunk_end
         return out
 
-    def _viterbi_ragged_chunk(self, chunk: list[list[str]], offsets: np.ndarray) -> list[list[int]]:
-        """Trigram Viterbi of a chunk of sentences with the candidate tags of each token."""
+    def _decode_by_length(self, chunk: list[list[str]], decode) -> list[list[int]]:
+        """Run a batched decoder on groups of equal-length sentences."""
+        out: list[list[int]] = [[] for _ in chunk]
+        offsets = np.cumsum([0] + [len(s) for s in chunk])
+        flat = self._emissions_flat(chunk)  # (N, K)
+        by_len: dict[int, list[int]] = defaultdict(list)
+        for i, s in enumerate(chunk):
+            if s:
+                by_len[len(s)].append(i)
+        for n, members in sorted(by_len.items()):
+            for start in range(0, len(members), 2048):  # bound the (B, M, M) work arrays
+                part = members[start:start + 2048]
+                idx = offsets[part][:, None] + np.arange(n)[None, :]  # (B, n)
+                for i, tags in zip(part, decode(flat[idx]), strict=True):
+                    out[i] = tags.tolist()
+        return out
+
+    def _viterbi_one(self, words: list[str]) -> list[int]:
+        """Pruned Viterbi of one sentence with the small dense kernel (same candidates as the batch)."""
+        if not words:
+            return []
+        rows, unk = self._token_rows([words])
+        k_ids, k_sc, k_w = self._known_candidates()
+        if len(unk):
+            u_ids, u_sc, u_w = decoding.token_candidates(unk, self.max_candidates, self.prune)
+        n_known = len(k_ids)
+        ids, sc = [], []
+        for r in rows.tolist():
+            if r < n_known:
+                ids.append(k_ids[r, :k_w[r]])
+                sc.append(k_sc[r, :k_w[r]])
+            else:
+                u = r - n_known
+                ids.append(u_ids[u, :u_w[u]])
+                sc.append(u_sc[u, :u_w[u]])
+        return decoding.viterbi_one(self.log_trans_, ids, sc)
+
+    def _viterbi_ragged_chunk(self, chunk: list[list[str]]) -> list[list[int]]:
+        """Pruned trigram Viterbi of a chunk of sentences with the candidate tags of each token."""
+        offsets = np.cumsum([0] + [len(s) for s in chunk])
         out: list[list[int]] = [[] for _ in chunk]
         rows, unk = self._token_rows(chunk)
         k_ids, k_sc, k_w = self._known_candidates()
@@ -426,6 +461,41 @@ class HMMTagger:
                                              np.diff(offsets[g0:g1 + 1]))
             out[g0:g1] = tagged
         return out
+
+    def _viterbi_exact_chunk(self, chunk: list[list[str]]) -> list[list[int]]:
+        """Exact Viterbi of a chunk of sentences over every tag with a finite emission score."""
+        live = [i for i, s in enumerate(chunk) if s]
+        out: list[list[int]] = [[] for _ in chunk]
+        if not live:
+            return out
+        sents = [chunk[i] for i in live]
+        rows, unk = self._token_rows(sents)
+        k_ids, k_sc, k_w = self._exact_candidates()
+        u_ids, u_sc, u_w = decoding.token_candidates(unk, len(self.tags_), None)
+        n_known = len(k_ids)
+        known = rows < n_known
+        m = max(k_ids.shape[1], u_ids.shape[1])
+        ids = np.zeros((len(rows), m), dtype=np.int64)
+        sc = np.full((len(rows), m), decoding.NEG)
+        wid = np.empty(len(rows), dtype=np.int64)
+        ids[known, :k_ids.shape[1]], sc[known, :k_ids.shape[1]], wid[known] = (
+            k_ids[rows[known]], k_sc[rows[known]], k_w[rows[known]])
+        u = rows[~known] - n_known
+        ids[~known, :u_ids.shape[1]], sc[~known, :u_ids.shape[1]], wid[~known] = u_ids[u], u_sc[u], u_w[u]
+        tagged = decoding.viterbi_exact(self.log_trans_, ids, sc, wid, np.asarray([len(s) for s in sents]),
+                                        self._trigrams)
+        for i, tags in zip(live, tagged, strict=True):
+            out[i] = tags
+        return out
+
+    def _exact_candidates(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Every known word's possible (finite-score) tags, best first, trimmed to the widest; cached."""
+        if getattr(self, "_exact_key", None) is not self._emit_table:
+            ids, sc, wid = decoding.token_candidates(self._emit_table, len(self.tags_), None)
+            m = int(wid.max(initial=1))
+            self._exact = (np.ascontiguousarray(ids[:, :m]), np.ascontiguousarray(sc[:, :m]), wid)
+            self._exact_key = self._emit_table
+        return self._exact
 
     def viterbi_lattice(self, words: Sequence[str]) -> tuple[list[str], np.ndarray, np.ndarray]:
         """Exact Viterbi (no candidate pruning) of one sentence with its lattice: tags, deltas and
