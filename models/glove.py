@@ -65,6 +65,7 @@ import torch
 from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.progress import Progress
+from lexiflow.models.threads import limit_threads
 from lexiflow.models.vectors import reweight_spectrum
 
 logger = logging.getLogger("lexiflow.glove")
@@ -91,6 +92,7 @@ class GloVeConfig:
     spectrum_power: float = 1.5  # output's singular values raised to this (1: as trained)
     device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
     seed: int = 0
+    threads: int = 1  # CPU threads (torch, BLAS) for this fit; more only where the worker has cores to itself
 
     def validate(self) -> None:
         checks = [
@@ -106,6 +108,7 @@ class GloVeConfig:
             (0 < self.negative_bound <= 1, "negative_bound", "must be in (0, 1]: a fraction of the smallest count"),
             (self.spectrum_power > 0, "spectrum_power", "must be positive (1 leaves the vectors as trained)"),
             (self.optimizer in ("adagrad", "adam"), "optimizer", "choose 'adagrad' or 'adam'"),
+            (self.threads >= 1, "threads", "must be at least 1"),
         ]
         for ok, name, what in checks:
             if not ok:
@@ -148,11 +151,12 @@ class GloVe:
         spectrum_power: float = GloVeConfig.spectrum_power,
         device: str = GloVeConfig.device,
         seed: int = GloVeConfig.seed,
+        threads: int = GloVeConfig.threads,
     ) -> None:
         self.dim, self.x_max, self.alpha, self.epochs, self.lr = dim, x_max, alpha, epochs, lr
         self.batch_size, self.optimizer, self.device, self.seed = batch_size, optimizer, device, seed
         self.adagrad_init, self.negative, self.negative_weight = adagrad_init, negative, negative_weight
-        self.negative_bound, self.spectrum_power = negative_bound, spectrum_power
+        self.negative_bound, self.spectrum_power, self.threads = negative_bound, spectrum_power, threads
 
     def get_params(self) -> dict[str, Any]:
         """The configuration as a JSON-ready dict (what determines the vectors)."""
@@ -162,7 +166,7 @@ class GloVe:
     def config(self) -> GloVeConfig:
         return GloVeConfig(self.dim, self.x_max, self.alpha, self.epochs, self.lr, self.batch_size,
                            self.optimizer, self.adagrad_init, self.negative, self.negative_weight,
-                           self.negative_bound, self.spectrum_power, self.device, self.seed)
+                           self.negative_bound, self.spectrum_power, self.device, self.seed, self.threads)
 
     def fit(
         self,
@@ -177,6 +181,11 @@ class GloVe:
         """
         cfg = self.config
         cfg.validate()
+        with limit_threads(cfg.threads, "glove.threads"):
+            return self._fit(cfg, matrix, progress, on_epoch)
+
+    def _fit(self, cfg: GloVeConfig, matrix: sp.spmatrix | sp.sparray, progress: Callable[[float | None], None] | None,
+             on_epoch: Callable[[dict[str, float], np.ndarray], None] | None) -> GloVe:
         rows, cols, counts, vocab_size = _cells(matrix)
         dev = resolve_device(cfg.device, "glove.device")
         self.device_ = str(dev)

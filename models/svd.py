@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 from lexiflow.models.errors import ParameterError
+from lexiflow.models.threads import limit_threads
 from sklearn.utils.extmath import randomized_svd
 
 
@@ -21,13 +22,15 @@ def svd_vectors(
     add_context: bool = False,
     n_iter: int = 5,
     seed: int = 0,
+    threads: int = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Return (word vectors float32 [rows × dim], singular values [dim])."""
+    """Return (word vectors float32 [rows × dim], singular values [dim]); `threads`: BLAS threads."""
     if dim < 1 or dim >= min(matrix.shape):
         raise ParameterError(f"svd.dim={dim}: must be between 1 and {min(matrix.shape) - 1} for this vocabulary")
     # float32 halves the memory traffic of the sparse products that dominate the time.
-    u, s, vt = randomized_svd(sp.csr_matrix(matrix, dtype=np.float32), n_components=dim, n_iter=n_iter,
-                              random_state=seed)
+    with limit_threads(threads, "svd.threads"):
+        u, s, vt = randomized_svd(sp.csr_matrix(matrix, dtype=np.float32), n_components=dim, n_iter=n_iter,
+                                  random_state=seed)
     scale = s**power
     vectors = u * scale
     if add_context:

@@ -25,10 +25,11 @@ from prefect import task
 
 @task(name="cooccurrence-shard", **SHARD_TASK)
 def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, keep_prob: np.ndarray, window: int, seed: int,
-                       part: str | None) -> tuple[Any, Any, int, int]:
+                       part: str | None) -> tuple[Any, Any, int, int, int]:
     """Per-distance pair counts (after subsampling) and term–document counts (every token) of the train
     sentences among [start, stop) (windows never cross a sentence, and a token's subsampling draw depends
-    on its sentence number, so sentence ranges add up exactly), and their numbers of tokens (all, kept)."""
+    on its sentence number, so sentence ranges add up exactly), and their numbers of tokens (in the
+    vocabulary, kept after subsampling, and every train token, <unk> included)."""
     table = read_rows(tokens, "tokens.parquet", start, stop)
     vocab_size = len(keep_prob)
     # held-out sentences keep their row (and number) but no tokens: nothing of them reaches the vectors
@@ -42,7 +43,8 @@ def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, keep_prob: np
     local = cooccurrence.term_document_matrix(ids, np.append(offsets[doc_starts], offsets[-1]), vocab_size).tocoo()
     first, n_docs = (int(doc_index[0]), int(doc_index[-1]) + 1) if len(doc_index) else (0, 0)  # 0..documents-1
     termdoc = sp.csr_matrix((local.data, (local.row, local.col + first)), shape=(vocab_size, n_docs))
-    return deliver(counts, part, "pairs"), deliver(termdoc, part, "docs"), len(ids), len(kept)
+    corpus_tokens = int(train_ids.list.len().sum() or 0)
+    return deliver(counts, part, "pairs"), deliver(termdoc, part, "docs"), len(ids), len(kept), corpus_tokens
 
 
 @stage("cooccurrence", code=[cooccurrence, vocab, text, formats, parallel_module])
@@ -61,8 +63,8 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
     keep_prob = cooccurrence.keep_probabilities(word_counts, params.subsample)
     calls = [{"tokens": tokens, "start": a, "stop": b, "keep_prob": keep_prob, "window": params.window,
               "seed": params.seed} for a, b in ranges]
-    pairs, docs, n_tokens, n_kept = zip(*map_shards(cooccurrence_shard, calls, parallel, "cooccurrence", out),
-                                        strict=True)
+    pairs, docs, n_tokens, n_kept, n_corpus = zip(*map_shards(cooccurrence_shard, calls, parallel, "cooccurrence",
+                                                              out), strict=True)
     matrix = cooccurrence.weigh(sum_matrices(list(pairs)), vocabulary.height, params.weighting)
     write_matrix(out, "matrix.parquet", matrix)
     n_docs = max(d.shape[1] for d in docs)
@@ -70,6 +72,7 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
     write_matrix(out, "termdoc.parquet", termdoc)
     out.write_parquet("vocab.parquet", vocabulary, VOCAB)
     out.metrics.update({"nonzeros": int(matrix.nnz), "tokens": sum(n_tokens), "tokens_after_subsampling": sum(n_kept),
+                        "corpus_tokens": sum(n_corpus),
                         "total_weight": float(matrix.sum()), "vocabulary_size": vocabulary.height,
                         "documents": n_docs})
 

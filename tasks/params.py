@@ -93,6 +93,8 @@ class SVDParams(Params):
     add_context: bool = Field(False, description="Add the context vectors V·S^power.")
     n_iter: int = Field(5, ge=1, le=50, description="Power iterations of the randomized SVD.")
     seed: int = Field(0, ge=0, description="Random seed.")
+    threads: int = Field(1, ge=1, le=256, description="BLAS threads of the SVD: 1 per worker; more only where the "
+                                                      "worker has the cores to itself.")
 
 
 class Word2VecParams(Params):
@@ -128,6 +130,8 @@ class GloVeParams(Params):
                                                                "relatedness).")
     device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto picks CUDA when present.")
     seed: int = Field(0, ge=0, description="Random seed.")
+    threads: int = Field(1, ge=1, le=256, description="CPU threads (torch, BLAS) of the fit: 1 per worker; more only "
+                                                      "where the worker has the cores to itself.")
 
 
 class EvaluationParams(Params):
