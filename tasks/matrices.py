@@ -6,7 +6,6 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-import scipy.sparse as sp
 from lexiflow.models import cooccurrence, ppmi, text, vocab
 from lexiflow.storage import ArtifactRef, ArtifactWriter, formats
 from lexiflow.storage.formats import VOCAB, count_rows, read_matrix, read_rows, read_table, write_matrix
@@ -40,9 +39,8 @@ def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, keep_prob: np
     # Documents are runs of sentences: their id ranges come from the sentence offsets (no regrouping).
     doc_index = table["doc_index"].to_numpy()
     doc_starts = np.flatnonzero(np.concatenate(([True], doc_index[1:] != doc_index[:-1]))) if len(doc_index) else []
-    local = cooccurrence.term_document_matrix(ids, np.append(offsets[doc_starts], offsets[-1]), vocab_size).tocoo()
-    first, n_docs = (int(doc_index[0]), int(doc_index[-1]) + 1) if len(doc_index) else (0, 0)  # 0..documents-1
-    termdoc = sp.csr_matrix((local.data, (local.row, local.col + first)), shape=(vocab_size, n_docs))
+    first = int(doc_index[0]) if len(doc_index) else 0  # the shard's documents are first.. of 0..documents-1
+    termdoc = cooccurrence.term_document_matrix(ids, np.append(offsets[doc_starts], offsets[-1]), vocab_size, first)
     corpus_tokens = int(train_ids.list.len().sum() or 0)
     return deliver(counts, part, "pairs"), deliver(termdoc, part, "docs"), len(ids), len(kept), corpus_tokens
 
