@@ -25,7 +25,7 @@ import re
 from collections.abc import Iterable, Sequence
 from itertools import chain
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import polars as pl
@@ -33,6 +33,7 @@ import pyarrow as pa
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.progress import Progress
 from lexiflow.models.text import ASCII_WORD_PATTERN, WORD_PATTERN
+from pydantic import Field
 
 log = logging.getLogger("lexiflow.tokenizers")
 
@@ -40,6 +41,9 @@ PRETOKENIZER_PATTERNS = {"word": WORD_PATTERN, "whitespace": r"\S+"}
 # The pre-tokenizers on printable ASCII, where NFC changes nothing: one text's pieces need no polars call.
 ASCII_PRETOKENIZERS = {"word": re.compile(ASCII_WORD_PATTERN), "whitespace": re.compile(r"\S+")}
 DEFAULT_SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
+# Pipeline parameters every subword tokenizer takes (models/config.py).
+VocabSize = Annotated[int, Field(ge=16, le=1_000_000, description="Subword vocabulary size (specials included).")]
+MinFrequency = Annotated[int, Field(ge=1, description="Subword training ignores pairs seen fewer times.")]
 FORMAT_VERSION = 1
 _CHUNK = 200_000  # texts per polars batch while counting words (bounded memory on streamed corpora)
 _CHUNK_BYTES = 1 << 22  # and at most ~4 MB of text per batch: its pieces, exploded, are the peak memory
