@@ -126,28 +126,29 @@ def weigh(counts: sp.csr_matrix, vocab_size: int, weighting: Weighting = "harmon
 def _forward_chunk(ids, left, n_starts, vocab_size, window) -> sp.csr_matrix:
     """Per-distance counts of the forward pairs whose first token is among the chunk's first
     `n_starts` positions."""
-    # key = (row·V + col)·2^bits + d, assembled from two pre-shifted halves: one gather each.
+    # key = (row·V + col)·2^bits + d, from two pre-shifted halves added as contiguous slices, then the
+    # pairs that stay inside their sentence kept (one compress per distance, into one key array).
     col_part = ids.astype(np.uint64) << np.uint64(_DIST_BITS)
     row_part = col_part * np.uint64(vocab_size)
-    parts = []
-    for d in range(1, window + 1):
-        first = np.flatnonzero(left[: max(0, min(n_starts, len(ids) - d))] >= d)
-        key = row_part[first]
-        key += col_part[first + d]
-        key |= np.uint64(d)
-        parts.append(key)
-    keys = np.concatenate(parts) if parts else np.empty(0, np.uint64)
+    masks = [left[: max(0, min(n_starts, len(ids) - d))] >= d for d in range(1, window + 1)]
+    sizes = [int(m.sum()) for m in masks]
+    keys = np.empty(sum(sizes), dtype=np.uint64)
+    at = 0
+    for d, (mask, size) in enumerate(zip(masks, sizes, strict=True), start=1):
+        pair = row_part[: len(mask)] + col_part[d: d + len(mask)]
+        pair |= np.uint64(d)
+        keys[at: at + size] = pair[mask]
+        at += size
     if len(keys) == 0:
         return empty_distance_counts(vocab_size)
     keys.sort()
     # Runs of equal (pair, d) keys -> count per (pair, d); the sorted keys are already CSR order.
-    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+    starts = np.concatenate(([0], np.flatnonzero(keys[1:] != keys[:-1]) + 1))
     counts = np.diff(np.append(starts, len(keys)))
     run_keys = keys[starts]
     width = np.uint64(vocab_size << _DIST_BITS)
-    rows = (run_keys // width).astype(np.int64)
-    cols = (run_keys % width).astype(np.int64)
-    indptr = np.searchsorted(rows, np.arange(vocab_size + 1))
+    indptr = np.searchsorted(run_keys, np.arange(vocab_size + 1, dtype=np.uint64) * width)  # row = key // width
+    cols = (run_keys - np.repeat(np.arange(vocab_size, dtype=np.uint64) * width, np.diff(indptr))).astype(np.int64)
     return sp.csr_matrix((counts, cols, indptr), shape=(vocab_size, vocab_size << _DIST_BITS))
 
 
