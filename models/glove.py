@@ -67,6 +67,7 @@ from lexiflow.models.device import Device, resolve_device
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.estimator import Estimator
 from lexiflow.models.progress import Progress
+from lexiflow.models.threads import limit_threads
 from lexiflow.models.vectors import reweight_spectrum
 from pydantic import Field
 
@@ -107,6 +108,9 @@ class GloVeConfig:
                                                                     "over relatedness).")] = 1.5
     device: Device = "auto"
     seed: Annotated[int, Field(ge=0, description="Random seed.")] = 0
+    threads: Annotated[int, Field(ge=1, le=256, description="CPU threads (torch, BLAS) of the fit: 1 per worker; "
+                                                            "more only where the worker has the cores to "
+                                                            "itself.")] = 1
 
     def validate(self) -> None:
         check(self)
@@ -148,11 +152,12 @@ class GloVe(Estimator):
         spectrum_power: float = GloVeConfig.spectrum_power,
         device: str = GloVeConfig.device,
         seed: int = GloVeConfig.seed,
+        threads: int = GloVeConfig.threads,
     ) -> None:
         self.dim, self.x_max, self.alpha, self.epochs, self.lr = dim, x_max, alpha, epochs, lr
         self.batch_size, self.optimizer, self.device, self.seed = batch_size, optimizer, device, seed
         self.adagrad_init, self.negative, self.negative_weight = adagrad_init, negative, negative_weight
-        self.negative_bound, self.spectrum_power = negative_bound, spectrum_power
+        self.negative_bound, self.spectrum_power, self.threads = negative_bound, spectrum_power, threads
 
     @property
     def config(self) -> GloVeConfig:
@@ -171,6 +176,11 @@ class GloVe(Estimator):
         """
         cfg = self.config
         cfg.validate()
+        with limit_threads(cfg.threads, "glove.threads"):
+            return self._fit(cfg, matrix, progress, on_epoch)
+
+    def _fit(self, cfg: GloVeConfig, matrix: sp.spmatrix | sp.sparray, progress: Callable[[float | None], None] | None,
+             on_epoch: Callable[[dict[str, float], np.ndarray], None] | None) -> GloVe:
         rows, cols, counts, vocab_size = _cells(matrix)
         dev = resolve_device(cfg.device, "glove.device")
         self.device_ = str(dev)

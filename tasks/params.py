@@ -137,7 +137,9 @@ class TaggerParams(Params):
     columns: list[Literal["upos", "xpos"]] = Field(
         default=["upos", "xpos"], description="Tag sets to learn from CoNLL-U sources, a tagger artifact each.")
     order: Literal[2, 3] = Field(3, description="HMM order: 2 (bigram transitions) or 3 (trigram, TnT-style).")
-    method: Literal["viterbi", "greedy", "beam"] = Field("viterbi", description="Decoding for evaluation.")
+    method: Literal["viterbi", "viterbi_pruned", "greedy", "beam"] = Field(
+        "viterbi", description="Decoding for evaluation: exact Viterbi, Viterbi over each word's best tags "
+                               "(~35x faster on EWT, 0.1 points less accurate), greedy or beam search.")
     beam_width: int = Field(8, ge=1, le=1024, description="Beam width for method=beam.")
     refine_states: bool = Field(True, description="Split each tag's HMM states by the other tag set during "
                                                   "training (UPOS by XPOS and vice versa); tagging returns plain "

@@ -262,3 +262,60 @@ def test_bad_parameters_and_inputs_raise_clear_errors() -> None:
         NgramLM().fit([np.array([-1, A])])
     with pytest.raises(ParameterError, match="not fitted"):
         NgramLM().log_probs([BOS])
+
+
+def read_arpa(path) -> dict[int, dict[tuple[str, ...], tuple[float, float]]]:
+    """{order: {n-gram: (log10 p, log10 back-off)}} of an ARPA file."""
+    table: dict[int, dict[tuple[str, ...], tuple[float, float]]] = {}
+    order = 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.endswith("-grams:"):
+            order = int(line[1:].split("-")[0])
+            table[order] = {}
+        elif order and line.strip() and not line.startswith("\\"):
+            parts = line.split("\t")
+            table[order][tuple(parts[1].split())] = (float(parts[0]), float(parts[2]) if len(parts) > 2 else 0.0)
+    return table
+
+
+def arpa_log10(table, context: tuple[str, ...], word: str) -> float:
+    """The textbook back-off reading: the longest stored (context suffix, word), times the back-off
+    weights of the longer contexts it skipped (1 for a context not stored)."""
+    for start in range(len(context) + 1):
+        gram = (*context[start:], word)
+        if gram in table.get(len(gram), {}):
+            skipped = [table.get(len(context) - s, {}).get(context[s:], (0.0, 0.0))[1] for s in range(start)]
+            return table[len(gram)][gram][0] + sum(skipped)
+    return -math.inf
+
+
+@pytest.mark.parametrize("order", [2, 3, 4])
+def test_arpa_export_read_by_back_off_gives_our_probabilities(tmp_path, order: int) -> None:
+    rng = np.random.default_rng(order)
+    ids = np.array([0, *range(4, 12)])  # <unk> and words; 1..3 are <s> </s> <pad>
+    train = [rng.choice(ids, size=rng.integers(1, 9)) for _ in range(200)]
+    held = [rng.choice(np.append(ids, 12), size=rng.integers(1, 9)) for _ in range(30)]  # 12 unseen: <unk>
+    lm = NgramLM(order=order).fit(train)
+    tokens = ["<unk>", "<s>", "</s>", "<pad>"] + [f"w{i}" for i in range(4, lm.vocab_size_)]
+    lm.to_arpa(tmp_path / "lm.arpa", tokens)
+    table = read_arpa(tmp_path / "lm.arpa")
+    expected = lm.token_log_probs(held) / math.log(10)
+    got = []
+    for s in held:
+        words = [tokens[int(w)] if int(w) < lm.vocab_size_ else "<unk>" for w in s] + ["</s>"]
+        padded = ["<s>"] * (order - 1) + words
+        got += [arpa_log10(table, tuple(padded[i:i + order - 1]), padded[i + order - 1]) for i in range(len(words))]
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+    kenlm = pytest.importorskip("kenlm")  # the benchmark's peer (a dev extra): same numbers
+    model = kenlm.Model(str(tmp_path / "lm.arpa"))
+    scores = []
+    for s in held:
+        state, out = kenlm.State(), kenlm.State()
+        model.NullContextWrite(state)
+        for _ in range(order - 1):
+            model.BaseScore(state, "<s>", out)
+            state, out = out, state
+        for w in [tokens[int(w)] if int(w) < lm.vocab_size_ else "<unk>" for w in s] + ["</s>"]:
+            scores.append(model.BaseScore(state, w, out))
+            state, out = out, state
+    np.testing.assert_allclose(scores, expected, atol=1e-5)

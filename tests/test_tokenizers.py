@@ -7,6 +7,7 @@ import json
 import random
 from collections import Counter
 
+import numpy as np
 import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -367,6 +368,28 @@ def test_loading_a_folder_that_is_no_tokenizer_names_it(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps({"kind": "sentencepiece"}))
     with pytest.raises(InputError, match="unknown tokenizer kind 'sentencepiece'; known: word, bpe, wordpiece"):
         tokenizers.load(tmp_path)
+
+
+def test_the_ascii_pre_tokenizers_equal_the_unicode_ones_on_printable_ascii():
+    from lexiflow.models.tokenizers.base import ASCII_PRETOKENIZERS, PRETOKENIZER_PATTERNS, pretokenize_series
+
+    rng = np.random.default_rng(0)
+    alphabet = np.array(list("aZ09_'-.,<>/ukspnd!?()\"&$%") + [chr(c) for c in range(33, 127)])
+    texts = ["".join(rng.choice(alphabet, size=rng.integers(1, 12))) for _ in range(3000)]
+    texts += ["<unk>", "</s>", "<pad>", "3.14", "1,000.5", "don't", "well-known", "a--b", "x'", "'x", "-1", "_a_"]
+    for name, pattern in PRETOKENIZER_PATTERNS.items():
+        assert [ASCII_PRETOKENIZERS[name].findall(t) for t in texts] == \
+            pretokenize_series(pl.Series(texts), pattern).to_list(), name
+
+
+def test_one_text_at_a_time_equals_the_corpus_path_and_the_uncached_pretokenizer(wiki_lines):
+    # encode caches per space-separated piece; the pieces' words must be what pretokenize gives
+    bpe = BPE(vocab_size=300, marker="glued").fit(wiki_lines[:300])
+    texts = wiki_lines[300:500] + ["  two  spaces\tand a tab ", "e\u0301 composed", "a\x07bell", "Mr. Dr. 3.14"]
+    per_text = [bpe.encode(t) for t in texts]
+    assert per_text == bpe.encode_batch(pl.Series(texts)).to_list()
+    assert per_text == [[i for w in bpe.pretokenize(t) for i in bpe.encode_words([w])[0]] for t in texts]
+    assert [bpe.encode(t) for t in texts] == per_text  # the second time from the piece cache
 
 
 @pytest.mark.parametrize("make", [lambda: BPE(vocab_size=60, marker="glued"),

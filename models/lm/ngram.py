@@ -407,6 +407,54 @@ class NgramLM(Estimator):
             data["continuation"] = self.continuation_counts_[k].astype(np.int64)
         return pl.DataFrame(data)
 
+    def to_arpa(self, path: str | Path, tokens: Sequence[str]) -> None:
+        """Write the model as an ARPA back-off file (SRILM/KenLM), `tokens[id]` the string of each id
+        (`<s>`, `</s>`, `<unk>` for the special ids, as KenLM expects). Interpolated Kneser–Ney in back-off
+        form: each stored n-gram's log10 P is the interpolated probability, and each context's log10
+        back-off weight is gamma(ctx) / total(ctx), the factor an unseen word's lower-order probability
+        gets; so a back-off reader gives exactly `log_probs` (context padded with order-1 `<s>`, which the
+        file holds as the context-only entries `<s>`, `<s> <s>`, ... with log10 P = -99)."""
+        self._check_fitted()
+        if self.smoothing != "kneser_ney":
+            raise ParameterError(f"to_arpa: smoothing={self.smoothing!r}; ARPA export is for kneser_ney models")
+        if len(tokens) < self.vocab_size_:
+            raise ParameterError(f"to_arpa: {len(tokens)} token strings for a vocabulary of {self.vocab_size_}")
+        n = self.order
+        lines_by_order: list[list[str]] = []
+        for k in range(1, n + 1):
+            table = self.ngram_table(k)
+            grams = np.stack([table[f"w{i}"].to_numpy().astype(np.int64) for i in range(1, k + 1)], axis=1)
+            bos_only = np.full((1, k), self.bos_id) if k < n else np.zeros((0, k), dtype=np.int64)
+            grams = np.concatenate([grams, bos_only])  # the context <s>^k: no probability, a back-off weight
+            with np.errstate(divide="ignore"):
+                logp = np.log10(self._probs(self._levels(grams[:, :-1], k - 1), grams[:, -1]))
+            logp[len(grams) - len(bos_only):] = -99.0
+            lines = [" ".join(tokens[i] for i in row) for row in grams.tolist()]
+            if k < n:
+                c = self._levels(grams, k)[k]
+                with np.errstate(divide="ignore"):
+                    bow = np.where(c >= 0, np.log10(self._gamma[k + 1][np.maximum(c, 0)]
+                                                    / self._total[k + 1][np.maximum(c, 0)]), 0.0)
+                lines = [f"{p:.7g}\t{g}\t{b:.7g}" if b else f"{p:.7g}\t{g}" for p, g, b in zip(logp, lines, bow,
+                                                                                           strict=True)]
+            else:
+                lines = [f"{p:.7g}\t{g}" for p, g in zip(logp, lines, strict=True)]
+            lines_by_order.append(lines)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write("\\data\\\n" + "".join(f"ngram {k}={len(v)}\n" for k, v in enumerate(lines_by_order, 1)))
+            for k, lines in enumerate(lines_by_order, 1):
+                f.write(f"\n\\{k}-grams:\n" + "\n".join(lines) + "\n")
+            f.write("\n\\end\\\n")
+
+    def _levels(self, grams: np.ndarray, m: int) -> list[np.ndarray]:
+        """Context ids per level 0..order-1 of `grams` (P, m) taken as contexts (oldest first), -1 past m."""
+        n = self.order
+        ctx = np.zeros((len(grams), n - 1), dtype=np.int64)
+        if m:
+            ctx[:, n - 1 - m:] = grams
+        ids = self._context_ids(ctx)
+        return [x if level <= m else np.full(len(grams), -1) for level, x in enumerate(ids)]
+
     def save(self, directory: str | Path) -> None:
         """Write `config.json` and `ngrams_<k>.parquet` for k = 1..order. Loading reads the order-n
         table (the sufficient statistic); the lower orders are derived views for readers."""

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable, Sequence
+from itertools import chain
 from pathlib import Path
 from typing import Annotated, Any, ClassVar
 
@@ -31,18 +33,21 @@ import pyarrow as pa
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.estimator import Estimator
 from lexiflow.models.progress import Progress
-from lexiflow.models.text import WORD_PATTERN
+from lexiflow.models.text import ASCII_WORD_PATTERN, WORD_PATTERN
 from pydantic import Field
 
 log = logging.getLogger("lexiflow.tokenizers")
 
 PRETOKENIZER_PATTERNS = {"word": WORD_PATTERN, "whitespace": r"\S+"}
+# The pre-tokenizers on printable ASCII, where NFC changes nothing: one text's pieces need no polars call.
+ASCII_PRETOKENIZERS = {"word": re.compile(ASCII_WORD_PATTERN), "whitespace": re.compile(r"\S+")}
 DEFAULT_SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
 # Pipeline parameters every subword tokenizer takes (models/config.py).
 VocabSize = Annotated[int, Field(ge=16, le=1_000_000, description="Subword vocabulary size (specials included).")]
 MinFrequency = Annotated[int, Field(ge=1, description="Subword training ignores pairs seen fewer times.")]
 FORMAT_VERSION = 1
 _CHUNK = 200_000  # texts per polars batch while counting words (bounded memory on streamed corpora)
+_CHUNK_BYTES = 1 << 22  # and at most ~4 MB of text per batch: its pieces, exploded, are the peak memory
 
 
 def pretokenize_series(texts: pl.Series, pattern: str) -> pl.Series:
@@ -57,14 +62,20 @@ def count_words(texts: Iterable[str] | pl.Series, pattern: str) -> pl.DataFrame:
     """
     def chunks() -> Iterable[pl.Series]:
         if isinstance(texts, pl.Series):
-            yield texts
+            sizes = texts.cast(pl.String).str.len_bytes().fill_null(0).cum_sum().to_numpy()
+            cuts = np.searchsorted(sizes, np.arange(_CHUNK_BYTES, int(sizes[-1]) if len(sizes) else 0, _CHUNK_BYTES))
+            for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(texts)], strict=True):
+                if b > a:
+                    yield texts[a:b]
             return
         batch: list[str] = []
+        size = 0
         for t in texts:
             batch.append(t)
-            if len(batch) >= _CHUNK:
+            size += len(t)
+            if len(batch) >= _CHUNK or size >= _CHUNK_BYTES:
                 yield pl.Series(batch, dtype=pl.String)
-                batch = []
+                batch, size = [], 0
         if batch:
             yield pl.Series(batch, dtype=pl.String)
 
@@ -76,6 +87,8 @@ def count_words(texts: Iterable[str] | pl.Series, pattern: str) -> pl.DataFrame:
         for chunk in chunks():
             pieces = chunk.cast(pl.String).fill_null("").str.split(" ").explode().alias("piece")
             parts.append(pieces.to_frame().lazy().group_by("piece").len("count").collect(engine="streaming"))
+            if len(parts) >= 8:  # fold the per-chunk counts: their distinct pieces, not all of them, stay
+                parts = [pl.concat(parts).group_by("piece").agg(pl.col("count").sum())]
             progress.update(len(chunk))
     if not parts:
         raise InputError("tokenizer fit: the corpus is empty (no texts); pass an iterable of strings")
@@ -166,6 +179,7 @@ class SubwordTokenizer(Estimator):
         self.vocab_ = tokens
         self.token_to_id_ = {t: i for i, t in enumerate(tokens)}
         self._cache: dict[str, tuple[int, ...]] = {}
+        self._piece_cache: dict[str, tuple[int, ...]] = {}  # space-separated piece of a text -> its ids
 
     @property
     def vocab(self) -> dict[str, int]:
@@ -203,9 +217,32 @@ class SubwordTokenizer(Estimator):
         raise NotImplementedError
 
     def encode(self, text: str) -> list[int]:
-        """Ids of one text: its words' ids in order."""
+        """Ids of one text. Per space-separated piece (exact: no word spans a space, see count_words),
+        cached: a piece seen before costs a dict lookup; the new pieces of a text are normalized and
+        pre-tokenized together in one polars call."""
         self._check_fitted()
-        return [i for w in self.pretokenize(text) for i in self._encode_word_cached(w)]
+        pieces = text.split(" ")
+        try:
+            return list(chain.from_iterable(map(self._piece_cache.__getitem__, pieces)))
+        except KeyError:
+            self._cache_pieces(pieces)
+            return list(chain.from_iterable(map(self._piece_cache.__getitem__, pieces)))
+
+    def _cache_pieces(self, pieces: list[str]) -> None:
+        """Encode the pieces not cached yet: printable ASCII ones with Python's `re` (NFC changes no
+        ASCII), the others normalized and pre-tokenized together in one polars call."""
+        cache = self._piece_cache
+        if len(cache) > 1_000_000:
+            cache.clear()
+        new = [p for p in set(pieces) if p not in cache]
+        ascii_words = ASCII_PRETOKENIZERS[self.pretokenizer].findall
+        rest = [p for p in new if not (p.isascii() and p.isprintable())]
+        words_of = {p: ascii_words(p) for p in new if p.isascii() and p.isprintable()}
+        if rest:
+            words_of.update(zip(rest, pretokenize_series(pl.Series(rest, dtype=pl.String), self._pattern).to_list(),
+                                strict=True))
+        for piece, words in words_of.items():
+            cache[piece] = tuple(i for w in words for i in self._encode_word_cached(w))
 
     def tokenize(self, text: str) -> list[str]:
         """The subword strings of `encode(text)`."""

@@ -70,12 +70,23 @@ def words_to_symbols(
         last = ends - 1
         finals = np.array([final_ids.get(c, -1) for c in chars], dtype=np.int64)
         ids[last] = finals[inverse[last]]
-    flat = ids.tolist()
+    flat = shared_ints(ids, int(ids.max(initial=0)) + 1)
     starts = (ends - lens).tolist()
     ends_l = ends.tolist()
     if marker_id is None:
         return [flat[s:e] for s, e in zip(starts, ends_l, strict=True)]
     return [flat[s:e] + [marker_id] for s, e in zip(starts, ends_l, strict=True)]
+
+
+def shared_ints(values: np.ndarray, n: int) -> list[int]:
+    """`values.tolist()` whose elements are the same n int objects (one per value 0..n-1), not one new
+    28-byte object per element: the word lists of a big corpus hold tens of millions of ids, and
+    Python caches only the ints up to 256. Converted in slices so the fresh ints stay few."""
+    table = list(range(n))
+    out: list[int] = []
+    for start in range(0, len(values), 1 << 20):
+        out += map(table.__getitem__, values[start:start + (1 << 20)].tolist())
+    return out
 
 
 def initial_pairs(words: list[list[int]], counts: np.ndarray) -> tuple[dict[int, int], dict[int, list[int]]]:
@@ -97,7 +108,7 @@ def initial_pairs(words: list[list[int]], counts: np.ndarray) -> tuple[dict[int,
     u_keys, u_owner = keys[first], owner[first]
     u_starts = np.flatnonzero(np.concatenate([[True], u_keys[1:] != u_keys[:-1]]))
     pair_count = dict(zip(keys[starts].tolist(), totals.tolist(), strict=True))
-    owners = u_owner.tolist()
+    owners = shared_ints(u_owner, len(words))
     bounds = [*u_starts.tolist(), len(owners)]
     pair_words = {k: owners[bounds[g]:bounds[g + 1]] for g, k in enumerate(u_keys[u_starts].tolist())}
     return pair_count, pair_words
