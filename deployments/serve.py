@@ -25,15 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from lexiflow.deployments.definitions import DeployConfig, check_schedules, deploy
+from lexiflow.flows.prefect_env import environment
 from lexiflow.models.errors import InputError
 
 STATE_FILE = "lexiflow-serve.json"
-QUIET = {  # quiet, offline Prefect (see docs/operations.md)
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "DO_NOT_TRACK": "1",
-    "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
-    "PREFECT_LOGGING_EXTRA_LOGGERS": "lexiflow",
-}
 
 
 class ServeError(Exception):
@@ -84,11 +79,6 @@ def wait_healthy(api_url: str, timeout: float = 120.0, proc: subprocess.Popen | 
             pass
         time.sleep(0.5)
     raise ServeError(f"the Prefect server at {api_url} was not healthy after {timeout:.0f} s")
-
-
-def prefect_env(home: Path, api_url: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {**os.environ, **QUIET, "PREFECT_HOME": str(home), "PREFECT_API_URL": api_url, **(extra or {})}
-    return env
 
 
 def _spawn(name: str, argv: list[str], env: dict[str, str], home: Path) -> tuple[Started, subprocess.Popen]:
@@ -150,7 +140,7 @@ def start(home: str | os.PathLike[str], config: DeployConfig, *, port: int | Non
         (home / STATE_FILE).write_text(json.dumps(state, indent=2))  # written at once: --stop can always clean up
 
     try:
-        env = prefect_env(home, api_url)
+        env = environment(home, api_url)
         server, popen = _spawn("server", [*_prefect(), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                                env, home)
         record(server)
@@ -160,12 +150,12 @@ def start(home: str | os.PathLike[str], config: DeployConfig, *, port: int | Non
                       "PREFECT_WORKER_PREFETCH_SECONDS": str(max(worker_poll_seconds, 1.0))}
         record(_spawn("worker-cpu", [*_prefect(), "worker", "start", "--pool", config.cpu_pool, "--type", "process",
                                      "--name", f"cpu-{socket.gethostname()}", "--limit", str(cpu_limit)],
-                      prefect_env(home, api_url, {**worker_env, "CUDA_VISIBLE_DEVICES": ""}), home)[0])
+                      environment(home, api_url, {**worker_env, "CUDA_VISIBLE_DEVICES": ""}), home)[0])
         for gpu in gpus or ["0"]:
             record(_spawn(f"worker-gpu{gpu}", [*_prefect(), "worker", "start", "--pool", config.gpu_pool, "--type",
                                                "process", "--name", f"gpu{gpu}-{socket.gethostname()}",
                                                "--limit", "1"],
-                          prefect_env(home, api_url, {**worker_env, "CUDA_VISIBLE_DEVICES": gpu}), home)[0])
+                          environment(home, api_url, {**worker_env, "CUDA_VISIBLE_DEVICES": gpu}), home)[0])
         (home / STATE_FILE).write_text(json.dumps(state, indent=2))
     except BaseException:
         stop(home)

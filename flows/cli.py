@@ -23,15 +23,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-# Quiet, offline Prefect unless the user configured otherwise; set before Prefect is imported.
-PREFECT_DEFAULTS = {
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "DO_NOT_TRACK": "1",
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-    "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
-    "PREFECT_LOGGING_EXTRA_LOGGERS": "lexiflow",
-    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",  # progress logged outside flows (lexiflow tag)
-}
+from lexiflow.flows import prefect_env
+
 DEFAULT_STORE = os.environ.get("LEXIFLOW_STORE", "artifacts")
 
 
@@ -337,7 +330,7 @@ def _absolute(location: str) -> str:
 def cmd_serve(args: argparse.Namespace) -> int:
     from lexiflow.deployments import serve
 
-    home = Path(args.home or os.environ.get("PREFECT_HOME") or ".prefect")
+    home = Path(args.home) if args.home else prefect_env.default_home()
     if args.stop:
         lines = serve.stop(home)
         print("\n".join(lines) if lines else f"nothing to stop (no {serve.STATE_FILE} in {home})")
@@ -435,8 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    for key, value in PREFECT_DEFAULTS.items():
-        os.environ.setdefault(key, value)
+    prefect_env.apply()  # quiet, offline Prefect unless the user configured otherwise; before Prefect is imported
     args = build_parser().parse_args(argv)
     from lexiflow.models.errors import LexiflowError
     from lexiflow.storage import StoreError
