@@ -26,9 +26,12 @@ SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3 of every word-level voc
 
 
 def hf_tokenizer_json(vocabulary: list[str], pattern: str, lowercase: bool, unk: str = "<unk>") -> dict[str, Any]:
-    """A Hugging Face `tokenizer.json` (WordLevel model). Pre-tokenization splits on whitespace,
+    """A Hugging Face `tokenizer.json` (WordLevel model). The normalizer is ingestion's (controls
+    removed, NFC, lowercase when the corpus was lowercased); pre-tokenization splits on whitespace,
     then isolates every match of our word pattern, which covers every non-space character, so
     it yields exactly our pre-tokenizer's tokens."""
+    from lexiflow.models.text import hf_normalizer  # the text conventions' own spelling of themselves
+
     return {
         "version": "1.0",
         "truncation": None,
@@ -36,7 +39,7 @@ def hf_tokenizer_json(vocabulary: list[str], pattern: str, lowercase: bool, unk:
         "added_tokens": [{"id": i, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
                           "normalized": False, "special": True}
                          for i, token in enumerate(vocabulary) if token in SPECIALS],
-        "normalizer": {"type": "Lowercase"} if lowercase else None,
+        "normalizer": hf_normalizer(lowercase),
         "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
             {"type": "WhitespaceSplit"},
             {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},

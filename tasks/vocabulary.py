@@ -72,7 +72,10 @@ def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: Vocabular
 def learn_subword(out: ArtifactWriter, corpus: ArtifactRef, params: TokenizerParams) -> None:
     """BPE or WordPiece trained on the train split's sentences; saved with a HF tokenizer.json."""
     require_train_split(corpus)
-    options = {"vocab_size": params.vocab_size, "min_frequency": params.min_frequency}
+    # The corpus's lowercasing travels with the tokenizer: raw text given to `encode` (or to the exported
+    # tokenizer.json) is then lowercased as the corpus was.
+    lowercase = bool(read_manifest(corpus)["parameters"].get("params", {}).get("lowercase"))
+    options = {"vocab_size": params.vocab_size, "min_frequency": params.min_frequency, "lowercase": lowercase}
     if params.kind == "bpe":
         options.update(end_of_word=params.end_of_word, marker=params.marker)
     tokenizer = SUBWORD[params.kind](**options).fit(train_sentences(corpus)["text"])

@@ -37,9 +37,10 @@ from lexiflow.tasks.params import (
     NgramParams,
     PPMIParams,
     SVDParams,
+    TokenizerParams,
     VocabularyParams,
 )
-from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
+from lexiflow.tasks.vocabulary import encode_corpus, learn_subword, learn_vocabulary
 
 from tests.backends import BACKENDS
 from tests.stages import publish
@@ -205,12 +206,33 @@ def test_export_embeddings_and_tokenizer_open_in_peer_libraries(store, tmp_path,
     assert cli(["artifacts", "export", f"tokenizer:{version}", str(tmp_path / "tok"), "--store", store.url]) == 0
     hf = Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json"))
     vocabulary = Catalog(store).load("tokenizer")
-    sample = ["the prime minister's well-known plan cost 1,000.50 dollars <unk> today!",
-              "Zyxwv qqq, mr. smith -- said (again) 3.14"]
-    for sentence in sample:
-        ours = vocabulary.encode(pl.Series("words", [text.pretokenize(sentence.lower())])).to_list()[0]
+    for sentence in RAW:  # raw text, as a user gives it: lexiflow cleans it as ingestion cleaned the corpus
+        ours = vocabulary.encode_corpus(pl.Series([text.normalize(sentence, lowercase=True)])).to_list()[0]
         assert hf.encode(sentence).ids == ours  # the export lowercases, as the corpus stage did
     assert json.loads((tmp_path / "tok" / "manifest.json").read_text())["version"] == version
+
+
+# Mixed case, punctuation, a control character and decomposed accents (NFD): what ingestion cleans.
+RAW = ["The Kings of Leiden, Mr. SMITH -- said (again) 3.14! ΟΔΥΣΣΕΥΣ", "the prime minister's well-known plan cost "
+       "1,000.50 dollars <unk> today!", "Zyxwv QQQ\x07 Cafe\u0301 NAI\u0308VE R\u00e9sum\u00e9"]
+
+
+@pytest.mark.parametrize("kind", ["bpe", "wordpiece"])
+def test_exported_subword_tokenizers_encode_raw_text_as_lexiflow_does(store, tmp_path, kind):
+    from tokenizers import Tokenizer
+
+    corpus = Catalog(store).ref("corpus")
+    ref = publish(store, learn_subword, corpus=corpus, params=TokenizerParams(kind=kind, vocab_size=300))
+    assert cli(["artifacts", "export", f"tokenizer:{ref.version}", str(tmp_path / kind), "--store", store.url]) == 0
+    hf = Tokenizer.from_file(str(tmp_path / kind / "tokenizer.json"))
+    ours = Catalog(store).load("tokenizer", ref.version)
+    assert ours.lowercase  # the Lee corpus is lowercased: the tokenizer learnt that from its input
+    for sentence in RAW:
+        ids = ours.encode_ids(sentence)
+        assert hf.encode(sentence).ids == ids
+        assert ids == ours.encode_corpus(pl.Series([text.normalize(sentence, lowercase=True)])).to_list()[0]
+    assert ours.encode_ids("The Kings of Leiden") == ours.encode_ids("the kings of leiden")
+    assert ours.unk_id not in ours.encode_ids("The Kings")
 
 
 def test_export_refuses_a_file_as_destination(store, tmp_path):
