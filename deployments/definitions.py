@@ -136,8 +136,9 @@ def deploy(config: DeployConfig, only: list[str] | None = None) -> dict[str, str
             except ObjectNotFound:
                 existing = None
         active = existing is None or all(s.active for s in existing.schedules)
+        when = "" if cron is None else f" Runs at cron '{cron}', time zone {config.timezone}."  # the UI shows no zone
         deployment = flow.to_deployment(
-            name=spec.name, work_pool_name=pool_name(spec, config), description=spec.description,
+            name=spec.name, work_pool_name=pool_name(spec, config), description=spec.description + when,
             parameters=spec.parameters(config), tags=["lexiflow", *spec.tags], enforce_parameter_schema=True,
             paused=existing.paused if existing else None,
             schedules=None if cron is None else [_cron_schedule(cron, config.timezone, active)])

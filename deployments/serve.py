@@ -117,11 +117,10 @@ def start(home: str | os.PathLike[str], config: DeployConfig, *, port: int | Non
     """Start server, pools, deployments and workers; returns the recorded state (urls, processes)."""
     check_schedules(config)  # a bad --cron fails now, not after the server has started
     home = Path(home).resolve()
-    home.mkdir(parents=True, exist_ok=True)
     state = read_state(home)
     if state and any(is_running(Started(**p)) for p in state["processes"]):
         raise ServeError(f"lexiflow serve is already running from {home} ({state['ui_url']}); "
-                         f"stop it first with `lexiflow serve --stop`")
+                         f"stop it first with `lexiflow serve --stop --home {home}`")
     if port:  # else the health check below could find another server already on that port, and deploy there
         try:
             with socket.socket() as s:
@@ -129,6 +128,7 @@ def start(home: str | os.PathLike[str], config: DeployConfig, *, port: int | Non
         except OSError as exc:
             raise ServeError(f"port {port} on 127.0.0.1 is in use ({exc.strerror}): pick another --port, or leave "
                              f"it out for a free one") from None
+    home.mkdir(parents=True, exist_ok=True)  # only now: a refused start leaves no folder behind
     port = port or free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     state = {"home": str(home), "api_url": api_url, "ui_url": f"http://127.0.0.1:{port}", "processes": []}

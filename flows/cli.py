@@ -7,7 +7,8 @@
     lexiflow generate --prompt TEXT [--lm VERSION] [--strategy greedy|beam|sample] [--top-k K] [--top-p P]
     lexiflow tag INPUT [-o OUTPUT] [--tagger VERSION ...] [--method viterbi|greedy|beam]
     lexiflow artifacts export KIND[:VERSION] DIR [--store DIR]
-    lexiflow serve [--home DIR] [--port N] [--store DIR] [--corpus SOURCE ...] [--cron CRON] [--gpus 0,1] | --stop
+    lexiflow serve [--home DIR] [--port N] [--store DIR] [--corpus SOURCE ...] [--cron CRON] [--timezone TZ]
+                   [--gpus 0,1] | --stop
 
 Errors a user can fix print one line (`error: ...`) and exit with status 2.
 """
@@ -15,11 +16,12 @@ Errors a user can fix print one line (`error: ...`) and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -78,11 +80,13 @@ def pipeline_params(args: argparse.Namespace):
 
 def cmd_run(args: argparse.Namespace) -> int:
     params = pipeline_params(args)
-    from lexiflow.flows.pipeline import run_pipeline
     from lexiflow.storage import ArtifactStore
 
     ArtifactStore(params.store).check_root()  # before Prefect starts: one line, not a failed run
-    refs = run_pipeline(params)
+    with prefect_api(prefect_env.default_home()):
+        from lexiflow.flows.pipeline import run_pipeline
+
+        refs = run_pipeline(params)
     store = ArtifactStore(params.store)
     print(f"\nArtifacts in {store.root}:")
     for name, ref in refs.items():
@@ -94,6 +98,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         if (figures := headline(ref.kind, store.manifest(ref.kind, ref.version)["metrics"])) is not None:
             print(f"  {name:<17} {figures}")
     return 0
+
+
+@contextlib.contextmanager
+def prefect_api(home: Path) -> Iterator[str]:
+    """Run against the server `flows/server.py` chooses (the user's, `lexiflow serve`'s, or a temporary
+    one tied to this process), in this process and in the processes it starts."""
+    from lexiflow.flows import server
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    api_url = server.choose(home, say=lambda line: print(line, file=sys.stderr, flush=True))
+    before = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = api_url  # process-pool shards inherit it
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: api_url}):
+            yield api_url
+    finally:
+        if before is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = before
 
 
 def headline(kind: str, metrics: dict[str, Any]) -> str | None:
@@ -339,7 +363,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = DeployConfig(**{k: v for k, v in {"store": args.store and _absolute(args.store),
                                                 "sources": args.corpus and [_absolute(s) for s in args.corpus],
-                                                "rebuild_cron": args.cron}.items() if v})
+                                                "rebuild_cron": args.cron, "timezone": args.timezone}.items() if v})
     try:
         state = serve.start(home, config, port=args.port, gpus=args.gpus.split(",") if args.gpus else None)
     except serve.ServeError as exc:
@@ -347,6 +371,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     print(f"Prefect UI: {state['ui_url']}   (PREFECT_API_URL={state['api_url']})")
     print(f"Store: {config.store}\nDeployments: {', '.join(state['deployments'])}")
+    print(f"Schedule: corpus-rebuild at cron '{config.rebuild_cron}' in time zone {config.timezone} "
+          f"(--cron, --timezone)")
     for proc in state["processes"]:
         print(f"  {proc['name']:<12} pid {proc['pid']:<8} log {proc['log']}")
     print("Stop everything with: lexiflow serve --stop" + (f" --home {args.home}" if args.home else ""))
@@ -422,6 +448,7 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--store", help=f"artifact store the workers share (default {DEFAULT_STORE})")
     srv.add_argument("--corpus", nargs="+", metavar="SOURCE", help="corpus-rebuild sources (default builtin:enwiki)")
     srv.add_argument("--cron", help="corpus-rebuild schedule (default weekly: '0 3 * * 1')")
+    srv.add_argument("--timezone", help="IANA time zone of --cron (default UTC), e.g. Europe/Berlin")
     srv.add_argument("--gpus", help="GPU ids, one GPU worker each with CUDA_VISIBLE_DEVICES set (default 0)")
     srv.set_defaults(func=cmd_serve)
     return parser

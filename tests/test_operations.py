@@ -3,10 +3,14 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
+import sys
+import time
 from pathlib import Path
 
+import pytest
 from lexiflow.flows import prefect_env
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -25,3 +29,44 @@ def test_prefect_settings_are_written_down_once_and_a_users_own_value_wins(tmp_p
     child = prefect_env.environment(tmp_path / "home", "http://127.0.0.1:1/api", {"CUDA_VISIBLE_DEVICES": ""})
     assert child["PREFECT_HOME"] == str(tmp_path / "home") and child["PREFECT_API_URL"] == "http://127.0.0.1:1/api"
     assert child["PREFECT_LOGGING_EXTRA_LOGGERS"] == "lexiflow" and child["CUDA_VISIBLE_DEVICES"] == ""
+
+
+def test_a_slow_temporary_server_is_refused_in_one_line_naming_the_setting(tmp_path, monkeypatch, capsys):
+    from lexiflow.flows import server
+    from lexiflow.flows.cli import main
+
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(server.STARTUP_SETTING, "1")  # no server answers that fast here
+    assert main(["run", "--store", str(tmp_path / "store"), "--corpus", "builtin:lee"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: the temporary Prefect server did not answer within 1 s")
+    assert f"raise {server.STARTUP_SETTING}" in err[0]
+    assert server._temporary == {}  # and it was stopped
+
+
+WATCHED = """
+import os, sys, time
+from pathlib import Path
+from lexiflow.flows import server
+url = server.start_temporary(Path(sys.argv[1]), say=lambda line: None, timeout=300)
+print(server._temporary[url].pid, flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.slow
+def test_the_temporary_server_dies_with_its_parent_even_on_kill_9(tmp_path):
+    parent = subprocess.Popen([sys.executable, "-c", WATCHED, str(tmp_path)], stdout=subprocess.PIPE, text=True,
+                              env={k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"})
+    try:
+        child = int(parent.stdout.readline())
+        assert Path(f"/proc/{child}").exists()
+        parent.kill()  # SIGKILL: no atexit, no signal handler runs in the parent
+        parent.wait()
+        deadline = time.monotonic() + 60
+        while Path(f"/proc/{child}").exists() and "Z" not in Path(f"/proc/{child}/stat").read_text().split()[2]:
+            assert time.monotonic() < deadline, "the temporary server outlived its parent"
+            time.sleep(0.5)
+    finally:
+        parent.kill()

@@ -248,6 +248,23 @@ def _record(home: Path, procs: list[serve.Started]) -> None:
     (home / serve.STATE_FILE).write_text(json.dumps({"processes": [p.__dict__ for p in procs]}))
 
 
+def test_serve_already_running_names_the_home_to_stop_it_with(tmp_path, capsys, monkeypatch):
+    from lexiflow.flows.cli import main
+
+    running = subprocess.Popen(["sleep", "30"])
+    try:
+        home = tmp_path / "elsewhere"
+        _record(home, [serve.Started("server", running.pid, serve._start_ticks(running.pid), "")])
+        state = json.loads((home / serve.STATE_FILE).read_text())
+        (home / serve.STATE_FILE).write_text(json.dumps({**state, "ui_url": "http://127.0.0.1:1"}))
+        monkeypatch.setattr(serve, "_spawn", lambda *a, **k: pytest.fail("serve started a process"))
+        assert main(["serve", "--home", str(home)]) == 2
+        assert capsys.readouterr().err.strip().endswith(f"stop it first with `lexiflow serve --stop --home {home}`")
+    finally:
+        running.kill()
+        running.wait()
+
+
 def test_stop_never_signals_a_process_that_only_reuses_a_recorded_pid(tmp_path):
     other = subprocess.Popen(["sleep", "30"])
     try:
@@ -302,10 +319,10 @@ def test_serve_refuses_a_bad_cron_in_one_line_before_starting_anything(tmp_path,
     from lexiflow.flows.cli import main
 
     monkeypatch.setattr(serve, "_spawn", lambda *a, **k: pytest.fail("serve started a process"))
-    assert main(["serve", "--home", str(tmp_path), option, value]) == 2
+    assert main(["serve", "--home", str(tmp_path / "home"), option, value]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {message}") and err.count("\n") == 1
-    assert not (tmp_path / serve.STATE_FILE).exists()
+    assert not (tmp_path / "home").exists()
 
 
 def test_serve_on_a_port_another_server_answers_refuses_instead_of_deploying_there(tmp_path, capsys, monkeypatch):
@@ -329,10 +346,11 @@ def test_serve_on_a_port_another_server_answers_refuses_instead_of_deploying_the
     port = other.server_address[1]
     monkeypatch.setattr(serve, "_spawn", lambda *a, **k: pytest.fail("serve started a process"))
     try:
-        assert main(["serve", "--home", str(tmp_path), "--port", str(port)]) == 2
+        assert main(["serve", "--home", str(tmp_path / "home"), "--port", str(port)]) == 2
     finally:
         other.shutdown()
     assert capsys.readouterr().err.startswith(f"error: port {port} on 127.0.0.1 is in use")
+    assert not (tmp_path / "home").exists()  # a refused serve leaves no folder behind
 
 
 def test_serve_keeps_a_store_url_and_makes_local_corpus_paths_absolute(tmp_path, monkeypatch):
@@ -542,6 +560,8 @@ def test_cron_schedule_creates_scheduled_runs(box):
         start = dt.datetime.fromisoformat(run["expected_start_time"])
         assert (start.weekday(), start.hour, start.minute) == (0, 3, 0)  # Mondays 03:00 UTC
         assert run["work_pool_name"] == "cpu"
+    deployment = box.api.get(f"/deployments/{box.deployment_id('corpus-rebuild')}").json()
+    assert deployment["description"].endswith("Runs at cron '0 3 * * 1', time zone UTC.")  # shown in the UI
 
 
 def _chromium(url: str, *mode: str) -> subprocess.CompletedProcess:
