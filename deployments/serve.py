@@ -26,6 +26,7 @@ from typing import Any
 
 from lexiflow.deployments.definitions import DeployConfig, check_schedules, deploy
 from lexiflow.flows.prefect_env import environment
+from lexiflow.models.device import gpu_warning
 from lexiflow.models.errors import InputError
 
 STATE_FILE = "lexiflow-serve.json"
@@ -92,6 +93,13 @@ def _spawn(name: str, argv: list[str], env: dict[str, str], home: Path) -> tuple
     return Started(name, proc.pid, ticks if ticks is not None else -1, str(log)), proc
 
 
+def _note(home: Path, name: str, line: str) -> None:
+    log = home / "logs" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a", encoding="utf-8") as out:
+        out.write(line + "\n")
+
+
 def _prefect() -> list[str]:
     return [sys.executable, "-m", "prefect"]
 
@@ -151,7 +159,11 @@ def start(home: str | os.PathLike[str], config: DeployConfig, *, port: int | Non
         record(_spawn("worker-cpu", [*_prefect(), "worker", "start", "--pool", config.cpu_pool, "--type", "process",
                                      "--name", f"cpu-{socket.gethostname()}", "--limit", str(cpu_limit)],
                       environment(home, api_url, {**worker_env, "CUDA_VISIBLE_DEVICES": ""}), home)[0])
+        state["warnings"] = []
         for gpu in gpus or ["0"]:
+            if warning := gpu_warning({"CUDA_VISIBLE_DEVICES": gpu}):
+                state["warnings"].append(f"worker-gpu{gpu}: {warning}")
+                _note(home, f"worker-gpu{gpu}", f"lexiflow serve: warning: {warning}")  # first line of its log
             record(_spawn(f"worker-gpu{gpu}", [*_prefect(), "worker", "start", "--pool", config.gpu_pool, "--type",
                                                "process", "--name", f"gpu{gpu}-{socket.gethostname()}",
                                                "--limit", "1"],

@@ -2,11 +2,11 @@
 
     lexiflow run [--store DIR] [--corpus SOURCE ...] [--config FILE] [--set key=value ...]
     lexiflow artifacts list [--store DIR] [--kind KIND] [--json]
-    lexiflow artifacts show KIND[:VERSION] [--store DIR]
+    lexiflow artifacts show KIND[:VERSION|:TAG] [--store DIR]       (TAG: method, tokenizer kind, model, column)
     lexiflow artifacts verify [--store DIR] [--full]
     lexiflow generate --prompt TEXT [--lm VERSION] [--strategy greedy|beam|sample] [--top-k K] [--top-p P]
     lexiflow tag INPUT [-o OUTPUT] [--tagger VERSION ...] [--method viterbi|greedy|beam]
-    lexiflow artifacts export KIND[:VERSION] DIR [--store DIR]
+    lexiflow artifacts export KIND[:VERSION|:TAG] DIR [--store DIR]
     lexiflow serve [--home DIR] [--port N] [--store DIR] [--corpus SOURCE ...] [--cron CRON] [--timezone TZ]
                    [--gpus 0,1] | --stop
 
@@ -165,6 +165,8 @@ def strict_json(obj: Any) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
+    from lexiflow.storage.formats import DISTINGUISHED_BY
+
     manifests = [_listing(m) for m in read_catalog(args.store).list(args.kind)]
     if args.json:
         print(strict_json(manifests))
@@ -173,14 +175,32 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"no artifacts in {args.store}")
     for m in manifests:
         inputs = ", ".join(f"{k}={v}" for k, v in m["inputs"].items()) or "-"
-        print(f"{m['kind']:<17} {m['version']}  {m['created'][:19]}  inputs: {inputs}")
+        tag = m["metrics"].get(DISTINGUISHED_BY.get(m["kind"], ""), "-")  # what tells it from others of its kind
+        print(f"{m['kind']:<17} {m['version']}  {tag!s:<11} {m['created'][:19]}  inputs: {inputs}")
     return 0
 
 
+def pick(catalog, spec: str) -> dict[str, Any]:
+    """The manifest `KIND`, `KIND:VERSION` or `KIND:TAG` names: the latest of the kind, a version (16 hex
+    digits), or the latest with that method / tokenizer kind / model / tag column (`embeddings:glove`,
+    `tokenizer:bpe`, `lm:lstm`, `tagger:upos`)."""
+    import re
+
+    from lexiflow.models.errors import ParameterError
+    from lexiflow.storage.formats import DISTINGUISHED_BY
+
+    kind, _, which = spec.partition(":")
+    if not which or re.fullmatch(r"[0-9a-f]{16}", which):
+        return catalog.get(kind, which or None)
+    if kind not in DISTINGUISHED_BY:
+        raise ParameterError(f"{spec}: {which!r} is not a version (16 hex digits), and {kind} artifacts have no "
+                             f"tag to select by; use KIND or KIND:VERSION")
+    return catalog.get(kind, **{DISTINGUISHED_BY[kind]: which})
+
+
 def cmd_show(args: argparse.Namespace) -> int:
-    kind, _, version = args.artifact.partition(":")
     catalog = read_catalog(args.store)
-    manifest = catalog.get(kind, version or None)
+    manifest = pick(catalog, args.artifact)
     manifest["lineage"] = catalog.lineage(manifest["version"])
     print(strict_json(manifest))
     return 0
@@ -319,7 +339,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.max_tokens < 0:
         raise ParameterError(f"--max-tokens={args.max_tokens}: generate 0 tokens or more")
     catalog = read_catalog(args.store)
-    manifest = catalog.get("lm", None if args.lm == "latest" else args.lm)
+    manifest = pick(catalog, "lm" if args.lm == "latest" else f"lm:{args.lm}")
     model = catalog.load("lm", manifest["version"])
     tokenizer_manifest = catalog.get("tokenizer", manifest["inputs"]["tokenizer"]["version"])
     tokenizer = catalog.load("tokenizer", tokenizer_manifest["version"])
@@ -335,8 +355,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from lexiflow.storage.export import export
 
-    kind, _, version = args.artifact.partition(":")
-    for path in export(read_catalog(args.store), kind, version or None, args.dest):
+    catalog = read_catalog(args.store)
+    manifest = pick(catalog, args.artifact)
+    for path in export(catalog, manifest["kind"], manifest["version"], args.dest):
         print(path)
     return 0
 
@@ -369,6 +390,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     except serve.ServeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    for warning in state.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"Prefect UI: {state['ui_url']}   (PREFECT_API_URL={state['api_url']})")
     print(f"Store: {config.store}\nDeployments: {', '.join(state['deployments'])}")
     print(f"Schedule: corpus-rebuild at cron '{config.rebuild_cron}' in time zone {config.timezone} "
@@ -405,7 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     tag.set_defaults(func=cmd_tag)
 
     gen = sub.add_parser("generate", help="continue a prompt with a trained language model")
-    gen.add_argument("--lm", default="latest", metavar="VERSION", help="lm artifact version (default: the latest)")
+    gen.add_argument("--lm", default="latest", metavar="VERSION|MODEL",
+                     help="lm artifact version, or a model kind (lstm, ngram, ...) for its latest "
+                          "(default: the latest)")
     gen.add_argument("--prompt", required=True, help="the text to continue")
     gen.add_argument("--strategy", choices=["greedy", "beam", "sample"], default="greedy", help="decoding")
     gen.add_argument("--max-tokens", type=int, default=30, help="tokens to generate at most")
@@ -426,14 +451,16 @@ def build_parser() -> argparse.ArgumentParser:
                     help="JSON: kind, version, created, inputs, parameters, metrics, path per artifact")
     ls.set_defaults(func=cmd_list)
     show = art.add_parser("show", help="one artifact's manifest and lineage")
-    show.add_argument("artifact", metavar="KIND[:VERSION]", help="e.g. embeddings (the latest) or embeddings:3f2a...")
+    show.add_argument("artifact", metavar="KIND[:VERSION|:TAG]",
+                      help="e.g. embeddings (the latest), embeddings:glove (the latest GloVe) or embeddings:3f2a...")
     show.set_defaults(func=cmd_show)
     verify = art.add_parser("verify", help="check every artifact's files against its manifest")
     verify.add_argument("--full", action="store_true", help="also compare SHA-256 checksums")
     verify.set_defaults(func=cmd_verify)
     exp = art.add_parser("export", help="copy an artifact into a folder in open formats (Parquet, word2vec, "
                                         "tokenizer.json, safetensors)")
-    exp.add_argument("artifact", metavar="KIND[:VERSION]", help="e.g. embeddings (the latest) or tokenizer:3f2a...")
+    exp.add_argument("artifact", metavar="KIND[:VERSION|:TAG]",
+                     help="e.g. embeddings (the latest), tokenizer:bpe (the latest BPE) or tokenizer:3f2a...")
     exp.add_argument("dest", metavar="DIR", help="destination folder (created if missing)")
     exp.set_defaults(func=cmd_export)
     for p in (ls, show, verify, exp):

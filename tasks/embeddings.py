@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
+import torch
 from lexiflow.models import device, embedding_plots, glove, svd, text, vectors, vocab, word2vec
 from lexiflow.models.errors import InputError
 from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter, formats
@@ -35,15 +36,16 @@ def write_embeddings(out: ArtifactWriter, vocabulary: pl.DataFrame, word_vectors
                                if k in history[0]}})
 
 
-@stage("embeddings", code=[svd, vectors, vocab, text, embedding_plots, formats])
+@stage("embeddings", code=[svd, device, vectors, vocab, text, embedding_plots, formats])
 def svd_embeddings(out: ArtifactWriter, ppmi: ArtifactRef, params: SVDParams) -> None:
     word_vectors, singular_values = svd.svd_vectors(read_matrix(ppmi), params.dim, params.power, params.add_context,
                                                     params.n_iter, params.seed)
     write_embeddings(out, read_table(ppmi, "vocab.parquet"), word_vectors, "svd")
+    out.metrics["device"] = device.describe(torch.device("cpu"), "fp32")  # scikit-learn, where the flow runs
     out.metrics["top_singular_value"] = float(singular_values[0])
 
 
-@stage("embeddings", code=[word2vec, vectors, vocab, text, embedding_plots, formats])
+@stage("embeddings", code=[word2vec, device, vectors, vocab, text, embedding_plots, formats])
 def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactRef, method: str,
                         params: Word2VecParams) -> None:
     """Skip-gram (`sgns`) or CBOW (`cbow`) through gensim, streaming the corpus artifact's train text
@@ -60,6 +62,7 @@ def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: Art
         model.fit(word2vec.ParquetSentences(path, column="text", split="train"), vocabulary,
                   progress=out.progress)
     write_embeddings(out, vocabulary.frame, model.vectors_, method, model.history_)
+    out.metrics["device"] = device.describe(torch.device("cpu"), "fp32")  # gensim trains on the CPU
 
 
 @stage("embeddings", code=[glove, device, vectors, vocab, text, embedding_plots, formats])
@@ -71,4 +74,4 @@ def glove_embeddings(out: ArtifactWriter, cooccurrence: ArtifactRef, params: Glo
     n_tokens = read_manifest(cooccurrence)["metrics"]["tokens"]
     history = [{**h, "words_per_s": n_tokens / max(h["seconds"], 1e-12)} for h in model.history_]
     write_embeddings(out, read_table(cooccurrence, "vocab.parquet"), model.vectors_, "glove", history)
-    out.metrics["device"] = model.device_
+    out.metrics["device"] = device.describe(torch.device(model.device_), "fp32")

@@ -70,3 +70,29 @@ def test_the_temporary_server_dies_with_its_parent_even_on_kill_9(tmp_path):
             time.sleep(0.5)
     finally:
         parent.kill()
+
+
+def test_artifacts_of_one_kind_are_told_apart_and_selected_by_their_tag(tmp_path, capsys):
+    import json
+
+    from lexiflow.flows.cli import main
+    from lexiflow.storage import ArtifactStore, Catalog
+
+    store = ArtifactStore(tmp_path)
+    for kind, version, metrics in (("tokenizer", "a" * 16, {"kind": "word"}), ("tokenizer", "b" * 16, {"kind": "bpe"}),
+                                   ("embeddings", "c" * 16, {"method": "svd"}),
+                                   ("embeddings", "d" * 16, {"method": "glove"})):
+        with store.writer(kind, version) as out:
+            out.write_json("config.json", {})
+            out.metrics.update(metrics)
+    catalog = Catalog(tmp_path)
+    assert catalog.latest("tokenizer", kind="word")["version"] == "a" * 16
+    assert catalog.latest("embeddings", method="svd")["version"] == "c" * 16
+    assert catalog.latest("embeddings", method="sgns") is None
+    assert main(["artifacts", "list", "--store", str(tmp_path)]) == 0
+    rows = {line.split()[1]: line.split()[2] for line in capsys.readouterr().out.splitlines()}
+    assert rows == {"a" * 16: "word", "b" * 16: "bpe", "c" * 16: "svd", "d" * 16: "glove"}
+    assert main(["artifacts", "show", "tokenizer:word", "--store", str(tmp_path)]) == 0
+    assert json.loads(capsys.readouterr().out)["version"] == "a" * 16
+    assert main(["artifacts", "show", "embeddings:sgns", "--store", str(tmp_path)]) == 2
+    assert capsys.readouterr().err.strip() == f"error: no embeddings artifact with method=sgns in {tmp_path}"

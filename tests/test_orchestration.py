@@ -35,7 +35,9 @@ from lexiflow.tasks.params import EmbeddingMethod, LMKind
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "build" / "test-output"
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-SMALL = {"vocabulary": {"min_count": 2}, "svd": {"dim": 20}, "embeddings": ["svd"], "lm": [],
+# GloVe trains on a GPU worker (training.remote); SVD runs where the flow runs.
+SMALL = {"vocabulary": {"min_count": 2}, "svd": {"dim": 20}, "glove": {"dim": 20, "epochs": 2},
+         "embeddings": ["svd", "glove"], "lm": [],
          "evaluation": {"analogy_vocabulary": 1000, "projection_words": 0}}
 
 
@@ -90,7 +92,7 @@ def test_remote_training_runs_the_configured_deployments_and_finds_what_they_pub
     from lexiflow.flows.training import train, train_lm
     from lexiflow.storage import ArtifactStore
     from lexiflow.storage.formats import TOKENS, VOCAB
-    from lexiflow.tasks.params import NgramParams, SVDParams
+    from lexiflow.tasks.params import GloVeParams, NeuralLMParams, NgramParams, SVDParams
     from prefect import flow
     from prefect.states import Failed, Scheduled
     from prefect.testing.utilities import prefect_test_harness
@@ -115,25 +117,35 @@ def test_remote_training_runs_the_configured_deployments_and_finds_what_they_pub
 
     monkeypatch.setattr("lexiflow.flows.training.run_deployment", gpu_worker)
 
+    tiny = NeuralLMParams(emb_dim=4, hidden_dim=4, num_layers=1, batch_size=1, bptt=2, max_steps=1, epochs=1,
+                          device="cpu")
+
     @flow
     def handoff():
         inputs = {"tokens": store.ref("tokenized_corpus", "1" * 16), "tokenizer": store.ref("tokenizer", "0" * 16),
-                  "embeddings": None}  # as the pipeline passes them for an n-gram model
-        lm = train(LM_TRAINERS["ngram"], "ngram", store.url, inputs, NgramParams(order=2), training)
+                  "embeddings": None}  # as the pipeline passes them for a model without pretrained vectors
+        lm = train(LM_TRAINERS["lstm"], "lstm", store.url, inputs, tiny, training)
+        ngram = train(LM_TRAINERS["ngram"], "ngram", store.url, inputs, NgramParams(order=2), training)  # here: CPU
+        cooccurrence = {"cooccurrence": store.ref("cooccurrence", "2" * 16)}
         with pytest.raises(RuntimeError, match="gpu-emb/custom ended Failed"):
-            train(EMBEDDING_TRAINERS["svd"], "svd", store.url, {"ppmi": store.ref("ppmi", "2" * 16)}, SVDParams(),
-                  training)
+            train(EMBEDDING_TRAINERS["glove"], "glove", store.url, cooccurrence, GloVeParams(), training)
         idle = training.model_copy(update={"embeddings_deployment": "gpu-emb/idle", "timeout_minutes": 0.5})
         with pytest.raises(RuntimeError, match=re.escape(  # it said "ended Scheduled: None"
                 "gpu-emb/idle did not finish within training.timeout_minutes=0.5 (it is Scheduled; is a worker")):
-            train(EMBEDDING_TRAINERS["svd"], "svd", store.url, {"ppmi": store.ref("ppmi", "2" * 16)}, SVDParams(),
-                  idle)
-        return lm
+            train(EMBEDDING_TRAINERS["glove"], "glove", store.url, cooccurrence, GloVeParams(), idle)
+        with pytest.raises(FileNotFoundError, match="ppmi"):  # SVD runs here: it reads its (missing) input itself
+            train(EMBEDDING_TRAINERS["svd"], "svd", store.url, {"ppmi": store.ref("ppmi", "3" * 16)}, SVDParams(),
+                  training)
+        return lm, ngram
 
     with prefect_test_harness(server_startup_timeout=120):
-        ref = handoff()
-    assert handed_off == ["gpu-lm/custom", "gpu-emb/custom", "gpu-emb/idle"]
-    assert [m["version"] for m in Catalog(store.url).list("lm")] == [ref.version]
+        lm, ngram = handoff()
+    assert handed_off == ["gpu-lm/custom", "gpu-emb/custom", "gpu-emb/idle"]  # neither n-gram nor SVD
+    assert {m["version"] for m in Catalog(store.url).list("lm")} == {lm.version, ngram.version}
+    for ref, kind in ((lm, "cpu"), (ngram, "cpu")):  # every training manifest says what it ran on
+        device = Catalog(store.url).get("lm", ref.version)["metrics"]["device"]
+        assert device["type"] == kind and device["count"] == 1 and device["precision"] in ("fp32", "fp64")
+        assert device["name"]
 
 
 def test_train_lm_flow_refuses_pretrained_without_embeddings_and_embeddings_without_pretrained(tmp_path):
@@ -514,9 +526,15 @@ def test_pipeline_run_hands_training_to_the_gpu_worker(box, runs):
     assert "CUDA_VISIBLE_DEVICES=0" in logs  # the GPU worker's environment reached the training run
     assert "CUDA_VISIBLE_DEVICES=<unset>" not in logs
     # The artifact came through the store: the embeddings were published by the GPU run.
-    embeddings = Catalog(box.config.store).latest("embeddings")
+    catalog = Catalog(box.config.store)
+    embeddings = catalog.latest("embeddings", method="glove")
     assert embeddings["run"]["flow_run_id"] == child["id"]
     assert embeddings["metrics"]["dim"] == 20
+    assert embeddings["metrics"]["device"]["type"] == "cpu"  # this machine has no GPU: the manifest says so
+    assert "torch sees no CUDA GPU here" in logs  # and the gpu worker's run warned
+    # SVD needs no GPU: it ran in the pipeline's own process, no training run for it
+    assert catalog.latest("embeddings", method="svd")["run"]["flow_run_id"] == run["id"]
+    assert "torch sees no CUDA GPU" in Path(box.home / "logs" / "worker-gpu0.log").read_text().splitlines()[0]
 
 
 @pytest.mark.slow
@@ -524,7 +542,7 @@ def test_catalog_shows_the_new_artifacts_with_lineage(box, runs):
     catalog = Catalog(box.config.store)
     assert set(catalog.kinds()) == {"corpus", "tokenizer", "tokenized_corpus", "cooccurrence", "ppmi", "embeddings",
                                     "evaluation", "report"}
-    report = catalog.latest("evaluation")
+    report = catalog.latest("evaluation", method="svd")
     assert report["run"]["flow_run_id"] == runs["pipeline"]["id"]
     lineage = catalog.lineage(report["version"])
     embeddings = lineage["inputs"]["embeddings"]
@@ -532,9 +550,13 @@ def test_catalog_shows_the_new_artifacts_with_lineage(box, runs):
     ppmi = embeddings["inputs"]["ppmi"]
     corpus = ppmi["inputs"]["cooccurrence"]["inputs"]["tokens"]["inputs"]["corpus"]
     assert corpus["kind"] == "corpus" and corpus["parameters"]["params"]["sources"] == ["builtin:lee"]
-    # Link artifacts in the run point at each artifact's folder in the store.
-    links = box.api.post("/artifacts/filter", json={"artifacts": {"key": {"any_": ["evaluation-artifact"]}}}).json()
-    assert f"file://{catalog.store.path('evaluation', report['version'])}" in links[0]["data"]
+    # The pipeline run itself shows every artifact it used or made, with its readable location and lineage.
+    shown = box.api.post("/artifacts/filter", json={"artifacts": {
+        "key": {"any_": ["run-artifacts", "run-lineage"]}, "flow_run_id": {"any_": [runs["pipeline"]["id"]]}}}).json()
+    assert {a["key"] for a in shown} == {"run-artifacts", "run-lineage"}
+    markdown = next(a["data"] for a in shown if a["key"] == "run-artifacts")
+    for manifest in (report, catalog.latest("embeddings", method="glove"), catalog.latest("corpus")):  # made here,
+        assert f"`{catalog.store.path(manifest['kind'], manifest['version'])}`" in markdown  # on the GPU, an input
 
 
 @pytest.mark.slow
