@@ -98,8 +98,8 @@ class Catalog:
             raise StoreError(f"no artifact with version {version} in {self.store.url}")
         return self.get(matches[0].rsplit("/", 3)[-3], version)
 
-    def ref(self, kind: str, version: str | None = None) -> ArtifactRef:
-        manifest = self.get(kind, version)
+    def ref(self, kind: str, version: str | None = None, /, **selector: Any) -> ArtifactRef:
+        manifest = self.get(kind, version, **selector)
         return self.store.ref(manifest["kind"], manifest["version"])
 
     def load(self, kind: str, version: str | None = None) -> Any:

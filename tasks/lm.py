@@ -41,7 +41,7 @@ def words_per_split(tokens: ArtifactRef, tokenizer_kind: str, data: dict[str, li
         return {split: sum(len(s) + 1 for s in sentences) for split, sentences in data.items()}
     corpus = read_manifest(tokens)["inputs"]["corpus"]
     documents = read_table(ArtifactRef(store=tokens.store, kind="corpus", version=corpus["version"]),
-                           "documents.parquet", columns=["text", "split"])
+                           "documents.parquet").select("text", "split")
     counts = (vocab.sentence_tokens(documents).group_by("split")
               .agg(pl.col("words").list.len().sum() + pl.len()).iter_rows())
     return {split: int(n) for split, n in counts}

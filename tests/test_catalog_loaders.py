@@ -238,3 +238,41 @@ def test_exported_subword_tokenizers_encode_raw_text_as_lexiflow_does(store, tmp
 def test_export_refuses_a_file_as_destination(store, tmp_path):
     (tmp_path / "file").write_text("x")
     assert cli(["artifacts", "export", "corpus", str(tmp_path / "file"), "--store", store.url]) == 2
+
+
+def test_lm_table_names_tokenizers_and_compares_them_per_word(store):
+    from lexiflow.tasks.report import write_report
+
+    catalog = Catalog(store)
+    docs, words = catalog.ref("corpus"), catalog.ref("tokenizer", **{"kind": "word"})
+    bpe = publish(store, learn_subword, corpus=docs, params=TokenizerParams(kind="bpe", vocab_size=300))
+    lms = {}
+    for name, tok in (("word", words), ("bpe", bpe)):
+        ids = publish(store, encode_corpus, corpus=docs, tokenizer=tok)
+        lms[name] = publish(store, train_lm, tokens=ids, tokenizer=tok, model="ngram", params=NgramParams(order=2))
+    metrics = {name: store.manifest("lm", ref.version)["metrics"] for name, ref in lms.items()}
+    assert metrics["word"]["valid_word_perplexity"] == pytest.approx(metrics["word"]["valid_perplexity"])
+    # BPE: the same total log-probability spread over the corpus's words (and </s>), counted here on their own
+    documents = store.read_parquet("corpus", docs.version, "documents.parquet").filter(pl.col("split") == "valid")
+    sentences = [s for d in documents["text"] for s in d.split("\n")]
+    n_words = sum(len(text.pretokenize(s)) + 1 for s in sentences)
+    tokens = store.read_parquet("tokenized_corpus", store.manifest("lm", lms["bpe"].version)["inputs"]["tokens"][
+        "version"], "tokens.parquet").filter(pl.col("split") == "valid")
+    n_tokens = int(tokens["ids"].list.len().sum()) + tokens.height
+    assert n_tokens > n_words  # subwords: more units than words
+    expected = np.exp(np.log(metrics["bpe"]["valid_perplexity"]) * n_tokens / n_words)
+    assert metrics["bpe"]["valid_word_perplexity"] == pytest.approx(expected, rel=1e-9)
+    assert metrics["bpe"]["device"]["type"] == "cpu" and metrics["bpe"]["device"]["precision"] == "fp64"
+
+    evaluation = catalog.ref("evaluation")
+    report = publish(store, write_report, evaluations=[evaluation], lms=[lms["word"], lms["bpe"]])
+    markdown = store.read_text("report", report.version, "report.md")
+    header = next(line for line in markdown.splitlines() if line.startswith("| model | tokenizer |"))
+    assert "valid_word_perplexity" in header and "test_word_perplexity" in header
+    rows = [line for line in markdown.splitlines() if line.startswith("| ngram |")]
+    assert [row.split(" | ")[1] for row in rows] == ["word", "bpe"]
+    lineage = markdown[markdown.index("## Lineage"):]
+    for ref in (docs, words, bpe, lms["bpe"], evaluation):  # every artifact behind the report, once
+        assert lineage.count(f"| {ref.kind}:{ref.version} |") == 1
+    assert lineage.index(f"| corpus:{docs.version} |") < lineage.index(f"| lm:{lms['bpe'].version} |")
+
