@@ -39,7 +39,7 @@ def write_embeddings(out: ArtifactWriter, vocabulary: pl.DataFrame, word_vectors
 @stage("embeddings", code=[svd, device, vectors, vocab, text, embedding_plots, formats])
 def svd_embeddings(out: ArtifactWriter, ppmi: ArtifactRef, params: SVDParams) -> None:
     word_vectors, singular_values = svd.svd_vectors(read_matrix(ppmi), params.dim, params.power, params.add_context,
-                                                    params.n_iter, params.seed)
+                                                    params.n_iter, params.seed, progress=out.progress)
     write_embeddings(out, read_table(ppmi, "vocab.parquet"), word_vectors, "svd")
     out.metrics["device"] = device.describe(torch.device("cpu"), "fp32")  # scikit-learn, where the flow runs
     out.metrics["top_singular_value"] = float(singular_values[0])

@@ -96,3 +96,48 @@ def test_artifacts_of_one_kind_are_told_apart_and_selected_by_their_tag(tmp_path
     assert json.loads(capsys.readouterr().out)["version"] == "a" * 16
     assert main(["artifacts", "show", "embeddings:sgns", "--store", str(tmp_path)]) == 2
     assert capsys.readouterr().err.strip() == f"error: no embeddings artifact with method=sgns in {tmp_path}"
+
+
+def _recording_progress(monkeypatch):
+    """Every Progress update (name, n) and every close, however often the log lines are written."""
+    from lexiflow.models import progress
+
+    calls: list[tuple[str, float]] = []
+    update, close = progress.Progress.update, progress.Progress.close
+    monkeypatch.setattr(progress.Progress, "update", lambda self, n=1: (calls.append((self.name, n)), update(self, n)))
+    monkeypatch.setattr(progress.Progress, "close", lambda self: (calls.append((self.name, "close")), close(self)))
+    return calls
+
+
+def test_glove_reports_progress_within_each_epoch(monkeypatch):
+    import numpy as np
+    import scipy.sparse as sp
+    from lexiflow.models.glove import GloVe
+
+    calls = _recording_progress(monkeypatch)
+    rng = np.random.default_rng(0)
+    counts = sp.coo_matrix(rng.integers(0, 3, (30, 30)).astype(np.float64))
+    GloVe(dim=4, epochs=2, batch_size=16, negative=0).fit(counts)
+    updates = [n for name, n in calls if name == "glove" and n != "close"]
+    assert len(updates) == 2 * -(-counts.nnz // 16) and sum(updates) == 2 * counts.nnz  # one per batch
+
+
+def test_svd_and_the_analogies_report_progress_with_rate_and_an_end(caplog):
+    import logging
+
+    import numpy as np
+    import scipy.sparse as sp
+    from lexiflow.models import evaluation, vectors
+    from lexiflow.models.svd import svd_vectors
+
+    seen: list[float | None] = []
+    matrix = sp.random(300, 300, density=0.05, random_state=0, format="csr")
+    with caplog.at_level(logging.INFO, logger="lexiflow"):
+        svd_vectors(matrix, dim=8, n_iter=2, progress=seen.append)
+    assert seen[-1] == 1.0
+    assert any(r.name == "lexiflow.svd" and "100%" in r.message and "/s" in r.message for r in caplog.records)
+    words = ["king", "queen", "man", "woman", "paris", "france", "rome", "italy"]
+    kv = vectors.keyed_vectors(words, np.random.default_rng(0).normal(size=(8, 5)).astype(np.float32))
+    seen.clear()
+    evaluation.analogies(kv, questions=evaluation.read_analogies().head(200), batch=8, progress=seen.append)
+    assert seen[-1] == 1.0
