@@ -15,6 +15,7 @@ section, one parameter of the flow).
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from lexiflow.flows.params import TrainingParams, artifact_ref
 from lexiflow.models.device import gpu_warning
 from lexiflow.models.errors import ParameterError
 from lexiflow.storage import ArtifactRef, ArtifactStore, StoreError
+from lexiflow.storage.formats import read_manifest
 from lexiflow.tasks.embeddings import glove_embeddings, svd_embeddings, word2vec_embeddings
 from lexiflow.tasks.lm import train_lm as lm_stage
 from lexiflow.tasks.params import (
@@ -39,6 +41,8 @@ from lexiflow.tasks.stage import published_manifest
 from prefect import flow, get_run_logger
 from prefect.deployments import run_deployment
 from pydantic import BaseModel
+
+log = logging.getLogger("lexiflow.training")
 
 
 @dataclass(frozen=True)
@@ -77,13 +81,26 @@ LM_TRAINERS: dict[str, Trainer] = {
 
 
 def _resolve_inputs(trainer: Trainer, store: str, inputs: dict[str, str]) -> dict[str, ArtifactRef]:
-    """{argument: version or "latest"} → ArtifactRefs that exist in the store."""
+    """{argument: version or "latest"} → ArtifactRefs that exist in the store. A required input not given
+    comes from the lineage of those given when one of them was made from it (tokens name the tokenizer
+    that encoded them; a word vocabulary its corpus), else it is the latest of its kind."""
     accepted = {**trainer.inputs, **trainer.optional}
     unknown = set(inputs) - set(accepted)
     if unknown:
         raise ParameterError(f"inputs: unknown name(s) {sorted(unknown)}; this trainer takes {sorted(accepted)}")
-    return {name: artifact_ref(store, f"inputs.{name}", kind, inputs.get(name, "latest"))
-            for name, kind in accepted.items() if name in inputs or name not in trainer.optional}
+    given = {name: artifact_ref(store, f"inputs.{name}", accepted[name], version) for name, version in inputs.items()}
+    resolved = dict(given)
+    for name, kind in trainer.inputs.items():
+        if name in resolved:
+            continue
+        lineage = [entry for ref in given.values() for entry in read_manifest(ref)["inputs"].values()
+                   if entry["kind"] == kind]
+        version = lineage[0]["version"] if lineage else "latest"
+        resolved[name] = artifact_ref(store, f"inputs.{name}", kind, version)
+        if lineage:
+            log.info("inputs.%s: %s, from the lineage of %s", name, resolved[name],
+                     ", ".join(str(ref) for ref in given.values()))
+    return resolved
 
 
 def _run_here(trainer: Trainer, store: str, inputs: dict[str, str], params: BaseModel) -> ArtifactRef:

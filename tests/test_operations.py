@@ -141,3 +141,19 @@ def test_svd_and_the_analogies_report_progress_with_rate_and_an_end(caplog):
     seen.clear()
     evaluation.analogies(kv, questions=evaluation.read_analogies().head(200), batch=8, progress=seen.append)
     assert seen[-1] == 1.0
+
+
+def test_a_hand_started_training_takes_missing_inputs_from_the_lineage_of_those_given(tmp_path):
+    from lexiflow.flows.training import LM_TRAINERS, _resolve_inputs
+    from lexiflow.storage import ArtifactStore
+
+    store = ArtifactStore(tmp_path)
+    for version in ("0" * 16, "1" * 16):  # the tokens' own tokenizer, then a newer one (the latest)
+        with store.writer("tokenizer", version) as out:
+            out.write_json("config.json", {})
+    with store.writer("tokenized_corpus", "2" * 16, inputs={"tokenizer": store.ref("tokenizer", "0" * 16)}) as out:
+        out.write_json("config.json", {})
+    inputs = _resolve_inputs(LM_TRAINERS["lstm"], store.url, {"tokens": "2" * 16})
+    assert inputs == {"tokens": store.ref("tokenized_corpus", "2" * 16), "tokenizer": store.ref("tokenizer", "0" * 16)}
+    given = _resolve_inputs(LM_TRAINERS["lstm"], store.url, {"tokens": "2" * 16, "tokenizer": "1" * 16})
+    assert given["tokenizer"].version == "1" * 16  # what the user names wins (the stage then says they disagree)
