@@ -21,6 +21,7 @@ Add a deployment: one `DeploymentSpec(...)` line in `DEPLOYMENTS`.
 from __future__ import annotations
 
 import argparse
+import html
 import os
 import sys
 from collections.abc import Callable
@@ -106,13 +107,23 @@ def ensure_pools(config: DeployConfig) -> None:
 
 def _strict(schema: Any) -> Any:
     """The flow's parameter schema with unknown top-level names refused (nested sections already
-    refuse theirs: pydantic writes `additionalProperties: false` for `extra="forbid"`)."""
+    refuse theirs: pydantic writes `additionalProperties: false` for `extra="forbid"`), and descriptions
+    escaped for the UI, which renders them as HTML (`<unk>`, `</w>` vanished as tags)."""
     from prefect.utilities.callables import ParameterSchema
 
     class StrictParameterSchema(ParameterSchema):
         additionalProperties: bool = False
 
-    return StrictParameterSchema(**schema.model_dump(), additionalProperties=False)
+    return StrictParameterSchema(**_escape_descriptions(schema.model_dump()), additionalProperties=False)
+
+
+def _escape_descriptions(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {key: html.escape(value, quote=False) if key == "description" and isinstance(value, str)
+                else _escape_descriptions(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_escape_descriptions(value) for value in node]
+    return node
 
 
 def deploy(config: DeployConfig, only: list[str] | None = None) -> dict[str, str]:

@@ -68,6 +68,11 @@ def test_strict_schema_rejects_unknown_names_at_every_level():
                        ({"svd": {"dim": 1}}, "svd.dim"), ({"embeddings": []}, "[] should be non-empty")):
         with pytest.raises(ValidationError, match=re.escape(where)):
             validate(bad, schema, raise_on_error=True)
+    # the UI renders descriptions as HTML: <unk> and </w> arrive escaped, so they show instead of vanishing
+    descriptions = " ".join(field.get("description", "") for section in schema["definitions"].values()
+                            for field in section["properties"].values())
+    assert "Words seen fewer times in the train split become &lt;unk&gt;." in descriptions
+    assert "&lt;/w&gt;" in descriptions and "<" not in descriptions
 
 
 def test_flow_entry_rejects_unknown_and_invalid_parameters():
