@@ -678,6 +678,32 @@ def test_train_lm_deployment_runs_on_the_gpu_pool(box, runs):
 
 
 @pytest.mark.slow
+def test_lexiflow_run_uses_the_running_serve_and_lists_every_artifact(box, runs, monkeypatch, capsys):
+    """While serve runs, `lexiflow run` from the same PREFECT_HOME reports to its server (the run shows in
+    its UI) instead of starting a temporary one; here every stage is reused, and still each is listed."""
+    from lexiflow.flows import server
+    from lexiflow.flows.cli import main
+
+    monkeypatch.setenv("PREFECT_HOME", str(box.home))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setattr(server, "start_temporary", lambda *a, **k: pytest.fail("started a temporary server"))
+    before = {r["id"] for r in box.flow_runs(deployment_id={"is_null_": True})}
+    settings = [f"{section}.{name}={json.dumps(value)}" for section, values in SMALL.items() if isinstance(values, dict)
+                for name, value in values.items()] + [f"{k}={json.dumps(v)}" for k, v in SMALL.items()
+                                                      if not isinstance(v, dict)]
+    assert main(["run", "--store", box.config.store, "--corpus", "builtin:lee",
+                 *(x for s in settings for x in ("--set", s))]) == 0
+    out, err = capsys.readouterr()
+    assert "Using the Prefect server of `lexiflow serve`" in err
+    new = [r for r in box.flow_runs(deployment_id={"is_null_": True}) if r["id"] not in before
+           and r["flow_id"] == runs["pipeline"]["flow_id"]]
+    assert len(new) == 1 and new[0]["state"]["type"] == "COMPLETED"
+    listed = re.findall(r"^  (\S+) +([0-9a-f]{16})  ", out, re.M)
+    assert {name for name, _ in listed} >= {"corpus", "tokenizer", "tokenized_corpus", "cooccurrence", "ppmi",
+                                            "embeddings.svd", "embeddings.glove", "evaluation.svd", "report"}
+
+
+@pytest.mark.slow
 def test_stop_ends_everything_that_serve_started(box):
     processes = [serve.Started(**p) for p in box.state["processes"]]
     assert [p.name for p in processes] == ["server", "worker-cpu", "worker-gpu0"]
