@@ -136,7 +136,8 @@ def headline(kind: str, metrics: dict[str, Any]) -> str | None:
         return ", ".join(f"{k} {figure(k, 4)}" for k in ("accuracy", "known_accuracy", "unknown_accuracy")
                          if metrics.get(k) is not None) or "not evaluated (no valid or test sentences)"
     if kind == "lm":
-        return ", ".join(f"{k} {figure(k, 1)}" for k in ("valid_perplexity", "test_perplexity")
+        return ", ".join(f"{k} {figure(k, 1)}" for k in ("valid_perplexity", "valid_word_perplexity",
+                                                         "test_perplexity", "test_word_perplexity")
                          if metrics.get(k) is not None)
     return None
 
