@@ -10,7 +10,7 @@ import re
 from typing import Any
 
 from lexiflow.models import evaluation
-from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter, formats
+from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter
 from lexiflow.storage.formats import read_manifest
 from lexiflow.tasks.report_image import publish_chart, publish_image
 from lexiflow.tasks.stage import stage
@@ -74,7 +74,7 @@ def lineage_rows(refs: list[ArtifactRef]) -> list[dict[str, Any]]:
     for (kind, version), manifest in manifests.items():
         metrics, key = manifest["metrics"], KEY_METRIC.get(kind)
         rows.append({"artifact": f"{kind}:{version}", "tag": str(metrics.get(DISTINGUISHED_BY.get(kind, ""), "")),
-                     "key metric": f"{key} {evaluation._fmt(for_people(metrics.get(key)))}" if key else "",
+                     "key metric": f"{key} {evaluation.format_cell(for_people(metrics.get(key)))}" if key else "",
                      "made from": ", ".join(f"{name} {entry['kind']}:{entry['version']}"
                                             for name, entry in manifest["inputs"].items())})
     return rows
@@ -83,11 +83,11 @@ def lineage_rows(refs: list[ArtifactRef]) -> list[dict[str, Any]]:
 def _table(rows: list[dict], columns: tuple[str, ...]) -> list[str]:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
-        lines.append("| " + " | ".join(evaluation._fmt(row.get(c)) for c in columns) + " |")
+        lines.append("| " + " | ".join(evaluation.format_cell(row.get(c)) for c in columns) + " |")
     return lines
 
 
-@stage("report", code=[evaluation, formats])
+@stage("report")
 def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[ArtifactRef] | None = None,
                  taggers: list[ArtifactRef] | None = None) -> None:
     store = ArtifactStore(evaluations[0].store)

@@ -18,7 +18,7 @@ import pytest
 import torch
 from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import InputError, ParameterError
-from lexiflow.models.lm import neural
+from lexiflow.models.lm import neural, registry
 from lexiflow.models.lm.distributed import fit_distributed
 from lexiflow.models.lm.ffnn import FFNN, FFNNLM, FFNNConfig
 from lexiflow.models.lm.rnn import RNN, RNNLM, RNNConfig
@@ -64,7 +64,8 @@ VALID = successor_corpus(40, seed=2)
 
 
 def small_rnn(cell: str = "lstm", **kw) -> RNNConfig:
-    return RNNConfig(V, cell=cell, **{"emb_dim": 16, "hidden_dim": 16, "num_layers": 2, "dropout": 0.1, **kw})
+    return RNNConfig(V, cell=cell, **{"emb_dim": 16, "hidden_dim": 16, "num_layers": 2, "dropout": 0.1,
+                                      "tie_weights": False, **kw})
 
 
 def small_transformer(**kw) -> TransformerConfig:
@@ -72,7 +73,8 @@ def small_transformer(**kw) -> TransformerConfig:
 
 
 def quick(**kw) -> TrainConfig:
-    return TrainConfig(**{"batch_size": 8, "bptt": 12, "lr": 1e-2, "epochs": 1, **kw})
+    return TrainConfig(**{"batch_size": 8, "bptt": 12, "lr": 1e-2, "epochs": 1, "warmup_steps": 0,
+                          "checkpoint_every": 0, **kw})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -415,7 +417,7 @@ def test_save_load_round_trip(tmp_path, make):
     metrics = pl.read_parquet(tmp_path / "metrics.parquet")
     assert metrics.columns == list(neural.METRIC_COLUMNS)
     assert metrics.height == 2 and metrics["valid_ppl"].null_count() == 0
-    back = neural.load(tmp_path)
+    back = registry.load(tmp_path)  # dispatches on the config's kind
     assert type(back) is type(lm) and back.config == lm.config and back.train == lm.train
     ctx = [BOS, 5, 6]
     np.testing.assert_array_equal(back.log_probs(ctx), lm.log_probs(ctx))
