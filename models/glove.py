@@ -254,6 +254,7 @@ class GloVe(Estimator):
                         loss_sum += loss
                         unobserved_sum += unobserved
                     step(grads)
+                    bar.update(len(batch))  # within the epoch: a long epoch reports rate and ETA as it goes
                 loss = loss_sum.item() / n  # the epoch's one host sync (also waits for the GPU)
                 seconds = time.perf_counter() - start
                 if not np.isfinite(loss):
@@ -263,7 +264,6 @@ class GloVe(Estimator):
                 if cfg.negative:
                     self.history_[-1]["unobserved_loss"] = unobserved_sum.item() / (n * cfg.negative)
                 logger.debug("glove epoch %d: loss %.5f, %.2fs", epoch, loss, seconds)
-                bar.update(n)
                 if on_epoch is not None:
                     on_epoch(self.history_[-1], _output(w, w_ctx, trained, cfg.spectrum_power))
 

@@ -17,6 +17,7 @@ from typing import Annotated, ClassVar
 import numpy as np
 import polars as pl
 from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.text import hf_normalizer
 from pydantic import Field
 
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
@@ -123,10 +124,10 @@ class Vocabulary:
         return " ".join(tokens[i] for i in ids if i not in (BOS_ID, EOS_ID, PAD_ID))
 
     def to_hf_json(self, pattern: str, lowercase: bool) -> str:
-        """A Hugging Face `tokenizer.json` (WordLevel model) that encodes as `encode` does, for text
-        normalized as the corpus was (`lowercase`). Pre-tokenization splits on whitespace, then
-        isolates every match of the word `pattern` (the artifact's), which covers every non-space
-        character, so it yields exactly our pre-tokenizer's tokens."""
+        """A Hugging Face `tokenizer.json` (WordLevel model) that encodes raw text as lexiflow does: its
+        normalizer is ingestion's (controls removed, NFC, lowercase when the corpus was: `lowercase`);
+        pre-tokenization splits on whitespace, then isolates every match of the word `pattern` (the
+        artifact's), which covers every non-space character, so it yields exactly our pre-tokenizer's tokens."""
         tokens = self.tokens
         return json.dumps({
             "version": "1.0",
@@ -135,7 +136,7 @@ class Vocabulary:
             "added_tokens": [{"id": i, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
                               "normalized": False, "special": True}
                              for i, token in enumerate(tokens) if token in SPECIALS],
-            "normalizer": {"type": "Lowercase"} if lowercase else None,
+            "normalizer": hf_normalizer(lowercase),  # ingestion's: controls removed, NFC, lowercase
             "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
                 {"type": "WhitespaceSplit"},
                 {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},

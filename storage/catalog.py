@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from lexiflow.storage.formats import DISTINGUISHED_BY  # noqa: F401  (re-exported: the catalog selects by it)
 from lexiflow.storage.store import (
     KIND_PATTERN,
     MANIFEST,
@@ -73,16 +74,20 @@ class Catalog:
     def kinds(self) -> list[str]:
         return sorted({m["kind"] for m in self.list()})
 
-    def latest(self, kind: str) -> dict[str, Any] | None:
-        found = self.list(kind)
+    def latest(self, kind: str, /, **selector: Any) -> dict[str, Any] | None:
+        """The newest manifest of a kind, among those whose metrics match `selector`, e.g.
+        `latest("embeddings", method="glove")`, `latest("tokenizer", kind="bpe")`, `latest("lm", model="lstm")`,
+        `latest("tagger", column="upos")` (one run publishes several artifacts of a kind: `DISTINGUISHED_BY`)."""
+        found = [m for m in self.list(kind) if all(m["metrics"].get(k) == v for k, v in selector.items())]
         return found[-1] if found else None
 
-    def get(self, kind: str, version: str | None = None) -> dict[str, Any]:
-        """A manifest by kind and version (the latest of the kind when version is None)."""
+    def get(self, kind: str, version: str | None = None, /, **selector: Any) -> dict[str, Any]:
+        """A manifest by kind and version (the latest of the kind, matching `selector`, when version is None)."""
         if version is None:
-            manifest = self.latest(kind)
+            manifest = self.latest(kind, **selector)
             if manifest is None:
-                raise StoreError(f"no {kind} artifact in {self.store.url}")
+                which = "".join(f" with {k}={v}" for k, v in selector.items())
+                raise StoreError(f"no {kind} artifact{which} in {self.store.url}")
             return manifest
         manifest = self.store.manifest(kind, validate_version(version))
         manifest["path"] = self.store.location(kind, version)
@@ -97,8 +102,8 @@ class Catalog:
             raise StoreError(f"no artifact with version {version} in {self.store.url}")
         return self.get(matches[0].rsplit("/", 3)[-3], version)
 
-    def ref(self, kind: str, version: str | None = None) -> ArtifactRef:
-        manifest = self.get(kind, version)
+    def ref(self, kind: str, version: str | None = None, /, **selector: Any) -> ArtifactRef:
+        manifest = self.get(kind, version, **selector)
         return self.store.ref(manifest["kind"], manifest["version"])
 
     def lowercased(self, manifest: dict[str, Any]) -> bool:

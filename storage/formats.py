@@ -27,6 +27,11 @@ TOKENS = pa.schema([("doc_index", pa.uint32()), ("sentence", pa.uint32()), ("spl
                     ("ids", pa.list_(pa.uint32()))])
 MATRIX = pa.schema([("row", pa.uint32()), ("col", pa.uint32()), ("value", pa.float64())])
 
+# The manifest metric that tells artifacts of one kind apart (a run makes several of these kinds):
+# `Catalog.latest(kind, **{DISTINGUISHED_BY[kind]: value})`, `lexiflow artifacts show KIND:VALUE`.
+DISTINGUISHED_BY = {"embeddings": "method", "evaluation": "method", "tokenizer": "kind", "lm": "model",
+                    "tagger": "column"}
+
 
 def vectors_schema(dim: int) -> pa.Schema:
     return pa.schema([("id", pa.uint32()), ("word", pa.string()), ("count", pa.uint64()),

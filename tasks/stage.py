@@ -29,7 +29,6 @@ import importlib
 import inspect
 import logging
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from types import CodeType, ModuleType
 from typing import Any
 
@@ -38,7 +37,12 @@ from lexiflow.storage import ArtifactRef, ArtifactStore, StoreError, content_ver
 from lexiflow.storage.formats import read_manifest
 from lexiflow.storage.store import ArtifactNotFound, is_transient
 from prefect import get_run_logger, task
-from prefect.artifacts import create_link_artifact, create_progress_artifact, update_progress_artifact
+from prefect.artifacts import (
+    create_link_artifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    update_progress_artifact,
+)
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run, task_run
 from pydantic import BaseModel
@@ -270,12 +274,16 @@ def _progress_artifact(kind: str) -> Callable[[float | None], None]:
 
 
 def link_artifact(store: ArtifactStore, kind: str, version: str) -> None:
-    """A Prefect link artifact (keyed per stage) from the run to the artifact's folder in the store."""
-    path = store.path(kind, version)
-    url = Path(path).as_uri() if store.is_local else store.fs.unstrip_protocol(path)
+    """A Prefect artifact (keyed per stage) from the run to the artifact in the store: a link to an object
+    store's location, or a local folder's path as text (a browser refuses file:// links from a web page)."""
+    location, key = store.location(kind, version), f"{kind.replace('_', '-')}-artifact"
     try:
-        create_link_artifact(url, link_text=f"{kind}:{version}", key=f"{kind.replace('_', '-')}-artifact",
-                             description=f"{kind} artifact in the store ({store.url})")
+        if store.is_local:
+            create_markdown_artifact(f"`{kind}:{version}` in `{location}`", key=key,
+                                     description=f"{kind} artifact in the store ({store.url})")
+        else:
+            create_link_artifact(location, link_text=f"{kind}:{version}", key=key,
+                                 description=f"{kind} artifact in the store ({store.url})")
     except Exception:  # outside a run context, or the API is busy: the link is a nicety
         pass
 

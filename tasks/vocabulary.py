@@ -83,7 +83,10 @@ def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: Vocabular
 def learn_subword(out: ArtifactWriter, corpus: ArtifactRef, params: TokenizerParams) -> None:
     """BPE or WordPiece trained on the train split's sentences; saved with a HF tokenizer.json."""
     require_train_split(corpus)
-    tokenizer = from_section(SUBWORD[params.kind], params).fit(train_sentences(corpus)["text"])
+    # The corpus's lowercasing travels with the tokenizer: raw text given to `encode` (or to the exported
+    # tokenizer.json) is then lowercased as the corpus was.
+    lowercase = bool(read_manifest(corpus)["parameters"].get("params", {}).get("lowercase"))
+    tokenizer = from_section(SUBWORD[params.kind], params, lowercase=lowercase).fit(train_sentences(corpus)["text"])
     tokenizer.save(out.folder)
     out.metrics.update({"kind": params.kind, "vocabulary_size": len(tokenizer.vocab), "merges": len(tokenizer.merges_)})
 

@@ -20,7 +20,7 @@ import pytest
 import scipy.sparse as sp
 from lexiflow.flows.cli import main as cli
 from lexiflow.loaders import LOADERS, EvaluationReport, MatrixArtifact, load
-from lexiflow.models import vocab
+from lexiflow.models import text, vocab
 from lexiflow.models.lm.ngram import NgramLM
 from lexiflow.storage import ArtifactStore, Catalog, StoreError
 from lexiflow.storage.formats import MATRIX, write_matrix
@@ -37,9 +37,10 @@ from lexiflow.tasks.params import (
     NgramParams,
     PPMIParams,
     SVDParams,
+    TokenizerParams,
     VocabularyParams,
 )
-from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
+from lexiflow.tasks.vocabulary import encode_corpus, learn_subword, learn_vocabulary
 
 from tests.backends import BACKENDS
 from tests.stages import publish
@@ -210,15 +211,74 @@ def test_export_embeddings_and_tokenizer_open_in_peer_libraries(store, tmp_path,
     version = Catalog(store).latest("tokenizer")["version"]
     assert cli(["artifacts", "export", f"tokenizer:{version}", str(tmp_path / "tok"), "--store", store.url]) == 0
     hf = Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json"))
-    vocabulary = load(Catalog(store), "tokenizer")
-    sample = ["the prime minister's well-known plan cost 1,000.50 dollars <unk> today!",
-              "Zyxwv qqq, mr. smith -- said (again) 3.14"]
-    for sentence in sample:
-        ours = vocabulary.encode(sentence.lower())
+    vocabulary = load(Catalog(store), "tokenizer", version)
+    for sentence in RAW:  # raw text, as a user gives it: lexiflow cleans it as ingestion cleaned the corpus
+        ours = vocabulary.encode(text.normalize(sentence, lowercase=True))
         assert hf.encode(sentence).ids == ours  # the export lowercases, as the corpus stage did
     assert json.loads((tmp_path / "tok" / "manifest.json").read_text())["version"] == version
+
+
+# Mixed case, punctuation, a control character and decomposed accents (NFD): what ingestion cleans.
+RAW = ["The Kings of Leiden, Mr. SMITH -- said (again) 3.14! ΟΔΥΣΣΕΥΣ", "the prime minister's well-known plan cost "
+       "1,000.50 dollars <unk> today!", "Zyxwv QQQ\x07 Cafe\u0301 NAI\u0308VE R\u00e9sum\u00e9"]
+
+
+@pytest.mark.parametrize("kind", ["bpe", "wordpiece"])
+def test_exported_subword_tokenizers_encode_raw_text_as_lexiflow_does(store, tmp_path, kind):
+    from tokenizers import Tokenizer
+
+    corpus = Catalog(store).ref("corpus")
+    ref = publish(store, learn_subword, corpus=corpus, params=TokenizerParams(kind=kind, vocab_size=300))
+    assert cli(["artifacts", "export", f"tokenizer:{ref.version}", str(tmp_path / kind), "--store", store.url]) == 0
+    hf = Tokenizer.from_file(str(tmp_path / kind / "tokenizer.json"))
+    ours = load(Catalog(store), "tokenizer", ref.version)
+    assert ours.lowercase  # the Lee corpus is lowercased: the tokenizer learnt that from its input
+    for sentence in RAW:
+        ids = ours.encode(sentence)
+        assert hf.encode(sentence).ids == ids
+        assert ids == ours.encode(text.normalize(sentence, lowercase=True))  # as `lexiflow generate` encodes
+    assert ours.encode("The Kings of Leiden") == ours.encode("the kings of leiden")
+    assert ours.unk_id not in ours.encode("The Kings")
 
 
 def test_export_refuses_a_file_as_destination(store, tmp_path):
     (tmp_path / "file").write_text("x")
     assert cli(["artifacts", "export", "corpus", str(tmp_path / "file"), "--store", store.url]) == 2
+
+
+def test_lm_table_names_tokenizers_and_compares_them_per_word(store):
+    from lexiflow.tasks.report import write_report
+
+    catalog = Catalog(store)
+    docs, words = catalog.ref("corpus"), catalog.ref("tokenizer", **{"kind": "word"})
+    bpe = publish(store, learn_subword, corpus=docs, params=TokenizerParams(kind="bpe", vocab_size=300))
+    lms = {}
+    for name, tok in (("word", words), ("bpe", bpe)):
+        ids = publish(store, encode_corpus, corpus=docs, tokenizer=tok)
+        lms[name] = publish(store, train_lm, tokens=ids, tokenizer=tok, model="ngram", params=NgramParams(order=2))
+    metrics = {name: store.manifest("lm", ref.version)["metrics"] for name, ref in lms.items()}
+    assert metrics["word"]["valid_word_perplexity"] == pytest.approx(metrics["word"]["valid_perplexity"])
+    # BPE: the same total log-probability spread over the corpus's words (and </s>), counted here on their own
+    documents = store.read_parquet("corpus", docs.version, "documents.parquet").filter(pl.col("split") == "valid")
+    sentences = [s for d in documents["text"] for s in d.split("\n")]
+    n_words = sum(len(text.pretokenize(s)) + 1 for s in sentences)
+    tokens = store.read_parquet("tokenized_corpus", store.manifest("lm", lms["bpe"].version)["inputs"]["tokens"][
+        "version"], "tokens.parquet").filter(pl.col("split") == "valid")
+    n_tokens = int(tokens["ids"].list.len().sum()) + tokens.height
+    assert n_tokens > n_words  # subwords: more units than words
+    expected = np.exp(np.log(metrics["bpe"]["valid_perplexity"]) * n_tokens / n_words)
+    assert metrics["bpe"]["valid_word_perplexity"] == pytest.approx(expected, rel=1e-9)
+    assert metrics["bpe"]["device"]["type"] == "cpu" and metrics["bpe"]["device"]["precision"] == "fp64"
+
+    evaluation = catalog.ref("evaluation")
+    report = publish(store, write_report, evaluations=[evaluation], lms=[lms["word"], lms["bpe"]])
+    markdown = store.read_text("report", report.version, "report.md")
+    header = next(line for line in markdown.splitlines() if line.startswith("| model | tokenizer |"))
+    assert "valid_word_perplexity" in header and "test_word_perplexity" in header
+    rows = [line for line in markdown.splitlines() if line.startswith("| ngram |")]
+    assert [row.split(" | ")[1] for row in rows] == ["word", "bpe"]
+    lineage = markdown[markdown.index("## Lineage"):]
+    for ref in (docs, words, bpe, lms["bpe"], evaluation):  # every artifact behind the report, once
+        assert lineage.count(f"| {ref.kind}:{ref.version} |") == 1
+    assert lineage.index(f"| corpus:{docs.version} |") < lineage.index(f"| lm:{lms['bpe'].version} |")
+

@@ -32,6 +32,7 @@ from lexiflow.models.estimator import Estimator
 from lexiflow.models.heap import reuse_freed_memory
 from lexiflow.models.lm import train as training
 from lexiflow.models.lm.train import TrainConfig
+from lexiflow.models.progress import Progress
 from pydantic import Field
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
@@ -137,7 +138,8 @@ class NeuralLM(Estimator):
         return self.train.bptt if mc is None else min(self.train.bptt, mc)
 
     def fit(self, train_sentences: Sequence[np.ndarray], valid_sentences: Sequence[np.ndarray] | None = None, *,
-            on_step: Callable[[int, float], None] | None = None) -> NeuralLM:
+            on_step: Callable[[int, float], None] | None = None,
+            progress: Callable[[float | None], None] | None = None) -> NeuralLM:
         """Train with the loop of `models.lm.train` (resuming from `train.checkpoint_dir` when a checkpoint
         is there); per-epoch metrics land in `metrics_`."""
         c = self.config
@@ -148,7 +150,7 @@ class NeuralLM(Estimator):
         self.module_ = self._new_module()
         with reuse_freed_memory():  # each step's large temporaries reuse the last step's memory (CPU: ~25 % faster)
             history = training.train(self.module_, stream, valid, self.train, bos_id=c.bos_id, pad_id=c.pad_id,
-                                     window=self._window, on_step=on_step)
+                                     window=self._window, on_step=on_step, progress=progress)
         self.metrics_ = pl.DataFrame(history, schema=METRIC_COLUMNS) if history else pl.DataFrame(
             schema=METRIC_COLUMNS)
         self.device_ = next(self.module_.parameters()).device  # under torchrun, this rank's GPU
@@ -182,7 +184,8 @@ class NeuralLM(Estimator):
         """(V,) natural-log next-token distribution given the preceding ids (starting with <s>)."""
         return self.log_probs_batch([context])[0]
 
-    def perplexity(self, sentences: Sequence[np.ndarray], *, carry: bool = False) -> float:
+    def perplexity(self, sentences: Sequence[np.ndarray], *, carry: bool = False,
+                   progress: Callable[[float | None], None] | None = None) -> float:
         """exp(mean NLL) over every word and every `</s>` (never `<s>`/`<pad>`).
 
         carry=False (default): each sentence is scored on its own from `<s>`, like the n-gram models
@@ -192,11 +195,13 @@ class NeuralLM(Estimator):
         across sentences (the usual WikiText evaluation); the stream's tail beyond a whole number of
         rows is not scored, so the count can be a little smaller than with carry=False.
         """
-        nll, count = self.score(sentences, carry=carry)
+        nll, count = self.score(sentences, carry=carry, progress=progress)
         return training.perplexity(nll / max(count, 1))  # inf for a diverged model, as n-gram zeros give
 
-    def score(self, sentences: Sequence[np.ndarray], *, carry: bool = False) -> tuple[float, int]:
-        """Summed NLL (nats) and number of predicted tokens; see `perplexity`."""
+    def score(self, sentences: Sequence[np.ndarray], *, carry: bool = False,
+              progress: Callable[[float | None], None] | None = None) -> tuple[float, int]:
+        """Summed NLL (nats) and number of predicted tokens; see `perplexity`. Progress (sentences, rate,
+        ETA) is logged and fed to `progress(fraction)`."""
         self._check_fitted()
         c, cfg = self.config, self.train
         stream = training.to_stream(sentences, c.bos_id, c.eos_id, c.vocab_size)
@@ -208,12 +213,15 @@ class NeuralLM(Estimator):
         order = np.argsort([len(s) for s in seqs], kind="stable")  # similar lengths share a batch: less padding
         total, count = 0.0, 0
         batch = max(1, cfg.eval_batch_size * 4)
-        for start in range(0, len(order), batch):
-            chunk = [seqs[i] for i in order[start : start + batch]]
-            data = training.pad_sequences(chunk, c.pad_id)
-            window = data.shape[1] if self.module_.max_context is None else self._window
-            nll, n = training.evaluate(self.module_, data, window, self.device_, cfg.precision, c.bos_id, c.pad_id)
-            total, count = total + nll, count + n
+        with Progress("lm.perplexity", total=len(order), unit="sentences", callback=progress) as report:
+            for start in range(0, len(order), batch):
+                chunk = [seqs[i] for i in order[start : start + batch]]
+                data = training.pad_sequences(chunk, c.pad_id)
+                window = data.shape[1] if self.module_.max_context is None else self._window
+                nll, n = training.evaluate(self.module_, data, window, self.device_, cfg.precision, c.bos_id,
+                                           c.pad_id)
+                total, count = total + nll, count + n
+                report.update(len(chunk))
         return total, count
 
     # -- the lm artifact ---------------------------------------------------------------------

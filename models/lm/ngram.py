@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -381,10 +381,15 @@ class NgramLM(Estimator):
         with np.errstate(divide="ignore"):
             return np.log(p)
 
-    def perplexity(self, sentences: Sequence[np.ndarray]) -> float:
+    def perplexity(self, sentences: Sequence[np.ndarray], progress: Callable[[float | None], None] | None = None
+                   ) -> float:
         """exp(-mean log p) over all predicted positions: sum(len(s) + 1) of them (tokens and </s>;
-        out-of-vocabulary tokens are scored as <unk>; <s> padding is never scored)."""
-        return float(np.exp(-self.token_log_probs(sentences).mean()))
+        out-of-vocabulary tokens are scored as <unk>; <s> padding is never scored). One vectorized pass
+        (seconds): `progress(fraction)` hears only its end."""
+        ppl = float(np.exp(-self.token_log_probs(sentences).mean()))
+        if progress is not None:
+            progress(1.0)
+        return ppl
 
     # ------------------------------------------------------------------ tables and persistence
     def ngram_table(self, k: int) -> pl.DataFrame:

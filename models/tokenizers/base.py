@@ -3,8 +3,9 @@ corpus encoding per word type, the Parquet/JSON save format and the Hugging Face
 
 Text path (the same in `fit`, `encode`, `encode_batch` and the exported `tokenizer.json`):
 
-1. normalize: Unicode NFC (ingestion already did it, and lowercasing if configured; NFC is
-   idempotent, so doing it again here keeps single-string `encode` consistent with the pipeline).
+1. normalize: control characters removed, Unicode NFC and, with `lowercase` (set from the corpus it
+   learns from), lowercased: what ingestion does to the corpus, so single-string `encode` of raw
+   text gives what the pipeline gives (and the exported `tokenizer.json`'s normalizer does the same).
 2. pre-tokenize: `pretokenizer="word"` is lexiflow's word pre-tokenizer `models.text.WORD_PATTERN`
    (regex matches, whitespace dropped); `"whitespace"` splits on Unicode whitespace only (Hugging
    Face's `WhitespaceSplit`), used to compare merges with `BpeTrainer` exactly.
@@ -33,7 +34,7 @@ import pyarrow as pa
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.estimator import Estimator
 from lexiflow.models.progress import Progress
-from lexiflow.models.text import ASCII_WORD_PATTERN, WORD_PATTERN
+from lexiflow.models.text import ASCII_WORD_PATTERN, CONTROL, WORD_PATTERN, hf_normalizer
 from pydantic import Field
 
 log = logging.getLogger("lexiflow.tokenizers")
@@ -50,12 +51,14 @@ _CHUNK = 200_000  # texts per polars batch while counting words (bounded memory 
 _CHUNK_BYTES = 1 << 22  # and at most ~4 MB of text per batch: its pieces, exploded, are the peak memory
 
 
-def pretokenize_series(texts: pl.Series, pattern: str) -> pl.Series:
-    """NFC-normalize and pre-tokenize a Series of texts into a Series of word lists (nulls -> [])."""
-    return texts.cast(pl.String).fill_null("").str.normalize("NFC").str.extract_all(pattern)
+def pretokenize_series(texts: pl.Series, pattern: str, lowercase: bool = False) -> pl.Series:
+    """Normalize (controls removed, NFC, optionally lowercased) and pre-tokenize a Series of texts into a
+    Series of word lists (nulls -> [])."""
+    texts = texts.cast(pl.String).fill_null("").str.replace_all(CONTROL, "").str.normalize("NFC")
+    return (texts.str.to_lowercase() if lowercase else texts).str.extract_all(pattern)
 
 
-def count_words(texts: Iterable[str] | pl.Series, pattern: str) -> pl.DataFrame:
+def count_words(texts: Iterable[str] | pl.Series, pattern: str, lowercase: bool = False) -> pl.DataFrame:
     """Word-type counts `(word, count)` of a corpus, vectorized in polars and streamed in chunks.
 
     Sorted by word so that everything downstream is independent of the input order.
@@ -94,7 +97,7 @@ def count_words(texts: Iterable[str] | pl.Series, pattern: str) -> pl.DataFrame:
         raise InputError("tokenizer fit: the corpus is empty (no texts); pass an iterable of strings")
     pieces = pl.concat(parts).group_by("piece").agg(pl.col("count").sum())
     counts = (
-        pieces.with_columns(word=pretokenize_series(pieces["piece"], pattern))
+        pieces.with_columns(word=pretokenize_series(pieces["piece"], pattern, lowercase))
         .explode("word").drop_nulls("word")
         .group_by("word").agg(pl.col("count").sum()).sort("word")
     )
@@ -120,8 +123,10 @@ class SubwordTokenizer(Estimator):
         unk_token: str | None = None,
         pretokenizer: str = "word",
         min_frequency: int = 2,
+        lowercase: bool = False,
     ) -> None:
         self.vocab_size = vocab_size
+        self.lowercase = lowercase
         self.special_tokens = tuple(special_tokens)
         self.unk_token = unk_token
         self.pretokenizer = pretokenizer
@@ -198,11 +203,11 @@ class SubwordTokenizer(Estimator):
 
     # ---- text path ---------------------------------------------------------------------------
     def pretokenize(self, text: str) -> list[str]:
-        """NFC + pre-tokenization of one text: its words."""
-        return pretokenize_series(pl.Series([text], dtype=pl.String), self._pattern)[0].to_list()
+        """Normalization + pre-tokenization of one text: its words."""
+        return pretokenize_series(pl.Series([text], dtype=pl.String), self._pattern, self.lowercase)[0].to_list()
 
     def normalize(self, text: str) -> str:
-        """The text as the tokenizer sees it: NFC, pre-tokenized, words joined by single spaces."""
+        """The text as the tokenizer sees it: normalized, pre-tokenized, words joined by single spaces."""
         return " ".join(self.pretokenize(text))
 
     def _encode_word_cached(self, word: str) -> tuple[int, ...]:
@@ -286,7 +291,7 @@ class SubwordTokenizer(Estimator):
         type_of = (flat.to_frame().join(types, on="piece", how="left", maintain_order="left")["type"]
                    .to_numpy().astype(np.int64))
         type_words = ([[w] if w else [] for w in types["piece"]] if is_pretokenized
-                      else pretokenize_series(types["piece"], self._pattern).to_list())
+                      else pretokenize_series(types["piece"], self._pattern, self.lowercase).to_list())
         encoded = []
         with Progress("tokenizer encode pieces", total=len(type_words), unit="types") as progress:
             for words in type_words:
@@ -336,7 +341,7 @@ class SubwordTokenizer(Estimator):
         else:
             pre = {"type": "WhitespaceSplit"}
         return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
-                "normalizer": {"type": "NFC"}, "pre_tokenizer": pre, "post_processor": None}
+                "normalizer": hf_normalizer(self.lowercase), "pre_tokenizer": pre, "post_processor": None}
 
     def to_hf_json(self) -> str:
         """A Hugging Face `tokenizer.json` (load with `tokenizers.Tokenizer.from_str/from_file`)."""

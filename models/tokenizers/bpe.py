@@ -204,8 +204,9 @@ class BPE(SubwordTokenizer):
         unk_token: str | None = None,
         pretokenizer: str = "word",
         min_frequency: MinFrequency = 2,
+        lowercase: bool = False,
     ) -> None:
-        super().__init__(vocab_size, tuple(special_tokens), unk_token, pretokenizer, min_frequency)
+        super().__init__(vocab_size, tuple(special_tokens), unk_token, pretokenizer, min_frequency, lowercase)
         self.end_of_word = end_of_word
         self.marker = marker
 
@@ -221,7 +222,7 @@ class BPE(SubwordTokenizer):
     def fit(self, texts: Iterable[str] | pl.Series) -> BPE:
         """Learn merges from a corpus (an iterable of texts, or a polars Series of str)."""
         self._check_params()
-        wc = count_words(texts, self._pattern)
+        wc = count_words(texts, self._pattern, self.lowercase)
         words, counts = wc["word"].to_list(), wc["count"].to_list()
         eow = self.end_of_word
         if wc["word"].str.contains(eow, literal=True).any():

@@ -163,9 +163,10 @@ class WordPiece(SubwordTokenizer):
         unk_token: str | None = None,
         pretokenizer: str = "word",
         min_frequency: MinFrequency = 2,
+        lowercase: bool = False,
         max_input_chars_per_word: int = 100,
     ) -> None:
-        super().__init__(vocab_size, tuple(special_tokens), unk_token, pretokenizer, min_frequency)
+        super().__init__(vocab_size, tuple(special_tokens), unk_token, pretokenizer, min_frequency, lowercase)
         self.prefix = prefix
         self.max_input_chars_per_word = max_input_chars_per_word
 
@@ -179,7 +180,7 @@ class WordPiece(SubwordTokenizer):
     def fit(self, texts: Iterable[str] | pl.Series) -> WordPiece:
         """Learn the vocabulary from a corpus (an iterable of texts, or a polars Series of str)."""
         self._check_params()
-        wc = count_words(texts, self._pattern)
+        wc = count_words(texts, self._pattern, self.lowercase)
         words, counts = wc["word"].to_list(), wc["count"].to_list()
         if wc["word"].str.starts_with(self.prefix).any():
             log.warning("wordpiece: some words start with the prefix %r; decode cannot tell them apart", self.prefix)
