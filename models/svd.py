@@ -13,6 +13,7 @@ from typing import Annotated
 import numpy as np
 import scipy.sparse as sp
 from lexiflow.models.errors import ParameterError
+from lexiflow.models.threads import limit_threads
 from pydantic import Field
 from sklearn.utils.extmath import randomized_svd
 
@@ -24,13 +25,16 @@ def svd_vectors(
     add_context: Annotated[bool, Field(description="Add the context vectors V·S^power.")] = False,
     n_iter: Annotated[int, Field(ge=1, le=50, description="Power iterations of the randomized SVD.")] = 5,
     seed: Annotated[int, Field(ge=0, description="Random seed.")] = 0,
+    threads: Annotated[int, Field(ge=1, le=256, description="BLAS threads of the SVD: 1 per worker; more only "
+                                                            "where the worker has the cores to itself.")] = 1,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Return (word vectors float32 [rows × dim], singular values [dim])."""
+    """Return (word vectors float32 [rows × dim], singular values [dim]); `threads`: BLAS threads."""
     if dim < 1 or dim >= min(matrix.shape):
         raise ParameterError(f"svd.dim={dim}: must be between 1 and {min(matrix.shape) - 1} for this vocabulary")
     # float32 halves the memory traffic of the sparse products that dominate the time.
-    u, s, vt = randomized_svd(sp.csr_matrix(matrix, dtype=np.float32), n_components=dim, n_iter=n_iter,
-                              random_state=seed)
+    with limit_threads(threads, "svd.threads"):
+        u, s, vt = randomized_svd(sp.csr_matrix(matrix, dtype=np.float32), n_components=dim, n_iter=n_iter,
+                                  random_state=seed)
     scale = s**power
     vectors = u * scale
     if add_context:

@@ -29,6 +29,9 @@ import polars as pl
 WORD_CHARS = r"\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}"
 WORD_PATTERN = (r"</?(?:unk|s|pad)>|\p{Nd}+(?:[.,]\p{Nd}+)+"
                 r"|[" + WORD_CHARS + r"]+(?:['’-][" + WORD_CHARS + r"]+)*|[^" + WORD_CHARS + r"\s]")
+# The same on printable ASCII text, for Python's `re` (no \p{...}): there the word characters are
+# letters, digits and `_` (tests/test_tokenizers.py checks both agree on random printable ASCII).
+ASCII_WORD_PATTERN = r"</?(?:unk|s|pad)>|[0-9]+(?:[.,][0-9]+)+|[A-Za-z0-9_]+(?:['-][A-Za-z0-9_]+)*|[^A-Za-z0-9_\s]"
 
 # ASCII word boundaries (the abbreviations are ASCII): Unicode `\b` keeps the regex off its fast DFA (2× slower).
 _ABBREVIATION = (r"(?-u:\b)(Mr|Mrs|Ms|Dr|Prof|Sr|Jr|St|Mt|Gen|Col|Lt|Sgt|Rev|vs|etc|approx|Inc|Ltd|Co|Corp|No|Fig|Vol"

@@ -124,13 +124,9 @@ CANNOT_CHANGE_CONTENT = frozenset({
     "lexiflow.models.heap",  # allocator settings
     "lexiflow.tasks.stage", "lexiflow.storage.store",  # versioning and publishing; the layout has SCHEMA_VERSION
     "lexiflow.tasks.params",  # parameter models: their values are part of the version
-    "lexiflow.storage.catalog",  # reading inputs; what Catalog.load runs is in LOADED_BY
+    "lexiflow.storage.catalog",  # reading inputs: manifests and listings, no model objects
     "lexiflow.tasks.report_image",  # Prefect UI artifacts only, no file of the report
 })
-# A builder that reads inputs through the catalog depends on the loaders Catalog.load dispatches to:
-# they are hashed, not followed (each loader imports the models/ it loads with; a stage that uses
-# those models names them itself).
-LOADED_BY = {"lexiflow.storage.catalog": "lexiflow.storage.loaders"}
 
 
 def _versioned(name: str) -> bool:
@@ -154,16 +150,13 @@ def _imported_names(module_name: str) -> dict[str, str]:
 
 
 def _closure(modules: Iterable[str]) -> set[str]:
-    """The modules given and every lexiflow module they import, transitively (loaders: not followed)."""
+    """The modules given and every lexiflow module they import, transitively."""
     seen, todo = set(), list(modules)
     while todo:
         module = todo.pop()
-        if module in LOADED_BY and LOADED_BY[module] not in seen:
-            seen.add(LOADED_BY[module])
         if _versioned(module) and module not in seen:
             seen.add(module)
-            if module not in LOADED_BY.values():
-                todo += _imported_names(module).values()
+            todo += _imported_names(module).values()
     return seen
 
 
@@ -301,9 +294,12 @@ def stage(kind: str, fingerprint: Callable[[dict], Any] | None = None,
         def modules_for(arguments: dict[str, Any]) -> list[str]:
             return code_modules(build, kinds.get(arguments.get(choice)), kinds.values())
 
-        @functools.cache
+        hashes: dict[str | None, str] = {}  # a plain dict, not functools.cache: Dask pickles the task by value
+
         def code_hash(variant: str | None) -> str:  # derived on first use: the module is fully defined by then
-            return code_version(modules_for({choice: variant}))
+            if variant not in hashes:
+                hashes[variant] = code_version(modules_for({choice: variant}))
+            return hashes[variant]
         # Prefect reads parameters from the signature: `store` first, then the builder's own.
         own = list(inspect.signature(build).parameters.values())[1:]
         store_param = inspect.Parameter("store", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)

@@ -3,6 +3,7 @@ at the first stage whose result would be empty; what was published before it is 
 artifact (docs/reliability.md, "Empty results"), and nothing of the failing stage is."""
 
 import pytest
+from lexiflow.loaders import load
 from lexiflow.models.errors import InputError
 from lexiflow.storage import ArtifactStore, Catalog
 from lexiflow.tasks.corpus import ingest_corpus
@@ -35,7 +36,7 @@ def test_a_corpus_of_punctuation_ends_with_one_line_naming_it_and_publishes_only
     catalog = Catalog(store)
     assert sorted(catalog.kinds()) == ["corpus", "tokenized_corpus", "tokenizer"]  # no co-occurrence
     assert store.audit(full=True) == (3, []) and store.leftovers() == []
-    assert catalog.load("corpus")["text"].to_list() == PUNCTUATION  # deduplicated, as documented
+    assert load(catalog, "corpus")["text"].to_list() == PUNCTUATION  # deduplicated, as documented
     assert catalog.latest("corpus")["metrics"]["tokens"] == 14
 
 

@@ -8,6 +8,7 @@ import pytest
 from lexiflow.flows.cli import main
 from lexiflow.flows.params import PipelineParams, validate
 from lexiflow.flows.pipeline import run_pipeline
+from lexiflow.loaders import load
 from lexiflow.storage import ArtifactStore, Catalog
 from lexiflow.tasks.report import figure_key
 from lexiflow.tasks.stage import stage
@@ -292,7 +293,7 @@ def test_damaged_artifacts_are_rebuilt_or_refused_through_the_pipeline(tmp_path,
     data[len(data) // 3] ^= 0x01
     matrix.write_bytes(bytes(data))
     with pytest.raises(ArtifactDamaged):
-        Catalog(store).load("ppmi")
+        load(store, "ppmi")
     assert main([*run, "--set", "svd.dim=4"]) == 2  # the new SVD reads the damaged matrix
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and errors[0].startswith(f"error: ppmi:{ppmi['version']}/matrix.parquet: damaged (")

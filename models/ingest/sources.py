@@ -9,9 +9,10 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from lexiflow.models.errors import InputError, ParameterError, shown
+from pydantic import Field
 
 BUILTIN = {
     "builtin:enwiki": "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2",
@@ -23,15 +24,25 @@ _SPLIT_WORDS = {"train": "train", "dev": "valid", "valid": "valid", "validation"
 
 @dataclass(frozen=True)
 class IngestOptions:
-    lowercase: bool = True
-    split_sentences: bool = True
-    text_unit: Literal["line", "paragraph", "file"] = "line"
-    dedupe: bool = True
-    valid_fraction: float = 0.05
-    test_fraction: float = 0.05
-    text_field: str = "text"
-    max_file_bytes: int = 4 << 30  # decompressed; protects against decompression bombs
-    bad_files: Literal["fail", "skip"] = "fail"  # a file that cannot be read: stop, or skip and count it
+    """How files become documents. Annotated fields are the pipeline's `corpus.*` parameters
+    (models/config.py); the sources themselves are the stage's."""
+
+    lowercase: Annotated[bool, Field(description="Lowercase the text after sentence splitting.")] = True
+    split_sentences: Annotated[bool, Field(description="Split documents into sentences (one per line).")] = True
+    text_unit: Annotated[Literal["line", "paragraph", "file"], Field(
+        description="What one document is in plain-text files.")] = "line"
+    dedupe: Annotated[bool, Field(description="Drop exact duplicate documents (after cleaning).")] = True
+    valid_fraction: Annotated[float, Field(ge=0, lt=0.5, description="Share of documents in the valid "
+                                                                      "split.")] = 0.05
+    test_fraction: Annotated[float, Field(ge=0, lt=0.5, description="Share of documents in the test split.")] = 0.05
+    text_field: Annotated[str, Field(min_length=1, description="JSONL field / Parquet column holding the "
+                                                               "text.")] = "text"
+    # protects against decompression bombs
+    max_file_bytes: Annotated[int, Field(ge=1, description="Largest decompressed file accepted, in bytes.")] = 4 << 30
+    # a file that cannot be read: stop, or skip and count it
+    bad_files: Annotated[Literal["fail", "skip"], Field(
+        description="A file that cannot be read (binary, bad encoding, malformed, truncated): stop with its error, "
+                    "or skip it and list it in the corpus stats.")] = "fail"
 
     def __post_init__(self) -> None:
         for name in ("valid_fraction", "test_fraction"):
