@@ -436,3 +436,43 @@ def beam_batch(log_trans: np.ndarray, em: np.ndarray, width: int) -> np.ndarray:
         out[:, t] = tags[t][rows[:, 0], h]
         h = parents[t][rows[:, 0], h]
     return out
+
+
+def viterbi_one_exact(log_trans: np.ndarray, ids: list[np.ndarray], sc: list[np.ndarray],
+                      tables: SparseTrigrams) -> list[int]:
+    """Exact trigram Viterbi of one sentence (every possible tag a candidate) with small dense arrays per
+    position and the sparse step of `_sparse_step`: (max over the tag two back) + base, then the
+    observed trigrams among the candidates. The per-call path of `viterbi_exact`."""
+    k1 = len(log_trans)
+    k = k1 - 1
+    slot_of = np.full(k1, -1, dtype=np.int64)
+    delta, a, b = np.zeros((1, 1)), np.array([k]), np.array([k])
+    backs = []
+    for c, s in zip(ids, sc, strict=True):
+        best = delta.max(axis=0)[:, None] + tables.base[b[:, None], c]  # (m_prev, m_cur)
+        bp = np.repeat(delta.argmax(axis=0)[:, None], len(c), axis=1)
+        rows = (a[:, None] * k1 + b).ravel()  # (prev2 slot, prev slot) pairs, prev2 major, as delta
+        cnt = tables.ptr[rows + 1] - tables.ptr[rows]
+        if cnt.any():
+            pair, loc = _segments(cnt)
+            entry = tables.ptr[rows[pair]] + loc
+            slot_of[c] = np.arange(len(c))
+            kk = slot_of[tables.cur[entry]]
+            slot_of[c] = -1
+            hit = kk >= 0
+            pair, entry, kk = pair[hit], entry[hit], kk[hit]
+            flat = (pair % len(b)) * len(c) + kk
+            val = delta.ravel()[pair] + tables.value[entry]
+            np.maximum.at(best.ravel(), flat, val)
+            won = val == best.ravel()[flat]
+            bp.ravel()[flat[won]] = pair[won] // len(b)
+        delta = best + s
+        backs.append(bp)
+        a, b = b, c
+    end = delta + log_trans[a[:, None], b, k]
+    j, slot = divmod(int(np.argmax(end)), end.shape[1])  # slots of the last two words
+    path = []
+    for c, bp in zip(reversed(ids), reversed(backs), strict=True):
+        path.append(int(c[slot]))
+        j, slot = int(bp[j, slot]), j
+    return path[::-1]

@@ -369,8 +369,8 @@ class HMMTagger(Estimator):
             raise ParameterError(f"method={method!r}: choose one of {', '.join(METHODS)}")
         if method == "beam" and beam_width < 1:
             raise ParameterError(f"beam_width={beam_width}: must be >= 1")
-        if len(sentences) == 1 and method == "viterbi_pruned":  # one call, one sentence: no batch set-up
-            return [self._viterbi_one(sentences[0])]
+        if len(sentences) == 1 and method in ("viterbi", "viterbi_pruned"):  # one sentence: no batch set-up
+            return [self._viterbi_one(sentences[0], exact=method == "viterbi")]
         out: list[list[int]] = [[] for _ in sentences]
         decode = {"viterbi_pruned": lambda em: decoding.viterbi_batch(self.log_trans_, em, self.max_candidates,
                                                                       self.prune),
@@ -411,14 +411,15 @@ class HMMTagger(Estimator):
                     out[i] = tags.tolist()
         return out
 
-    def _viterbi_one(self, words: list[str]) -> list[int]:
-        """Pruned Viterbi of one sentence with the small dense kernel (same candidates as the batch)."""
+    def _viterbi_one(self, words: list[str], exact: bool) -> list[int]:
+        """Viterbi of one sentence with the small dense kernels (the same candidates as the batch)."""
         if not words:
             return []
         rows, unk = self._token_rows([words])
-        k_ids, k_sc, k_w = self._known_candidates()
+        k_ids, k_sc, k_w = self._exact_candidates() if exact else self._known_candidates()
         if len(unk):
-            u_ids, u_sc, u_w = decoding.token_candidates(unk, self.max_candidates, self.prune)
+            u_ids, u_sc, u_w = decoding.token_candidates(unk, len(self.tags_) if exact else self.max_candidates,
+                                                         None if exact else self.prune)
         n_known = len(k_ids)
         ids, sc = [], []
         for r in rows.tolist():
@@ -429,6 +430,8 @@ class HMMTagger(Estimator):
                 u = r - n_known
                 ids.append(u_ids[u, :u_w[u]])
                 sc.append(u_sc[u, :u_w[u]])
+        if exact and self.order == 3:
+            return decoding.viterbi_one_exact(self.log_trans_, ids, sc, self._trigrams)
         return decoding.viterbi_one(self.log_trans_, ids, sc)
 
     def _viterbi_ragged_chunk(self, chunk: list[list[str]]) -> list[list[int]]:
