@@ -2,6 +2,7 @@
 
 corpus → word vocabulary → tokenized corpus → co-occurrence → PPMI → embeddings → evaluation
                          ↘ (word or subword tokens) → language models ↗        → report
+parallel sources → parallel corpus → translation models (seq2seq) ↗
 
 Every task returns a small `ArtifactRef`; data travels through the artifact store only.
 """
@@ -9,7 +10,7 @@ Every task returns a small `ArtifactRef`; data travels through the artifact stor
 from __future__ import annotations
 
 from lexiflow.flows.params import PipelineParams, TrainingParams, artifact_ref, validate
-from lexiflow.flows.training import EMBEDDING_TRAINERS, LM_TRAINERS, train
+from lexiflow.flows.training import EMBEDDING_TRAINERS, LM_TRAINERS, SEQ2SEQ_TRAINERS, train
 from lexiflow.models import ingest
 from lexiflow.storage import ArtifactRef, ArtifactStore
 from lexiflow.tasks.corpus import ingest_corpus, ingest_tagged
@@ -27,15 +28,18 @@ from lexiflow.tasks.params import (
     NgramParams,
     ParallelParams,
     PPMIParams,
+    Seq2SeqParams,
     SVDParams,
     TaggerParams,
     TokenizerParams,
+    TranslationCorpusParams,
     VocabularyParams,
     Word2VecParams,
 )
 from lexiflow.tasks.report import publish_report, write_report
 from lexiflow.tasks.stage import published_manifest
 from lexiflow.tasks.tagger import train_tagger
+from lexiflow.tasks.translation import ingest_parallel
 from lexiflow.tasks.vocabulary import encode_corpus, learn_subword, learn_vocabulary
 from prefect import flow, get_run_logger
 
@@ -59,6 +63,8 @@ def pipeline(
     tagger: TaggerParams = TaggerParams(),
     training: TrainingParams = TrainingParams(),
     parallel: ParallelParams = ParallelParams(),
+    translation: TranslationCorpusParams = TranslationCorpusParams(),
+    seq2seq: Seq2SeqParams = Seq2SeqParams(),
 ) -> dict[str, ArtifactRef]:
     """Build every artifact from the corpus sources; unchanged stages are reused, not recomputed.
     CoNLL-U sources also give a tagged corpus and an HMM tagger per tag set. Training stages run
@@ -83,6 +89,8 @@ def pipeline(
         training: Where training stages run (this process, or the gpu work pool).
         parallel: How ingestion, vocabulary, encoding and co-occurrence shards run (threads, processes, a Dask
             cluster); results and versions do not depend on it.
+        translation: Parallel (source, target) sources; when given, the translation stages run.
+        seq2seq: Translation models (RNN encoder-decoder with attention, Transformer) and their training.
     """
     validate(dict(locals()))  # deployed runs arrive without PipelineParams: its checks across sections, up front
     ArtifactStore(store).check_root()
@@ -123,14 +131,21 @@ def pipeline(
         taggers = {column: train_tagger(store, tagged=tagged, column=column, params=tagger)
                    for column in tagger.columns}
 
+    pairs, translators = None, {}
+    if translation.sources:  # parallel sources: a parallel corpus and a translation model per kind
+        pairs = ingest_parallel(store, params=translation)
+        translators = {kind: train(SEQ2SEQ_TRAINERS[kind], kind, store, {"pairs": pairs}, seq2seq, training)
+                       for kind in seq2seq.models}
+
     report = write_report(store, evaluations=list(evaluations.values()), lms=list(lms.values()) or None,
-                          taggers=list(taggers.values()) or None)
+                          taggers=list(taggers.values()) or None, translations=list(translators.values()) or None)
     publish_report(report)
     refs = {"corpus": docs, "tokenizer": words, "tokenized_corpus": word_ids, "cooccurrence": counts,
             **({"ppmi": pmi} if "svd" in vectors else {}),
             **{f"embeddings.{k}": v for k, v in vectors.items()},
             **{f"evaluation.{k}": v for k, v in evaluations.items()},
             **{f"lm.{k}": v for k, v in lms.items()}, **{f"tagger.{k}": v for k, v in taggers.items()},
+            **({"parallel_corpus": pairs} if pairs else {}), **{f"seq2seq.{k}": v for k, v in translators.items()},
             "report": report}
     get_run_logger().info("pipeline: %s", ", ".join(f"{name}={ref.version}" for name, ref in refs.items()))
     return refs

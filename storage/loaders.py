@@ -134,6 +134,14 @@ def load_tagger(store: ArtifactStore, manifest: dict[str, Any]):
         return HMMTagger.load(folder)
 
 
+def load_seq2seq(store: ArtifactStore, manifest: dict[str, Any]):
+    """A trained `Translator` (`.translate(sentences, beam_width=..., return_attention=False)`)."""
+    from lexiflow.models.seq2seq.translator import Translator
+
+    with local_folder(store, manifest) as folder:
+        return Translator.load(folder)
+
+
 LOADERS: dict[str, Loader] = {
     "tagger": load_tagger,
     "corpus": _table("documents.parquet"),
@@ -145,6 +153,8 @@ LOADERS: dict[str, Loader] = {
     "embeddings": load_embeddings,
     "evaluation": load_evaluation,
     "lm": load_lm,
+    "parallel_corpus": _table("pairs.parquet"),
+    "seq2seq": load_seq2seq,
     "report": load_report,
 }
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-from lexiflow.models import device
+from lexiflow.models import attention, device, transformer_blocks
 from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import ParameterError
 from lexiflow.models.lm import distributed, ffnn, neural, ngram, rnn, train, transformer
@@ -66,7 +66,8 @@ def neural_model(kind: str, vocab_size: int, p: NeuralLMParams, out: ArtifactWri
     return transformer.TransformerLM(config, schedule, embeddings)
 
 
-@stage("lm", code=[ngram, neural, train, ffnn, rnn, transformer, distributed, device, formats])
+@stage("lm", code=[ngram, neural, train, ffnn, rnn, transformer, distributed, device, formats, transformer_blocks,
+                   attention])
 def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, model: str,
              params: NgramParams | NeuralLMParams, embeddings: ArtifactRef | None = None) -> None:
     encoded_with = read_manifest(tokens)["inputs"].get("tokenizer")

@@ -195,3 +195,68 @@ class TaggerParams(Params):
     refine_states: bool = Field(True, description="Split each tag's HMM states by the other tag set during "
                                                   "training (UPOS by XPOS and vice versa); tagging returns plain "
                                                   "tags.")
+
+
+class TranslationCorpusParams(Params):
+    sources: list[str] = Field(
+        default=[], description="Parallel sources for the translation stages (empty: none run): .tsv files "
+                                "(source<TAB>target), JSONL/Parquet with source/target fields, or two line-aligned "
+                                "files <stem>.<source_lang> and <stem>.<target_lang>; files, directories or globs.")
+    source_lang: str = Field("src", min_length=1, pattern=r"^[\w-]+$", description="File suffix of the source side "
+                                                                                    "of aligned files (e.g. en).")
+    target_lang: str = Field("tgt", min_length=1, pattern=r"^[\w-]+$", description="File suffix of the target side.")
+    source_field: str = Field("source", min_length=1, description="JSONL field / Parquet column of the source.")
+    target_field: str = Field("target", min_length=1, description="JSONL field / Parquet column of the target.")
+    lowercase: bool = Field(False, description="Lowercase both sides.")
+    dedupe: bool = Field(True, description="Drop exact duplicate pairs.")
+    valid_fraction: float = Field(0.05, ge=0, lt=0.5, description="Share of source sentences in the valid split "
+                                                                  "(files named after a split keep theirs).")
+    test_fraction: float = Field(0.05, ge=0, lt=0.5, description="Share of source sentences in the test split.")
+    max_file_bytes: int = Field(4 << 30, ge=1, description="Largest decompressed file accepted, in bytes.")
+    bad_files: Literal["fail", "skip"] = Field(
+        "fail", description="A malformed pair (no tab, an empty side, invalid UTF-8, a missing field): stop with "
+                            "its file:line error, or skip it and count it in the manifest.")
+
+
+Seq2SeqKind = Literal["rnn", "transformer"]
+
+
+class Seq2SeqParams(Params):
+    models: list[Seq2SeqKind] = Field(default=["rnn"], description="Translation models to train, each its own "
+                                                                  "seq2seq artifact: rnn, transformer.")
+    tokenizer: Literal["word", "bpe", "wordpiece"] = Field("word", description="Source and target tokens.")
+    vocab_size: int = Field(8000, ge=16, le=1_000_000, description="Vocabulary per side (or joint), specials "
+                                                                   "included.")
+    joint_vocabulary: bool = Field(False, description="One tokenizer learned on both sides.")
+    min_count: int = Field(1, ge=1, description="Rarer words become <unk> (word); subword min frequency.")
+    cell: Literal["gru", "lstm"] = Field("gru", description="RNN cell.")
+    attention: Literal["none", "dot", "general", "additive"] = Field(
+        "additive", description="RNN attention score: none (c = final encoder state), dot, general (bilinear), "
+                                "additive (MLP, Bahdanau).")
+    emb_dim: int = Field(256, ge=4, le=4096, description="RNN embedding size.")
+    hidden_dim: int = Field(256, ge=4, le=8192, description="RNN hidden size.")
+    num_layers: int = Field(1, ge=1, le=8, description="Stacked RNN layers (encoder and decoder).")
+    bidirectional: bool = Field(False, description="Bidirectional RNN encoder.")
+    d_model: int = Field(256, ge=8, le=8192, description="Transformer width.")
+    n_heads: int = Field(4, ge=1, le=64, description="Transformer heads (divide d_model).")
+    d_ff: int = Field(512, ge=8, le=32768, description="Transformer feed-forward size.")
+    layers: int = Field(2, ge=1, le=48, description="Transformer encoder and decoder layers (each).")
+    norm: Literal["post", "pre"] = Field("pre", description="Transformer LayerNorm(x + Sublayer(x)) (post, the "
+                                                            "paper's) or x + Sublayer(LayerNorm(x)) (pre).")
+    activation: Literal["relu", "gelu"] = Field("relu", description="Transformer FFN activation.")
+    positional: Literal["sinusoidal", "learned"] = Field("sinusoidal", description="Transformer positions.")
+    dropout: float = Field(0.2, ge=0, lt=1, description="Dropout.")
+    epochs: int = Field(1, ge=1, le=1000, description="Training epochs.")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
+    batch_size: int = Field(64, ge=1, le=4096, description="Sentence pairs per batch.")
+    lr: float = Field(2e-3, gt=0, le=10, description="Peak learning rate (AdamW, warmup then cosine).")
+    warmup_steps: int = Field(100, ge=0, description="Linear warmup steps.")
+    patience: int | None = Field(None, ge=1, description="Early stopping: epochs without validation gain.")
+    checkpoint_every: int = Field(200, ge=0, description="Steps between checkpoints (0: epoch ends only).")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto picks CUDA when present.")
+    seed: int = Field(0, ge=0, description="Random seed.")
+    beam_width: int = Field(5, ge=1, le=256, description="Beam width for the BLEU evaluation (1 = greedy).")
+    length_penalty: float = Field(1.0, ge=0, le=5, description="Beam scores log P / length^alpha (1: average "
+                                                               "log-probability, 0: none).")
+    eval_sentences: int | None = Field(None, ge=1, description="Score BLEU on at most this many valid/test pairs "
+                                                               "(None: all).")

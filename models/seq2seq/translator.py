@@ -17,13 +17,15 @@ Tokenizers: "word" (the project's word vocabulary; unknown words -> <unk>), "bpe
 decoded tokens with no space before . , ) and after ( (BLEU's 13a tokenisation splits them again).
 
 The `seq2seq` artifact is a directory: config.json (model kind and config, tokenizer and train configs),
-model.safetensors, metrics.parquet (per epoch), tokenizers (src/, tgt/ or joint/).
+model.safetensors, metrics.parquet (per epoch), the tokenizers' files prefixed `src-`/`tgt-` (or `joint-`).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
@@ -105,18 +107,24 @@ class Codec:
         vocab = self.impl.tokens if self.kind == "word" else self.impl.vocab_
         return [vocab[i] for i in ids]
 
-    def save(self, path: Path) -> None:
-        path.mkdir(parents=True, exist_ok=True)
+    def save(self, path: Path, prefix: str) -> None:
+        """Files `<prefix>-<name>` in `path` (artifacts are flat folders)."""
         if self.kind == "word":
-            self.impl.frame.write_parquet(path / "vocab.parquet")
-        else:
-            self.impl.save(path)
+            self.impl.frame.write_parquet(path / f"{prefix}-vocab.parquet")
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            self.impl.save(tmp)
+            for f in Path(tmp).iterdir():
+                shutil.move(f, path / f"{prefix}-{f.name}")
 
     @classmethod
-    def load(cls, kind: str, path: Path) -> Codec:
+    def load(cls, kind: str, path: Path, prefix: str) -> Codec:
         if kind == "word":
-            return cls("word", Vocabulary(pl.read_parquet(path / "vocab.parquet")))
-        return cls(kind, _SUBWORD[kind].load(path))
+            return cls("word", Vocabulary(pl.read_parquet(path / f"{prefix}-vocab.parquet")))
+        with tempfile.TemporaryDirectory() as tmp:
+            for f in path.glob(f"{prefix}-*"):
+                shutil.copy(f, Path(tmp) / f.name[len(prefix) + 1:])
+            return cls(kind, _SUBWORD[kind].load(tmp))
 
 
 def detokenize(text: str) -> str:
@@ -316,10 +324,10 @@ class Translator:
         path.mkdir(parents=True, exist_ok=True)
         save_file(module_tensors(self.module_), str(path / "model.safetensors"))
         if self.tokenizer.joint:
-            self.src_codec_.save(path / "joint")
+            self.src_codec_.save(path, "joint")
         else:
-            self.src_codec_.save(path / "src")
-            self.tgt_codec_.save(path / "tgt")
+            self.src_codec_.save(path, "src")
+            self.tgt_codec_.save(path, "tgt")
         cfg = {"kind": self.kind, "config": asdict(self.config), "tokenizer": asdict(self.tokenizer),
                "train": asdict(self.train), "max_len_a": self.max_len_a, "max_len_b": self.max_len_b}
         (path / "config.json").write_text(json.dumps(cfg, indent=1))
@@ -338,10 +346,10 @@ class Translator:
         tr = cls(kind, config, TokenizerConfig(**cfg["tokenizer"]), TrainConfig(**cfg["train"]),
                  max_len_a=cfg["max_len_a"], max_len_b=cfg["max_len_b"])
         if tr.tokenizer.joint:
-            tr.src_codec_ = tr.tgt_codec_ = Codec.load(tr.tokenizer.kind, path / "joint")
+            tr.src_codec_ = tr.tgt_codec_ = Codec.load(tr.tokenizer.kind, path, "joint")
         else:
-            tr.src_codec_ = Codec.load(tr.tokenizer.kind, path / "src")
-            tr.tgt_codec_ = Codec.load(tr.tokenizer.kind, path / "tgt")
+            tr.src_codec_ = Codec.load(tr.tokenizer.kind, path, "src")
+            tr.tgt_codec_ = Codec.load(tr.tokenizer.kind, path, "tgt")
         tr.bos_id_, tr.eos_id_, _ = _specials(tr.tgt_codec_)
         tr.module_ = MODELS[kind][0](config)
         load_module_tensors(tr.module_, load_file(str(path / "model.safetensors")), str(path / "model.safetensors"))
