@@ -1,12 +1,13 @@
 """Reliability figures: kill -9 crashes, concurrent runs, flaky storage, hostile inputs, fuzzing.
 
 Each row is `ours` = survived (or passed), `peer` = tried, so the target is ratio 1. The same
-machinery as tests/test_reliability.py (tests/chaos.py), with bigger counts; the 200 MB single
+machinery as tests/test_reliability.py (benchmarks/chaos.py), with bigger counts; the 200 MB single
 line is measured here only (too slow for CI on two shared cores; CI runs 20 MB).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -24,7 +25,7 @@ def _row(case: str, metric: str, ours: float, tried: float, notes: str = "") -> 
 
 
 def _crash_and_concurrency(quick: bool, work: Path) -> list[Row]:
-    from tests.chaos import Zygote, concurrent_runs, crash_loop, neural_crash_loop, prefect_server
+    from benchmarks.chaos import Zygote, concurrent_runs, crash_loop, neural_crash_loop, prefect_server
 
     kills = 3 if quick else 30
     rows = []
@@ -64,7 +65,7 @@ def _flaky(env: dict[str, str], work: Path) -> list[Row]:
     from lexiflow.storage.faults import FlakyFileSystem, flaky_url
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from tests.chaos import audit
+    from benchmarks.chaos import audit
 
     injected = survived = retries = 0
     seeds = (1, 2)
@@ -104,7 +105,7 @@ def _hostile(quick: bool, work: Path) -> list[Row]:
     from lexiflow.models.errors import InputError
     from lexiflow.models.ingest import IngestOptions, build_corpus
 
-    from tests.hostile import BOMB_LIMIT, hostile_directory
+    from benchmarks.hostile import BOMB_LIMIT, hostile_directory
 
     expected = hostile_directory(work / "hostile")
     handled = 0
@@ -143,27 +144,18 @@ def _long_line(work: Path) -> list[Row]:
                  f"{float(seconds):.0f} s, peak memory {int(peak) / 1e9:.2f} GB ({int(peak) / size:.1f}× the line)")]
 
 
-def _fuzz(quick: bool) -> list[Row]:
-    os.environ["LEXIFLOW_FUZZ_EXAMPLES"] = "30" if quick else "500"
-    import importlib
-
-    import tests.test_fuzz as fuzz
-
-    fuzz = importlib.reload(fuzz)  # picks up the example count
-    properties = [getattr(fuzz, n) for n in dir(fuzz)
-                  if n.startswith("test_") and hasattr(getattr(fuzz, n), "hypothesis")]
-    passed_examples, failures = 0, []
-    for prop in properties:
-        before = sum(fuzz.EXAMPLES.values())
-        try:
-            prop()
-            passed_examples += sum(fuzz.EXAMPLES.values()) - before
-        except Exception as exc:  # noqa: BLE001 (a failing property is the figure)
-            failures.append(f"{prop.__name__}: {type(exc).__name__}")
-    total = sum(fuzz.EXAMPLES.values())
-    return [_row(f"hypothesis properties ({len(properties)}) on CoNLL-U, MediaWiki, JSONL, any-file ingestion, "
+def _fuzz(quick: bool, work: Path) -> list[Row]:
+    """The hypothesis properties of tests/test_fuzz.py, run by pytest with more examples."""
+    report = work / "fuzz-examples.json"
+    env = {**os.environ, "LEXIFLOW_FUZZ_EXAMPLES": "30" if quick else "500", "LEXIFLOW_FUZZ_REPORT": str(report)}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_fuzz.py"],
+                         cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True)
+    examples = json.loads(report.read_text()) if report.exists() else {}
+    failures = [line.split("::")[-1].split(" ")[0] for line in out.stdout.splitlines() if line.startswith("FAILED")]
+    properties = len(examples) or 1
+    return [_row(f"hypothesis properties ({len(examples)}) on CoNLL-U, MediaWiki, JSONL, any-file ingestion, "
                  "normalizer/sentences/pre-tokenizer, vocabulary, BPE/WordPiece", "fuzz examples passed",
-                 passed_examples, total,
+                 sum(examples.values()) * (properties - len(failures)) // properties, sum(examples.values()),
                  "; ".join(failures) or "no failing property")]
 
 
@@ -171,6 +163,6 @@ def run(quick: bool = False) -> list[Row]:
     with tempfile.TemporaryDirectory(prefix="lexiflow-reliability-") as tmp:
         work = Path(tmp)
         rows = _hostile(quick, work)
-        rows += _fuzz(quick)
+        rows += _fuzz(quick, work)
         rows += _crash_and_concurrency(quick, work)
     return rows

@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+from typing import Annotated
 
 import torch
 from lexiflow.models.errors import ParameterError
+from pydantic import Field
+
+# The device parameter of every trainer (models/config.py).
+Device = Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto picks CUDA when present.")]
 
 
 def resolve_device(device: str, parameter: str = "device") -> torch.device:

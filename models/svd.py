@@ -8,19 +8,22 @@ deterministic for a given seed.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import numpy as np
 import scipy.sparse as sp
 from lexiflow.models.errors import ParameterError
+from pydantic import Field
 from sklearn.utils.extmath import randomized_svd
 
 
 def svd_vectors(
     matrix: sp.spmatrix,
-    dim: int = 300,
-    power: float = 0.5,
-    add_context: bool = False,
-    n_iter: int = 5,
-    seed: int = 0,
+    dim: Annotated[int, Field(ge=2, le=2000, description="Embedding dimension.")] = 300,
+    power: Annotated[float, Field(ge=0, le=1, description="Vectors are U·S^power.")] = 0.5,
+    add_context: Annotated[bool, Field(description="Add the context vectors V·S^power.")] = False,
+    n_iter: Annotated[int, Field(ge=1, le=50, description="Power iterations of the randomized SVD.")] = 5,
+    seed: Annotated[int, Field(ge=0, description="Random seed.")] = 0,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Return (word vectors float32 [rows × dim], singular values [dim])."""
     if dim < 1 or dim >= min(matrix.shape):

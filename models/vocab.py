@@ -8,10 +8,12 @@ broken by the word's code points (so the same counts always give the same ids). 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import numpy as np
 import polars as pl
 from lexiflow.models.errors import ParameterError
+from pydantic import Field
 
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
 UNK_ID, BOS_ID, EOS_ID, PAD_ID = range(4)
@@ -24,7 +26,14 @@ class Vocabulary:
     frame: pl.DataFrame  # id: UInt32, token: String, count: UInt64
 
     @classmethod
-    def from_counts(cls, counts: pl.DataFrame, min_count: int = 1, max_size: int | None = None) -> Vocabulary:
+    def from_counts(
+        cls,
+        counts: pl.DataFrame,
+        min_count: Annotated[int, Field(ge=1, description="Words seen fewer times in the train split become "
+                                                         "<unk>.")] = 5,
+        max_size: Annotated[int | None, Field(ge=1, description="Keep at most this many words (most frequent "
+                                                               "first).")] = None,
+    ) -> Vocabulary:
         """`counts` has columns token, count. max_size counts words only, not the specials."""
         if min_count < 1:
             raise ParameterError(f"min_count={min_count}: must be at least 1")

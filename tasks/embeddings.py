@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-from lexiflow.models import device, embedding_plots, glove, svd, text, vectors, vocab, word2vec
+from lexiflow.models import embedding_plots, glove, svd, vectors, vocab, word2vec
 from lexiflow.models.errors import InputError
-from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter, formats
+from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter
 from lexiflow.storage.formats import read_manifest, read_matrix, read_table, write_vectors
 from lexiflow.tasks.params import GloVeParams, SVDParams, Word2VecParams
 from lexiflow.tasks.stage import stage
@@ -35,7 +35,7 @@ def write_embeddings(out: ArtifactWriter, vocabulary: pl.DataFrame, word_vectors
                                if k in history[0]}})
 
 
-@stage("embeddings", code=[svd, vectors, vocab, text, embedding_plots, formats])
+@stage("embeddings")
 def svd_embeddings(out: ArtifactWriter, ppmi: ArtifactRef, params: SVDParams) -> None:
     word_vectors, singular_values = svd.svd_vectors(read_matrix(ppmi), params.dim, params.power, params.add_context,
                                                     params.n_iter, params.seed)
@@ -43,7 +43,7 @@ def svd_embeddings(out: ArtifactWriter, ppmi: ArtifactRef, params: SVDParams) ->
     out.metrics["top_singular_value"] = float(singular_values[0])
 
 
-@stage("embeddings", code=[word2vec, vectors, vocab, text, embedding_plots, formats])
+@stage("embeddings")
 def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactRef, method: str,
                         params: Word2VecParams) -> None:
     """Skip-gram (`sgns`) or CBOW (`cbow`) through gensim, streaming the corpus artifact's train text
@@ -62,7 +62,7 @@ def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: Art
     write_embeddings(out, vocabulary.frame, model.vectors_, method, model.history_)
 
 
-@stage("embeddings", code=[glove, device, vectors, vocab, text, embedding_plots, formats])
+@stage("embeddings")
 def glove_embeddings(out: ArtifactWriter, cooccurrence: ArtifactRef, params: GloVeParams) -> None:
     """GloVe on the co-occurrence artifact (on CUDA when the worker has one). Its speed is given in
     cells/s and, comparable with word2vec's, in corpus words/s: the tokens the matrix was counted from

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-from lexiflow.models import attention, device, transformer_blocks
+from lexiflow.models.config import from_section
 from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import ParameterError
 from lexiflow.models.lm import distributed, ffnn, neural, ngram, rnn, train, transformer
-from lexiflow.storage import ArtifactRef, ArtifactWriter, formats
+from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import read_manifest, read_table, read_vectors
 from lexiflow.tasks.params import NeuralLMParams, NgramParams
 from lexiflow.tasks.stage import stage
@@ -45,29 +45,23 @@ def pretrained_matrix(embeddings: ArtifactRef, tokens: list[str], dim: int, dim_
     return matrix
 
 
+# Each neural kind: its estimator, its config and what the pipeline sets itself (models/config.py).
+NEURAL = {"ffnn": (ffnn.FFNNLM, {}), "rnn": (rnn.RNNLM, {"cell": "rnn"}), "lstm": (rnn.RNNLM, {"cell": "lstm"}),
+          "gru": (rnn.RNNLM, {"cell": "gru"}), "transformer": (transformer.TransformerLM, {})}
+
+
 def neural_model(kind: str, vocab_size: int, p: NeuralLMParams, out: ArtifactWriter,
                  embeddings: np.ndarray | None) -> neural.NeuralLM:
-    schedule = train.TrainConfig(
-        epochs=p.epochs, max_steps=p.max_steps, batch_size=p.batch_size, bptt=p.bptt, optimizer=p.optimizer,
-        lr=p.lr, warmup_steps=p.warmup_steps, patience=p.patience, device=p.device, seed=p.seed,
-        checkpoint_dir=str(out.scratch), checkpoint_every=p.checkpoint_every)
-    common = {"dropout": p.dropout, "freeze_embeddings": p.freeze_embeddings}
-    if kind == "ffnn":
-        config = ffnn.FFNNConfig(vocab_size, context_size=p.context_size, emb_dim=p.emb_dim,
-                                 hidden_dim=p.hidden_dim, **common)
-        return ffnn.FFNNLM(config, schedule, embeddings)
-    if kind in ("rnn", "lstm", "gru"):
-        config = rnn.RNNConfig(vocab_size, cell=kind, emb_dim=p.emb_dim, hidden_dim=p.hidden_dim,
-                               num_layers=p.num_layers, tie_weights=p.tie_weights, **common)
-        return rnn.RNNLM(config, schedule, embeddings)
-    config = transformer.TransformerConfig(vocab_size, max_len=p.max_len, d_model=p.d_model, n_layers=p.n_layers,
-                                           n_heads=p.n_heads, positional=p.positional, tie_weights=p.tie_weights,
-                                           **common)
-    return transformer.TransformerLM(config, schedule, embeddings)
+    estimator, fixed = NEURAL[kind]
+    schedule = from_section(train.TrainConfig, p, checkpoint_dir=str(out.scratch))
+    return estimator(from_section(estimator.config_class, p, vocab_size=vocab_size, **fixed), schedule, embeddings)
 
 
-@stage("lm", code=[ngram, neural, train, ffnn, rnn, transformer, distributed, device, formats, transformer_blocks,
-                   attention])
+# The code each model kind trains with: its artifacts are versioned with that code only.
+MODEL_CODE = {"ngram": ngram, "ffnn": ffnn, "rnn": rnn, "lstm": rnn, "gru": rnn, "transformer": transformer}
+
+
+@stage("lm", variants=("model", MODEL_CODE))
 def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, model: str,
              params: NgramParams | NeuralLMParams, embeddings: ArtifactRef | None = None) -> None:
     encoded_with = read_manifest(tokens)["inputs"].get("tokenizer")
@@ -78,9 +72,7 @@ def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, m
     vocabulary = read_table(tokenizer, "vocab.parquet")
     data = split_sentences(tokens)
     if model == "ngram":
-        lm = ngram.NgramLM(order=params.order, smoothing=params.smoothing, discount=params.discount, k=params.k,
-                           min_count=params.min_count,
-                           vocab_size=vocabulary.height).fit(data["train"])
+        lm = from_section(ngram.NgramLM, params, vocab_size=vocabulary.height).fit(data["train"])
     else:
         dim_name = "d_model" if model == "transformer" else "emb_dim"
         init = (pretrained_matrix(embeddings, vocabulary["token"].to_list(), getattr(params, dim_name), dim_name)

@@ -7,10 +7,9 @@ from typing import Any
 import numpy as np
 import polars as pl
 import scipy.sparse as sp
-from lexiflow.models import cooccurrence, ppmi, text, vocab
-from lexiflow.storage import ArtifactRef, ArtifactWriter, formats
+from lexiflow.models import cooccurrence, ppmi, vocab
+from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import VOCAB, count_rows, read_matrix, read_rows, read_table, write_matrix
-from lexiflow.tasks import parallel as parallel_module
 from lexiflow.tasks.parallel import (
     SHARD_TASK,
     deliver,
@@ -45,7 +44,7 @@ def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, keep_prob: np
     return deliver(counts, part, "pairs"), deliver(termdoc, part, "docs"), len(ids), len(kept)
 
 
-@stage("cooccurrence", code=[cooccurrence, vocab, text, formats, parallel_module])
+@stage("cooccurrence")
 def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef,
                        params: CooccurrenceParams, parallel: ParallelParams | None = None) -> None:
     """Counts over the train split only, as the vocabulary: embeddings built on these counts may
@@ -74,7 +73,7 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
                         "documents": n_docs})
 
 
-@stage("ppmi", code=[ppmi, formats])
+@stage("ppmi")
 def compute_ppmi(out: ArtifactWriter, cooccurrence: ArtifactRef, params: PPMIParams) -> None:
     matrix = ppmi.ppmi_matrix(read_matrix(cooccurrence), params.alpha, params.shift)
     write_matrix(out, "matrix.parquet", matrix)

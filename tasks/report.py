@@ -9,7 +9,7 @@ import logging
 import re
 
 from lexiflow.models import evaluation
-from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter, formats
+from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter
 from lexiflow.storage.formats import read_manifest
 from lexiflow.tasks.report_image import publish_chart, publish_image
 from lexiflow.tasks.stage import stage
@@ -41,7 +41,7 @@ def _table(rows: list[dict], columns: tuple[str, ...]) -> list[str]:
     return lines
 
 
-@stage("report", code=[evaluation, formats])
+@stage("report")
 def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[ArtifactRef] | None = None,
                  taggers: list[ArtifactRef] | None = None, translations: list[ArtifactRef] | None = None) -> None:
     store = ArtifactStore(evaluations[0].store)

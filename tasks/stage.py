@@ -5,9 +5,10 @@ A builder is `build(out: ArtifactWriter, **arguments) -> None`, where arguments 
 `task(store: str, **arguments) -> ArtifactRef` and:
 
 1. computes the artifact version: a hash of the input versions, the parameters, optional extra
-   material (`fingerprint`, e.g. source file contents) and the code version, which hashes the
-   source of the task module and of the `models/` modules the stage names (Prefect's TASK_SOURCE
-   alone would miss a change in `models/`);
+   material (`fingerprint`, e.g. source file contents) and the code version, derived from the
+   code: the task module and every lexiflow module its builder reaches, imports followed
+   transitively, each hashed without comments and docstrings (Prefect's TASK_SOURCE alone would
+   miss a change in `models/`);
 2. returns at once if the store already holds that version (nothing is recomputed);
 3. otherwise builds it into a staging folder and publishes it atomically; a second run of the same
    version on this machine waits for the first and reuses its artifact (`ArtifactStore.build_lock`).
@@ -19,14 +20,15 @@ errors only; `LexiflowError` (bad input or parameters) fails at once.
 
 from __future__ import annotations
 
+import ast
 import functools
 import hashlib
+import importlib
 import inspect
 import logging
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable
 from pathlib import Path
-from types import ModuleType
+from types import CodeType, ModuleType
 from typing import Any
 
 from lexiflow.models.errors import LexiflowError
@@ -91,10 +93,127 @@ def published_manifest(ref: ArtifactRef) -> dict[str, Any] | None:
         return None
 
 
-def code_version(modules: Sequence[ModuleType]) -> str:
+# ---- code versions ---------------------------------------------------------------------------
+# A stage's code version covers the lexiflow code its artifact's content depends on, derived from the
+# code: the names its builder (and the functions of its own module it calls) uses, then every lexiflow
+# import of those modules, transitively, function-level imports included. Each module is hashed as its
+# AST without docstrings, so a comment or docstring edit rebuilds nothing.
+VERSIONED_PACKAGES = ("lexiflow.models", "lexiflow.storage", "lexiflow.tasks")
+# Modules that cannot change an artifact's content: not hashed, not followed.
+CANNOT_CHANGE_CONTENT = frozenset({
+    "lexiflow.models.errors",  # exception classes and messages
+    "lexiflow.models.progress",  # progress logging
+    "lexiflow.models.heap",  # allocator settings
+    "lexiflow.tasks.stage", "lexiflow.storage.store",  # versioning and publishing; the layout has SCHEMA_VERSION
+    "lexiflow.tasks.params",  # parameter models: their values are part of the version
+    "lexiflow.storage.catalog",  # reading inputs; what Catalog.load runs is in LOADED_BY
+    "lexiflow.tasks.report_image",  # Prefect UI artifacts only, no file of the report
+})
+# A builder that reads inputs through the catalog depends on the loaders Catalog.load dispatches to:
+# they are hashed, not followed (each loader imports the models/ it loads with; a stage that uses
+# those models names them itself).
+LOADED_BY = {"lexiflow.storage.catalog": "lexiflow.storage.loaders"}
+
+
+def _versioned(name: str) -> bool:
+    return name.startswith(VERSIONED_PACKAGES) and name not in CANNOT_CHANGE_CONTENT
+
+
+@functools.cache
+def _imported_names(module_name: str) -> dict[str, str]:
+    """{name bound by an import anywhere in the module: the lexiflow module it comes from}."""
+    names = {}
+    for node in ast.walk(ast.parse(inspect.getsource(importlib.import_module(module_name)))):
+        if isinstance(node, ast.Import):
+            names.update({(a.asname or a.name): a.name for a in node.names if a.name.startswith(VERSIONED_PACKAGES)})
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(VERSIONED_PACKAGES):
+            base = importlib.import_module(node.module)
+            for a in node.names:
+                obj = getattr(base, a.name)
+                origin = obj.__name__ if isinstance(obj, ModuleType) else getattr(obj, "__module__", None)
+                names[a.asname or a.name] = origin if origin and origin.startswith(VERSIONED_PACKAGES) else node.module
+    return names
+
+
+def _closure(modules: Iterable[str]) -> set[str]:
+    """The modules given and every lexiflow module they import, transitively (loaders: not followed)."""
+    seen, todo = set(), list(modules)
+    while todo:
+        module = todo.pop()
+        if module in LOADED_BY and LOADED_BY[module] not in seen:
+            seen.add(LOADED_BY[module])
+        if _versioned(module) and module not in seen:
+            seen.add(module)
+            if module not in LOADED_BY.values():
+                todo += _imported_names(module).values()
+    return seen
+
+
+def _defined_in(value: Any) -> set[str]:
+    """The modules a global value's code lives in: a module, a class or function, or a table of them."""
+    if isinstance(value, dict):
+        return set().union(*map(_defined_in, value.values()))
+    if isinstance(value, list | tuple | set | frozenset):
+        return set().union(*map(_defined_in, value))
+    if isinstance(value, ModuleType):
+        return {value.__name__}
+    if inspect.isclass(value) or inspect.isfunction(value):
+        return {value.__module__}
+    return set()
+
+
+def _reached(fn: Callable, seen: set) -> set[str]:
+    """Lexiflow modules whose names `fn` uses, following the functions and tasks of its own module."""
+    home, imports, modules = fn.__module__, _imported_names(fn.__module__), set()
+    codes = [fn.__code__]
+    while codes:
+        code = codes.pop()
+        codes += [c for c in code.co_consts if isinstance(c, CodeType)]
+        for name in code.co_names:
+            value = fn.__globals__.get(name)
+            if name in imports:
+                modules.add(imports[name])
+            else:
+                modules |= _defined_in(value)
+            callee = getattr(value, "fn", value)  # a Prefect task's function
+            if inspect.isfunction(callee) and callee.__module__ == home and callee not in seen:
+                seen.add(callee)
+                modules |= _reached(callee, seen)
+    return modules - {home}  # the stage's own module is hashed whole, its functions followed above
+
+
+def code_modules(build: Callable, variant: Any = None, variants: Iterable[Any] = ()) -> list[str]:
+    """The modules a builder's artifact depends on: its own module, and the closure of what it uses.
+    A stage that serves several kinds (`variants`: the modules or objects each kind's code lives in)
+    depends on the chosen kind's code only: editing the Transformer does not retrain n-gram models."""
+    own = build.__module__
+    kinds = [getattr(v, "__name__", None) if isinstance(v, ModuleType) else v.__module__ for v in variants]
+    shared = _closure(_reached(build, {build}) - set(kinds)) - _closure(kinds)
+    chosen = _closure([kinds[list(variants).index(variant)]]) if variant is not None else set()
+    return sorted({own} | shared | chosen)
+
+
+@functools.cache
+def module_hash(name: str) -> str:
+    return source_hash(inspect.getsource(importlib.import_module(name)))
+
+
+def source_hash(source: str) -> str:
+    """SHA-256 of the code's AST with docstrings removed: comments and docstrings do not count."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+
+def code_version(modules: Iterable[str]) -> str:
     digest = hashlib.sha256()
-    for module in modules:
-        digest.update(inspect.getsource(module).encode())
+    for name in sorted(modules):
+        digest.update(f"{name}:{module_hash(name)}".encode())
     return digest.hexdigest()[:16]
 
 
@@ -150,15 +269,23 @@ def link_artifact(store: ArtifactStore, kind: str, version: str) -> None:
         pass
 
 
-def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dict], Any] | None = None,
-          parameters: Callable[[dict], dict[str, Any]] | None = None, **task_options: Any):
+def stage(kind: str, fingerprint: Callable[[dict], Any] | None = None,
+          parameters: Callable[[dict], dict[str, Any]] | None = None,
+          variants: tuple[str, dict[str, Any]] | None = None, **task_options: Any):
     """Decorate `build(out, **arguments)`; see the module docstring. `parameters(arguments)`: the
     parameters the artifact depends on, for a builder that reads only part of its arguments
-    (default: every argument that is not an input artifact or in HOW)."""
+    (default: every argument that is not an input artifact or in HOW). `variants=(argument, {value:
+    module or object})`: a stage serving several kinds, each kind's code versioned on its own."""
 
     def decorate(build: Callable[..., None]):
-        modules = (sys.modules[build.__module__], *code)
-        code_hash = code_version(modules)
+        choice, kinds = variants or (None, {})
+
+        def modules_for(arguments: dict[str, Any]) -> list[str]:
+            return code_modules(build, kinds.get(arguments.get(choice)), kinds.values())
+
+        @functools.cache
+        def code_hash(variant: str | None) -> str:  # derived on first use: the module is fully defined by then
+            return code_version(modules_for({choice: variant}))
         # Prefect reads parameters from the signature: `store` first, then the builder's own.
         own = list(inspect.signature(build).parameters.values())[1:]
         store_param = inspect.Parameter("store", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
@@ -176,7 +303,8 @@ def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dic
                 params = parameters(arguments)
             if fingerprint is not None:
                 params["_content"] = fingerprint(arguments)
-            return inputs, params, content_version(kind, {k: r.version for k, r in inputs.items()}, params, code_hash)
+            code = code_hash(arguments.get(choice))
+            return inputs, params, content_version(kind, {k: r.version for k, r in inputs.items()}, params, code)
 
         def cache_key(_ctx: Any, arguments: dict[str, Any]) -> str | None:
             try:
@@ -205,7 +333,8 @@ def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dic
                     return ref
                 run_info = {"flow_run_id": str(flow_run.id or ""), "flow_run_name": flow_run.name or "",
                             "task_run_id": str(task_run.id or "")}
-                with artifacts.writer(kind, version, inputs=inputs, parameters=params, code_version=code_hash,
+                with artifacts.writer(kind, version, inputs=inputs, parameters=params,
+                                      code_version=code_hash(arguments.get(choice)),
                                       run=run_info) as out:
                     out.progress = _progress_artifact(kind)
                     build(out, **arguments)
@@ -220,7 +349,7 @@ def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dic
         options = {"name": kind, **STAGE_RETRIES, "cache_key_fn": cache_key,
                    "persist_result": True, "result_serializer": "json", **task_options}
         prefect_task = task(**options)(run)
-        prefect_task.code_modules = modules  # what the code version hashes (tests/test_code_versions.py)
+        prefect_task.code_modules = modules_for  # what the code version hashes, per arguments
         prefect_task.describe = describe  # for tests that publish without Prefect, and planning
         prefect_task.version_of = lambda arguments: describe(arguments)[2]
         return prefect_task

@@ -5,8 +5,8 @@ and unknown words, per tag — with a confusion-matrix heatmap."""
 from __future__ import annotations
 
 import polars as pl
-from lexiflow.models import conllu, hmm, ingest, tagging_metrics, text
-from lexiflow.storage import ArtifactRef, ArtifactWriter, formats
+from lexiflow.models import hmm, ingest, tagging_metrics
+from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import read_table
 from lexiflow.tasks.params import TaggerParams
 from lexiflow.tasks.stage import stage
@@ -21,7 +21,7 @@ def tagged_split(table: pl.DataFrame, split: str, column: str, refine: bool) -> 
     return [list(zip(w, t, strict=True)) for w, t, _ in rows]
 
 
-@stage("tagger", code=[hmm, tagging_metrics, ingest, conllu, text, formats])
+@stage("tagger")
 def train_tagger(out: ArtifactWriter, tagged: ArtifactRef, column: str, params: TaggerParams) -> None:
     table = read_table(tagged, "sentences.parquet")
     train, dev = (tagged_split(table, s, column, params.refine_states) for s in ("train", "valid"))

@@ -6,14 +6,11 @@ from __future__ import annotations
 import json
 
 import polars as pl
-from lexiflow.models import attention, bleu, conllu, device, ingest, parallel, text, transformer_blocks, vocab
-from lexiflow.models.lm import ffnn, neural, train
-from lexiflow.models.lm import rnn as lm_rnn
-from lexiflow.models.lm import transformer as lm_transformer
-from lexiflow.models.seq2seq import decoding, plots, rnn, transformer, translator
-from lexiflow.models.tokenizers import base, bpe, wordpiece
-from lexiflow.storage import ArtifactRef, ArtifactWriter, formats
-from lexiflow.storage.formats import read_table
+from lexiflow.models import bleu, ingest, parallel
+from lexiflow.models.lm import train
+from lexiflow.models.seq2seq import plots, rnn, transformer, translator
+from lexiflow.storage import ArtifactRef, ArtifactWriter
+from lexiflow.storage.formats import PAIRS, read_table
 from lexiflow.tasks.corpus import _fingerprints
 from lexiflow.tasks.params import Seq2SeqParams, TranslationCorpusParams
 from lexiflow.tasks.stage import stage
@@ -30,10 +27,10 @@ def parallel_fingerprint(arguments: dict) -> list[dict]:
     return _fingerprints(ingest.resolve_sources(arguments["params"].sources))
 
 
-@stage("parallel_corpus", code=[parallel, ingest, text, conllu, formats], fingerprint=parallel_fingerprint)
+@stage("parallel_corpus", fingerprint=parallel_fingerprint)
 def ingest_parallel(out: ArtifactWriter, params: TranslationCorpusParams) -> None:
     corpus = parallel.read_parallel(list(params.sources), parallel_options(params))
-    out.write_parquet("pairs.parquet", corpus.pairs)
+    out.write_parquet("pairs.parquet", corpus.pairs, PAIRS)
     out.metrics.update(corpus.stats)
 
 
@@ -65,9 +62,7 @@ def _references(src: list[str], tgt: list[str]) -> tuple[list[str], list[list[st
     return sources, [[by_source[s][k] if k < len(by_source[s]) else None for s in sources] for k in range(width)]
 
 
-@stage("seq2seq", code=[translator, rnn, transformer, decoding, bleu, train, plots, formats, attention,
-                        transformer_blocks, device, text, vocab, base, bpe, wordpiece, neural, ffnn, lm_rnn,
-                        lm_transformer])
+@stage("seq2seq")
 def train_seq2seq(out: ArtifactWriter, pairs: ArtifactRef, model: str, params: Seq2SeqParams) -> None:
     table = read_table(pairs, "pairs.parquet")
     data = {s: (part["source"].to_list(), part["target"].to_list())

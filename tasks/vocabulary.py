@@ -6,14 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import polars as pl
-from lexiflow.models import conllu, ingest, text, tokenizers, vocab
+from lexiflow.models import ingest, text, vocab
+from lexiflow.models.config import from_section
 from lexiflow.models.tokenizers import BPE, WordPiece
-from lexiflow.models.tokenizers import base as tokenizer_base
-from lexiflow.models.tokenizers import bpe as bpe_module
-from lexiflow.models.tokenizers import wordpiece as wordpiece_module
-from lexiflow.storage import ArtifactRef, ArtifactWriter, Catalog, formats, loaders
+from lexiflow.storage import ArtifactRef, ArtifactWriter, Catalog
 from lexiflow.storage.formats import SHARDED_ROW_GROUP, TOKENS, VOCAB, count_rows, read_manifest, read_rows, read_table
-from lexiflow.tasks import parallel as parallel_module
 from lexiflow.tasks.parallel import (
     SHARD_TASK,
     deliver,
@@ -47,7 +44,7 @@ def count_words_shard(corpus: ArtifactRef, start: int, stop: int, part: str | No
     return deliver(vocab.token_counts(words), part), int(words.list.len().sum())
 
 
-@stage("tokenizer", code=[vocab, text, ingest, conllu, formats, parallel_module])
+@stage("tokenizer")
 def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: VocabularyParams,
                      parallel: ParallelParams | None = None) -> None:
     """Word-level: count words on the train split only, so held-out text can have unknown words.
@@ -67,15 +64,11 @@ def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: Vocabular
                         "train_tokens": sum(n for _, n in results), "covered_tokens": int(vocabulary.counts.sum())})
 
 
-@stage("tokenizer", code=[text, vocab, tokenizers, tokenizer_base, bpe_module, wordpiece_module, ingest, conllu,
-                          formats])
+@stage("tokenizer")
 def learn_subword(out: ArtifactWriter, corpus: ArtifactRef, params: TokenizerParams) -> None:
     """BPE or WordPiece trained on the train split's sentences; saved with a HF tokenizer.json."""
     require_train_split(corpus)
-    options = {"vocab_size": params.vocab_size, "min_frequency": params.min_frequency}
-    if params.kind == "bpe":
-        options.update(end_of_word=params.end_of_word, marker=params.marker)
-    tokenizer = SUBWORD[params.kind](**options).fit(train_sentences(corpus)["text"])
+    tokenizer = from_section(SUBWORD[params.kind], params).fit(train_sentences(corpus)["text"])
     tokenizer.save(out.folder)
     out.metrics.update({"kind": params.kind, "vocabulary_size": len(tokenizer.vocab), "merges": len(tokenizer.merges_)})
 
@@ -88,8 +81,7 @@ def encode_shard(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: 
     return deliver(rows.select("doc_index", "sentence", "split").with_columns(ids), part)
 
 
-@stage("tokenized_corpus", code=[vocab, text, tokenizers, tokenizer_base, bpe_module, wordpiece_module, formats,
-                                  parallel_module, loaders])
+@stage("tokenized_corpus")
 def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactRef,
                   parallel: ParallelParams | None = None) -> None:
     """One row of ids per sentence; shards of documents are encoded apart and concatenated in order."""

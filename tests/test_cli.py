@@ -89,14 +89,14 @@ def test_run_rejects_a_config_file_it_cannot_use_naming_it(tmp_path, capsys, no_
     assert len(err) == 1 and err[0].startswith(f"error: --config {config}: ") and message in err[0], err
 
 
-def test_stage_flows_name_the_version_parameter_the_store_lacks(tmp_path):
-    from lexiflow.flows.pipeline import ppmi_flow, vocabulary_flow
+def test_training_flows_name_the_input_version_the_store_lacks(tmp_path):
+    from lexiflow.flows.training import LM_TRAINERS, _resolve_inputs
 
     missing = "0" * 16
-    with pytest.raises(ParameterError, match=f"corpus_version: no artifact corpus:{missing} in {tmp_path}"):
-        vocabulary_flow.fn(str(tmp_path), missing)
-    with pytest.raises(ParameterError, match="cooccurrence_version: invalid artifact version 'abc'"):
-        ppmi_flow.fn(str(tmp_path), "abc")
+    with pytest.raises(ParameterError, match=f"inputs.tokens: no artifact tokenized_corpus:{missing} in {tmp_path}"):
+        _resolve_inputs(LM_TRAINERS["ngram"], str(tmp_path), {"tokens": missing, "tokenizer": missing})
+    with pytest.raises(ParameterError, match="inputs.tokens: invalid artifact version 'abc'"):
+        _resolve_inputs(LM_TRAINERS["ngram"], str(tmp_path), {"tokens": "abc"})
 
 
 TAGGED = [[("the", "DET", "DT"), ("cat", "NOUN", "NN"), ("sat", "VERB", "VBD")],

@@ -5,7 +5,8 @@ models/tokenizers/). No unexpected exceptions (only `InputError` for bad input, 
 for bad parameters, each where expected); round-trips where the code promises them.
 
 `LEXIFLOW_FUZZ_EXAMPLES` sets the examples per property (default 100; the benchmark runs more).
-`EXAMPLES` counts the examples actually run, for the benchmark's report.
+`EXAMPLES` counts the examples actually run; with `LEXIFLOW_FUZZ_REPORT=FILE` they are written there
+as JSON when the module ends, for `python -m benchmarks reliability` (which runs this file with pytest).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 import polars as pl
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from lexiflow.models import text, vocab
@@ -29,6 +31,13 @@ EXAMPLES: Counter = Counter()
 FUZZ = settings(max_examples=int(os.environ.get("LEXIFLOW_FUZZ_EXAMPLES", "100")), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 PATH = Path("fuzz")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def report_examples():
+    yield
+    if report := os.environ.get("LEXIFLOW_FUZZ_REPORT"):
+        Path(report).write_text(json.dumps(EXAMPLES))
 
 # Text with the characters that matter to the parsers: separators, digits, markup, Unicode
 # line/space separators, combining marks, astral characters.

@@ -12,7 +12,7 @@ import pytest
 from lexiflow.models.errors import InputError
 from lexiflow.models.ingest import IngestOptions, build_corpus, build_tagged, read_file, resolve_sources
 
-from tests.hostile import BOMB_LIMIT, hostile_directory
+from benchmarks.hostile import BOMB_LIMIT, hostile_directory
 
 
 @pytest.fixture(scope="module")

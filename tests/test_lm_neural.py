@@ -55,7 +55,8 @@ VALID = successor_corpus(40, seed=2)
 
 
 def small_rnn(cell: str = "lstm", **kw) -> RNNConfig:
-    return RNNConfig(V, cell=cell, **{"emb_dim": 16, "hidden_dim": 16, "num_layers": 2, "dropout": 0.1, **kw})
+    return RNNConfig(V, cell=cell, **{"emb_dim": 16, "hidden_dim": 16, "num_layers": 2, "dropout": 0.1,
+                                      "tie_weights": False, **kw})
 
 
 def small_transformer(**kw) -> TransformerConfig:
@@ -63,7 +64,8 @@ def small_transformer(**kw) -> TransformerConfig:
 
 
 def quick(**kw) -> TrainConfig:
-    return TrainConfig(**{"batch_size": 8, "bptt": 12, "lr": 1e-2, "epochs": 1, **kw})
+    return TrainConfig(**{"batch_size": 8, "bptt": 12, "lr": 1e-2, "epochs": 1, "warmup_steps": 0,
+                          "checkpoint_every": 0, **kw})
 
 
 # ---------------------------------------------------------------------------------------------

@@ -42,14 +42,14 @@ def wiki() -> tuple[list[np.ndarray], list[np.ndarray]]:
 
 # ---------------------------------------------------------------- hand-computed known answers
 def test_mle_and_add_k_match_hand_computed_probabilities() -> None:
-    mle = NgramLM(order=2, smoothing="mle").fit(TINY)
+    mle = NgramLM(order=2, smoothing="mle", min_count=1).fit(TINY)
     p = np.exp(mle.log_probs([BOS, A]))
     assert p[B] == pytest.approx(0.5) and p[C] == pytest.approx(0.5) and p[EOS] == 0
     assert np.exp(mle.log_probs([BOS]))[A] == pytest.approx(1.0)
     # <s> a b </s>: 1 * 0.5 * 1 over 3 predictions
     assert mle.perplexity([np.array([A, B])]) == pytest.approx(2 ** (1 / 3))
     # Laplace: W = {<unk>, </s>, a, b, c}; p(b | a) = (1 + 1) / (2 + 5)
-    lap = NgramLM(order=2, smoothing="add_k", k=1.0).fit(TINY)
+    lap = NgramLM(order=2, smoothing="add_k", k=1.0, min_count=1).fit(TINY)
     p = np.exp(lap.log_probs([BOS, A]))
     assert p[B] == pytest.approx(2 / 7) and p[A] == pytest.approx(1 / 7) and p[UNK] == pytest.approx(1 / 7)
     assert p[BOS] == 0 and p[PAD] == 0
@@ -57,7 +57,7 @@ def test_mle_and_add_k_match_hand_computed_probabilities() -> None:
 
 def test_kneser_ney_matches_hand_computed_probabilities() -> None:
     # unique bigrams: (<s> a) (a b) (a c) (b </s>) (c </s>): N1+(• •) = 5, N1+(• </s>) = 2
-    kn = NgramLM(order=2, smoothing="kneser_ney", discount=0.5).fit(TINY)
+    kn = NgramLM(order=2, smoothing="kneser_ney", discount=0.5, min_count=1).fit(TINY)
     p = np.exp(kn.log_probs([BOS, A]))
     # gamma(a) = 0.5 * 2 / 2 = 0.5; p(b | a) = (1 - 0.5) / 2 + 0.5 * 1/5
     assert p[B] == pytest.approx(0.35) and p[C] == pytest.approx(0.35)
@@ -175,7 +175,7 @@ def test_damaged_saved_model_names_the_file(tmp_path) -> None:
 
 
 def test_ngram_tables_hold_hand_counted_ngrams() -> None:
-    model = NgramLM(order=2, discount=0.5).fit(TINY + [np.array([A, B])])
+    model = NgramLM(order=2, discount=0.5, min_count=1).fit(TINY + [np.array([A, B])])
     bigrams = model.ngram_table(2).sort(["w1", "w2"])
     assert bigrams.to_dict(as_series=False) == {
         "w1": [BOS, A, A, B, C], "w2": [A, B, C, EOS, EOS], "count": [3, 2, 1, 2, 1]}

@@ -283,12 +283,13 @@ def test_decode_encode_is_normalize(text, marker):
 
 
 def test_normalize_is_nfc_and_word_pretokenization():
-    bpe = BPE(vocab_size=50).fit(["x"])
+    bpe = BPE(vocab_size=50, marker="separate").fit(["x"])
     assert bpe.normalize("Cafe\u0301  don't\n\tstop-me, 3.14!") == "Caf\u00e9 don't stop-me , 3.14 !"
-    assert BPE(vocab_size=50, pretokenizer="whitespace").fit(["x"]).normalize(" a,b  c ") == "a,b c"
+    assert BPE(vocab_size=50, marker="separate", pretokenizer="whitespace").fit(["x"]).normalize(" a,b  c ") == "a,b c"
 
 
-@pytest.mark.parametrize("make", [lambda: BPE(vocab_size=400, marker="glued"), lambda: BPE(vocab_size=400),
+@pytest.mark.parametrize("make", [lambda: BPE(vocab_size=400, marker="glued"),
+                                  lambda: BPE(vocab_size=400, marker="separate"),
                                   lambda: WordPiece(vocab_size=400)])
 def test_save_load_round_trips_exactly(tmp_path, wiki_lines, make):
     ours = make().fit(wiki_lines[:300])
@@ -311,14 +312,15 @@ def test_save_load_round_trips_exactly(tmp_path, wiki_lines, make):
 
 def test_encode_corpus_matches_per_text_encoding():
     texts = ["low lower", "", None, "newest newer low", "zzz"]
-    bpe = BPE(vocab_size=60).fit(SLP3)
+    bpe = BPE(vocab_size=60, marker="separate").fit(SLP3)
     out = bpe.encode_corpus(pl.Series(texts))
     assert out.dtype == pl.List(pl.UInt32)
     assert out.to_list() == [bpe.encode_ids(t or "") for t in texts]
     assert out[4].to_list() == [bpe.unk_id] * 3 + [bpe.token_to_id("</w>")]  # unseen characters -> <unk>
 
 
-@pytest.mark.parametrize("make", [lambda: BPE(vocab_size=60, marker="glued"), lambda: BPE(vocab_size=60),
+@pytest.mark.parametrize("make", [lambda: BPE(vocab_size=60, marker="glued"),
+                                  lambda: BPE(vocab_size=60, marker="separate"),
                                   lambda: WordPiece(vocab_size=60)])
 def test_an_empty_word_encodes_to_no_tokens(make):
     tok = make().fit(SLP3)
@@ -332,7 +334,7 @@ def test_vocab_counts_are_token_frequencies_of_the_segmented_corpus():
 
 
 def test_special_tokens_and_unk():
-    bpe = BPE(vocab_size=60).fit(SLP3)
+    bpe = BPE(vocab_size=60, marker="separate").fit(SLP3)
     assert (bpe.unk_id, bpe.bos_id, bpe.eos_id, bpe.pad_id) == (0, 1, 2, 3)
     assert bpe.vocab_[:4] == SPECIALS
     assert bpe.decode([1, *bpe.encode_ids("low"), 2, 3]) == "low"
@@ -355,7 +357,7 @@ def test_parameter_and_input_errors():
     with pytest.raises(ParameterError, match="not fitted"):
         BPE().encode("x")
     with pytest.raises(ParameterError, match="separate"):
-        BPE(vocab_size=60).fit(SLP3).to_hf_json()
+        BPE(vocab_size=60, marker="separate").fit(SLP3).to_hf_json()
 
 
 def test_a_corpus_of_one_character_words_fits_without_merges():

@@ -38,7 +38,6 @@ from lexiflow.models.lm.neural import NeuralLM, _from_dict, load
 from lexiflow.models.lm.train import TrainConfig
 
 logger = logging.getLogger("lexiflow.lm.distributed")
-ROOT = Path(__file__).resolve().parents[2]  # the folder holding the `models` package
 OWNER_ENV = "LEXIFLOW_DDP_OWNER_PID"  # the process that launched torchrun; the ranks stop when it is gone
 
 
@@ -111,12 +110,11 @@ def fit_distributed(lm: NeuralLM, train_sentences: Sequence[np.ndarray],
         _write_sentences(workdir / "valid", valid_sentences)
     if lm.embeddings is not None:
         np.save(workdir / "embeddings.npy", np.asarray(lm.embeddings, dtype=np.float32), allow_pickle=False)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           OWNER_ENV: str(os.getpid())}
+    env = {**os.environ, OWNER_ENV: str(os.getpid())}  # the ranks import the installed lexiflow package
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default too: W ranks share the cores
     logger.info("launching %d ranks: %s", world_size, " ".join(torchrun_command(world_size, workdir)))
     tail: deque[str] = deque(maxlen=40)
-    with subprocess.Popen(torchrun_command(world_size, workdir), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    with subprocess.Popen(torchrun_command(world_size, workdir), cwd=workdir, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True) as proc:
         for line in proc.stdout:  # the ranks' logs, forwarded (Prefect picks up the lexiflow logger)
             tail.append(line.rstrip())

@@ -19,17 +19,19 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import polars as pl
 import torch
 import torch.nn.functional as F
+from lexiflow.models.config import check
 from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.heap import reuse_freed_memory
 from lexiflow.models.lm import train as training
 from lexiflow.models.lm.train import TrainConfig
+from pydantic import Field
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -40,6 +42,11 @@ METRIC_COLUMNS = {
 }
 
 State = tuple[torch.Tensor, ...] | None
+
+# Pipeline parameters shared by several architectures (one description, one bound; models/config.py).
+EmbDim = Annotated[int, Field(ge=4, le=4096, description="Embedding size (FFNN, RNNs).")]
+HiddenDim = Annotated[int, Field(ge=4, le=8192, description="Hidden size (FFNN, RNNs); = emb_dim to tie weights.")]
+TieWeights = Annotated[bool, Field(description="Output matrix = embedding matrix (RNNs need hidden = emb).")]
 
 
 @dataclass
@@ -52,16 +59,16 @@ class LMConfig:
     bos_id: int = 1
     eos_id: int = 2
     pad_id: int = 3
+    dropout: Annotated[float, Field(ge=0, lt=1, description="Dropout.")] = 0.2
+    freeze_embeddings: Annotated[bool, Field(description="Keep the (pretrained) embeddings fixed.")] = False
 
     def validate(self) -> None:
+        check(self)
         if self.vocab_size < 4:
             raise ParameterError(f"vocab_size={self.vocab_size}: need at least the 4 special tokens")
         for name in ("unk_id", "bos_id", "eos_id", "pad_id"):
             if not 0 <= getattr(self, name) < self.vocab_size:
                 raise ParameterError(f"{name}={getattr(self, name)} is outside [0, vocab_size={self.vocab_size})")
-        dropout = getattr(self, "dropout", 0.0)
-        if not 0.0 <= dropout < 1.0:
-            raise ParameterError(f"dropout={dropout}: use a value in [0, 1)")
 
 
 class LMModule(nn.Module):

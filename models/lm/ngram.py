@@ -38,11 +38,13 @@ import json
 import logging
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
 import polars as pl
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.progress import Progress
+from pydantic import Field
 
 logger = logging.getLogger("lexiflow.ngram")
 
@@ -89,11 +91,15 @@ class NgramLM:
 
     def __init__(
         self,
-        order: int = 3,
-        smoothing: str = "kneser_ney",
-        discount: float | None = None,
-        k: float = 1.0,
-        min_count: int = 1,
+        order: Annotated[int, Field(ge=1, le=8, description="n of the n-gram model.")] = 3,
+        smoothing: Annotated[Literal["kneser_ney", "add_k", "mle"], Field(description="Estimator.")] = "kneser_ney",
+        discount: Annotated[float | None, Field(gt=0, le=1, description="Kneser–Ney discount; empty = modified "
+                                                                        "KN (three discounts per order, "
+                                                                        "estimated).")] = None,
+        k: Annotated[float, Field(gt=0, description="add-k smoothing constant.")] = 1.0,
+        min_count: Annotated[int, Field(ge=1, description="Tokens seen fewer times in training count as <unk>, "
+                                                          "so <unk> has probability mass for unseen held-out "
+                                                          "tokens.")] = 2,
         vocab_size: int | None = None,
         unk_id: int = 0,
         bos_id: int = 1,

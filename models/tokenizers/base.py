@@ -23,7 +23,7 @@ import json
 import logging
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import polars as pl
@@ -31,11 +31,15 @@ import pyarrow as pa
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.progress import Progress
 from lexiflow.models.text import WORD_PATTERN
+from pydantic import Field
 
 log = logging.getLogger("lexiflow.tokenizers")
 
 PRETOKENIZER_PATTERNS = {"word": WORD_PATTERN, "whitespace": r"\S+"}
 DEFAULT_SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
+# Pipeline parameters every subword tokenizer takes (models/config.py).
+VocabSize = Annotated[int, Field(ge=16, le=1_000_000, description="Subword vocabulary size (specials included).")]
+MinFrequency = Annotated[int, Field(ge=1, description="Subword training ignores pairs seen fewer times.")]
 FORMAT_VERSION = 1
 _CHUNK = 200_000  # texts per polars batch while counting words (bounded memory on streamed corpora)
 

@@ -35,13 +35,22 @@ from __future__ import annotations
 import heapq
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import polars as pl
 from lexiflow.models.errors import ParameterError
 from lexiflow.models.progress import Progress
-from lexiflow.models.tokenizers.base import DEFAULT_SPECIALS, SubwordTokenizer, count_words, log, token_counts
+from lexiflow.models.tokenizers.base import (
+    DEFAULT_SPECIALS,
+    MinFrequency,
+    SubwordTokenizer,
+    VocabSize,
+    count_words,
+    log,
+    token_counts,
+)
+from pydantic import Field
 
 _S = 1 << 24  # pair key = left * _S + right: an int key hashes faster than a tuple and sorts the same
 
@@ -172,13 +181,18 @@ class BPE(SubwordTokenizer):
 
     def __init__(
         self,
-        vocab_size: int = 8000,
-        end_of_word: str = "</w>",
-        marker: str = "separate",
+        vocab_size: VocabSize = 8000,
+        end_of_word: Annotated[str, Field(
+            min_length=1, max_length=8, pattern=r"^[^\s\x1c-\x1f]+$",  # no space (str.isspace), as fit checks
+            description="BPE end-of-word marker (Sennrich et al.'s </w>). Pick one the word pre-tokenizer never "
+                        "puts inside a word: with _ a word such as my_var decodes as 'my var'.")] = "</w>",
+        marker: Annotated[Literal["glued", "separate"], Field(
+            description="BPE marker placement: glued to the last character (exportable to tokenizer.json) or a "
+                        "separate symbol (as in textbook exercises).")] = "glued",
         special_tokens: Iterable[str] = DEFAULT_SPECIALS,
         unk_token: str | None = None,
         pretokenizer: str = "word",
-        min_frequency: int = 2,
+        min_frequency: MinFrequency = 2,
     ) -> None:
         super().__init__(vocab_size, tuple(special_tokens), unk_token, pretokenizer, min_frequency)
         self.end_of_word = end_of_word

@@ -36,7 +36,15 @@ import numpy as np
 import polars as pl
 from lexiflow.models.errors import ParameterError
 from lexiflow.models.progress import Progress
-from lexiflow.models.tokenizers.base import DEFAULT_SPECIALS, SubwordTokenizer, count_words, log, token_counts
+from lexiflow.models.tokenizers.base import (
+    DEFAULT_SPECIALS,
+    MinFrequency,
+    SubwordTokenizer,
+    VocabSize,
+    count_words,
+    log,
+    token_counts,
+)
 from lexiflow.models.tokenizers.bpe import _S, initial_pairs, words_to_symbols
 
 
@@ -149,12 +157,12 @@ class WordPiece(SubwordTokenizer):
 
     def __init__(
         self,
-        vocab_size: int = 8000,
+        vocab_size: VocabSize = 8000,
         prefix: str = "##",
         special_tokens: Iterable[str] = DEFAULT_SPECIALS,
         unk_token: str | None = None,
         pretokenizer: str = "word",
-        min_frequency: int = 2,
+        min_frequency: MinFrequency = 2,
         max_input_chars_per_word: int = 100,
     ) -> None:
         super().__init__(vocab_size, tuple(special_tokens), unk_token, pretokenizer, min_frequency)

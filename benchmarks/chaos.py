@@ -3,7 +3,7 @@ server for child processes, pipeline runs in child processes that can be killed 
 crash loop, concurrent runs, and the store audit run after every kill.
 
 Pipeline processes are forked from a "zygote" process that has imported lexiflow and Prefect once
-(`python -m tests.chaos zygote`): on two busy cores, importing them takes 10-20 s per process,
+(`python -m benchmarks.chaos zygote`): on two busy cores, importing them takes 10-20 s per process,
 which would leave most random kill moments inside imports instead of inside stages. Each child
 runs exactly what `lexiflow run ARGS` runs (`flows.cli.main`), so whatever stages `pipeline`
 has are covered without change here.
@@ -167,7 +167,7 @@ class Zygote:
         workdir.mkdir(parents=True, exist_ok=True)
         # One torch thread per run: several runs share two busy cores, where OpenMP threads spin-wait.
         env = {**env, "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.chaos", "zygote"], cwd=ROOT, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.chaos", "zygote"], cwd=ROOT, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         ready = self.proc.stdout.readline()
         if ready.strip() != "ready":
@@ -532,4 +532,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["zygote"]:
         zygote_main()
     else:
-        sys.exit("usage: python -m tests.chaos zygote")
+        sys.exit("usage: python -m benchmarks.chaos zygote")
