@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from lexiflow.models import ppmi, svd
 from lexiflow.models.config import parameters
+from lexiflow.models.device import Device
 from lexiflow.models.evaluation import DEFAULT_PROBES
 from lexiflow.models.glove import GloVeConfig
 from lexiflow.models.lm.ffnn import FFNNConfig
@@ -19,6 +20,9 @@ from lexiflow.models.lm.ngram import NgramLM
 from lexiflow.models.lm.rnn import RNNConfig
 from lexiflow.models.lm.train import TrainConfig
 from lexiflow.models.lm.transformer import TransformerConfig
+from lexiflow.models.seq2seq.rnn import RNNSeq2SeqConfig
+from lexiflow.models.seq2seq.transformer import TransformerSeq2SeqConfig
+from lexiflow.models.seq2seq.translator import TokenizerConfig
 from lexiflow.models.tokenizers import BPE, WordPiece
 from lexiflow.models.vocab import Vocabulary
 from lexiflow.models.word2vec import Word2VecConfig
@@ -166,44 +170,23 @@ class TranslationCorpusParams(Params):
 
 
 Seq2SeqKind = Literal["rnn", "transformer"]
-
-
-class Seq2SeqParams(Params):
-    models: list[Seq2SeqKind] = Field(default=["rnn"], description="Translation models to train, each its own "
-                                                                  "seq2seq artifact: rnn, transformer.")
-    tokenizer: Literal["word", "bpe", "wordpiece"] = Field("word", description="Source and target tokens.")
-    vocab_size: int = Field(8000, ge=16, le=1_000_000, description="Vocabulary per side (or joint), specials "
-                                                                   "included.")
-    joint_vocabulary: bool = Field(False, description="One tokenizer learned on both sides.")
-    min_count: int = Field(1, ge=1, description="Rarer words become <unk> (word); subword min frequency.")
-    cell: Literal["gru", "lstm"] = Field("gru", description="RNN cell.")
-    attention: Literal["none", "dot", "general", "additive"] = Field(
-        "additive", description="RNN attention score: none (c = final encoder state), dot, general (bilinear), "
-                                "additive (MLP, Bahdanau).")
-    emb_dim: int = Field(256, ge=4, le=4096, description="RNN embedding size.")
-    hidden_dim: int = Field(256, ge=4, le=8192, description="RNN hidden size.")
-    num_layers: int = Field(1, ge=1, le=8, description="Stacked RNN layers (encoder and decoder).")
-    bidirectional: bool = Field(False, description="Bidirectional RNN encoder.")
-    d_model: int = Field(256, ge=8, le=8192, description="Transformer width.")
-    n_heads: int = Field(4, ge=1, le=64, description="Transformer heads (divide d_model).")
-    d_ff: int = Field(512, ge=8, le=32768, description="Transformer feed-forward size.")
-    layers: int = Field(2, ge=1, le=48, description="Transformer encoder and decoder layers (each).")
-    norm: Literal["post", "pre"] = Field("pre", description="Transformer LayerNorm(x + Sublayer(x)) (post, the "
-                                                            "paper's) or x + Sublayer(LayerNorm(x)) (pre).")
-    activation: Literal["relu", "gelu"] = Field("relu", description="Transformer FFN activation.")
-    positional: Literal["sinusoidal", "learned"] = Field("sinusoidal", description="Transformer positions.")
-    dropout: float = Field(0.2, ge=0, lt=1, description="Dropout.")
-    epochs: int = Field(1, ge=1, le=1000, description="Training epochs.")
-    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps.")
-    batch_size: int = Field(64, ge=1, le=4096, description="Sentence pairs per batch.")
-    lr: float = Field(2e-3, gt=0, le=10, description="Peak learning rate (AdamW, warmup then cosine).")
-    warmup_steps: int = Field(100, ge=0, description="Linear warmup steps.")
-    patience: int | None = Field(None, ge=1, description="Early stopping: epochs without validation gain.")
-    checkpoint_every: int = Field(200, ge=0, description="Steps between checkpoints (0: epoch ends only).")
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto picks CUDA when present.")
-    seed: int = Field(0, ge=0, description="Random seed.")
-    beam_width: int = Field(5, ge=1, le=256, description="Beam width for the BLEU evaluation (1 = greedy).")
-    length_penalty: float = Field(1.0, ge=0, le=5, description="Beam scores log P / length^alpha (1: average "
-                                                               "log-probability, 0: none).")
-    eval_sentences: int | None = Field(None, ge=1, description="Score BLEU on at most this many valid/test pairs "
-                                                               "(None: all).")
+Seq2SeqParams = section(
+    "Seq2SeqParams", TokenizerConfig, RNNSeq2SeqConfig, TransformerSeq2SeqConfig,
+    doc="Translation models: tokens, the RNN and Transformer encoder-decoders, training and BLEU evaluation.",
+    models=(list[Seq2SeqKind], Field(["rnn"], description="Translation models to train, each its own seq2seq "
+                                                           "artifact: rnn, transformer.")),
+    # training: the loop's own parameters (TrainConfig) with a translator's defaults and meanings
+    epochs=(int, Field(1, ge=1, le=1000, description="Training epochs.")),
+    max_steps=(int | None, Field(None, ge=1, description="Stop after this many optimizer steps.")),
+    batch_size=(int, Field(64, ge=1, le=4096, description="Sentence pairs per batch.")),
+    lr=(float, Field(2e-3, gt=0, le=10, description="Peak learning rate (AdamW, warmup then cosine).")),
+    warmup_steps=(int, Field(100, ge=0, description="Linear warmup steps.")),
+    patience=(int | None, Field(None, ge=1, description="Early stopping: epochs without validation gain.")),
+    checkpoint_every=(int, Field(200, ge=0, description="Steps between checkpoints (0: epoch ends only).")),
+    device=(Device, "auto"),
+    seed=(int, Field(0, ge=0, description="Random seed.")),
+    beam_width=(int, Field(5, ge=1, le=256, description="Beam width of the BLEU evaluation (1 = greedy).")),
+    length_penalty=(float, Field(1.0, ge=0, le=5, description="Beam scores log P / length^alpha (1: the average "
+                                                              "log-probability, 0: none).")),
+    eval_sentences=(int | None, Field(None, ge=1, description="Score BLEU on at most this many valid/test "
+                                                              "sentences (None: all).")))

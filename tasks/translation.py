@@ -7,8 +7,9 @@ import json
 
 import polars as pl
 from lexiflow.models import bleu, ingest, parallel
+from lexiflow.models.config import from_section
 from lexiflow.models.lm import train
-from lexiflow.models.seq2seq import plots, rnn, transformer, translator
+from lexiflow.models.seq2seq import plots, translator
 from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import PAIRS, read_table
 from lexiflow.tasks.corpus import _fingerprints
@@ -35,21 +36,10 @@ def ingest_parallel(out: ArtifactWriter, params: TranslationCorpusParams) -> Non
 
 
 def make_translator(model: str, p: Seq2SeqParams, checkpoint_dir: str | None) -> translator.Translator:
-    schedule = train.TrainConfig(epochs=p.epochs, max_steps=p.max_steps, batch_size=p.batch_size, lr=p.lr,
-                                 warmup_steps=p.warmup_steps, clip_grad_norm=1.0, patience=p.patience,
-                                 device=p.device, seed=p.seed, checkpoint_dir=checkpoint_dir,
-                                 checkpoint_every=p.checkpoint_every)
-    tokens = translator.TokenizerConfig(p.tokenizer, p.vocab_size, p.joint_vocabulary, p.min_count)
-    if model == "rnn":
-        config = rnn.RNNSeq2SeqConfig(0, 0, cell=p.cell, emb_dim=p.emb_dim, hidden_dim=p.hidden_dim,
-                                      num_layers=p.num_layers, bidirectional=p.bidirectional, attention=p.attention,
-                                      dropout=p.dropout)
-    else:
-        config = transformer.TransformerSeq2SeqConfig(0, 0, d_model=p.d_model, n_heads=p.n_heads, d_ff=p.d_ff,
-                                                      encoder_layers=p.layers, decoder_layers=p.layers,
-                                                      dropout=p.dropout, norm=p.norm, activation=p.activation,
-                                                      positional=p.positional)
-    return translator.Translator(model, config, tokens, schedule)
+    config_class = translator.MODELS[model][1]
+    schedule = from_section(train.TrainConfig, p, checkpoint_dir=checkpoint_dir, clip_grad_norm=1.0)
+    return translator.Translator(model, from_section(config_class, p), from_section(translator.TokenizerConfig, p),
+                                 schedule)
 
 
 def _references(src: list[str], tgt: list[str]) -> tuple[list[str], list[list[str | None]]]:

@@ -94,3 +94,21 @@ def test_bad_parallel_input_and_parameters(tmp_path):
     assert Catalog(s).kinds() == []  # nothing published
     with pytest.raises(ParameterError, match="seq2seq.n_heads=3 does not divide"):
         validate({"translation": {"sources": [str(f)]}, "seq2seq": {"models": ["transformer"], "n_heads": 3}})
+
+
+def test_seq2seq_section_derives_from_the_model_configs():
+    from lexiflow.models.seq2seq.rnn import RNNSeq2SeqConfig
+    from lexiflow.models.seq2seq.transformer import TransformerSeq2SeqConfig
+    from lexiflow.models.seq2seq.translator import TokenizerConfig
+    from lexiflow.tasks.translation import make_translator
+
+    p = Seq2SeqParams()
+    assert (p.hidden_dim, p.attention, p.d_model, p.norm, p.tokenizer) == (
+        RNNSeq2SeqConfig().hidden_dim, RNNSeq2SeqConfig().attention, TransformerSeq2SeqConfig().d_model,
+        TransformerSeq2SeqConfig().norm, TokenizerConfig().tokenizer)
+    tr = make_translator("transformer", Seq2SeqParams(d_model=32, n_heads=2, norm="post", epochs=3,
+                                                      joint_vocabulary=True), "ckpt")
+    assert (tr.config.d_model, tr.config.norm, tr.train.epochs, tr.train.checkpoint_dir) == (32, "post", 3, "ckpt")
+    assert tr.tokenizer.joint_vocabulary
+    with pytest.raises(ParameterError, match="attention='cosine'"):
+        RNNSeq2SeqConfig(10, 10, attention="cosine").validate()
