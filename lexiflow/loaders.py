@@ -121,6 +121,14 @@ def load_tagger(store: ArtifactStore, manifest: dict[str, Any]):
         return HMMTagger.load(folder)
 
 
+def load_seq2seq(store: ArtifactStore, manifest: dict[str, Any]):
+    """A trained `Translator` (`.translate(sentences, beam_width=..., return_attention=False)`)."""
+    from lexiflow.models.seq2seq.translator import Translator
+
+    with local_folder(store, manifest) as folder:
+        return Translator.load(folder)
+
+
 def word_tokenizer_json(catalog: Catalog, manifest: dict[str, Any], dest: Path) -> list[Path]:
     """`tokenizer.json` for a word-level tokenizer (subword tokenizers save their own)."""
     config = catalog.store.read_json(manifest["kind"], manifest["version"], "config.json")
@@ -145,6 +153,8 @@ LOADERS: dict[str, Loader] = {
     "embeddings": load_embeddings,
     "evaluation": load_evaluation,
     "lm": load_lm,
+    "parallel_corpus": table("pairs.parquet"),
+    "seq2seq": load_seq2seq,
     "report": load_report,
 }
 

@@ -25,14 +25,14 @@ def _file_fingerprint(path: Path, size: int, mtime_ns: int) -> dict:
     return ingest.fingerprint([path])[0]
 
 
-def _fingerprints(files: list[Path]) -> list[dict]:
+def source_fingerprints(files: list[Path]) -> list[dict]:
     return [_file_fingerprint(p, p.stat().st_size, p.stat().st_mtime_ns) for p in files]
 
 
 def sources_fingerprint(arguments: dict) -> list[dict]:
     """The corpus version follows the sources' content, not their names (hashed once per process
     while a file's size and mtime stay the same)."""
-    return _fingerprints(ingest.resolve_sources(arguments["params"].sources))
+    return source_fingerprints(ingest.resolve_sources(arguments["params"].sources))
 
 
 # The tagged corpus reads only the CoNLL-U sources and these settings (not lowercase, dedupe, ...):
@@ -41,7 +41,7 @@ TAGGED_SETTINGS = {"valid_fraction", "test_fraction", "max_file_bytes", "bad_fil
 
 
 def conllu_fingerprint(arguments: dict) -> list[dict]:
-    return _fingerprints(ingest.tagged_files(ingest.resolve_sources(arguments["params"].sources)))
+    return source_fingerprints(ingest.tagged_files(ingest.resolve_sources(arguments["params"].sources)))
 
 
 def tagged_parameters(arguments: dict) -> dict:

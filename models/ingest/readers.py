@@ -41,7 +41,7 @@ MAX_EXPANSION = 100
 EXPANSION_FLOOR = 16 << 20
 
 
-def _read_bytes(path: Path, compression: str | None, limit: int) -> bytes:
+def read_bytes(path: Path, compression: str | None, limit: int) -> bytes:
     """The file's bytes, decompressed: a plain file's size is checked before it is read, a compressed
     file's decompressed bytes (total, and per compressed byte) while it streams."""
     with open_source(path) as raw:
@@ -56,7 +56,7 @@ def _read_bytes(path: Path, compression: str | None, limit: int) -> bytes:
             with opened as f:
                 return _decompress(path, f, raw, limit)
         except (OSError, EOFError, ValueError) as exc:  # truncated or corrupt archives
-            raise InputError(f"{shown(path)}: cannot read ({_one_line(exc)}); the file is damaged or not "
+            raise InputError(f"{shown(path)}: cannot read ({one_line(exc)}); the file is damaged or not "
                              f"{compression} data") from None
 
 
@@ -76,7 +76,7 @@ def _decompress(path: Path, f, raw, limit: int, chunk: int = 16 << 20) -> bytes:
     return b"".join(parts)
 
 
-def _one_line(exc: BaseException, limit: int = 200) -> str:
+def one_line(exc: BaseException, limit: int = 200) -> str:
     """A library's error message as one short line (some span several)."""
     text = " ".join(str(exc).split())
     return text if len(text) <= limit else text[: limit - 1] + "…"
@@ -153,7 +153,7 @@ def _str_lines(path: Path, data: bytes, start: int) -> pl.Series:
     return pl.Series(_text_documents(path, decode(path, data, start), "line"), dtype=pl.String)
 
 
-def _lines(text: str) -> list[str]:
+def split_lines(text: str) -> list[str]:
     """Lines of a line-based format (JSONL, CoNLL-U): split at LF only (CRLF tolerated). Unicode
     line separators (U+2028, U+0085, ...) may appear inside JSON strings and words."""
     lines = text.split("\n")
@@ -170,7 +170,7 @@ def jsonl_documents(path: Path, text: str, field_name: str, start: int = 0) -> l
         return f"{shown(path)}:{line_no + (lines_before(path, start) if start else 0)}"
 
     docs = []
-    for line_no, line in enumerate(_lines(text), start=1):
+    for line_no, line in enumerate(split_lines(text), start=1):
         if not line.strip():
             continue
         try:
@@ -193,7 +193,7 @@ def _parquet_documents(path: Path, data: bytes, column: str, limit: int) -> list
     try:
         schema = pq.ParquetFile(pa.BufferReader(data)).schema_arrow
     except Exception as exc:  # pyarrow raises several types for damaged files
-        raise InputError(f"{shown(path)}: not a readable Parquet file ({_one_line(exc)})") from None
+        raise InputError(f"{shown(path)}: not a readable Parquet file ({one_line(exc)})") from None
     if column not in schema.names:
         raise InputError(f"{shown(path)}: no column {column!r} (columns: {', '.join(schema.names)}); set "
                          "corpus.text_field")
@@ -221,7 +221,7 @@ def _parquet_documents(path: Path, data: bytes, column: str, limit: int) -> list
                 values = values.dictionary_decode()
             texts.extend(t for t in values.to_pylist() if isinstance(t, str))
     except (OSError, pa.ArrowException) as exc:
-        raise InputError(f"{shown(path)}: not a readable Parquet file ({_one_line(exc)})") from None
+        raise InputError(f"{shown(path)}: not a readable Parquet file ({one_line(exc)})") from None
     return texts
 
 
@@ -286,7 +286,7 @@ def read_file(path: Path, options: IngestOptions) -> tuple[list[str], pl.DataFra
 def read_documents(path: Path, options: IngestOptions) -> tuple[pl.Series, pl.DataFrame | None]:
     """`read_file` with the texts as a Series (plain-text lines never become Python strings)."""
     fmt, compression = format_of(path)
-    data = _read_bytes(path, compression, options.max_file_bytes)
+    data = read_bytes(path, compression, options.max_file_bytes)
     if fmt == "text" and data[:512].lstrip().startswith(b"<mediawiki"):
         fmt = "wiki"  # dumps are often named *.xml-p<range>.bz2
     if fmt == "parquet":
@@ -299,7 +299,7 @@ def read_documents(path: Path, options: IngestOptions) -> tuple[pl.Series, pl.Da
     if fmt == "jsonl":
         return text_series(jsonl_documents(path, text, options.text_field)), None
     if fmt == "conllu":
-        sents = list(parse_lines(_lines(text), source=shown(path)))
+        sents = list(parse_lines(split_lines(text), source=shown(path)))
         tagged = pl.DataFrame(
             {
                 "sent_id": [s.sent_id or f"{path.name}:{s.line}" for s in sents],
