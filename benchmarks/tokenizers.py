@@ -145,7 +145,7 @@ def _ours_encode(path: str, tok_dir: str) -> dict:
     lines = pl.Series(_lines(Path(path)))
     bpe = BPE.load(tok_dir)  # cold: a freshly loaded tokenizer has no word cache
     t0, c0 = time.perf_counter(), time.process_time()
-    ids = bpe.encode_corpus(lines)
+    ids = bpe.encode_batch(lines)
     return {"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0, "tokens": int(ids.list.len().sum())}
 
 
@@ -162,13 +162,13 @@ def _hf_encode(path: str, tok_dir: str) -> dict:
 
 
 def _ours_encode_lines(path: str, tok_dir: str, n_lines: int) -> dict:
-    """One line per call (`encode_ids(line)`), as an application encodes requests; cold (loaded from disk)."""
+    """One line per call (`encode(line)`), as an application encodes requests; cold (loaded from disk)."""
     from lexiflow.models.tokenizers import BPE
 
     lines = _lines(Path(path))[:n_lines]
     bpe = BPE.load(tok_dir)
     t0, c0 = time.perf_counter(), time.process_time()
-    tokens = sum(len(bpe.encode_ids(line)) for line in lines)
+    tokens = sum(len(bpe.encode(line)) for line in lines)
     return {"wall": time.perf_counter() - t0, "cpu": time.process_time() - c0, "tokens": tokens}
 
 

@@ -56,8 +56,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import numpy as np
 import scipy.sparse as sp
@@ -65,6 +65,7 @@ import torch
 from lexiflow.models.config import check
 from lexiflow.models.device import Device, resolve_device
 from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.estimator import Estimator
 from lexiflow.models.progress import Progress
 from lexiflow.models.threads import limit_threads
 from lexiflow.models.vectors import reweight_spectrum
@@ -132,7 +133,7 @@ def initial_parameters(vocab_size: int, dim: int, seed: int) -> list[np.ndarray]
     return [((torch.rand(shape, generator=gen) - 0.5) / dim).numpy() for shape in shapes]
 
 
-class GloVe:
+class GloVe(Estimator):
     """GloVe estimator: `GloVe(...).fit(cooccurrence).vectors_` (V × dim float32, w + w̃)."""
 
     def __init__(
@@ -158,15 +159,9 @@ class GloVe:
         self.adagrad_init, self.negative, self.negative_weight = adagrad_init, negative, negative_weight
         self.negative_bound, self.spectrum_power, self.threads = negative_bound, spectrum_power, threads
 
-    def get_params(self) -> dict[str, Any]:
-        """The configuration as a JSON-ready dict (what determines the vectors)."""
-        return asdict(self.config)
-
     @property
     def config(self) -> GloVeConfig:
-        return GloVeConfig(self.dim, self.x_max, self.alpha, self.epochs, self.lr, self.batch_size,
-                           self.optimizer, self.adagrad_init, self.negative, self.negative_weight,
-                           self.negative_bound, self.spectrum_power, self.device, self.seed, self.threads)
+        return GloVeConfig(**self.get_params())
 
     def fit(
         self,
@@ -259,6 +254,7 @@ class GloVe:
                         loss_sum += loss
                         unobserved_sum += unobserved
                     step(grads)
+                    bar.update(len(batch))  # within the epoch: a long epoch reports rate and ETA as it goes
                 loss = loss_sum.item() / n  # the epoch's one host sync (also waits for the GPU)
                 seconds = time.perf_counter() - start
                 if not np.isfinite(loss):
@@ -268,7 +264,6 @@ class GloVe:
                 if cfg.negative:
                     self.history_[-1]["unobserved_loss"] = unobserved_sum.item() / (n * cfg.negative)
                 logger.debug("glove epoch %d: loss %.5f, %.2fs", epoch, loss, seconds)
-                bar.update(n)
                 if on_epoch is not None:
                     on_epoch(self.history_[-1], _output(w, w_ctx, trained, cfg.spectrum_power))
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-from lexiflow.models import embedding_plots, glove, svd, vectors, vocab, word2vec
+import torch
+from lexiflow.models import device, embedding_plots, glove, svd, vectors, vocab, word2vec
 from lexiflow.models.errors import InputError
 from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter
 from lexiflow.storage.formats import read_manifest, read_matrix, read_table, write_vectors
@@ -40,8 +41,10 @@ def write_embeddings(out: ArtifactWriter, vocabulary: pl.DataFrame, word_vectors
 @stage("embeddings")
 def svd_embeddings(out: ArtifactWriter, ppmi: ArtifactRef, params: SVDParams) -> None:
     word_vectors, singular_values = svd.svd_vectors(read_matrix(ppmi), params.dim, params.power, params.add_context,
-                                                    params.n_iter, params.seed, params.threads)
+                                                    params.n_iter, params.seed, params.threads,
+                                                    progress=out.progress)
     write_embeddings(out, read_table(ppmi, "vocab.parquet"), word_vectors, "svd")
+    out.metrics["device"] = device.describe(torch.device("cpu"), "fp32")  # scikit-learn, where the flow runs
     out.metrics["top_singular_value"] = float(singular_values[0])
 
 
@@ -62,6 +65,7 @@ def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: Art
         model.fit(word2vec.ParquetSentences(path, column="text", split="train"), vocabulary,
                   progress=out.progress)
     write_embeddings(out, vocabulary.frame, model.vectors_, method, model.history_)
+    out.metrics["device"] = device.describe(torch.device("cpu"), "fp32")  # gensim trains on the CPU
 
 
 @stage("embeddings")
@@ -73,4 +77,4 @@ def glove_embeddings(out: ArtifactWriter, cooccurrence: ArtifactRef, params: Glo
     n_tokens = read_manifest(cooccurrence)["metrics"]["corpus_tokens"]
     history = [{**h, "words_per_s": n_tokens / max(h["seconds"], 1e-12)} for h in model.history_]
     write_embeddings(out, read_table(cooccurrence, "vocab.parquet"), model.vectors_, "glove", history)
-    out.metrics["device"] = model.device_
+    out.metrics["device"] = device.describe(torch.device(model.device_), "fp32")

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.estimator import Estimator
 from lexiflow.models.hmm import calibration, counts, decoding, persistence, unknown
 from lexiflow.models.hmm.calibration import Calibration
 from lexiflow.models.hmm.counts import log
@@ -22,7 +23,7 @@ METHODS = ("viterbi", "viterbi_pruned", "greedy", "beam")
 UNKNOWN_MODELS = ("suffix", "logreg", "both")
 
 
-class HMMTagger:
+class HMMTagger(Estimator):
     """Supervised HMM tagger (order 2: bigram, order 3: trigram) with a TnT + logistic-regression
     unknown-word model. Parameters are set here and never changed by `fit`; learned state ends in `_`.
 
@@ -93,12 +94,9 @@ class HMMTagger:
     # ------------------------------------------------------------------ parameters
 
     def get_params(self) -> dict:
-        keys = ("order", "lambdas", "suffix_length", "rare_threshold", "theta", "unknown", "lr_max_count", "lr_C",
-                "rare_max_count", "lowercase_initial", "unknown_mix", "emission_weight", "unknown_weight",
-                "rare_mix", "prior_weight", "case_mix", "lexicalize", "max_candidates", "prune", "max_iter", "seed")
-        out = {k: getattr(self, k) for k in keys}
-        out["lambdas"] = None if self.lambdas is None else [float(x) for x in self.lambdas]
-        return out
+        params = super().get_params()  # read from __init__ (models/estimator.py)
+        params["lambdas"] = None if self.lambdas is None else [float(x) for x in self.lambdas]  # JSON-ready
+        return params
 
     def _fixed_calibration(self) -> dict[str, float | None]:
         """The calibration values given to the constructor (None = tune on dev)."""
@@ -122,10 +120,6 @@ class HMMTagger:
         if self.theta is not None and self.theta < 0:
             raise ParameterError(f"theta={self.theta}: must be >= 0 or None")
         calibration.check(self._fixed_calibration())
-
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "tags_"):
-            raise ParameterError("HMMTagger is not fitted: call fit(sentences) or HMMTagger.load(dir) first")
 
     # ------------------------------------------------------------------ training
 

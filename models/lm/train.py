@@ -411,7 +411,8 @@ class StopTraining(Exception):
 
 def train(module: LMModule, train_stream: np.ndarray, valid_stream: np.ndarray | None, cfg: TrainConfig, *,
           bos_id: int, pad_id: int, window: int,
-          on_step: Callable[[int, float], None] | None = None) -> list[dict]:
+          on_step: Callable[[int, float], None] | None = None,
+          progress: Callable[[float | None], None] | None = None) -> list[dict]:
     """Train `module` in place on the stream; return per-epoch metrics rows.
 
     `window` is the bptt length the module accepts (Transformer: min(bptt, max_len)).
@@ -473,7 +474,8 @@ def train(module: LMModule, train_stream: np.ndarray, valid_stream: np.ndarray |
             _save_checkpoint(ckpt_path, module, opt, pos, carry, history, best, rank_rng)
 
     progress = Progress("lm.train", total=total_steps * cfg.batch_size * window, unit="tokens",
-                        every_s=cfg.log_every_s if rank == 0 else math.inf, done=pos.step * cfg.batch_size * window)
+                        every_s=cfg.log_every_s if rank == 0 else math.inf, done=pos.step * cfg.batch_size * window,
+                        callback=progress if rank == 0 else None)  # e.g. a Prefect progress artifact
     while not pos.done and pos.epoch < cfg.epochs and pos.step < total_steps:
         if pos.batch == 0:
             state = None  # each epoch starts the stream afresh
