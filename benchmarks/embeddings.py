@@ -260,6 +260,32 @@ def glove_epoch_seconds(n_cells: int = 10_000_000, vocab_size: int = 400_000, de
     return float(np.median([h["seconds"] for h in glove.history_[1:]])), matrix.nnz, glove.device_
 
 
+def glove_threads_rows(n_cells: int = 2_000_000, epochs: int = 2) -> list[Row]:
+    """GloVe epochs (wall seconds) with the pipeline's default threads=1 against torch's default, one
+    thread per core, on the same synthetic matrix in the same run: what oversubscription costs a worker
+    that shares its cores (the machine's other jobs, or other shards)."""
+    import os
+
+    import scipy.sparse as sp
+    from lexiflow.models.glove import GloVe
+
+    rng = np.random.default_rng(0)
+    vocab_size = 50_000
+    i, j = (vocab_size * rng.random((2, n_cells)) ** 3).astype(np.int64)
+    matrix = sp.coo_matrix((1.0 / rng.integers(1, 6, size=n_cells), (i, j)), shape=(vocab_size, vocab_size)).tocsr()
+    matrix = (matrix + matrix.T).tocsr()
+    cores = os.cpu_count() or 1
+    walls = {}
+    for threads in (1, cores):
+        start = time.perf_counter()
+        GloVe(dim=DIM, epochs=epochs, device="cpu", threads=threads).fit(matrix)
+        walls[threads] = (time.perf_counter() - start) / epochs
+    return [Row("embeddings", f"GloVe epoch, {matrix.nnz / 1e6:.1f}M cells (synthetic), cpu, threads=1 vs "
+                f"threads={cores} (torch's default)", "seconds (wall)", walls[1], walls[cores],
+                f"threads={cores}", higher_is_better=False,
+                notes="same run; the machine's cores shared with other jobs")]
+
+
 def run(quick: bool) -> list[Row]:
     """GloVe quality/speed and the word2vec wrapper against raw gensim on the benchmark corpus."""
     from lexiflow.models.embedding_plots import plot_loss, plot_projection
@@ -326,6 +352,7 @@ def run(quick: bool) -> list[Row]:
                         higher_is_better=False, target="<= 2 (H100)", met=None,
                         notes="not measured: no GPU lent in this session"))
 
+    rows += glove_threads_rows(200_000 if quick else 2_000_000)
     out = CACHE / ("quick" if quick else "full")
     out.mkdir(parents=True, exist_ok=True)
     plot_loss(glove.history_, out / "glove-loss.png", "GloVe: weighted squared error per cell")

@@ -138,7 +138,11 @@ def kenlm_rows(order: int, lm: NgramLM, test: list[np.ndarray], test_words: list
     path; it starts from one `<s>`, so its first words' probabilities differ from ours) and its state API."""
     import tempfile
 
-    import kenlm
+    try:
+        import kenlm
+    except ImportError:  # an optional peer (pyproject's `kenlm` extra builds it from source)
+        return [Row("lm_ngram", f"KN{order} vs KenLM", "skipped", 0.0, None, "kenlm not installed",
+                    notes='pip install -e ".[kenlm]" to compare')]
 
     tokens = ["<unk>", "<s>", "</s>", "<pad>"] + [""] * (lm.vocab_size_ - 4)
     for words, ids in zip(test_words, test, strict=True):
