@@ -62,7 +62,10 @@ def serve_api_url(home: Path) -> str | None:
 
 def choose(home: Path, say: Callable[[str], None]) -> str:
     """The API URL the run reports to (see the module docstring); starts a temporary server if needed."""
-    if url := os.environ.get("PREFECT_API_URL"):
+    from prefect.settings import get_current_settings
+
+    # The user's server: the environment, a Prefect profile, or a settings context (a test harness)
+    if url := os.environ.get("PREFECT_API_URL") or get_current_settings().api.url:
         return url
     if url := serve_api_url(home):
         say(f"Using the Prefect server of `lexiflow serve` ({url.removesuffix('/api')}): this run shows in its UI")
