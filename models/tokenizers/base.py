@@ -242,10 +242,10 @@ class SubwordTokenizer(Estimator):
         new = [p for p in set(pieces) if p not in cache]
         ascii_words = ASCII_PRETOKENIZERS[self.pretokenizer].findall
         rest = [p for p in new if not (p.isascii() and p.isprintable())]
-        words_of = {p: ascii_words(p) for p in new if p.isascii() and p.isprintable()}
+        words_of = {p: ascii_words(p.lower() if self.lowercase else p) for p in new if p.isascii() and p.isprintable()}
         if rest:
-            words_of.update(zip(rest, pretokenize_series(pl.Series(rest, dtype=pl.String), self._pattern).to_list(),
-                                strict=True))
+            words_of.update(zip(rest, pretokenize_series(pl.Series(rest, dtype=pl.String), self._pattern,
+                                                         self.lowercase).to_list(), strict=True))
         for piece, words in words_of.items():
             cache[piece] = tuple(i for w in words for i in self._encode_word_cached(w))
 
