@@ -28,14 +28,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lexiflow.flows import prefect_env
+
 ROOT = Path(__file__).resolve().parents[1]
-QUIET_PREFECT = {
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "DO_NOT_TRACK": "1",
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-    "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
-    "PREFECT_LOGGING_EXTRA_LOGGERS": "lexiflow",
-}
 # A small corpus and small parameters: a cold run takes seconds.
 SMALL_RUN = ["--corpus", "builtin:lee", "--set", "svd.dim=20", "--set", "vocabulary.min_count=2",
              "--set", "evaluation.analogy_vocabulary=500", "--set", "evaluation.projection_words=0",
@@ -57,8 +52,7 @@ def prefect_server(home: Path, timeout: float = 180) -> Iterator[dict[str, str]]
     """`prefect server start` on 127.0.0.1 with a private PREFECT_HOME; yields the environment
     children need (PREFECT_API_URL included). Stopped by its process id."""
     port = free_port()
-    env = {**os.environ, **QUIET_PREFECT, "PREFECT_HOME": str(home)}
-    env.pop("PREFECT_API_URL", None)
+    env = prefect_env.environment(home)
     home.mkdir(parents=True, exist_ok=True)
     log = open(home / "server.log", "wb")  # noqa: SIM115 (closed at teardown)
     prefect = Path(sys.executable).with_name("prefect")
@@ -201,8 +195,7 @@ class Zygote:
 
 def zygote_main() -> None:
     """Read one JSON request per line; fork a child running `flows.cli.main(argv)` for each."""
-    for key, value in QUIET_PREFECT.items():
-        os.environ.setdefault(key, value)
+    prefect_env.apply()
     import lexiflow.flows.cli
     import lexiflow.flows.pipeline  # noqa: F401 (the expensive imports, done once)
 

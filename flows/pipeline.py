@@ -19,7 +19,7 @@ from lexiflow.storage import ArtifactRef, ArtifactStore
 from lexiflow.tasks.corpus import ingest_corpus, ingest_tagged
 from lexiflow.tasks.evaluation import evaluate_embeddings
 from lexiflow.tasks.matrices import compute_ppmi, count_cooccurrence
-from lexiflow.tasks.report import publish_report, write_report
+from lexiflow.tasks.report import publish_lineage, publish_report, write_report
 from lexiflow.tasks.stage import published_manifest
 from lexiflow.tasks.tagger import train_tagger
 from lexiflow.tasks.translation import ingest_parallel
@@ -56,18 +56,19 @@ def build_all(**sections: Any) -> dict[str, ArtifactRef]:
     evaluations = {name: evaluate_embeddings(store, embeddings=ref, params=p.evaluation)
                    for name, ref in vectors.items()}
 
-    lms = {}
+    lms, subword = {}, {}
     if lm:
         lm_tokenizer, lm_ids = words, word_ids
         if p.tokenizer.kind != "word":
             lm_tokenizer = learn_subword(store, corpus=docs, params=p.tokenizer)
             lm_ids = encode_corpus(store, corpus=docs, tokenizer=lm_tokenizer, parallel=parallel)
+            subword = {f"tokenizer.{p.tokenizer.kind}": lm_tokenizer, f"tokenized_corpus.{p.tokenizer.kind}": lm_ids}
         for kind in lm:
             inputs = {"tokens": lm_ids, "tokenizer": lm_tokenizer,
                       "embeddings": None if kind == "ngram" else vectors.get(neural.pretrained)}
             lms[kind] = train(LM_TRAINERS[kind], kind, store, inputs, p.ngram if kind == "ngram" else neural, training)
 
-    taggers = {}
+    taggers, tagged = {}, None
     skipped = {s["source"] for s in published_manifest(docs)["metrics"].get("skipped", [])}
     if any(str(path) not in skipped for path in ingest.tagged_files(ingest.resolve_sources(corpus.sources))):
         tagged = ingest_tagged(store, params=corpus)
@@ -84,12 +85,14 @@ def build_all(**sections: Any) -> dict[str, ArtifactRef]:
                           taggers=list(taggers.values()) or None, translations=list(translators.values()) or None)
     publish_report(report)
     refs = {"corpus": docs, "tokenizer": words, "tokenized_corpus": word_ids, "cooccurrence": counts,
-            **({"ppmi": pmi} if "svd" in vectors else {}),
+            **({"ppmi": pmi} if "svd" in vectors else {}), **subword,
+            **({"tagged_corpus": tagged} if tagged else {}),
             **{f"embeddings.{k}": v for k, v in vectors.items()},
             **{f"evaluation.{k}": v for k, v in evaluations.items()},
             **{f"lm.{k}": v for k, v in lms.items()}, **{f"tagger.{k}": v for k, v in taggers.items()},
             **({"parallel_corpus": pairs} if pairs else {}), **{f"seq2seq.{k}": v for k, v in translators.items()},
             "report": report}
+    publish_lineage(refs)  # on this run, reused artifacts included
     get_run_logger().info("pipeline: %s", ", ".join(f"{name}={ref.version}" for name, ref in refs.items()))
     return refs
 

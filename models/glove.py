@@ -56,8 +56,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import numpy as np
 import scipy.sparse as sp
@@ -65,7 +65,9 @@ import torch
 from lexiflow.models.config import check
 from lexiflow.models.device import Device, resolve_device
 from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.estimator import Estimator
 from lexiflow.models.progress import Progress
+from lexiflow.models.threads import limit_threads
 from lexiflow.models.vectors import reweight_spectrum
 from pydantic import Field
 
@@ -106,6 +108,9 @@ class GloVeConfig:
                                                                     "over relatedness).")] = 1.5
     device: Device = "auto"
     seed: Annotated[int, Field(ge=0, description="Random seed.")] = 0
+    threads: Annotated[int, Field(ge=1, le=256, description="CPU threads (torch, BLAS) of the fit: 1 per worker; "
+                                                            "more only where the worker has the cores to "
+                                                            "itself.")] = 1
 
     def validate(self) -> None:
         check(self)
@@ -128,7 +133,7 @@ def initial_parameters(vocab_size: int, dim: int, seed: int) -> list[np.ndarray]
     return [((torch.rand(shape, generator=gen) - 0.5) / dim).numpy() for shape in shapes]
 
 
-class GloVe:
+class GloVe(Estimator):
     """GloVe estimator: `GloVe(...).fit(cooccurrence).vectors_` (V × dim float32, w + w̃)."""
 
     def __init__(
@@ -147,21 +152,16 @@ class GloVe:
         spectrum_power: float = GloVeConfig.spectrum_power,
         device: str = GloVeConfig.device,
         seed: int = GloVeConfig.seed,
+        threads: int = GloVeConfig.threads,
     ) -> None:
         self.dim, self.x_max, self.alpha, self.epochs, self.lr = dim, x_max, alpha, epochs, lr
         self.batch_size, self.optimizer, self.device, self.seed = batch_size, optimizer, device, seed
         self.adagrad_init, self.negative, self.negative_weight = adagrad_init, negative, negative_weight
-        self.negative_bound, self.spectrum_power = negative_bound, spectrum_power
-
-    def get_params(self) -> dict[str, Any]:
-        """The configuration as a JSON-ready dict (what determines the vectors)."""
-        return asdict(self.config)
+        self.negative_bound, self.spectrum_power, self.threads = negative_bound, spectrum_power, threads
 
     @property
     def config(self) -> GloVeConfig:
-        return GloVeConfig(self.dim, self.x_max, self.alpha, self.epochs, self.lr, self.batch_size,
-                           self.optimizer, self.adagrad_init, self.negative, self.negative_weight,
-                           self.negative_bound, self.spectrum_power, self.device, self.seed)
+        return GloVeConfig(**self.get_params())
 
     def fit(
         self,
@@ -176,6 +176,11 @@ class GloVe:
         """
         cfg = self.config
         cfg.validate()
+        with limit_threads(cfg.threads, "glove.threads"):
+            return self._fit(cfg, matrix, progress, on_epoch)
+
+    def _fit(self, cfg: GloVeConfig, matrix: sp.spmatrix | sp.sparray, progress: Callable[[float | None], None] | None,
+             on_epoch: Callable[[dict[str, float], np.ndarray], None] | None) -> GloVe:
         rows, cols, counts, vocab_size = _cells(matrix)
         dev = resolve_device(cfg.device, "glove.device")
         self.device_ = str(dev)
@@ -249,6 +254,7 @@ class GloVe:
                         loss_sum += loss
                         unobserved_sum += unobserved
                     step(grads)
+                    bar.update(len(batch))  # within the epoch: a long epoch reports rate and ETA as it goes
                 loss = loss_sum.item() / n  # the epoch's one host sync (also waits for the GPU)
                 seconds = time.perf_counter() - start
                 if not np.isfinite(loss):
@@ -258,7 +264,6 @@ class GloVe:
                 if cfg.negative:
                     self.history_[-1]["unobserved_loss"] = unobserved_sum.item() / (n * cfg.negative)
                 logger.debug("glove epoch %d: loss %.5f, %.2fs", epoch, loss, seconds)
-                bar.update(n)
                 if on_epoch is not None:
                     on_epoch(self.history_[-1], _output(w, w_ctx, trained, cfg.spectrum_power))
 

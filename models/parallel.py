@@ -37,7 +37,10 @@ from typing import Literal
 import polars as pl
 import pyarrow.parquet as pq
 from lexiflow.models.errors import InputError, ParameterError
-from lexiflow.models.ingest import _file_split, _format_of, _lines, _one_line, _read_bytes, resolve_sources
+from lexiflow.models.ingest.readers import _lines, _one_line, _read_bytes
+from lexiflow.models.ingest.sources import file_split as _file_split
+from lexiflow.models.ingest.sources import format_of as _format_of
+from lexiflow.models.ingest.sources import resolve_sources
 from lexiflow.models.text import normalize_series
 
 PAIR_COLUMNS = ("pair_id", "source_file", "split", "source", "target")

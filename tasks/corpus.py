@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from lexiflow.models import ingest
+from lexiflow.models.config import from_section
 from lexiflow.storage import ArtifactWriter
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, TAGGED
 from lexiflow.tasks.parallel import SHARD_TASK, deliver, map_shards
@@ -16,7 +17,7 @@ from prefect import task
 
 
 def options(params: CorpusParams) -> ingest.IngestOptions:
-    return ingest.IngestOptions(**params.model_dump(exclude={"sources"}))
+    return from_section(ingest.IngestOptions, params)
 
 
 @functools.lru_cache(maxsize=256)

@@ -22,7 +22,8 @@ def _method(ref: ArtifactRef) -> str:
 @stage("evaluation")
 def evaluate_embeddings(out: ArtifactWriter, embeddings: ArtifactRef, params: EvaluationParams) -> None:
     words, _counts, matrix = read_vectors(embeddings)
-    result = evaluation.evaluate(vectors.keyed_vectors(words, matrix), params.analogy_vocabulary, params.probes)
+    result = evaluation.evaluate(vectors.keyed_vectors(words, matrix), params.analogy_vocabulary, params.probes,
+                                 progress=out.progress)
     name = _method(embeddings)
     out.metrics.update(result["metrics"])
     out.metrics.update({"method": name, "embeddings": str(embeddings)})

@@ -15,6 +15,7 @@ from lexiflow.models.config import parameters
 from lexiflow.models.device import Device
 from lexiflow.models.evaluation import DEFAULT_PROBES
 from lexiflow.models.glove import GloVeConfig
+from lexiflow.models.ingest import IngestOptions
 from lexiflow.models.lm.ffnn import FFNNConfig
 from lexiflow.models.lm.ngram import NgramLM
 from lexiflow.models.lm.rnn import RNNConfig
@@ -47,23 +48,12 @@ def section(name: str, *sources: Any, doc: str | None = None, **own: tuple[Any, 
     return create_model(name, __base__=Params, __doc__=doc, __module__=__name__, **fields, **own)
 
 
-class CorpusParams(Params):
-    sources: list[str] = Field(
+CorpusParams = section(
+    "CorpusParams", IngestOptions,
+    sources=(list[str], Field(
         default=["builtin:enwiki"], min_length=1,
         description="Files, directories, glob patterns, or builtin:enwiki / builtin:lee. Formats: plain text "
-                    "(.txt, any), .jsonl, .parquet, .conllu, MediaWiki .xml dumps; optionally .gz/.bz2.")
-    lowercase: bool = Field(True, description="Lowercase the text after sentence splitting.")
-    split_sentences: bool = Field(True, description="Split documents into sentences (one per line).")
-    text_unit: Literal["line", "paragraph", "file"] = Field(
-        "line", description="What one document is in plain-text files.")
-    dedupe: bool = Field(True, description="Drop exact duplicate documents (after cleaning).")
-    valid_fraction: float = Field(0.05, ge=0, lt=0.5, description="Share of documents in the valid split.")
-    test_fraction: float = Field(0.05, ge=0, lt=0.5, description="Share of documents in the test split.")
-    text_field: str = Field("text", min_length=1, description="JSONL field / Parquet column holding the text.")
-    max_file_bytes: int = Field(4 << 30, ge=1, description="Largest decompressed file accepted, in bytes.")
-    bad_files: Literal["fail", "skip"] = Field(
-        "fail", description="A file that cannot be read (binary, bad encoding, malformed, truncated): stop with "
-                            "its error, or skip it and list it in the corpus stats.")
+                    "(.txt, any), .jsonl, .parquet, .conllu, MediaWiki .xml dumps; optionally .gz/.bz2.")))
 
 
 class ParallelParams(Params):
@@ -141,7 +131,9 @@ class TaggerParams(Params):
     columns: list[Literal["upos", "xpos"]] = Field(
         default=["upos", "xpos"], description="Tag sets to learn from CoNLL-U sources, a tagger artifact each.")
     order: Literal[2, 3] = Field(3, description="HMM order: 2 (bigram transitions) or 3 (trigram, TnT-style).")
-    method: Literal["viterbi", "greedy", "beam"] = Field("viterbi", description="Decoding for evaluation.")
+    method: Literal["viterbi", "viterbi_pruned", "greedy", "beam"] = Field(
+        "viterbi", description="Decoding for evaluation: exact Viterbi, Viterbi over each word's best tags "
+                               "(~35x faster on EWT, 0.1 points less accurate), greedy or beam search.")
     beam_width: int = Field(8, ge=1, le=1024, description="Beam width for method=beam.")
     refine_states: bool = Field(True, description="Split each tag's HMM states by the other tag set during "
                                                   "training (UPOS by XPOS and vice versa); tagging returns plain "

@@ -1,4 +1,4 @@
-"""The translation stages end to end on a small store: parallel_corpus -> seq2seq -> report, Catalog.load and
+"""The translation stages end to end on a small store: parallel_corpus -> seq2seq -> report, lexiflow.loaders.load and
 `lexiflow translate`."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ import json
 import pytest
 from lexiflow.flows.cli import main as cli
 from lexiflow.flows.params import validate
+from lexiflow.loaders import load
 from lexiflow.models.bleu import corpus_bleu
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.storage import ArtifactStore, Catalog
@@ -43,8 +44,8 @@ def test_parallel_corpus_and_seq2seq_manifests(store):
     metrics = s.manifest("seq2seq", model.version)["metrics"]
     assert metrics["model"] == "rnn" and metrics["train_pairs"] == m["per_split"]["train"]
     # the manifest's test BLEU is corpus BLEU of the model's beam output against all references of each source
-    tr = Catalog(s).load("seq2seq", model.version)
-    test = Catalog(s).load("parallel_corpus", pairs.version).filter(split="test")
+    tr = load(s, "seq2seq", model.version)
+    test = load(s, "parallel_corpus", pairs.version).filter(split="test")
     sources, refs = _references(test["source"].to_list(), test["target"].to_list())
     assert metrics["test_bleu"] == pytest.approx(corpus_bleu(tr.translate(sources, beam_width=3), refs).score)
     names = {f["name"] for f in s.manifest("seq2seq", model.version)["files"]}
@@ -56,7 +57,7 @@ def test_parallel_corpus_and_seq2seq_manifests(store):
 
 def test_report_section_and_loader(store, tmp_path):
     s, _, model, _ = store
-    tr = Catalog(s).load("seq2seq")
+    tr = load(s, "seq2seq")
     out = tr.translate(["Run!", "Wow!"], beam_width=2, return_attention=True)
     assert out[0].attention.shape[1] == len(out[0].source_tokens)
 
@@ -76,7 +77,7 @@ def test_cli_translate_writes_whole_output(store, tmp_path, capsys):
     src.write_text("Run!\nWow!\n", encoding="utf-8")
     out = tmp_path / "out.txt"
     assert cli(["translate", str(src), "-o", str(out), "--beam", "2", "--store", s.url, "--model", model.version]) == 0
-    assert out.read_text(encoding="utf-8").splitlines() == Catalog(s).load("seq2seq").translate(["Run!", "Wow!"],
+    assert out.read_text(encoding="utf-8").splitlines() == load(s, "seq2seq").translate(["Run!", "Wow!"],
                                                                                               beam_width=2)
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"ok\n\xff\n")

@@ -483,7 +483,8 @@ class Trainer:
     """
 
     def __init__(self, module: torch.nn.Module, task: TrainTask, cfg: TrainConfig, *, name: str = "lm.train",
-                 on_step: Callable[[int, float], None] | None = None) -> None:
+                 on_step: Callable[[int, float], None] | None = None,
+                 progress: Callable[[float | None], None] | None = None) -> None:
         cfg.validate()
         self.rank, self.world = dist_info()
         if cfg.batch_size % self.world:
@@ -525,7 +526,8 @@ class Trainer:
         self.first_step = self.pos.step  # 0, or where the resumed run picks up
         self.progress = Progress(name, total=self.total_steps * task.tokens_per_step, unit="tokens",
                                  every_s=cfg.log_every_s if self.rank == 0 else math.inf,
-                                 done=self.pos.step * task.tokens_per_step)
+                                 done=self.pos.step * task.tokens_per_step,
+                                 callback=progress if self.rank == 0 else None)  # e.g. a Prefect progress artifact
         self._t0 = time.perf_counter()
 
     def checkpoint(self) -> None:
@@ -583,14 +585,9 @@ class Trainer:
         """Validation, best weights, early stopping, the epoch's metrics row, a checkpoint."""
         pos, cfg = self.pos, self.cfg
         self._lap()
-        train_loss = pos.epoch_loss / max(pos.epoch_count, 1)
         scored = self.task.evaluate(self.module, self.device, cfg.precision)
-        valid_loss = scored[0] / max(scored[1], 1) if scored is not None else None
-        row = {
-            "epoch": pos.epoch + 1, "step": pos.step, "train_loss": train_loss, "train_ppl": perplexity(train_loss),
-            "valid_loss": valid_loss, "valid_ppl": perplexity(valid_loss) if valid_loss is not None else None,
-            "tokens_per_s": pos.epoch_tokens / max(pos.epoch_seconds, 1e-9), "seconds": pos.epoch_seconds,
-        }
+        row = epoch_row(pos, scored[0] / max(scored[1], 1) if scored is not None else None)
+        valid_loss = row["valid_loss"]
         self.history.append(row)
         if self.rank == 0:
             logger.info("epoch %d: train ppl %.2f, valid ppl %s, %.0f tokens/s", row["epoch"], row["train_ppl"],
@@ -635,16 +632,27 @@ class Trainer:
         return self.history
 
 
+def epoch_row(pos: _Position, valid_loss: float | None) -> dict:
+    """The metrics row of the epoch `pos` ends (mean NLLs per predicted token, perplexities, throughput)."""
+    train_loss = pos.epoch_loss / max(pos.epoch_count, 1)
+    return {
+        "epoch": pos.epoch + 1, "step": pos.step, "train_loss": train_loss, "train_ppl": perplexity(train_loss),
+        "valid_loss": valid_loss, "valid_ppl": perplexity(valid_loss) if valid_loss is not None else None,
+        "tokens_per_s": pos.epoch_tokens / max(pos.epoch_seconds, 1e-9), "seconds": pos.epoch_seconds,
+    }
+
+
 def train(module: LMModule, train_stream: np.ndarray, valid_stream: np.ndarray | None, cfg: TrainConfig, *,
           bos_id: int, pad_id: int, window: int,
-          on_step: Callable[[int, float], None] | None = None) -> list[dict]:
+          on_step: Callable[[int, float], None] | None = None,
+          progress: Callable[[float | None], None] | None = None) -> list[dict]:
     """Train an LM `module` in place on the stream; return per-epoch metrics rows.
 
     `window` is the bptt length the module accepts (Transformer: min(bptt, max_len)).
     """
     cfg.validate()
     task = LMStreamTask(train_stream, valid_stream, cfg, bos_id=bos_id, pad_id=pad_id, window=window)
-    return Trainer(module, task, cfg, on_step=on_step).run()
+    return Trainer(module, task, cfg, on_step=on_step, progress=progress).run()
 
 
 def perplexity(loss: float) -> float:

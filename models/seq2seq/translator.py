@@ -100,7 +100,7 @@ class Codec:
         return len(self.impl) if self.kind == "word" else len(self.impl.vocab_)
 
     def encode(self, texts: list[str]) -> list[np.ndarray]:
-        ids = self.impl.encode_corpus(pl.Series(texts, dtype=pl.String))
+        ids = self.impl.encode_batch(pl.Series(texts, dtype=pl.String))
         return [np.asarray(a, dtype=np.int64) for a in ids.to_list()]
 
     def decode(self, ids: list[int]) -> str:
