@@ -403,6 +403,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 def cmd_translate(args: argparse.Namespace) -> int:
     """Translate a line per sentence (a file or standard input) with a trained seq2seq model; everything is
     translated before the output is written, whole (`-o`) or to standard output."""
+    from lexiflow.loaders import load
     from lexiflow.models.errors import InputError, ParameterError
 
     if args.beam < 1:
@@ -418,7 +419,6 @@ def cmd_translate(args: argparse.Namespace) -> int:
         except UnicodeDecodeError as exc:
             line = source.read_bytes()[: exc.start].count(b"\n") + 1
             raise InputError(f"{source}:{line}: invalid UTF-8; re-encode the file as UTF-8") from None
-    from lexiflow.loaders import load
 
     translator = load(read_catalog(args.store), "seq2seq", None if args.model == "latest" else args.model)
     out = [t + "\n" for t in translator.translate(lines, beam_width=args.beam)]

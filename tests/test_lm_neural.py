@@ -25,10 +25,11 @@ from lexiflow.models.lm.rnn import RNN, RNNLM, RNNConfig
 from lexiflow.models.lm.train import (
     StopTraining,
     TrainConfig,
-    _epoch_row,
     _Position,
     batchify,
     clip_grad_norm,
+    epoch_row,
+    evaluate,
     lr_at,
     sparse_embedding_grads,
 )
@@ -149,8 +150,8 @@ def test_a_diverged_model_has_infinite_perplexity_not_an_overflow_error():
     assert lm.perplexity([np.array([5, 6])]) == math.inf
     # The history row of a diverged epoch, built explicitly (training there with a huge learning rate
     # gives inf or NaN losses depending on the CPU's arithmetic): a finite mean NLL of 1e4 nats.
-    row = _epoch_row(lm.module_, _Position(epoch_loss=3e4, epoch_count=3), batchify(np.array([4, 5, 6, 7]), 1),
-                     4, torch.device("cpu"), lm.train, 1, 3)
+    nll, count = evaluate(lm.module_, batchify(np.array([4, 5, 6, 7]), 1), 4, torch.device("cpu"), "fp32", 1, 3)
+    row = epoch_row(_Position(epoch_loss=3e4, epoch_count=3), nll / count)
     assert row["train_loss"] == 1e4 and row["valid_loss"] > 1000
     assert row["train_ppl"] == row["valid_ppl"] == math.inf  # not exp(700) = 1.0e304
 

@@ -1,4 +1,4 @@
-"""The translation stages end to end on a small store: parallel_corpus -> seq2seq -> report, Catalog.load and
+"""The translation stages end to end on a small store: parallel_corpus -> seq2seq -> report, lexiflow.loaders.load and
 `lexiflow translate`."""
 
 from __future__ import annotations

@@ -585,14 +585,9 @@ class Trainer:
         """Validation, best weights, early stopping, the epoch's metrics row, a checkpoint."""
         pos, cfg = self.pos, self.cfg
         self._lap()
-        train_loss = pos.epoch_loss / max(pos.epoch_count, 1)
         scored = self.task.evaluate(self.module, self.device, cfg.precision)
-        valid_loss = scored[0] / max(scored[1], 1) if scored is not None else None
-        row = {
-            "epoch": pos.epoch + 1, "step": pos.step, "train_loss": train_loss, "train_ppl": perplexity(train_loss),
-            "valid_loss": valid_loss, "valid_ppl": perplexity(valid_loss) if valid_loss is not None else None,
-            "tokens_per_s": pos.epoch_tokens / max(pos.epoch_seconds, 1e-9), "seconds": pos.epoch_seconds,
-        }
+        row = epoch_row(pos, scored[0] / max(scored[1], 1) if scored is not None else None)
+        valid_loss = row["valid_loss"]
         self.history.append(row)
         if self.rank == 0:
             logger.info("epoch %d: train ppl %.2f, valid ppl %s, %.0f tokens/s", row["epoch"], row["train_ppl"],
@@ -635,6 +630,16 @@ class Trainer:
             load_module_tensors(self.module, self.best, "best weights")  # early stopping keeps the best epoch
         self.module.eval()
         return self.history
+
+
+def epoch_row(pos: _Position, valid_loss: float | None) -> dict:
+    """The metrics row of the epoch `pos` ends (mean NLLs per predicted token, perplexities, throughput)."""
+    train_loss = pos.epoch_loss / max(pos.epoch_count, 1)
+    return {
+        "epoch": pos.epoch + 1, "step": pos.step, "train_loss": train_loss, "train_ppl": perplexity(train_loss),
+        "valid_loss": valid_loss, "valid_ppl": perplexity(valid_loss) if valid_loss is not None else None,
+        "tokens_per_s": pos.epoch_tokens / max(pos.epoch_seconds, 1e-9), "seconds": pos.epoch_seconds,
+    }
 
 
 def train(module: LMModule, train_stream: np.ndarray, valid_stream: np.ndarray | None, cfg: TrainConfig, *,
