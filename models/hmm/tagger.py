@@ -540,7 +540,8 @@ class HMMTagger:
         """P(o | s) = Count(s, o) / Count(s), (V, K), rows in `vocab_` order."""
         return self.emission_counts_ / self.tag_counts_[None, :]
 
-    def _mle_tables(self, words: Sequence[str], end: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+    def _mle_tables(self, words: Sequence[str],
+                    end: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
         """(pi, transitions, per-position emissions P(o_t | s), P(</s> | s) or None) from the MLE tables;
         a word never seen in training has emission 0 under every state."""
         self._check_fitted()
