@@ -75,7 +75,7 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
 
 @stage("ppmi")
 def compute_ppmi(out: ArtifactWriter, cooccurrence: ArtifactRef, params: PPMIParams) -> None:
-    matrix = ppmi.ppmi_matrix(read_matrix(cooccurrence), params.alpha, params.shift)
+    matrix = ppmi.ppmi_matrix(read_matrix(cooccurrence), params.alpha, params.shift, params.log_base)
     write_matrix(out, "matrix.parquet", matrix)
     out.write_parquet("vocab.parquet", read_table(cooccurrence, "vocab.parquet"), VOCAB)
     out.metrics.update({"nonzeros": int(matrix.nnz), "mean_value": float(matrix.data.mean()) if matrix.nnz else 0.0})
