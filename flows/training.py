@@ -23,12 +23,13 @@ from typing import Any
 from lexiflow.flows.params import TrainingParams, artifact_ref
 from lexiflow.models.errors import ParameterError
 from lexiflow.storage import ArtifactRef, ArtifactStore, StoreError
-from lexiflow.tasks.embeddings import glove_embeddings, svd_embeddings, word2vec_embeddings
+from lexiflow.tasks.embeddings import glove_embeddings, lsi_embeddings, svd_embeddings, word2vec_embeddings
 from lexiflow.tasks.lm import train_lm as lm_stage
 from lexiflow.tasks.params import (
     EmbeddingMethod,
     GloVeParams,
     LMKind,
+    LSIParams,
     NeuralLMParams,
     NgramParams,
     SVDParams,
@@ -58,6 +59,7 @@ class Trainer:
 
 EMBEDDING_TRAINERS: dict[str, Trainer] = {
     "svd": Trainer(svd_embeddings, {"ppmi": "ppmi"}, "svd"),
+    "lsi": Trainer(lsi_embeddings, {"cooccurrence": "cooccurrence"}, "lsi"),
     "sgns": Trainer(word2vec_embeddings, {"corpus": "corpus", "tokenizer": "tokenizer"}, "word2vec",
                     {"method": "sgns"}),
     "cbow": Trainer(word2vec_embeddings, {"corpus": "corpus", "tokenizer": "tokenizer"}, "word2vec",
@@ -96,6 +98,7 @@ def train_embeddings(
     method: EmbeddingMethod = "svd",
     inputs: dict[str, str] | None = None,
     svd: SVDParams = SVDParams(),
+    lsi: LSIParams = LSIParams(),
     word2vec: Word2VecParams = Word2VecParams(),
     glove: GloVeParams = GloVeParams(),
 ) -> ArtifactRef:
@@ -107,7 +110,8 @@ def train_embeddings(
         inputs: Input artifact versions by argument name (e.g. {"ppmi": "3f2a..."}); missing ones are the latest.
     """
     trainer = EMBEDDING_TRAINERS[method]
-    return _run_here(trainer, store, inputs or {}, {"svd": svd, "word2vec": word2vec, "glove": glove}[trainer.section])
+    sections = {"svd": svd, "lsi": lsi, "word2vec": word2vec, "glove": glove}
+    return _run_here(trainer, store, inputs or {}, sections[trainer.section])
 
 
 @flow(name="train-lm", log_prints=True)

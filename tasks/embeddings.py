@@ -6,11 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-from lexiflow.models import embedding_plots, glove, svd, vectors, vocab, word2vec
+from lexiflow.models import embedding_plots, glove, lsi, svd, vectors, vocab, word2vec
 from lexiflow.models.errors import InputError
 from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter
 from lexiflow.storage.formats import read_manifest, read_matrix, read_table, write_vectors
-from lexiflow.tasks.params import GloVeParams, SVDParams, Word2VecParams
+from lexiflow.tasks.params import GloVeParams, LSIParams, SVDParams, Word2VecParams
 from lexiflow.tasks.stage import stage
 
 
@@ -41,6 +41,16 @@ def svd_embeddings(out: ArtifactWriter, ppmi: ArtifactRef, params: SVDParams) ->
                                                     params.n_iter, params.seed)
     write_embeddings(out, read_table(ppmi, "vocab.parquet"), word_vectors, "svd")
     out.metrics["top_singular_value"] = float(singular_values[0])
+
+
+@stage("embeddings")
+def lsi_embeddings(out: ArtifactWriter, cooccurrence: ArtifactRef, params: LSIParams) -> None:
+    """LSI: truncated SVD of the (tf-idf or count) term-document matrix the cooccurrence stage writes."""
+    termdoc = lsi.weigh(read_matrix(cooccurrence, "termdoc.parquet"), params.weighting)
+    word_vectors, singular_values = svd.svd_vectors(termdoc, params.dim, params.power, params.add_context,
+                                                    params.n_iter, params.seed)
+    write_embeddings(out, read_table(cooccurrence, "vocab.parquet"), word_vectors, "lsi")
+    out.metrics.update({"top_singular_value": float(singular_values[0]), "documents": termdoc.shape[1]})
 
 
 @stage("embeddings")

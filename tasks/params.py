@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from lexiflow.models import ppmi, svd
+from lexiflow.models import lsi, ppmi, svd
 from lexiflow.models.config import parameters
 from lexiflow.models.evaluation import DEFAULT_PROBES
 from lexiflow.models.glove import GloVeConfig
@@ -102,8 +102,14 @@ class CooccurrenceParams(Params):
     seed: int = Field(0, ge=0, description="Seed of the subsampling draws.")
 
 
-PPMIParams = section("PPMIParams", ppmi.ppmi_matrix)
+PPMIParams = section(
+    "PPMIParams", ppmi.ppmi_matrix,
+    counts=(Literal["window", "termdoc"], Field(
+        "window", description="Word-context counts PPMI weighs: the co-occurrence window's, or the term-term matrix "
+                              "X·Xᵀ of the term-document matrix X (the notes' review question; denser, so for small "
+                              "corpora).")))
 SVDParams = section("SVDParams", svd.svd_vectors)
+LSIParams = section("LSIParams", svd.svd_vectors, lsi.weigh)
 Word2VecParams = section("Word2VecParams", Word2VecConfig)
 GloVeParams = section("GloVeParams", GloVeConfig)
 
@@ -116,7 +122,7 @@ class EvaluationParams(Params):
                                                                   "(0 = no maps).")
 
 
-EmbeddingMethod = Literal["svd", "sgns", "cbow", "glove"]
+EmbeddingMethod = Literal["svd", "lsi", "sgns", "cbow", "glove"]
 EmbeddingMethods = Annotated[list[EmbeddingMethod], Field(min_length=1)]  # the UI form refuses an empty choice
 LMKind = Literal["ngram", "ffnn", "rnn", "lstm", "gru", "transformer"]
 
@@ -124,7 +130,7 @@ LMKind = Literal["ngram", "ffnn", "rnn", "lstm", "gru", "transformer"]
 NgramParams = section("NgramParams", NgramLM)
 NeuralLMParams = section(
     "NeuralLMParams", RNNConfig, FFNNConfig, TransformerConfig, TrainConfig,
-    pretrained=(Literal["none", "svd", "sgns", "cbow", "glove"], Field(
+    pretrained=(Literal["none", "svd", "lsi", "sgns", "cbow", "glove"], Field(
         "none", description="Initialise the neural LMs' embeddings from this method's embeddings artifact of the same "
                             "run: the method must be among `embeddings`, its dim equal to emb_dim (d_model for the "
                             "transformer). Ignored when lm holds no neural model.")),
