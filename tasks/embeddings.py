@@ -15,8 +15,9 @@ from lexiflow.tasks.stage import stage
 
 
 def write_embeddings(out: ArtifactWriter, vocabulary: pl.DataFrame, word_vectors: np.ndarray, method: str,
-                     history: list[dict] | None = None) -> None:
-    """Words (specials excluded) in frequency order, as Parquet and both word2vec formats."""
+                     history: list[dict] | None = None, context_vectors: np.ndarray | None = None) -> None:
+    """Words (specials excluded) in frequency order, as Parquet and both word2vec formats; a method with
+    two vector sets (word2vec's input u and output v) also exports v as `context_vectors.bin`."""
     n_special = len(vocab.SPECIALS)
     words = vocabulary["token"].to_list()[n_special:]
     counts = vocabulary["count"].to_numpy()[n_special:]
@@ -25,6 +26,9 @@ def write_embeddings(out: ArtifactWriter, vocabulary: pl.DataFrame, word_vectors
     kv = vectors.keyed_vectors(words, matrix, counts)
     kv.save_word2vec_format(str(out.path("vectors.txt")), binary=False)
     kv.save_word2vec_format(str(out.path("vectors.bin")), binary=True)
+    if context_vectors is not None:
+        vectors.keyed_vectors(words, context_vectors[n_special:], counts).save_word2vec_format(
+            str(out.path("context_vectors.bin")), binary=True)
     out.metrics.update({"method": method, "words": len(words), "dim": int(matrix.shape[1])})
     if history:
         out.write_parquet("history.parquet", pl.DataFrame(history))
@@ -69,7 +73,8 @@ def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: Art
     with ArtifactStore(corpus.store).local_copy(corpus.kind, corpus.version, "documents.parquet") as path:
         model.fit(word2vec.ParquetSentences(path, column="text", split="train"), vocabulary,
                   progress=out.progress)
-    write_embeddings(out, vocabulary.frame, model.vectors_, method, model.history_)
+    write_embeddings(out, vocabulary.frame, model.vectors_, method, model.history_, model.output_vectors_)
+    out.metrics["vectors"] = params.vectors
 
 
 @stage("embeddings")
