@@ -116,6 +116,21 @@ def test_ffnn_is_bengio_formula_and_context_stops_at_sentence_start():
         torch.testing.assert_close(logits[0, t], expected)
 
 
+def test_ffnn_notes_variant_sigmoid_without_biases():
+    """Notes 003 "Forward Pass and Loss Function in Equations": e = [E x_{t-3}; E x_{t-2}; E x_{t-1}],
+    h = σ(W e), z = U h, ŷ = softmax(z): ffnn_activation="sigmoid", ffnn_bias=False."""
+    torch.manual_seed(0)
+    m = FFNN(FFNNConfig(V, context_size=3, emb_dim=4, hidden_dim=5, ffnn_activation="sigmoid",
+                        ffnn_bias=False)).eval()
+    assert m.hidden.bias is None and m.output.bias is None
+    logits, _ = m(torch.tensor([[7, 2, 8]]), (torch.tensor([[5, 6]]),))
+    E, W, U = m.embedding.weight, m.hidden.weight, m.output.weight
+    e = torch.cat([E[5], E[6], E[7]])  # the context of position 0
+    torch.testing.assert_close(logits[0, 0], U @ torch.sigmoid(W @ e))
+    n_params = sum(p.numel() for p in m.parameters())
+    assert n_params == V * 4 + 5 * 12 + V * 5  # E, W, U: no biases
+
+
 @pytest.mark.parametrize("carry", [False, True])
 def test_perplexity_counts_words_and_eos_but_never_bos(carry):
     # A zero decoder matrix turns the LSTM into a fixed unigram model p = softmax(bias): perplexity by hand.
