@@ -63,8 +63,12 @@ def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[
                   "scored from `<s>`; validation tunes, test is reported once.", ""]
         lines += _table([read_manifest(ref)["metrics"] for ref in lms], LM_COLUMNS)
         for ref in lms:
-            model = read_manifest(ref)["metrics"]["model"]
-            lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, f"lm-{model}")]
+            metrics = read_manifest(ref)["metrics"]
+            if metrics.get("logit_lens"):
+                lines += ["", f"Logit lens ({metrics['model']}): next-token predictions read out after each layer "
+                          "(0 = the embedding) through the final norm and the unembedding, on validation text.", ""]
+                lines += _table(metrics["logit_lens"], ("layer", "perplexity", "accuracy"))
+            lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, f"lm-{metrics['model']}")]
     for ref in taggers or []:
         detail = store.read_text(ref.kind, ref.version, "report.md")
         lines += ["", re.sub(r"(?m)^(#+) ", r"#\1 ", detail)]  # its headings, one level down

@@ -117,6 +117,15 @@ def test_logit_lens_reads_every_layer_and_ends_with_the_output():
         torch.testing.assert_close(lens[0], m.lm_head(m.ln_f(m._embed(x))))
 
 
+def test_logit_lens_table_last_layer_is_the_models_perplexity():
+    lm = TransformerLM(small_transformer(n_layers=2), quick(epochs=3)).fit(TRAIN)
+    sentences = [s for s in TRAIN if len(s) + 1 <= lm._window][:40]
+    table = lm.logit_lens_table(sentences)
+    assert [row["layer"] for row in table] == [0, 1, 2]
+    assert table[-1]["perplexity"] == pytest.approx(lm.perplexity(sentences), rel=1e-4)
+    assert all(0 <= row["accuracy"] <= 1 for row in table)
+
+
 def test_attention_matches_torch_multihead_attention_with_causal_mask():
     torch.manual_seed(0)
     c = small_transformer(dropout=0.0)

@@ -14,12 +14,15 @@ each bptt window (at most `max_len` tokens) is attended to on its own.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
-from lexiflow.models.errors import ParameterError
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.lm import train as training
 from lexiflow.models.lm.neural import LMConfig, LMModule, NeuralLM, State, TieWeights
 from lexiflow.models.transformer_blocks import sinusoidal_positions
 from pydantic import Field
@@ -165,3 +168,30 @@ class TransformerLM(NeuralLM):
 
     def _build(self) -> Transformer:
         return Transformer(self.config)
+
+    def logit_lens_table(self, sentences: Sequence[np.ndarray], max_sentences: int = 1000) -> list[dict]:
+        """Per layer (0 = the embedding), the perplexity and top-1 accuracy of the next-token predictions
+        read out there (`Transformer.logit_lens`), over every word and </s> of the first `max_sentences`
+        sentences, each scored from <s> within its first window."""
+        self._check_fitted()
+        c, module = self.config, self.module_
+        module.eval()
+        seqs = [np.concatenate(([c.bos_id], np.asarray(s, dtype=np.int64).ravel(), [c.eos_id]))[: self._window + 1]
+                for s in list(sentences)[:max_sentences]]
+        if not seqs:
+            raise InputError("logit_lens_table: no sentences to score")
+        nll = torch.zeros(c.n_layers + 1, dtype=torch.float64)
+        correct = torch.zeros(c.n_layers + 1, dtype=torch.float64)
+        count = 0
+        for start in range(0, len(seqs), 64):
+            data = training.pad_sequences(seqs[start : start + 64], c.pad_id).to(self.device_)
+            x, y = data[:, :-1], data[:, 1:]
+            keep = y != c.pad_id
+            lens = module.logit_lens(x).float()  # (L+1, B, T, V)
+            logp = F.log_softmax(lens, dim=-1)
+            target = logp.gather(-1, y.expand(len(lens), -1, -1).unsqueeze(-1)).squeeze(-1)  # (L+1, B, T)
+            nll += -(target * keep).sum(dim=(1, 2)).double().cpu()
+            correct += ((lens.argmax(-1) == y) & keep).sum(dim=(1, 2)).double().cpu()
+            count += int(keep.sum())
+        return [{"layer": layer, "perplexity": training.perplexity(float(nll[layer]) / count),
+                 "accuracy": float(correct[layer]) / count} for layer in range(c.n_layers + 1)]
