@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from lexiflow.models import lsi, ppmi, svd
 from lexiflow.models.config import parameters
 from lexiflow.models.evaluation import DEFAULT_PROBES
+from lexiflow.models.extrinsic import ClassifierConfig
 from lexiflow.models.glove import GloVeConfig
 from lexiflow.models.lm.ffnn import FFNNConfig
 from lexiflow.models.lm.ngram import NgramLM
@@ -114,12 +115,17 @@ Word2VecParams = section("Word2VecParams", Word2VecConfig)
 GloVeParams = section("GloVeParams", GloVeConfig)
 
 
-class EvaluationParams(Params):
-    analogy_vocabulary: int = Field(30_000, ge=100, description="Analogy answers come from this many most "
-                                                                "frequent words (as in word2vec's evaluation).")
-    probes: list[str] = Field(default=list(DEFAULT_PROBES), description="Words whose nearest neighbours are shown.")
-    projection_words: int = Field(300, ge=0, le=2000, description="Frequent words drawn in the PCA/t-SNE maps "
-                                                                  "(0 = no maps).")
+EvaluationParams = section(
+    "EvaluationParams", ClassifierConfig,
+    analogy_vocabulary=(int, Field(30_000, ge=100, description="Analogy answers come from this many most frequent "
+                                                               "words (as in word2vec's evaluation).")),
+    probes=(list[str], Field(default=list(DEFAULT_PROBES), description="Words whose nearest neighbours are shown.")),
+    projection_words=(int, Field(300, ge=0, le=2000, description="Frequent words drawn in the PCA/t-SNE maps (0 = "
+                                                                 "no maps).")),
+    genre_treebank=(str | None, Field(None, min_length=1, description="Extrinsic evaluation: folder of a UD treebank "
+                                      "(*-ud-train/dev/test.conllu, e.g. UD English-EWT) whose sentence genre (the "
+                                      "sent_id prefix) a feed-forward classifier learns from averaged word vectors; "
+                                      "empty = off.")))
 
 
 EmbeddingMethod = Literal["svd", "lsi", "sgns", "cbow", "glove"]

@@ -47,8 +47,8 @@ def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[
     rows = [{**m["metrics"], "embeddings": m["metrics"]["method"]} for m in manifests]
     lines += ["## Word embeddings", ""]
     lines += _table(rows, ("embeddings", "ws353_spearman", "simlex999_spearman", "analogy_add_accuracy",
-                           "analogy_mul_accuracy", "analogy_coverage", "ws353_oov_rate", "simlex999_oov_rate",
-                           "vocabulary"))
+                           "analogy_mul_accuracy", "analogy_coverage", "genre_test_accuracy", "ws353_oov_rate",
+                           "simlex999_oov_rate", "vocabulary"))
     for ref, manifest in zip(evaluations, manifests, strict=True):
         detail = store.read_text(ref.kind, ref.version, "report.md")
         detail = detail[detail.find("## "):]  # its neighbours and analogy sections; the table is above

@@ -69,3 +69,16 @@ def test_transformer_lm_logit_lens_table_in_the_report(built):
     report = publish(s, write_report, evaluations=[ev], lms=[lm])
     text = s.read_text("report", report.version, "report.md")
     assert "Logit lens (transformer)" in text and "| layer | perplexity | accuracy |" in text
+
+
+def test_extrinsic_genre_accuracy_in_the_evaluation_and_report(built, shared_data):
+    s, _, _, counts = built
+    emb = publish(s, lsi_embeddings, cooccurrence=counts, params=LSIParams(dim=16))
+    ev = publish(s, evaluate_embeddings, embeddings=emb, params=EvaluationParams(
+        analogy_vocabulary=100, probes=["the"], projection_words=0,
+        genre_treebank=str(shared_data / "ud-english-ewt"), classifier_epochs=5))
+    metrics = s.manifest("evaluation", ev.version)["metrics"]
+    assert metrics["genre_classes"] == 5  # answers, email, newsgroup, reviews, weblog
+    assert metrics["genre_test_accuracy"] > metrics["genre_majority_accuracy"] + 0.05
+    report = publish(s, write_report, evaluations=[ev])
+    assert "genre_test_accuracy" in s.read_text("report", report.version, "report.md")
