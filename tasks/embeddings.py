@@ -4,6 +4,8 @@ trained methods `history.parquet` and `loss_curve.png`."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import polars as pl
 from lexiflow.models import embedding_plots, glove, lsi, svd, vectors, vocab, word2vec
@@ -12,6 +14,8 @@ from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter
 from lexiflow.storage.formats import read_manifest, read_matrix, read_table, write_vectors
 from lexiflow.tasks.params import GloVeParams, LSIParams, SVDParams, Word2VecParams
 from lexiflow.tasks.stage import stage
+
+logger = logging.getLogger("lexiflow.embeddings")
 
 
 def write_embeddings(out: ArtifactWriter, vocabulary: pl.DataFrame, word_vectors: np.ndarray, method: str,
@@ -49,12 +53,19 @@ def svd_embeddings(out: ArtifactWriter, ppmi: ArtifactRef, params: SVDParams) ->
 
 @stage("embeddings")
 def lsi_embeddings(out: ArtifactWriter, cooccurrence: ArtifactRef, params: LSIParams) -> None:
-    """LSI: truncated SVD of the (tf-idf or count) term-document matrix the cooccurrence stage writes."""
+    """LSI: truncated SVD of the (tf-idf or count) term-document matrix the cooccurrence stage writes.
+    Its rank is at most the number of documents: a larger `dim` is lowered to it (logged, `dim` in the
+    metrics is the one used), since a corpus of few long documents is a normal input, not an error."""
     termdoc = lsi.weigh(read_matrix(cooccurrence, "termdoc.parquet"), params.weighting)
-    word_vectors, singular_values = svd.svd_vectors(termdoc, params.dim, params.power, params.add_context,
+    dim = min(params.dim, min(termdoc.shape) - 1)
+    if dim < params.dim:
+        logger.warning("lsi.dim=%d: the term-document matrix has %d documents, so LSI uses %d dimensions",
+                       params.dim, termdoc.shape[1], dim)
+    word_vectors, singular_values = svd.svd_vectors(termdoc, dim, params.power, params.add_context,
                                                     params.n_iter, params.seed)
     write_embeddings(out, read_table(cooccurrence, "vocab.parquet"), word_vectors, "lsi")
-    out.metrics.update({"top_singular_value": float(singular_values[0]), "documents": termdoc.shape[1]})
+    out.metrics.update({"top_singular_value": float(singular_values[0]), "documents": termdoc.shape[1],
+                        "dim_requested": params.dim})
 
 
 @stage("embeddings")

@@ -45,6 +45,9 @@ def test_lsi_and_termdoc_ppmi_stages(built):
     window = publish(s, compute_ppmi, cooccurrence=counts, params=PPMIParams())
     termdoc = publish(s, compute_ppmi, cooccurrence=counts, params=PPMIParams(counts="termdoc", alpha=1.0, log_base=2))
     assert termdoc.version != window.version
+    wide = publish(s, lsi_embeddings, cooccurrence=counts, params=LSIParams(dim=2000))  # more than the documents
+    wide_metrics = s.manifest("embeddings", wide.version)["metrics"]
+    assert wide_metrics["dim"] == wide_metrics["documents"] - 1 and wide_metrics["dim_requested"] == 2000
     # X·Xᵀ of sentence-documents: every pair of words sharing a sentence, so denser than a +-2 window
     assert (s.manifest("ppmi", termdoc.version)["metrics"]["nonzeros"]
             > s.manifest("ppmi", window.version)["metrics"]["nonzeros"])
