@@ -23,7 +23,7 @@ from pydantic import Field
 def ppmi_matrix(
     counts: sp.spmatrix,
     alpha: Annotated[float, Field(gt=0, le=1, description="Context-distribution smoothing exponent "
-                                                          "(1 = none).")] = 0.75,
+                                                          "(1 = none: plain PPMI, as the notes).")] = 0.75,
     shift: Annotated[float, Field(ge=1, description="Shift k: subtract log k (1 = plain PPMI).")] = 1.0,
     log_base: Annotated[float, Field(gt=1, description="Base of the logarithm (e; the notes write log2). It "
                                                        "scales every cell by 1/ln(base), so cosines are "
