@@ -7,6 +7,8 @@
     lexiflow generate --prompt TEXT [--lm VERSION] [--strategy greedy|beam|sample] [--top-k K] [--top-p P]
     lexiflow tag INPUT [-o OUTPUT] [--tagger VERSION ...] [--method viterbi|greedy|beam]
     lexiflow artifacts export KIND[:VERSION] DIR [--store DIR]
+    lexiflow artifacts rm KIND:VERSION [--force] [--store DIR]
+    lexiflow artifacts gc [--keep N] [--older-than SECONDS] [--dry-run] [--store DIR]
     lexiflow serve [--home DIR] [--port N] [--store DIR] [--corpus SOURCE ...] [--cron CRON] [--gpus 0,1] | --stop
 
 Errors a user can fix print one line (`error: ...`) and exit with status 2.
@@ -148,7 +150,10 @@ def strict_json(obj: Any) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    manifests = [_listing(m) for m in read_catalog(args.store).list(args.kind)]
+    catalog = read_catalog(args.store)
+    manifests = [_listing(m) for m in catalog.list(args.kind)]
+    for reason in catalog.left_out:
+        print(f"warning: left out: {reason}", file=sys.stderr)
     if args.json:
         print(strict_json(manifests))
         return 0
@@ -175,6 +180,49 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(problem)
     print(f"{checked} artifacts checked ({'checksums' if args.full else 'sizes'}), {len(problems)} problems")
     return 1 if problems else 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from lexiflow.models.errors import ParameterError
+    from lexiflow.storage import StoreError
+
+    kind, _, version = args.artifact.partition(":")
+    if not version:
+        raise ParameterError(f"{args.artifact}: give KIND:VERSION (`lexiflow artifacts list` shows them)")
+    store = read_catalog(args.store).store
+    if not store.exists(kind, version):
+        raise StoreError(f"no artifact {kind}:{version} in {store.url}")
+    built_from_it = store.dependents(kind, version)
+    if built_from_it and not args.force:
+        raise StoreError(f"{kind}:{version}: {len(built_from_it)} artifact(s) were built from it "
+                         f"({', '.join(built_from_it[:5])}{', ...' if len(built_from_it) > 5 else ''}); remove them "
+                         "first, or add --force (they stay usable, their lineage then names a missing input)")
+    store.delete(kind, version)
+    print(f"removed {kind}:{version}")
+    if built_from_it:
+        print(f"{len(built_from_it)} artifact(s) built from it stay usable; their lineage names {kind}:{version} as "
+              "missing, and the next run that needs it rebuilds it (same version): "
+              + ", ".join(built_from_it))
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    store = read_catalog(args.store).store
+    leftovers = store.leftovers(older_than=args.older_than)
+    versions = store.unreferenced(args.keep) if args.keep is not None else []
+    verb = "would remove" if args.dry_run else "removed"
+    if not args.dry_run:
+        store.remove_leftovers(leftovers)
+        for kind, version in versions:
+            store.delete(kind, version)
+    for entry in leftovers:
+        print(f"{verb} leftover {entry}")
+    for kind, version in versions:
+        print(f"{verb} {kind}:{version}")
+    policy = (f"keeping the {args.keep} newest of each kind and what they were built from" if args.keep is not None
+              else "no --keep: every artifact kept")
+    print(f"{verb} {len(leftovers)} leftovers of killed writers and {len(versions)} artifacts ({policy})")
+    return 0
 
 
 def tagger_manifests(catalog, versions: list[str]) -> dict[str, dict[str, Any]]:
@@ -246,7 +294,7 @@ def cmd_tag(args: argparse.Namespace) -> int:
     """Tag a CoNLL-U file (predicted tags replace its UPOS/XPOS columns) or plain text (written as CoNLL-U).
     Everything is read and tagged before the output is written; a tag set no tagger predicts is `_`."""
     from lexiflow.models import conllu
-    from lexiflow.models.errors import InputError
+    from lexiflow.models.errors import InputError, shown
     from lexiflow.models.hmm import HMMTagger
 
     source, output = Path(args.input), Path(args.output) if args.output else None
@@ -262,7 +310,7 @@ def cmd_tag(args: argparse.Namespace) -> int:
         raise InputError(f"{source}: cannot read it ({exc.strerror})") from None
     is_conllu = source.suffix.lower() == ".conllu"  # as ingestion reads names: EN_EWT.CONLLU is CoNLL-U
     if is_conllu:
-        sentences = [s.words for s in conllu.parse_lines(lines, source=str(source))]
+        sentences = [s.words for s in conllu.parse_lines(lines, source=shown(source))]
     else:  # a line is a document, as ingestion reads plain text: sentences never run across lines
         from lexiflow.models.text import sentence_words
 
@@ -287,7 +335,7 @@ STRATEGY_OPTIONS = {"beam": ("width",), "sample": ("temperature", "top_k", "top_
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Continue a prompt with a trained language model and its own tokenizer."""
-    import polars as pl
+    from lexiflow.loaders import load
     from lexiflow.models.errors import ParameterError
     from lexiflow.models.lm.decoding import generate
     from lexiflow.models.text import normalize
@@ -303,23 +351,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ParameterError(f"--max-tokens={args.max_tokens}: generate 0 tokens or more")
     catalog = read_catalog(args.store)
     manifest = catalog.get("lm", None if args.lm == "latest" else args.lm)
-    model = catalog.load("lm", manifest["version"])
+    model = load(catalog, "lm", manifest["version"])
     tokenizer_manifest = catalog.get("tokenizer", manifest["inputs"]["tokenizer"]["version"])
-    tokenizer = catalog.load("tokenizer", tokenizer_manifest["version"])
+    tokenizer = load(catalog, "tokenizer", tokenizer_manifest["version"])
     text = normalize(args.prompt, lowercase=catalog.lowercased(tokenizer_manifest))  # as the corpus text was
-    prompt = tokenizer.encode_corpus(pl.Series([text]))[0].to_list()
-    bos = getattr(tokenizer, "bos_id", 1)
-    options.update(max_new_tokens=args.max_tokens, eos_id=getattr(tokenizer, "eos_id", 2))
-    new = generate(model.log_probs, [bos, *prompt], strategy=args.strategy, **options)
+    prompt = tokenizer.encode(text)
+    options.update(max_new_tokens=args.max_tokens, eos_id=tokenizer.eos_id)
+    new = generate(model.log_probs_batch, [tokenizer.bos_id, *prompt], strategy=args.strategy, **options)
     print(tokenizer.decode(prompt + new))
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from lexiflow.loaders import EXPORT_EXTRAS
     from lexiflow.storage.export import export
 
     kind, _, version = args.artifact.partition(":")
-    for path in export(read_catalog(args.store), kind, version or None, args.dest):
+    for path in export(read_catalog(args.store), kind, version or None, args.dest, EXPORT_EXTRAS):
         print(path)
     return 0
 
@@ -417,7 +465,23 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("artifact", metavar="KIND[:VERSION]", help="e.g. embeddings (the latest) or tokenizer:3f2a...")
     exp.add_argument("dest", metavar="DIR", help="destination folder (created if missing)")
     exp.set_defaults(func=cmd_export)
-    for p in (ls, show, verify, exp):
+    rm = art.add_parser("rm", help="remove one artifact (refused when others were built from it, unless --force)")
+    rm.add_argument("artifact", metavar="KIND:VERSION", help="e.g. corpus:3f2a...")
+    rm.add_argument("--force", action="store_true",
+                    help="remove it although artifacts were built from it (they stay; it is rebuilt when needed)")
+    rm.set_defaults(func=cmd_rm)
+    gc = art.add_parser("gc", help="remove what killed writers left and, with --keep, old unreferenced artifacts",
+                        description="Removes staging folders and temporary copies of killed writers (a live writer "
+                                    "holds a lock and is never touched) and, with --keep N, every artifact that is "
+                                    "neither among the N newest of its kind nor an input (transitively) of one "
+                                    "of those: the latest reports keep their whole lineage.")
+    gc.add_argument("--keep", type=int, metavar="N", help="keep the N newest artifacts of each kind (and their inputs)")
+    gc.add_argument("--older-than", type=float, default=3600, metavar="SECONDS",
+                    help="age after which leftovers no lock protects (object-store uploads, saved scratch state, "
+                         "staging without a lock file) count as abandoned (default 3600)")
+    gc.add_argument("--dry-run", action="store_true", help="only print what would be removed")
+    gc.set_defaults(func=cmd_gc)
+    for p in (ls, show, verify, exp, rm, gc):
         p.add_argument("--store", default=DEFAULT_STORE, help=f"artifact store (default {DEFAULT_STORE})")
 
     srv = sub.add_parser("serve", help="one box: Prefect server, work pools, deployments, CPU and GPU workers",
@@ -446,7 +510,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a reader that went away shows here, not at exit
         return status
     except (LexiflowError, StoreError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        # One line whatever the message holds (a name with a newline or an escape code, from a source not quoted)
+        print("error: " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(exc)), file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader stopped early (`| head`): stop quietly, as other CLIs do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout again at exit

@@ -15,9 +15,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from lexiflow.storage.store import (
-    _KIND,
-    _VERSION,
+    KIND_PATTERN,
     MANIFEST,
+    VERSION_PATTERN,
+    ArtifactNotFound,
     ArtifactRef,
     ArtifactStore,
     StoreError,
@@ -30,11 +31,13 @@ log = logging.getLogger("lexiflow")
 
 
 class Catalog:
-    """Read side of a store: `Catalog(root).latest("embeddings")`, `.get(kind, version)`, `.lineage(version)`."""
+    """Read side of a store: `Catalog(root).latest("embeddings")`, `.get(kind, version)`, `.lineage(version)`.
+    An artifact as a model object: `lexiflow.loaders.load(catalog, kind, version)`."""
 
     def __init__(self, root: str | os.PathLike[str] | ArtifactStore = "artifacts",
                  storage_options: Mapping[str, Any] | None = None) -> None:
         self.store = root if isinstance(root, ArtifactStore) else ArtifactStore(root, storage_options)
+        self.left_out: list[str] = []  # why the last `list` left artifacts out (damaged manifests)
 
     @retry_transient
     def entries(self, kind: str | None = None) -> list[tuple[str, str]]:
@@ -47,7 +50,7 @@ class Catalog:
         found = []
         for path in fs.glob(pattern):
             found_kind, found_version = path.rsplit("/", 3)[-3:-1]
-            if _KIND.fullmatch(found_kind) and _VERSION.fullmatch(found_version):
+            if KIND_PATTERN.fullmatch(found_kind) and VERSION_PATTERN.fullmatch(found_version):
                 found.append((found_kind, found_version))
         return sorted(found)
 
@@ -55,12 +58,13 @@ class Catalog:
         """Manifests, oldest first, each with its `path` added. An artifact whose manifest cannot be
         read (damaged, or deleted meanwhile) is left out with a warning: it is no artifact to use,
         and one must not hide the others (`lexiflow artifacts verify` reports it)."""
-        manifests = []
+        manifests, self.left_out = [], []
         for found_kind, version in self.entries(kind):
             try:
                 manifest = self.store.manifest(found_kind, version)
             except StoreError as exc:
                 log.warning("left out of the catalog: %s", exc)
+                self.left_out.append(str(exc))
                 continue
             manifest.update(kind=found_kind, version=version, path=self.store.location(found_kind, version))
             manifests.append(manifest)
@@ -97,18 +101,6 @@ class Catalog:
         manifest = self.get(kind, version)
         return self.store.ref(manifest["kind"], manifest["version"])
 
-    def load(self, kind: str, version: str | None = None) -> Any:
-        """The artifact as a natural object (the latest of the kind when version is None): polars
-        DataFrames (corpus, tokenized_corpus), `Vocabulary` (tokenizer), scipy + polars (cooccurrence,
-        ppmi), gensim `KeyedVectors` (embeddings), ... See storage/loaders.py (`LOADERS`)."""
-        from lexiflow.storage.loaders import LOADERS  # lazily: loaders import models/ inside their bodies
-
-        manifest = self.get(kind, version)
-        if manifest["kind"] not in LOADERS:
-            raise StoreError(f"no loader for {kind!r} artifacts (known: {', '.join(sorted(LOADERS))}); "
-                             f"read its files under {manifest['path']}")
-        return LOADERS[manifest["kind"]](self.store, manifest)
-
     def lowercased(self, manifest: dict[str, Any]) -> bool:
         """Whether the corpus an artifact (a tokenizer) was made from is lowercased: the corpus stage
         lowercases (or not) before any tokenizer sees the text, so text meant for it must match."""
@@ -120,7 +112,10 @@ class Catalog:
     def lineage(self, version: str, kind: str | None = None) -> dict[str, Any]:
         """The artifact and, recursively, the artifacts it was made from (inputs are looked up by
         kind and version: one manifest read each, no listing)."""
-        manifest = self.find(version) if kind is None else self.get(kind, version)
+        try:
+            manifest = self.find(version) if kind is None else self.get(kind, version)
+        except ArtifactNotFound:  # removed (`lexiflow artifacts rm --force`): a run that needs it rebuilds it
+            return {"kind": kind, "version": version, "missing": True}
         return {
             "kind": manifest["kind"],
             "version": manifest["version"],

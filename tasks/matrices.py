@@ -8,8 +8,9 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 from lexiflow.models import cooccurrence, lsi, ppmi, vocab
+from lexiflow.models.errors import InputError
 from lexiflow.storage import ArtifactRef, ArtifactWriter
-from lexiflow.storage.formats import VOCAB, count_rows, read_matrix, read_rows, read_table, write_matrix
+from lexiflow.storage.formats import VOCAB, corpus_sources, count_rows, read_matrix, read_rows, read_table, write_matrix
 from lexiflow.tasks.parallel import (
     SHARD_TASK,
     deliver,
@@ -63,6 +64,11 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
     pairs, docs, n_tokens, n_kept = zip(*map_shards(cooccurrence_shard, calls, parallel, "cooccurrence", out),
                                         strict=True)
     matrix = cooccurrence.weigh(sum_matrices(list(pairs)), vocabulary.height, params.weighting)
+    if not matrix.nnz:  # an empty result is no artifact: every later stage would fail on it, less clearly
+        raise InputError(f"no two words co-occur in the train split of {corpus_sources(tokens)} ({sum(n_tokens)} "
+                         f"tokens of vocabulary words, {sum(n_kept)} after subsampling): nothing for embeddings "
+                         "to learn from; give more text with words, or lower vocabulary.min_count or "
+                         "cooccurrence.subsample")
     write_matrix(out, "matrix.parquet", matrix)
     n_docs = max(d.shape[1] for d in docs)
     termdoc = sum_matrices(list(docs), shape=(vocabulary.height, n_docs))

@@ -9,11 +9,12 @@ A builder is `build(out: ArtifactWriter, **arguments) -> None`, where arguments 
    code: the task module and every lexiflow module its builder reaches, imports followed
    transitively, each hashed without comments and docstrings (Prefect's TASK_SOURCE alone would
    miss a change in `models/`);
-2. returns at once if the store already holds that version (nothing is recomputed);
+2. returns at once if the store already holds that version, sound (`reusable`: manifest valid, files
+   there with their sizes; nothing is recomputed); a damaged one is removed and rebuilt;
 3. otherwise builds it into a staging folder and publishes it atomically; a second run of the same
    version on this machine waits for the first and reuses its artifact (`ArtifactStore.build_lock`).
 
-Prefect's cache key is the same version, given only while the artifact exists, so a cache hit
+Prefect's cache key is the same version, given only while the artifact exists and is sound, so a cache hit
 can never return a reference to a deleted artifact. Retries (with backoff) cover transient I/O
 errors only; `LexiflowError` (bad input or parameters) fails at once.
 """
@@ -21,6 +22,7 @@ errors only; `LexiflowError` (bad input or parameters) fails at once.
 from __future__ import annotations
 
 import ast
+import contextlib
 import functools
 import hashlib
 import importlib
@@ -93,6 +95,22 @@ def published_manifest(ref: ArtifactRef) -> dict[str, Any] | None:
         return None
 
 
+def reusable(store: ArtifactStore, kind: str, version: str, logger: Any = None) -> bool:
+    """Whether the store holds `kind:version` sound: its manifest follows the schema and its files are
+    there with their sizes (one manifest read and one listing; the content is checked where it is read:
+    Parquet page checksums, SHA-256 of files read whole). With a `logger` (the caller holds the build
+    lock), a damaged artifact is removed, to be rebuilt, with a warning naming it."""
+    try:
+        problems = store.verify(kind, version)
+    except ArtifactNotFound:
+        return False
+    if problems and logger is not None:
+        logger.warning("%s:%s: damaged (%s); rebuilding it", kind, version, "; ".join(problems)[:500])
+        with contextlib.suppress(StoreError):  # another run removed it first
+            store.delete(kind, version)
+    return not problems
+
+
 # ---- code versions ---------------------------------------------------------------------------
 # A stage's code version covers the lexiflow code its artifact's content depends on, derived from the
 # code: the names its builder (and the functions of its own module it calls) uses, then every lexiflow
@@ -106,13 +124,9 @@ CANNOT_CHANGE_CONTENT = frozenset({
     "lexiflow.models.heap",  # allocator settings
     "lexiflow.tasks.stage", "lexiflow.storage.store",  # versioning and publishing; the layout has SCHEMA_VERSION
     "lexiflow.tasks.params",  # parameter models: their values are part of the version
-    "lexiflow.storage.catalog",  # reading inputs; what Catalog.load runs is in LOADED_BY
+    "lexiflow.storage.catalog",  # reading inputs: manifests and listings, no model objects
     "lexiflow.tasks.report_image",  # Prefect UI artifacts only, no file of the report
 })
-# A builder that reads inputs through the catalog depends on the loaders Catalog.load dispatches to:
-# they are hashed, not followed (each loader imports the models/ it loads with; a stage that uses
-# those models names them itself).
-LOADED_BY = {"lexiflow.storage.catalog": "lexiflow.storage.loaders"}
 
 
 def _versioned(name: str) -> bool:
@@ -136,16 +150,13 @@ def _imported_names(module_name: str) -> dict[str, str]:
 
 
 def _closure(modules: Iterable[str]) -> set[str]:
-    """The modules given and every lexiflow module they import, transitively (loaders: not followed)."""
+    """The modules given and every lexiflow module they import, transitively."""
     seen, todo = set(), list(modules)
     while todo:
         module = todo.pop()
-        if module in LOADED_BY and LOADED_BY[module] not in seen:
-            seen.add(LOADED_BY[module])
         if _versioned(module) and module not in seen:
             seen.add(module)
-            if module not in LOADED_BY.values():
-                todo += _imported_names(module).values()
+            todo += _imported_names(module).values()
     return seen
 
 
@@ -283,9 +294,12 @@ def stage(kind: str, fingerprint: Callable[[dict], Any] | None = None,
         def modules_for(arguments: dict[str, Any]) -> list[str]:
             return code_modules(build, kinds.get(arguments.get(choice)), kinds.values())
 
-        @functools.cache
+        hashes: dict[str | None, str] = {}  # a plain dict, not functools.cache: Dask pickles the task by value
+
         def code_hash(variant: str | None) -> str:  # derived on first use: the module is fully defined by then
-            return code_version(modules_for({choice: variant}))
+            if variant not in hashes:
+                hashes[variant] = code_version(modules_for({choice: variant}))
+            return hashes[variant]
         # Prefect reads parameters from the signature: `store` first, then the builder's own.
         own = list(inspect.signature(build).parameters.values())[1:]
         store_param = inspect.Parameter("store", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
@@ -310,8 +324,8 @@ def stage(kind: str, fingerprint: Callable[[dict], Any] | None = None,
             try:
                 store = ArtifactStore(arguments["store"])
                 version = describe(arguments)[2]
-                if not store.exists(kind, version):
-                    return None  # nothing to reuse: a stale Prefect record must not answer for it
+                if not reusable(store, kind, version):
+                    return None  # nothing (sound) to reuse: a stale Prefect record must not answer for it
             except (OSError, *USER_ERRORS):
                 return None  # store unreachable, or bad input: the task itself retries or reports it
             return f"{kind}-{version}-{hashlib.sha256(store.url.encode()).hexdigest()[:12]}"
@@ -324,11 +338,11 @@ def stage(kind: str, fingerprint: Callable[[dict], Any] | None = None,
             inputs, params, version = describe({"store": store, **arguments})
             ref = artifacts.ref(kind, version)
             logger = get_run_logger()
-            if artifacts.exists(kind, version):
+            if reusable(artifacts, kind, version):
                 logger.info("%s: reusing %s", kind, ref)
                 return ref
             with artifacts.build_lock(kind, version):
-                if artifacts.exists(kind, version):
+                if reusable(artifacts, kind, version, logger):
                     logger.info("%s: reusing %s, built by another run while this one waited", kind, ref)
                     return ref
                 run_info = {"flow_run_id": str(flow_run.id or ""), "flow_run_name": flow_run.name or "",

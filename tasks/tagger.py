@@ -5,7 +5,8 @@ and unknown words, per tag — with a confusion-matrix heatmap."""
 from __future__ import annotations
 
 import polars as pl
-from lexiflow.models import hmm, ingest, tagging_metrics
+from lexiflow.models import hmm, tagging_metrics
+from lexiflow.models.ingest import sources as ingest
 from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import read_table
 from lexiflow.tasks.params import TaggerParams

@@ -6,11 +6,22 @@ from __future__ import annotations
 from typing import Any
 
 import polars as pl
-from lexiflow.models import ingest, text, vocab
+from lexiflow.models import text, tokenizers, vocab
 from lexiflow.models.config import from_section
+from lexiflow.models.errors import InputError
+from lexiflow.models.ingest import sources as ingest
 from lexiflow.models.tokenizers import BPE, WordPiece
-from lexiflow.storage import ArtifactRef, ArtifactWriter, Catalog
-from lexiflow.storage.formats import SHARDED_ROW_GROUP, TOKENS, VOCAB, count_rows, read_manifest, read_rows, read_table
+from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter
+from lexiflow.storage.formats import (
+    SHARDED_ROW_GROUP,
+    TOKENS,
+    VOCAB,
+    corpus_sources,
+    count_rows,
+    read_manifest,
+    read_rows,
+    read_table,
+)
 from lexiflow.tasks.parallel import (
     SHARD_TASK,
     deliver,
@@ -57,6 +68,10 @@ def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: Vocabular
     counts = [c for c, _ in results]
     vocabulary = vocab.Vocabulary.from_counts(counts[0] if len(counts) == 1 else vocab.merge_counts(counts),
                                               params.min_count, params.max_size)
+    if len(vocabulary) <= len(vocab.SPECIALS):  # an empty vocabulary is no artifact: nothing could use it
+        raise InputError(f"no word occurs {params.min_count} times or more (vocabulary.min_count) in the train "
+                         f"split of {corpus_sources(corpus)} ({sum(n for _, n in results)} words): give more text, "
+                         "or lower vocabulary.min_count")
     out.write_parquet("vocab.parquet", vocabulary.frame, VOCAB)
     out.write_json("config.json", {"kind": "word", "special_tokens": list(vocab.SPECIALS),
                                    "pattern": text.WORD_PATTERN, "params": params.model_dump()})
@@ -77,7 +92,8 @@ def learn_subword(out: ArtifactWriter, corpus: ArtifactRef, params: TokenizerPar
 def encode_shard(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: int, part: str | None) -> Any:
     """The sentences of documents [start, stop), encoded (doc_index counts from the corpus start)."""
     rows = vocab.sentences(read_rows(corpus, "documents.parquet", start, stop), first_doc=start)
-    ids = Catalog(tokenizer.store).load(tokenizer.kind, tokenizer.version).encode_corpus(rows["text"]).alias("ids")
+    with ArtifactStore(tokenizer.store).local_dir(tokenizer.kind, tokenizer.version) as folder:
+        ids = tokenizers.load(folder).encode_batch(rows["text"]).alias("ids")
     return deliver(rows.select("doc_index", "sentence", "split").with_columns(ids), part)
 
 

@@ -287,9 +287,10 @@ def test_tag_with_a_damaged_tagger_artifact_says_so_in_one_line(tmp_path, capsys
     source = tmp_path / "text.txt"
     source.write_text("the cat sat.", encoding="utf-8")
     assert main(["tag", str(source), "--store", tagger_store.url]) == 2
-    line = one_error_line(capsys)
-    assert line.startswith(f"{table}: cannot read the tagger table (") and line.endswith(
-        "the tagger artifact is damaged, run `lexiflow artifacts verify`")
+    why = "missing or not a plain file" if damage == "missing" else "checksum differs from the manifest"
+    assert one_error_line(capsys) == (f"tagger:{UPOS_TAGGER}/emissions.parquet: {why}; remove it with "
+                                      f"`lexiflow artifacts rm tagger:{UPOS_TAGGER} --force` and run again to "
+                                      "rebuild it")  # found before the tagger reads it (SHA-256 of files read whole)
 
 
 def publish_files(store, kind, version, **files):
@@ -427,7 +428,7 @@ def test_lm_stage_refuses_tokens_encoded_with_another_tokenizer(tmp_path):
     store = ArtifactStore(tmp_path / "store")
     corpus = publish(store, ingest_corpus, params=CorpusParams(sources=[str(text)]))
     words = publish(store, learn_vocabulary, corpus=corpus, params=VocabularyParams(min_count=1))
-    other = publish(store, learn_vocabulary, corpus=corpus, params=VocabularyParams(min_count=50))
+    other = publish(store, learn_vocabulary, corpus=corpus, params=VocabularyParams(min_count=10))
     tokens = publish(store, encode_corpus, corpus=corpus, tokenizer=words)
     with pytest.raises(ParameterError, match=f"{tokens} was encoded with {words}, not {other}"):
         publish(store, train_lm, tokens=tokens, tokenizer=other, model="ngram", params=NgramParams(order=2))

@@ -1,0 +1,164 @@
+"""Loaders: an artifact as the natural Python object, for downstream jobs.
+
+    from lexiflow.loaders import load
+    kv = load("artifacts", "embeddings")            # gensim KeyedVectors, the latest
+    docs = load(catalog, "corpus", "3f2a...")       # polars DataFrame (a Catalog or a store URL)
+
+Layering: this module sits above `storage/` (bytes, schemas, versions, the catalog) and `models/`
+(each model's own `load(directory)`): `LOADERS` maps an artifact kind to `loader(store, manifest)`,
+and a new kind is one line there. Loaders import the models they need in their bodies, so loading
+a corpus never imports torch or gensim.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import polars as pl
+from lexiflow.storage import ArtifactStore, Catalog, StoreError
+from lexiflow.storage.export import Extra
+from lexiflow.storage.formats import read_matrix, read_vectors
+
+Loader = Callable[[ArtifactStore, dict[str, Any]], Any]
+
+
+@dataclass(frozen=True)
+class MatrixArtifact:
+    """A `cooccurrence` or `ppmi` artifact: the word–word matrix (scipy CSR, rows and columns are
+    vocabulary ids), the vocabulary (id, token, count), and for co-occurrence the term–document
+    matrix (words × documents)."""
+
+    matrix: Any  # scipy.sparse.csr_matrix
+    vocabulary: pl.DataFrame
+    term_document: Any | None = None
+
+    def to_polars(self) -> pl.DataFrame:
+        """The nonzero cells as (row, col, value, row_word, col_word)."""
+        coo = self.matrix.tocoo()
+        words = self.vocabulary.select(pl.col("id").cast(pl.UInt32), "token")
+        cells = pl.DataFrame({"row": coo.row.astype("uint32"), "col": coo.col.astype("uint32"), "value": coo.data})
+        return (cells.join(words.rename({"id": "row", "token": "row_word"}), on="row", how="left")
+                .join(words.rename({"id": "col", "token": "col_word"}), on="col", how="left"))
+
+
+@dataclass(frozen=True)
+class EvaluationReport:
+    """An `evaluation` artifact: one metrics row, nearest neighbours of the probe words, analogy
+    accuracy per section, and the markdown report."""
+
+    metrics: pl.DataFrame
+    neighbours: pl.DataFrame
+    analogy_sections: pl.DataFrame
+    markdown: str
+
+
+def table(name: str) -> Loader:
+    def load_table(store: ArtifactStore, manifest: dict[str, Any]) -> pl.DataFrame:
+        return store.read_parquet(manifest["kind"], manifest["version"], name)
+
+    load_table.__doc__ = f"`{name}` as a polars DataFrame."
+    return load_table
+
+
+def local_folder(store: ArtifactStore, manifest: dict[str, Any]):
+    """The artifact's folder on the local disk (a temporary download for remote stores), for
+    models whose `load(dir)` reads a directory."""
+    return store.local_dir(manifest["kind"], manifest["version"])
+
+
+def load_tokenizer(store: ArtifactStore, manifest: dict[str, Any]):
+    """A word `models.vocab.Vocabulary`, or a `models.tokenizers` BPE / WordPiece: one interface
+    (`encode`, `encode_batch`, `decode`, `tokenize`, `token_to_id`, the special ids)."""
+    from lexiflow.models import tokenizers
+
+    with local_folder(store, manifest) as folder:
+        return tokenizers.load(folder)
+
+
+def load_report(store: ArtifactStore, manifest: dict[str, Any]) -> str:
+    """The run's evaluation report (markdown; its PNGs sit beside it in the artifact)."""
+    return store.read_text(manifest["kind"], manifest["version"], "report.md")
+
+
+def load_matrix(store: ArtifactStore, manifest: dict[str, Any]) -> MatrixArtifact:
+    ref, names = store.ref(manifest["kind"], manifest["version"]), {f["name"] for f in manifest["files"]}
+    return MatrixArtifact(read_matrix(ref), store.read_parquet(ref.kind, ref.version, "vocab.parquet"),
+                          read_matrix(ref, "termdoc.parquet") if "termdoc.parquet" in names else None)
+
+
+def load_embeddings(store: ArtifactStore, manifest: dict[str, Any]):
+    """gensim `KeyedVectors`, words in frequency order, with their training counts."""
+    from lexiflow.models.vectors import keyed_vectors
+
+    words, counts, vectors = read_vectors(store.ref(manifest["kind"], manifest["version"]))
+    return keyed_vectors(words, vectors, counts)
+
+
+def load_evaluation(store: ArtifactStore, manifest: dict[str, Any]) -> EvaluationReport:
+    kind, version = manifest["kind"], manifest["version"]
+    return EvaluationReport(*(store.read_parquet(kind, version, f"{name}.parquet")
+                              for name in ("metrics", "neighbours", "analogy_sections")),
+                            store.read_text(kind, version, "report.md"))
+
+
+def load_lm(store: ArtifactStore, manifest: dict[str, Any]):
+    """A language model: the n-gram `NgramLM`, or a neural LM (a torch module in `.module_`)."""
+    from lexiflow.models.lm import registry
+
+    with local_folder(store, manifest) as folder:
+        return registry.load(folder)
+
+
+def load_tagger(store: ArtifactStore, manifest: dict[str, Any]):
+    """The HMM part-of-speech tagger (`.tag(words)`)."""
+    from lexiflow.models.hmm import HMMTagger
+
+    with local_folder(store, manifest) as folder:
+        return HMMTagger.load(folder)
+
+
+def word_tokenizer_json(catalog: Catalog, manifest: dict[str, Any], dest: Path) -> list[Path]:
+    """`tokenizer.json` for a word-level tokenizer (subword tokenizers save their own)."""
+    config = catalog.store.read_json(manifest["kind"], manifest["version"], "config.json")
+    if config.get("kind") != "word":
+        return []
+    path = dest / "tokenizer.json"
+    path.write_text(load_tokenizer(catalog.store, manifest).to_hf_json(config["pattern"], catalog.lowercased(manifest)),
+                    encoding="utf-8")
+    return [path]
+
+
+EXPORT_EXTRAS: dict[str, Extra] = {"tokenizer": word_tokenizer_json}  # `lexiflow artifacts export`: derived files
+
+LOADERS: dict[str, Loader] = {
+    "tagger": load_tagger,
+    "corpus": table("documents.parquet"),
+    "tagged_corpus": table("sentences.parquet"),
+    "tokenizer": load_tokenizer,
+    "tokenized_corpus": table("tokens.parquet"),
+    "cooccurrence": load_matrix,
+    "ppmi": load_matrix,
+    "embeddings": load_embeddings,
+    "evaluation": load_evaluation,
+    "lm": load_lm,
+    "report": load_report,
+}
+
+
+def load(catalog: Catalog | ArtifactStore | str | os.PathLike[str], kind: str, version: str | None = None) -> Any:
+    """The artifact `kind:version` (the latest of the kind when version is None) as a natural object:
+    polars DataFrames (corpus, tokenized_corpus), a tokenizer, scipy + polars (cooccurrence, ppmi),
+    gensim `KeyedVectors` (embeddings), a language model, a tagger, ... (`LOADERS`)."""
+    catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+    manifest = catalog.get(kind, version)
+    if manifest["kind"] not in LOADERS:
+        raise StoreError(f"no loader for {kind!r} artifacts (known: {', '.join(sorted(LOADERS))}); "
+                         f"read its files under {manifest['path']}")
+    return LOADERS[manifest["kind"]](catalog.store, manifest)
+
+
+__all__ = ["EXPORT_EXTRAS", "LOADERS", "EvaluationReport", "MatrixArtifact", "load", "local_folder"]
