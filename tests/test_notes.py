@@ -77,7 +77,7 @@ def test_001_wordpiece_first_two_merges_and_tokenization():
     n_special = len(WordPiece().special_tokens)
     wp = WordPiece(vocab_size=n_special + 7 + 2, min_frequency=1).fit(CORPUS_001)
     assert wp.merges_ == [("r", "##a"), ("w", "##h")]
-    assert [wp.encode(w) for w in ("raw", "how", "wow", "who")] == [
+    assert [wp.tokenize(w) for w in ("raw", "how", "wow", "who")] == [
         ["ra", "##w"], ["h", "##o", "##w"], ["w", "##o", "##w"], ["wh", "##o"]]
 
 
@@ -87,7 +87,7 @@ def test_001_bpe_first_two_merges():
     The notes' table is partly garbled; the two merges marked << are what this checks."""
     bpe = BPE(vocab_size=10_000, end_of_word="_", marker="separate", min_frequency=1).fit(CORPUS_001)
     assert bpe.merges_[:2] == [("w", "_"), ("o", "w_")]
-    assert bpe.encode("how")[-1].endswith("ow_")
+    assert bpe.tokenize("how")[-1].endswith("ow_")
 
 
 # ---- 002, "Step #2": scaled dot-product attention of "Thinking" -----------------------------------------------
