@@ -14,6 +14,7 @@ from lexiflow.tasks.params import (
     EvaluationParams,
     GloVeParams,
     LMKind,
+    LSIParams,
     NeuralLMParams,
     NgramParams,
     ParallelParams,
@@ -62,8 +63,9 @@ class PipelineParams(Params):
     ppmi: PPMIParams = Field(PPMIParams(), description="Positive PMI smoothing and shift.")
     embeddings: EmbeddingMethods = Field(
         default=["svd", "sgns"],
-        description="Embedding methods, each its own artifact, evaluated side by side: svd, sgns, cbow, glove.")
+        description="Embedding methods, each its own artifact, evaluated side by side: svd, lsi, sgns, cbow, glove.")
     svd: SVDParams = Field(SVDParams(), description="SVD (LSA) embeddings of the PPMI matrix.")
+    lsi: LSIParams = Field(LSIParams(), description="LSI: SVD of the tf-idf (or count) term-document matrix.")
     word2vec: Word2VecParams = Field(Word2VecParams(), description="Skip-gram / CBOW with negative sampling "
                                                                    "(gensim).")
     glove: GloVeParams = Field(GloVeParams(), description="GloVe on the co-occurrence matrix (torch; CUDA when "
@@ -107,7 +109,7 @@ class PipelineParams(Params):
             problems.append(f"neural.batch_size={n.batch_size} is not divisible by neural.world_size={n.world_size}: "
                             f"the global batch is split evenly across the ranks; use a multiple of world_size")
         if n.pretrained != "none" and neural_lms:  # without a neural LM, pretrained has nothing to initialise
-            section = {"svd": "svd", "glove": "glove"}.get(n.pretrained, "word2vec")
+            section = {"svd": "svd", "lsi": "lsi", "glove": "glove"}.get(n.pretrained, "word2vec")
             have = getattr(self, section).dim
             if n.pretrained not in self.embeddings:
                 problems.append(f"neural.pretrained={n.pretrained}: not among embeddings ({', '.join(self.embeddings)})"

@@ -48,8 +48,8 @@ def build_all(**sections: Any) -> dict[str, ArtifactRef]:
         if method == "svd":
             pmi = compute_ppmi(store, cooccurrence=counts, params=p.ppmi)
             inputs, params = {"ppmi": pmi}, p.svd
-        elif method == "glove":
-            inputs, params = {"cooccurrence": counts}, p.glove
+        elif method in ("glove", "lsi"):
+            inputs, params = {"cooccurrence": counts}, getattr(p, method)
         else:
             inputs, params = {"corpus": docs, "tokenizer": words}, p.word2vec
         vectors[method] = train(EMBEDDING_TRAINERS[method], method, store, inputs, params, training)

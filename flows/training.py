@@ -26,12 +26,13 @@ from lexiflow.models.device import gpu_warning
 from lexiflow.models.errors import ParameterError
 from lexiflow.storage import ArtifactRef, ArtifactStore, StoreError
 from lexiflow.storage.formats import read_manifest
-from lexiflow.tasks.embeddings import glove_embeddings, svd_embeddings, word2vec_embeddings
+from lexiflow.tasks.embeddings import glove_embeddings, lsi_embeddings, svd_embeddings, word2vec_embeddings
 from lexiflow.tasks.lm import train_lm as lm_stage
 from lexiflow.tasks.params import (
     EmbeddingMethod,
     GloVeParams,
     LMKind,
+    LSIParams,
     NeuralLMParams,
     NgramParams,
     Seq2SeqKind,
@@ -69,6 +70,7 @@ class Trainer:
 # stay where the flow runs instead of queueing behind the gpu worker's limit of one run.
 EMBEDDING_TRAINERS: dict[str, Trainer] = {
     "svd": Trainer(svd_embeddings, {"ppmi": "ppmi"}, "svd", gpu=False),
+    "lsi": Trainer(lsi_embeddings, {"cooccurrence": "cooccurrence"}, "lsi", gpu=False),
     "sgns": Trainer(word2vec_embeddings, {"corpus": "corpus", "tokenizer": "tokenizer"}, "word2vec",
                     {"method": "sgns"}, gpu=False),
     "cbow": Trainer(word2vec_embeddings, {"corpus": "corpus", "tokenizer": "tokenizer"}, "word2vec",
@@ -127,6 +129,7 @@ def train_embeddings(
     method: EmbeddingMethod = "svd",
     inputs: dict[str, str] | None = None,
     svd: SVDParams = SVDParams(),
+    lsi: LSIParams = LSIParams(),
     word2vec: Word2VecParams = Word2VecParams(),
     glove: GloVeParams = GloVeParams(),
 ) -> ArtifactRef:
@@ -138,7 +141,8 @@ def train_embeddings(
         inputs: Input artifact versions by argument name (e.g. {"ppmi": "3f2a..."}); missing ones are the latest.
     """
     trainer = EMBEDDING_TRAINERS[method]
-    return _run_here(trainer, store, inputs or {}, {"svd": svd, "word2vec": word2vec, "glove": glove}[trainer.section])
+    sections = {"svd": svd, "lsi": lsi, "word2vec": word2vec, "glove": glove}
+    return _run_here(trainer, store, inputs or {}, sections[trainer.section])
 
 
 @flow(name="train-lm", log_prints=True)

@@ -5,12 +5,13 @@ PPMI(w, c) = max(0, log[ P(w, c) / (P(w) · P_α(c)) ] − log k)
 with P(w, c) = X_wc / ΣX, P(w) = Σ_c X_wc / ΣX, and the smoothed context distribution
 P_α(c) = (Σ_w X_wc)^α / Σ_c' (Σ_w X_wc')^α (Levy, Goldberg & Dagan 2015, "Improving
 Distributional Similarity with Lessons Learned from Word Embeddings"; α = 0.75 as in word2vec's
-negative sampling). k ≥ 1 is the shift (SPPMI; k = 1 is plain PPMI). Only nonzero counts can be
-positive, so the work is on the sparse entries alone.
+negative sampling). k ≥ 1 is the shift (SPPMI; k = 1 is plain PPMI). Logs are natural unless `log_base` says otherwise.
+Only nonzero counts can be positive, so the work is on the sparse entries alone.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Annotated
 
 import numpy as np
@@ -22,11 +23,18 @@ from pydantic import Field
 def ppmi_matrix(
     counts: sp.spmatrix,
     alpha: Annotated[float, Field(gt=0, le=1, description="Context-distribution smoothing exponent "
-                                                          "(1 = none).")] = 0.75,
+                                                          "(1 = none: plain PPMI, as the notes).")] = 0.75,
     shift: Annotated[float, Field(ge=1, description="Shift k: subtract log k (1 = plain PPMI).")] = 1.0,
+    log_base: Annotated[float, Field(gt=1, description="Base of the logarithm (e; the notes write log2). It "
+                                                       "scales every cell by 1/ln(base), so cosines are "
+                                                       "unchanged.")] = math.e,
 ) -> sp.csr_matrix:
+    """PPMI cells of a (words x contexts) count matrix. The notes' PPMI (001, "PPMI Matrix") is
+    alpha=1, shift=1, log_base=2; the default alpha=0.75 smooths rare contexts (better similarity)."""
     if not 0 < alpha <= 1:
         raise ParameterError(f"ppmi.alpha={alpha}: must be in (0, 1]")
+    if not log_base > 1:
+        raise ParameterError(f"ppmi.log_base={log_base}: must be above 1 (e, or 2 as in the notes)")
     if shift < 1:
         raise ParameterError(f"ppmi.shift={shift}: must be at least 1 (1 = no shift)")
     coo = sp.coo_matrix(counts, dtype=np.float64)
@@ -44,4 +52,4 @@ def ppmi_matrix(
         largest = pmi.max() + np.log(shift)  # unshifted
         raise ParameterError(f"ppmi.shift={shift} leaves no positive cell (the largest PMI is {largest:.2f} nats, "
                              f"so use a shift below {np.exp(largest):.3g})")
-    return sp.csr_matrix((pmi[keep], (coo.row[keep], coo.col[keep])), shape=coo.shape)
+    return sp.csr_matrix((pmi[keep] / np.log(log_base), (coo.row[keep], coo.col[keep])), shape=coo.shape)

@@ -43,6 +43,7 @@ from lexiflow.models.config import check
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.estimator import Estimator
 from lexiflow.models.progress import Progress
+from lexiflow.models.skipgram import Which, word_vectors
 from lexiflow.models.text import pretokenize_expr
 from lexiflow.models.vocab import SPECIALS, Vocabulary
 from pydantic import Field
@@ -104,6 +105,7 @@ class Word2VecConfig:
     seed: Annotated[int, Field(ge=0, description="Random seed.")] = 0
     workers: Annotated[int, Field(ge=1, le=64, description="gensim threads (1 is deterministic).")] = 1
     min_count: int = 1  # words of the vocabulary with a lower count are left out (zero rows)
+    vectors: Which = "u"  # the notes' u (gensim's wv), v (its syn1neg output vectors) or u + v
 
     def validate(self) -> None:
         check(self)
@@ -116,10 +118,11 @@ class Word2Vec(Estimator):
 
     def __init__(self, sg: bool = True, dim: int = 100, window: int = 5, negative: int = 5, sample: float = 1e-3,
                  epochs: int = 25, ns_exponent: float = 0.75, seed: int = 0, workers: int = 1,
-                 min_count: int = 1) -> None:
+                 min_count: int = 1, vectors: Which = "u") -> None:
         self.sg, self.dim, self.window, self.negative, self.sample = sg, dim, window, negative, sample
         self.epochs, self.ns_exponent, self.seed, self.workers, self.min_count = (
             epochs, ns_exponent, seed, workers, min_count)
+        self.vectors = vectors
 
     @property
     def config(self) -> Word2VecConfig:
@@ -172,8 +175,12 @@ class Word2Vec(Estimator):
                     compute_loss=True, callbacks=[log])
         log.bar.close()
 
-        vectors = np.zeros((len(tokens), cfg.dim), dtype=np.float32)
-        vectors[n_special:n_special + k] = model.wv.vectors
+        # u: the input (center) vectors; v: the output (context) vectors negative sampling trains
+        self.input_vectors_, self.output_vectors_ = (np.zeros((len(tokens), cfg.dim), dtype=np.float32)
+                                                     for _ in range(2))
+        self.input_vectors_[n_special:n_special + k] = model.wv.vectors
+        self.output_vectors_[n_special:n_special + k] = model.syn1neg
+        vectors = word_vectors(self.input_vectors_, self.output_vectors_, cfg.vectors)
         model.wv.vectors = vectors[n_special:n_special + k]  # a view: the keyed vectors share our rows
         self.vectors_ = vectors
         self.keyed_vectors_: KeyedVectors = model.wv

@@ -4,20 +4,25 @@ trained methods `history.parquet` and `loss_curve.png`."""
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import polars as pl
 import torch
-from lexiflow.models import device, embedding_plots, glove, svd, vectors, vocab, word2vec
+from lexiflow.models import device, embedding_plots, glove, lsi, svd, vectors, vocab, word2vec
 from lexiflow.models.errors import InputError
 from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter
 from lexiflow.storage.formats import read_manifest, read_matrix, read_table, write_vectors
-from lexiflow.tasks.params import GloVeParams, SVDParams, Word2VecParams
+from lexiflow.tasks.params import GloVeParams, LSIParams, SVDParams, Word2VecParams
 from lexiflow.tasks.stage import stage
+
+logger = logging.getLogger("lexiflow.embeddings")
 
 
 def write_embeddings(out: ArtifactWriter, vocabulary: pl.DataFrame, word_vectors: np.ndarray, method: str,
-                     history: list[dict] | None = None) -> None:
-    """Words (specials excluded) in frequency order, as Parquet and both word2vec formats."""
+                     history: list[dict] | None = None, context_vectors: np.ndarray | None = None) -> None:
+    """Words (specials excluded) in frequency order, as Parquet and both word2vec formats; a method with
+    two vector sets (word2vec's input u and output v) also exports v as `context_vectors.bin`."""
     n_special = len(vocab.SPECIALS)
     words = vocabulary["token"].to_list()[n_special:]
     counts = vocabulary["count"].to_numpy()[n_special:]
@@ -26,6 +31,9 @@ def write_embeddings(out: ArtifactWriter, vocabulary: pl.DataFrame, word_vectors
     kv = vectors.keyed_vectors(words, matrix, counts)
     kv.save_word2vec_format(str(out.path("vectors.txt")), binary=False)
     kv.save_word2vec_format(str(out.path("vectors.bin")), binary=True)
+    if context_vectors is not None:
+        vectors.keyed_vectors(words, context_vectors[n_special:], counts).save_word2vec_format(
+            str(out.path("context_vectors.bin")), binary=True)
     out.metrics.update({"method": method, "words": len(words), "dim": int(matrix.shape[1])})
     if history:
         out.write_parquet("history.parquet", pl.DataFrame(history))
@@ -49,6 +57,23 @@ def svd_embeddings(out: ArtifactWriter, ppmi: ArtifactRef, params: SVDParams) ->
 
 
 @stage("embeddings")
+def lsi_embeddings(out: ArtifactWriter, cooccurrence: ArtifactRef, params: LSIParams) -> None:
+    """LSI: truncated SVD of the (tf-idf or count) term-document matrix the cooccurrence stage writes.
+    Its rank is at most the number of documents: a larger `dim` is lowered to it (logged, `dim` in the
+    metrics is the one used), since a corpus of few long documents is a normal input, not an error."""
+    termdoc = lsi.weigh(read_matrix(cooccurrence, "termdoc.parquet"), params.weighting)
+    dim = min(params.dim, min(termdoc.shape) - 1)
+    if dim < params.dim:
+        logger.warning("lsi.dim=%d: the term-document matrix has %d documents, so LSI uses %d dimensions",
+                       params.dim, termdoc.shape[1], dim)
+    word_vectors, singular_values = svd.svd_vectors(termdoc, dim, params.power, params.add_context,
+                                                    params.n_iter, params.seed)
+    write_embeddings(out, read_table(cooccurrence, "vocab.parquet"), word_vectors, "lsi")
+    out.metrics.update({"top_singular_value": float(singular_values[0]), "documents": termdoc.shape[1],
+                        "dim_requested": params.dim})
+
+
+@stage("embeddings")
 def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactRef, method: str,
                         params: Word2VecParams) -> None:
     """Skip-gram (`sgns`) or CBOW (`cbow`) through gensim, streaming the corpus artifact's train text
@@ -64,7 +89,8 @@ def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: Art
     with ArtifactStore(corpus.store).local_copy(corpus.kind, corpus.version, "documents.parquet") as path:
         model.fit(word2vec.ParquetSentences(path, column="text", split="train"), vocabulary,
                   progress=out.progress)
-    write_embeddings(out, vocabulary.frame, model.vectors_, method, model.history_)
+    write_embeddings(out, vocabulary.frame, model.vectors_, method, model.history_, model.output_vectors_)
+    out.metrics["vectors"] = params.vectors
     out.metrics["device"] = device.describe(torch.device("cpu"), "fp32")  # gensim trains on the CPU
 
 

@@ -6,7 +6,8 @@ from __future__ import annotations
 import logging
 
 import polars as pl
-from lexiflow.models import embedding_plots, evaluation, vectors
+from lexiflow.models import embedding_plots, evaluation, extrinsic, vectors
+from lexiflow.models.config import from_section
 from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import read_manifest, read_vectors
 from lexiflow.tasks.params import EvaluationParams
@@ -25,6 +26,9 @@ def evaluate_embeddings(out: ArtifactWriter, embeddings: ArtifactRef, params: Ev
     result = evaluation.evaluate(vectors.keyed_vectors(words, matrix), params.analogy_vocabulary, params.probes,
                                  progress=out.progress)
     name = _method(embeddings)
+    if params.genre_treebank:  # extrinsic: held-out genre accuracy beside the intrinsic scores
+        result["metrics"].update(extrinsic.genre_accuracy(words, matrix, params.genre_treebank,
+                                                          from_section(extrinsic.ClassifierConfig, params)))
     out.metrics.update(result["metrics"])
     out.metrics.update({"method": name, "embeddings": str(embeddings)})
     out.write_parquet("metrics.parquet", pl.DataFrame([{"embeddings": name, **result["metrics"]}]))

@@ -108,6 +108,8 @@ def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, m
         out.metrics["world_size"] = params.world_size
         out.metrics["parameters"] = lm.n_parameters
         out.metrics["pretrained"] = str(embeddings) if embeddings else None
+        if model == "transformer" and data["valid"]:  # per-layer read-out on validation text
+            out.metrics["logit_lens"] = lm.logit_lens_table(data["valid"])
     lm.save(out.folder)
     out.write_json("lexiflow.json", {"model": model, "tokenizer": str(tokenizer), "tokens": str(tokens)})
     out.metrics.update({"model": model, "tokenizer": tokenizer.version, "vocabulary_size": vocabulary.height,

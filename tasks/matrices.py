@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-from lexiflow.models import cooccurrence, ppmi, vocab
+from lexiflow.models import cooccurrence, lsi, ppmi, vocab
 from lexiflow.models.errors import InputError
 from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import VOCAB, corpus_sources, count_rows, read_matrix, read_rows, read_table, write_matrix
@@ -82,7 +82,9 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
 
 @stage("ppmi")
 def compute_ppmi(out: ArtifactWriter, cooccurrence: ArtifactRef, params: PPMIParams) -> None:
-    matrix = ppmi.ppmi_matrix(read_matrix(cooccurrence), params.alpha, params.shift)
+    counts = (read_matrix(cooccurrence) if params.counts == "window"
+              else lsi.term_term(read_matrix(cooccurrence, "termdoc.parquet")))
+    matrix = ppmi.ppmi_matrix(counts, params.alpha, params.shift, params.log_base)
     write_matrix(out, "matrix.parquet", matrix)
     out.write_parquet("vocab.parquet", read_table(cooccurrence, "vocab.parquet"), VOCAB)
     out.metrics.update({"nonzeros": int(matrix.nnz), "mean_value": float(matrix.data.mean()) if matrix.nnz else 0.0})

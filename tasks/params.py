@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from lexiflow.models import ppmi, svd
+from lexiflow.models import lsi, ppmi, svd
 from lexiflow.models.config import parameters
 from lexiflow.models.device import Device
 from lexiflow.models.evaluation import DEFAULT_PROBES
+from lexiflow.models.extrinsic import ClassifierConfig
 from lexiflow.models.glove import GloVeConfig
 from lexiflow.models.ingest import IngestOptions
 from lexiflow.models.lm.ffnn import FFNNConfig
@@ -96,21 +97,32 @@ class CooccurrenceParams(Params):
     seed: int = Field(0, ge=0, description="Seed of the subsampling draws.")
 
 
-PPMIParams = section("PPMIParams", ppmi.ppmi_matrix)
+PPMIParams = section(
+    "PPMIParams", ppmi.ppmi_matrix,
+    counts=(Literal["window", "termdoc"], Field(
+        "window", description="Word-context counts PPMI weighs: the co-occurrence window's, or the term-term matrix "
+                              "X·Xᵀ of the term-document matrix X (the notes' review question; denser, so for small "
+                              "corpora).")))
 SVDParams = section("SVDParams", svd.svd_vectors)
+LSIParams = section("LSIParams", svd.svd_vectors, lsi.weigh)
 Word2VecParams = section("Word2VecParams", Word2VecConfig)
 GloVeParams = section("GloVeParams", GloVeConfig)
 
 
-class EvaluationParams(Params):
-    analogy_vocabulary: int = Field(30_000, ge=100, description="Analogy answers come from this many most "
-                                                                "frequent words (as in word2vec's evaluation).")
-    probes: list[str] = Field(default=list(DEFAULT_PROBES), description="Words whose nearest neighbours are shown.")
-    projection_words: int = Field(300, ge=0, le=2000, description="Frequent words drawn in the PCA/t-SNE maps "
-                                                                  "(0 = no maps).")
+EvaluationParams = section(
+    "EvaluationParams", ClassifierConfig,
+    analogy_vocabulary=(int, Field(30_000, ge=100, description="Analogy answers come from this many most frequent "
+                                                               "words (as in word2vec's evaluation).")),
+    probes=(list[str], Field(default=list(DEFAULT_PROBES), description="Words whose nearest neighbours are shown.")),
+    projection_words=(int, Field(300, ge=0, le=2000, description="Frequent words drawn in the PCA/t-SNE maps (0 = "
+                                                                 "no maps).")),
+    genre_treebank=(str | None, Field(None, min_length=1, description="Extrinsic evaluation: folder of a UD treebank "
+                                      "(*-ud-train/dev/test.conllu, e.g. UD English-EWT) whose sentence genre (the "
+                                      "sent_id prefix) a feed-forward classifier learns from averaged word vectors; "
+                                      "empty = off.")))
 
 
-EmbeddingMethod = Literal["svd", "sgns", "cbow", "glove"]
+EmbeddingMethod = Literal["svd", "lsi", "sgns", "cbow", "glove"]
 EmbeddingMethods = Annotated[list[EmbeddingMethod], Field(min_length=1)]  # the UI form refuses an empty choice
 LMKind = Literal["ngram", "ffnn", "rnn", "lstm", "gru", "transformer"]
 
@@ -118,7 +130,7 @@ LMKind = Literal["ngram", "ffnn", "rnn", "lstm", "gru", "transformer"]
 NgramParams = section("NgramParams", NgramLM)
 NeuralLMParams = section(
     "NeuralLMParams", RNNConfig, FFNNConfig, TransformerConfig, TrainConfig,
-    pretrained=(Literal["none", "svd", "sgns", "cbow", "glove"], Field(
+    pretrained=(Literal["none", "svd", "lsi", "sgns", "cbow", "glove"], Field(
         "none", description="Initialise the neural LMs' embeddings from this method's embeddings artifact of the same "
                             "run: the method must be among `embeddings`, its dim equal to emb_dim (d_model for the "
                             "transformer). Ignored when lm holds no neural model.")),

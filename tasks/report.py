@@ -100,8 +100,8 @@ def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[
     rows = [{**m["metrics"], "embeddings": m["metrics"]["method"]} for m in manifests]
     lines += ["## Word embeddings", ""]
     lines += _table(rows, ("embeddings", "ws353_spearman", "simlex999_spearman", "analogy_add_accuracy",
-                           "analogy_mul_accuracy", "analogy_coverage", "ws353_oov_rate", "simlex999_oov_rate",
-                           "vocabulary"))
+                           "analogy_mul_accuracy", "analogy_coverage", "genre_test_accuracy", "ws353_oov_rate",
+                           "simlex999_oov_rate", "vocabulary"))
     for ref, manifest in zip(evaluations, manifests, strict=True):
         detail = store.read_text(ref.kind, ref.version, "report.md")
         detail = detail[detail.find("## "):]  # its neighbours and analogy sections; the table is above
@@ -123,8 +123,12 @@ def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[
                             "device": device_label(metrics.get("device"))})
         lines += _table(lm_rows, LM_COLUMNS)
         for ref in lms:
-            model = read_manifest(ref)["metrics"]["model"]
-            lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, f"lm-{model}")]
+            metrics = read_manifest(ref)["metrics"]
+            if metrics.get("logit_lens"):
+                lines += ["", f"Logit lens ({metrics['model']}): next-token predictions read out after each layer "
+                          "(0 = the embedding) through the final norm and the unembedding, on validation text.", ""]
+                lines += _table(metrics["logit_lens"], ("layer", "perplexity", "accuracy"))
+            lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, f"lm-{metrics['model']}")]
     for ref in taggers or []:
         detail = store.read_text(ref.kind, ref.version, "report.md")
         lines += ["", re.sub(r"(?m)^(#+) ", r"#\1 ", detail)]  # its headings, one level down

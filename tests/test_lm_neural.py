@@ -34,6 +34,7 @@ from lexiflow.models.lm.train import (
     sparse_embedding_grads,
 )
 from lexiflow.models.lm.transformer import (
+    Block,
     CausalSelfAttention,
     Transformer,
     TransformerConfig,
@@ -91,10 +92,48 @@ def test_sinusoidal_positions_match_vaswani_formula():
     assert pe[3, 3].item() == pytest.approx(math.cos(3 / 100))
 
 
-@pytest.mark.parametrize("kw", [{}, {"tie_weights": False, "positional": "learned"}])
+@pytest.mark.parametrize("kw", [{}, {"tie_weights": False, "positional": "learned"}, {"norm": "post"}])
 def test_transformer_parameter_count_closed_form(kw):
     c = small_transformer(n_layers=2, **kw)
     assert count_parameters(c) == sum(p.numel() for p in Transformer(c).parameters())
+
+
+def test_post_ln_relu_block_is_the_notes_add_and_norm():
+    """Notes 000/002 "Add & Norm": LayerNorm(x + Sublayer(x)) after attention and after the FFN,
+    FFN(x) = ReLU(x W1 + b1) W2 + b2 with d_ff = 4d; the stack then has no final LayerNorm."""
+    torch.manual_seed(0)
+    c = small_transformer(norm="post", ffn_activation="relu")
+    block = Block(c).eval()
+    x = torch.randn(2, 5, c.d_model)
+    ln = torch.nn.functional.layer_norm
+    h = ln(x + block.attn(x), (c.d_model,), block.ln1.weight, block.ln1.bias)
+    lin1, lin2 = block.ffn[0], block.ffn[2]
+    assert lin1.out_features == 4 * c.d_model and isinstance(block.ffn[1], nn.ReLU)
+    ffn = torch.relu(h @ lin1.weight.T + lin1.bias) @ lin2.weight.T + lin2.bias
+    torch.testing.assert_close(block(x), ln(h + ffn, (c.d_model,), block.ln2.weight, block.ln2.bias))
+    assert isinstance(Transformer(c).ln_f, nn.Identity)
+
+
+def test_logit_lens_reads_every_layer_and_ends_with_the_output():
+    """Notes 002 "Transformers as Updated Residual Streams": the unembedding applied after each layer."""
+    torch.manual_seed(0)
+    for norm in ("pre", "post"):
+        m = Transformer(small_transformer(n_layers=3, norm=norm)).eval()
+        x = torch.randint(4, V, (2, 9))
+        lens = m.logit_lens(x)
+        assert lens.shape == (4, 2, 9, V)
+        torch.testing.assert_close(lens[-1], m(x)[0])
+        # layer 0 is the embedding read out directly
+        torch.testing.assert_close(lens[0], m.lm_head(m.ln_f(m._embed(x))))
+
+
+def test_logit_lens_table_last_layer_is_the_models_perplexity():
+    lm = TransformerLM(small_transformer(n_layers=2), quick(epochs=3)).fit(TRAIN)
+    sentences = [s for s in TRAIN if len(s) + 1 <= lm._window][:40]
+    table = lm.logit_lens_table(sentences)
+    assert [row["layer"] for row in table] == [0, 1, 2]
+    assert table[-1]["perplexity"] == pytest.approx(lm.perplexity(sentences), rel=1e-4)
+    assert all(0 <= row["accuracy"] <= 1 for row in table)
 
 
 def test_attention_matches_torch_multihead_attention_with_causal_mask():
@@ -124,6 +163,21 @@ def test_ffnn_is_bengio_formula_and_context_stops_at_sentence_start():
     for t, ctx in ((1, [6, 7, 2]), (3, [1, 1, 9])):
         expected = U(torch.tanh(H(torch.cat([C[i] for i in ctx]))))
         torch.testing.assert_close(logits[0, t], expected)
+
+
+def test_ffnn_notes_variant_sigmoid_without_biases():
+    """Notes 003 "Forward Pass and Loss Function in Equations": e = [E x_{t-3}; E x_{t-2}; E x_{t-1}],
+    h = σ(W e), z = U h, ŷ = softmax(z): ffnn_activation="sigmoid", ffnn_bias=False."""
+    torch.manual_seed(0)
+    m = FFNN(FFNNConfig(V, context_size=3, emb_dim=4, hidden_dim=5, ffnn_activation="sigmoid",
+                        ffnn_bias=False)).eval()
+    assert m.hidden.bias is None and m.output.bias is None
+    logits, _ = m(torch.tensor([[7, 2, 8]]), (torch.tensor([[5, 6]]),))
+    E, W, U = m.embedding.weight, m.hidden.weight, m.output.weight
+    e = torch.cat([E[5], E[6], E[7]])  # the context of position 0
+    torch.testing.assert_close(logits[0, 0], U @ torch.sigmoid(W @ e))
+    n_params = sum(p.numel() for p in m.parameters())
+    assert n_params == V * 4 + 5 * 12 + V * 5  # E, W, U: no biases
 
 
 @pytest.mark.parametrize("carry", [False, True])

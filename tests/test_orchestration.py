@@ -55,7 +55,7 @@ def test_deployments_registry_pools_and_schedule():
     assert by_name["corpus-rebuild"].parameters(config) == {
         "store": "/data/store", "corpus": {"sources": ["/corpus/*.txt"]}, "training": {"remote": True}}
     # one list of choices (tasks/params.py) for the pipeline's form and the training flows' drop-downs
-    assert set(EMBEDDING_TRAINERS) == set(get_args(EmbeddingMethod)) == {"svd", "sgns", "cbow", "glove"}
+    assert set(EMBEDDING_TRAINERS) == set(get_args(EmbeddingMethod)) == {"svd", "lsi", "sgns", "cbow", "glove"}
     assert set(LM_TRAINERS) == set(get_args(LMKind)) == {"ngram", "ffnn", "rnn", "lstm", "gru", "transformer"}
     assert set(SEQ2SEQ_TRAINERS) == set(get_args(Seq2SeqKind)) == {"rnn", "transformer"}
 

@@ -164,7 +164,8 @@ def test_all_stages_on_a_small_treebank(tmp_path, shared_data, capsys):
         "store": str(store), "corpus": {"sources": [str(data)]}, "vocabulary": {"min_count": 2},
         "svd": {"dim": 20}, "evaluation": {"analogy_vocabulary": 1000},
         "tokenizer": {"kind": "bpe", "vocab_size": 400}, "lm": ["ngram", "gru"],
-        "embeddings": ["svd", "sgns", "cbow", "glove"], "word2vec": {"epochs": 1, "dim": 16},
+        "embeddings": ["svd", "lsi", "sgns", "cbow", "glove"], "word2vec": {"epochs": 1, "dim": 16},
+        "lsi": {"dim": 20}, "ppmi": {"counts": "termdoc", "alpha": 1.0, "log_base": 2},
         "glove": {"epochs": 2, "dim": 16},
         "neural": {"emb_dim": 16, "hidden_dim": 16, "num_layers": 1, "epochs": 1, "max_steps": 30,
                    "batch_size": 8, "bptt": 16, "device": "cpu"},
@@ -185,6 +186,7 @@ def test_all_stages_on_a_small_treebank(tmp_path, shared_data, capsys):
     for column in ("upos", "xpos"):  # each tagger's own heatmap, under its own name
         png = (store / "report" / refs["report"].version / f"tagger-{column}-confusion.png").read_bytes()
         assert png == (store / "tagger" / refs[f"tagger.{column}"].version / "confusion.png").read_bytes()
+    assert "| lsi |" in report and "| svd |" in report  # count-based methods side by side
     for method in ("sgns", "cbow", "glove"):
         emb = store_obj.manifest("embeddings", refs[f"embeddings.{method}"].version)
         assert emb["metrics"]["method"] == method and any(f["name"] == "loss_curve.png" for f in emb["files"])
@@ -192,7 +194,8 @@ def test_all_stages_on_a_small_treebank(tmp_path, shared_data, capsys):
         assert f"| {method} |" in report and f"![{method}-loss_curve.png]({method}-loss_curve.png)" in report
     figures = sorted(p.name for p in (store / "report" / refs["report"].version).glob("*.png"))
     assert figures == ["cbow-loss_curve.png", "cbow-projection.png", "glove-loss_curve.png", "glove-projection.png",
-                       "lm-gru-loss_curve.png", "sgns-loss_curve.png", "sgns-projection.png", "svd-projection.png",
+                       "lm-gru-loss_curve.png", "lsi-projection.png", "sgns-loss_curve.png", "sgns-projection.png",
+                       "svd-projection.png",
                        "tagger-upos-confusion.png", "tagger-xpos-confusion.png"]
     # In the Prefect UI each figure is an image artifact carrying the PNG, and the markdown names it
     # instead of linking a file the browser cannot reach.

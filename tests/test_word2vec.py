@@ -155,3 +155,18 @@ def test_stage_refuses_a_subword_tokenizer(tmp_path):
     assert not store.exists("embeddings", word2vec_embeddings.version_of(
         {"store": store.url, "corpus": docs, "tokenizer": bpe, "method": "sgns",
          "params": Word2VecParams(epochs=1, dim=8)}))  # nothing published
+
+
+def test_input_output_and_summed_vectors():
+    """Notes 000 "Which set of vectors are used as word embeddings? Typically just u": u is gensim's wv,
+    v its negative-sampling output vectors (syn1neg); vectors='u+v' sums them, 'v' takes the outputs."""
+    sentences = [["a0", "b0", "a1", "b1"], ["b1", "a0", "b0"]] * 20
+    vocab = vocab_of(sentences, 1)
+    fits = {which: Word2Vec(sg=True, dim=8, window=2, epochs=2, seed=5, vectors=which).fit(sentences, vocab)
+            for which in ("u", "v", "u+v")}
+    u, v = fits["u"].input_vectors_, fits["u"].output_vectors_
+    assert np.abs(v).sum() > 0 and not np.allclose(u, v)
+    np.testing.assert_array_equal(fits["u"].vectors_, u)
+    np.testing.assert_array_equal(fits["v"].vectors_, v)  # same seed, same training: the same two sets
+    np.testing.assert_allclose(fits["u+v"].vectors_, u + v)
+    np.testing.assert_array_equal(fits["u+v"].keyed_vectors_["a0"], (u + v)[vocab.tokens.index("a0")])

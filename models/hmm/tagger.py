@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.estimator import Estimator
-from lexiflow.models.hmm import calibration, counts, decoding, persistence, unknown
+from lexiflow.models.hmm import calibration, counts, decoding, persistence, probability, unknown
 from lexiflow.models.hmm.calibration import Calibration
 from lexiflow.models.hmm.counts import log
 from lexiflow.models.progress import Progress
@@ -536,6 +536,34 @@ class HMMTagger(Estimator):
     def emission_probs(self) -> np.ndarray:
         """P(o | s) = Count(s, o) / Count(s), (V, K), rows in `vocab_` order."""
         return self.emission_counts_ / self.tag_counts_[None, :]
+
+    def _mle_tables(self, words: Sequence[str],
+                    end: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
+        """(pi, transitions, per-position emissions P(o_t | s), P(</s> | s) or None) from the MLE tables;
+        a word never seen in training has emission 0 under every state."""
+        self._check_fitted()
+        words = _validate_words([words])[0]
+        if not words:
+            raise InputError("the sentence is empty: give at least one word")
+        k, e = len(self.tags_), self.emission_probs()
+        em = np.array([e[self.vocab_[w]] if w in self.vocab_ else np.zeros(k) for w in words])
+        trans = self.transition_probs()
+        return self.initial_probs(), np.nan_to_num(trans[:, :k]), em, (np.nan_to_num(trans[:, k]) if end else None)
+
+    def joint_log_prob(self, words: Sequence[str], tags: Sequence[str], end: bool = False) -> float:
+        """log P(S, O) of `words` tagged `tags` under the raw MLE tables (notes 000; `probability`);
+        `end` multiplies in P(</s> | s_n). -inf where a factor is 0 (an unseen word or transition)."""
+        index = {t: i for i, t in enumerate(self.tags_)}
+        unknown_tags = sorted(set(tags) - set(index))
+        if unknown_tags:
+            raise ParameterError(f"tags {unknown_tags} are not states of this model (states: {self.tags_})")
+        tables = self._mle_tables(words, end)
+        return probability.joint_log_prob(*tables[:3], [index[t] for t in tags], final=tables[3])
+
+    def forward_log_prob(self, words: Sequence[str], end: bool = False) -> float:
+        """log P(O) = log sum over tag sequences of P(S, O) (forward algorithm) under the raw MLE tables."""
+        pi, trans, em, final = self._mle_tables(words, end)
+        return probability.forward_log_prob(pi, trans, em, final=final)
 
     # ------------------------------------------------------------------ persistence
 

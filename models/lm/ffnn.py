@@ -1,6 +1,7 @@
 """Feed-forward neural LM (Bengio, Ducharme, Vincent & Jauvin 2003, "A Neural Probabilistic Language Model").
 
-P(w_t | w_{t-n+1} .. w_{t-1}) = softmax(U tanh(H [C(w_{t-n+1}); ..; C(w_{t-1})] + d) + b):
+P(w_t | w_{t-n+1} .. w_{t-1}) = softmax(U tanh(H [C(w_{t-n+1}); ..; C(w_{t-1})] + d) + b)
+(`ffnn_activation="sigmoid"`, `ffnn_bias=False`: the notes' (003) h = σ(W e), z = U h):
 the embeddings C of the n-1 previous tokens are concatenated, pass one tanh hidden layer, then a
 softmax over the vocabulary (the paper's optional direct input->output connections are left out).
 
@@ -13,7 +14,7 @@ window, which lets the shared stream training loop (`models.lm.train`) feed it b
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Literal
 
 import torch
 from lexiflow.models.errors import ParameterError
@@ -28,6 +29,10 @@ class FFNNConfig(LMConfig):
     context_size: Annotated[int, Field(ge=1, le=16, description="FFNN: previous tokens seen (n - 1).")] = 4
     emb_dim: EmbDim = 128
     hidden_dim: HiddenDim = 128
+    ffnn_activation: Annotated[Literal["tanh", "sigmoid"], Field(
+        description="FFNN hidden activation: tanh (Bengio et al. 2003) or the notes' sigmoid, h = σ(W e).")] = "tanh"
+    ffnn_bias: Annotated[bool, Field(description="FFNN: biases in the hidden and output layers (the notes' h = σ(W e), "
+                                                 "z = U h have none).")] = True
     tie_weights: bool = False  # not offered: the output layer reads the hidden layer, not an embedding
 
     def validate(self) -> None:
@@ -44,9 +49,10 @@ class FFNN(LMModule):
         self.config = config
         k, d = config.context_size, config.emb_dim
         self.embedding = nn.Embedding(config.vocab_size, d)  # C in the paper
-        self.hidden = nn.Linear(k * d, config.hidden_dim)  # H, d
+        self.hidden = nn.Linear(k * d, config.hidden_dim, bias=config.ffnn_bias)  # H, d (the notes' W)
+        self.activation = torch.tanh if config.ffnn_activation == "tanh" else torch.sigmoid
         self.drop = nn.Dropout(config.dropout)
-        self.output = nn.Linear(config.hidden_dim, config.vocab_size)  # U, b
+        self.output = nn.Linear(config.hidden_dim, config.vocab_size, bias=config.ffnn_bias)  # U, b
         nn.init.normal_(self.embedding.weight, std=0.1)
 
     def contexts(self, x: torch.Tensor, state: State) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,7 +71,7 @@ class FFNN(LMModule):
     def forward(self, x: torch.Tensor, state: State = None) -> tuple[torch.Tensor, State]:
         ctx, tail = self.contexts(x, state)  # (B, T, k), (B, k-1)
         e = self.embedding(ctx).flatten(2)  # (B, T, k*d)
-        h = self.drop(torch.tanh(self.hidden(e)))  # (B, T, hidden)
+        h = self.drop(self.activation(self.hidden(e)))  # (B, T, hidden)
         return self.output(h), (tail,)  # (B, T, V)
 
 

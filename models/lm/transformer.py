@@ -14,12 +14,15 @@ each bptt window (at most `max_len` tokens) is attended to on its own.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated, Literal
 
+import numpy as np
 import torch
 import torch.nn.functional as F
-from lexiflow.models.errors import ParameterError
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.lm import train as training
 from lexiflow.models.lm.neural import LMConfig, LMModule, NeuralLM, State, TieWeights
 from lexiflow.models.transformer_blocks import sinusoidal_positions
 from pydantic import Field
@@ -34,6 +37,11 @@ class TransformerConfig(LMConfig):
     n_heads: Annotated[int, Field(ge=1, le=64, description="Transformer attention heads (divide d_model).")] = 4
     max_len: Annotated[int, Field(ge=8, le=8192, description="Transformer context window.")] = 128
     positional: Annotated[Literal["sinusoidal", "learned"], Field(description="Transformer positions.")] = "sinusoidal"
+    norm: Annotated[Literal["pre", "post"], Field(
+        description="Transformer LayerNorm placement: pre-LN x + f(LN(x)) with a final LN (GPT-2; trains stably) or "
+                    "the notes' post-LN LayerNorm(x + f(x)) (Vaswani et al.).")] = "pre"
+    ffn_activation: Annotated[Literal["gelu", "relu"], Field(
+        description="Transformer feed-forward activation: GELU (GPT) or the notes' ReLU.")] = "gelu"
     tie_weights: TieWeights = True
 
     def validate(self) -> None:
@@ -43,9 +51,10 @@ class TransformerConfig(LMConfig):
 
 
 def count_parameters(c: TransformerConfig) -> int:
-    """Closed form: V d (+ V d untied head) (+ max_len d learned positions) + L (12 d^2 + 13 d) + 2 d."""
+    """Closed form: V d (+ V d untied head) (+ max_len d learned positions) + L (12 d^2 + 13 d) + 2 d (final
+    LayerNorm, pre-LN only)."""
     d = c.d_model
-    n = c.vocab_size * d * (1 if c.tie_weights else 2) + c.n_layers * (12 * d * d + 13 * d) + 2 * d
+    n = c.vocab_size * d * (1 if c.tie_weights else 2) + c.n_layers * (12 * d * d + 13 * d) + 2 * d * (c.norm == "pre")
     return n + (c.max_len * d if c.positional == "learned" else 0)
 
 
@@ -68,17 +77,24 @@ class CausalSelfAttention(nn.Module):
 
 
 class Block(nn.Module):
+    """Pre-LN x + f(LN(x)) (default) or the notes' post-LN LayerNorm(x + f(x)), f = attention then the FFN."""
+
     def __init__(self, c: TransformerConfig) -> None:
         super().__init__()
+        self.pre = c.norm == "pre"
         self.ln1 = nn.LayerNorm(c.d_model)
         self.attn = CausalSelfAttention(c)
         self.ln2 = nn.LayerNorm(c.d_model)
-        self.ffn = nn.Sequential(nn.Linear(c.d_model, 4 * c.d_model), nn.GELU(), nn.Linear(4 * c.d_model, c.d_model),
+        act = nn.GELU() if c.ffn_activation == "gelu" else nn.ReLU()
+        self.ffn = nn.Sequential(nn.Linear(c.d_model, 4 * c.d_model), act, nn.Linear(4 * c.d_model, c.d_model),
                                  nn.Dropout(c.dropout))  # d_ff = 4d
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.attn(self.ln1(x))
-        return x + self.ffn(self.ln2(x))
+        if self.pre:
+            x = x + self.attn(self.ln1(x))
+            return x + self.ffn(self.ln2(x))
+        x = self.ln1(x + self.attn(x))
+        return self.ln2(x + self.ffn(x))
 
 
 class Transformer(LMModule):
@@ -95,7 +111,7 @@ class Transformer(LMModule):
             self.register_buffer("pe", sinusoidal_positions(config.max_len, D), persistent=False)
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
-        self.ln_f = nn.LayerNorm(D)
+        self.ln_f = nn.LayerNorm(D) if config.norm == "pre" else nn.Identity()  # post-LN blocks end normalised
         self.lm_head = nn.Linear(D, V, bias=False)
         self.apply(self._init)
         # Vaswani §3.4: with fixed sinusoids (unit scale) the token embeddings are scaled by sqrt(d); init them
@@ -119,14 +135,29 @@ class Transformer(LMModule):
             nn.init.normal_(m.weight, std=0.02)
 
     def forward(self, x: torch.Tensor, state: State = None) -> tuple[torch.Tensor, State]:
-        B, T = x.shape
-        if T > self.config.max_len:
-            raise ParameterError(f"window of {T} tokens exceeds max_len={self.config.max_len}")
-        pos = self.pos.weight[:T] if self.config.positional == "learned" else self.pe[:T]  # (T, D)
-        h = self.drop(self.embedding(x) * self.emb_scale + pos)  # (B, T, D)
+        h = self._embed(x)
         for block in self.blocks:
             h = block(h)
         return self.lm_head(self.ln_f(h)), None  # (B, T, V)
+
+    def _embed(self, x: torch.Tensor) -> torch.Tensor:
+        T = x.shape[1]
+        if T > self.config.max_len:
+            raise ParameterError(f"window of {T} tokens exceeds max_len={self.config.max_len}")
+        pos = self.pos.weight[:T] if self.config.positional == "learned" else self.pe[:T]  # (T, D)
+        return self.drop(self.embedding(x) * self.emb_scale + pos)  # (B, T, D)
+
+    @torch.no_grad()
+    def logit_lens(self, x: torch.Tensor) -> torch.Tensor:
+        """(n_layers + 1, B, T, V) next-token logits read out of the residual stream after the embedding
+        and after each block, through the final norm and the unembedding (notes 002, "Transformers as
+        Updated Residual Streams": early decoding / logit lens); the last one is `forward`'s."""
+        h = self._embed(x)
+        out = [self.lm_head(self.ln_f(h))]
+        for block in self.blocks:
+            h = block(h)
+            out.append(self.lm_head(self.ln_f(h)))
+        return torch.stack(out)
 
 
 class TransformerLM(NeuralLM):
@@ -137,3 +168,30 @@ class TransformerLM(NeuralLM):
 
     def _build(self) -> Transformer:
         return Transformer(self.config)
+
+    def logit_lens_table(self, sentences: Sequence[np.ndarray], max_sentences: int = 1000) -> list[dict]:
+        """Per layer (0 = the embedding), the perplexity and top-1 accuracy of the next-token predictions
+        read out there (`Transformer.logit_lens`), over every word and </s> of the first `max_sentences`
+        sentences, each scored from <s> within its first window."""
+        self._check_fitted()
+        c, module = self.config, self.module_
+        module.eval()
+        seqs = [np.concatenate(([c.bos_id], np.asarray(s, dtype=np.int64).ravel(), [c.eos_id]))[: self._window + 1]
+                for s in list(sentences)[:max_sentences]]
+        if not seqs:
+            raise InputError("logit_lens_table: no sentences to score")
+        nll = torch.zeros(c.n_layers + 1, dtype=torch.float64)
+        correct = torch.zeros(c.n_layers + 1, dtype=torch.float64)
+        count = 0
+        for start in range(0, len(seqs), 64):
+            data = training.pad_sequences(seqs[start : start + 64], c.pad_id).to(self.device_)
+            x, y = data[:, :-1], data[:, 1:]
+            keep = y != c.pad_id
+            lens = module.logit_lens(x).float()  # (L+1, B, T, V)
+            logp = F.log_softmax(lens, dim=-1)
+            target = logp.gather(-1, y.expand(len(lens), -1, -1).unsqueeze(-1)).squeeze(-1)  # (L+1, B, T)
+            nll += -(target * keep).sum(dim=(1, 2)).double().cpu()
+            correct += ((lens.argmax(-1) == y) & keep).sum(dim=(1, 2)).double().cpu()
+            count += int(keep.sum())
+        return [{"layer": layer, "perplexity": training.perplexity(float(nll[layer]) / count),
+                 "accuracy": float(correct[layer]) / count} for layer in range(c.n_layers + 1)]
