@@ -4,9 +4,9 @@ Each model trains on EWT train with early stopping on EWT dev (the only tuning),
 `CACHE/<name>` (training is minutes to tens of minutes on a shared CPU core), so `python -m
 benchmarks tagger` evaluates the saved models on test once. Train them one by one in the background:
 
-    OMP_NUM_THREADS=1 python -m benchmarks.tagger_neural bilstm   # BiLSTM, UPOS + XPOS heads (joint)
-    OMP_NUM_THREADS=1 python -m benchmarks.tagger_neural bilm     # biLM on EWT train + WikiText-2 valid
-    OMP_NUM_THREADS=1 python -m benchmarks.tagger_neural elmo     # BiLSTM + ELMo (needs bilm)
+    OMP_NUM_THREADS=1 python -m benchmarks._tagger_models bilstm   # BiLSTM, UPOS + XPOS heads (joint)
+    OMP_NUM_THREADS=1 python -m benchmarks._tagger_models bilm     # biLM on EWT train + WikiText-2 valid
+    OMP_NUM_THREADS=1 python -m benchmarks._tagger_models elmo     # BiLSTM + ELMo (needs bilm)
 
 `tagger` trains what is missing itself (same functions). Train tokens/s are wall-clock tokens per
 second of the training loop, measured under the shared machine's load.
