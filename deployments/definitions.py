@@ -14,6 +14,7 @@ Prefect validates the flow's signature and our pydantic sections (`extra="forbid
                        unchanged sources give the same artifact versions, so nothing is recomputed
     train-embeddings   gpu pool: embeddings from artifacts in the store (the pipeline's hand-off)
     train-lm           gpu pool: a language model on the tokenized corpus
+    train-tagger       gpu pool: a neural tagger (BiLSTM, BiLSTM+ELMo) or the ELMo biLM
 
 Add a deployment: one `DeploymentSpec(...)` line in `DEPLOYMENTS`.
 """
@@ -80,6 +81,9 @@ DEPLOYMENTS: list[DeploymentSpec] = [
                    tags=("training",)),
     DeploymentSpec("train-lm", "flows/training.py:train_lm", "gpu",
                    "Train a language model on the tokenized corpus in the store.", tags=("training",)),
+    DeploymentSpec("train-tagger", "flows/training.py:train_tagger_flow", "gpu",
+                   "Train a neural part-of-speech tagger (BiLSTM, BiLSTM+ELMo) or the ELMo biLM from artifacts in "
+                   "the store.", tags=("training",)),
 ]
 
 

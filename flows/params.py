@@ -9,6 +9,7 @@ from lexiflow.storage import ArtifactRef, Catalog, StoreError
 from lexiflow.tasks.params import (
     CooccurrenceParams,
     CorpusParams,
+    ElmoParams,
     EmbeddingMethods,
     EvaluationParams,
     GloVeParams,
@@ -35,11 +36,15 @@ class TrainingParams(Params):
                                        description="The FLOW/DEPLOYMENT that trains embeddings remotely.")
     lm_deployment: str = Field("train-lm/train-lm", pattern=r"^[^/]+/[^/]+$",
                                description="The FLOW/DEPLOYMENT that trains language models remotely.")
+    tagger_deployment: str = Field("train-tagger/train-tagger", pattern=r"^[^/]+/[^/]+$",
+                                   description="The FLOW/DEPLOYMENT that trains neural taggers and the ELMo biLM "
+                                               "remotely.")
     timeout_minutes: float = Field(240, gt=0, le=10_080, description="How long to wait for a remote training run.")
 
     def deployment(self, kind: str) -> str:
-        """The deployment that trains artifacts of `kind` (embeddings or lm) remotely."""
-        return {"embeddings": self.embeddings_deployment, "lm": self.lm_deployment}[kind]
+        """The deployment that trains artifacts of `kind` (embeddings, lm, tagger or elmo) remotely."""
+        return {"embeddings": self.embeddings_deployment, "lm": self.lm_deployment, "tagger": self.tagger_deployment,
+                "elmo": self.tagger_deployment}[kind]
 
 
 class PipelineParams(Params):
@@ -61,6 +66,7 @@ class PipelineParams(Params):
     ngram: NgramParams = NgramParams()
     neural: NeuralLMParams = NeuralLMParams()
     tagger: TaggerParams = TaggerParams()
+    elmo: ElmoParams = ElmoParams()
     training: TrainingParams = TrainingParams()
     parallel: ParallelParams = ParallelParams()
 

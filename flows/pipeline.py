@@ -9,7 +9,7 @@ Every task returns a small `ArtifactRef`; data travels through the artifact stor
 from __future__ import annotations
 
 from lexiflow.flows.params import PipelineParams, TrainingParams, artifact_ref, validate
-from lexiflow.flows.training import EMBEDDING_TRAINERS, LM_TRAINERS, train
+from lexiflow.flows.training import EMBEDDING_TRAINERS, LM_TRAINERS, TAGGER_TRAINERS, train
 from lexiflow.models import ingest
 from lexiflow.storage import ArtifactRef, ArtifactStore
 from lexiflow.tasks.corpus import ingest_corpus, ingest_tagged
@@ -19,6 +19,7 @@ from lexiflow.tasks.matrices import compute_ppmi, count_cooccurrence
 from lexiflow.tasks.params import (
     CooccurrenceParams,
     CorpusParams,
+    ElmoParams,
     EmbeddingMethods,
     EvaluationParams,
     GloVeParams,
@@ -57,11 +58,12 @@ def pipeline(
     ngram: NgramParams = NgramParams(),
     neural: NeuralLMParams = NeuralLMParams(),
     tagger: TaggerParams = TaggerParams(),
+    elmo: ElmoParams = ElmoParams(),
     training: TrainingParams = TrainingParams(),
     parallel: ParallelParams = ParallelParams(),
 ) -> dict[str, ArtifactRef]:
     """Build every artifact from the corpus sources; unchanged stages are reused, not recomputed.
-    CoNLL-U sources also give a tagged corpus and an HMM tagger per tag set. Training stages run
+    CoNLL-U sources also give a tagged corpus and a tagger per kind and tag set. Training stages run
     here, or on the `gpu` work pool when `training.remote` is set.
 
     Args:
@@ -79,7 +81,8 @@ def pipeline(
         lm: Language models to train.
         ngram: n-gram model settings.
         neural: Neural LM architecture and training settings.
-        tagger: HMM part-of-speech taggers (CoNLL-U sources only).
+        tagger: Part-of-speech taggers, HMM and/or neural (CoNLL-U sources only).
+        elmo: The ELMo biLM trained on the corpus for the bilstm+elmo tagger.
         training: Where training stages run (this process, or the gpu work pool).
         parallel: How ingestion, vocabulary, encoding and co-occurrence shards run (threads, processes, a Dask
             cluster); results and versions do not depend on it.
@@ -116,12 +119,20 @@ def pipeline(
                       "embeddings": None if kind == "ngram" else vectors.get(neural.pretrained)}
             lms[kind] = train(LM_TRAINERS[kind], kind, store, inputs, ngram if kind == "ngram" else neural, training)
 
-    taggers = {}
+    taggers, bilm = {}, None
     skipped = {s["source"] for s in published_manifest(docs)["metrics"].get("skipped", [])}
     if any(str(path) not in skipped for path in ingest.tagged_files(ingest.resolve_sources(corpus.sources))):
         tagged = ingest_tagged(store, params=corpus)
-        taggers = {column: train_tagger(store, tagged=tagged, column=column, params=tagger)
-                   for column in tagger.columns}
+        if "bilstm+elmo" in tagger.kinds:
+            bilm = train(TAGGER_TRAINERS["elmo"], "elmo", store, {"corpus": docs}, elmo, training)
+        for kind in tagger.kinds:
+            for column in tagger.columns:
+                if kind == "hmm":  # CPU, seconds: always here
+                    ref = train_tagger(store, tagged=tagged, column=column, params=tagger)
+                else:
+                    ref = train(TAGGER_TRAINERS[f"{kind}:{column}"], f"{kind}:{column}", store,
+                                {"tagged": tagged, "elmo": bilm if kind == "bilstm+elmo" else None}, tagger, training)
+                taggers[column if kind == "hmm" else f"{kind}.{column}"] = ref
 
     report = write_report(store, evaluations=list(evaluations.values()), lms=list(lms.values()) or None,
                           taggers=list(taggers.values()) or None)
@@ -131,6 +142,7 @@ def pipeline(
             **{f"embeddings.{k}": v for k, v in vectors.items()},
             **{f"evaluation.{k}": v for k, v in evaluations.items()},
             **{f"lm.{k}": v for k, v in lms.items()}, **{f"tagger.{k}": v for k, v in taggers.items()},
+            **({"elmo": bilm} if bilm is not None else {}),
             "report": report}
     get_run_logger().info("pipeline: %s", ", ".join(f"{name}={ref.version}" for name, ref in refs.items()))
     return refs

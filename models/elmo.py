@@ -52,6 +52,7 @@ class BiLMConfig:
     dropout: float = 0.1
     max_vocab: int = 10000  # output (and word-input) vocabulary: the most frequent words
     min_count: int = 2
+    lowercase: bool = False  # lowercase every word first (a biLM trained on lowercased text)
     char_dim: int = 16
     char_filters: int = 64
     char_kernels: tuple[int, ...] = (1, 2, 3, 4, 5)
@@ -199,7 +200,8 @@ class BiLM:
     def batch(self, sentences: Sequence[Sequence[str]], device: torch.device | str = "cpu") -> dict:
         """Padded `<s> w1 .. wn </s>` rows: word ids (targets; the input with token_input='word'),
         char ids of the batch's distinct forms and each position's row among them, lengths."""
-        rows = [["<s>", *s, "</s>"] for s in sentences]
+        lower = self.config.lowercase
+        rows = [["<s>", *([w.lower() for w in s] if lower else s), "</s>"] for s in sentences]
         lengths = torch.tensor([len(r) for r in rows])
         ids = torch.full((len(rows), int(lengths.max())), PAD, dtype=torch.long)
         for i, r in enumerate(rows):
@@ -217,6 +219,8 @@ class BiLM:
     # ---- training
     def fit(self, sentences: Sequence[Sequence[str]], dev: Sequence[Sequence[str]] | None = None) -> BiLM:
         sents = _check_sentences(sentences, "sentences")
+        if self.config.lowercase:
+            sents = [[w.lower() for w in s] for s in sents]
         dev_s = _check_sentences(dev, "dev") if dev else None
         cfg = self.config
         self._build_vocab(sents)

@@ -15,6 +15,8 @@ from lexiflow.tasks.stage import stage
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 LM_COLUMNS = ("model", "vocabulary_size", "train_tokens", "parameters", "valid_perplexity", "test_perplexity")
+TAGGER_COLUMNS = ("column", "model", "evaluated_on", "accuracy", "known_accuracy", "unknown_accuracy", "tokens",
+                  "unknown_tokens", "elmo_weights", "elmo_gamma")
 FIGURE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+\.png)\)")
 
 
@@ -65,11 +67,21 @@ def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[
         for ref in lms:
             model = read_manifest(ref)["metrics"]["model"]
             lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, f"lm-{model}")]
+    if taggers:
+        metrics = [read_manifest(ref)["metrics"] for ref in taggers]
+        rows = [{**m, "model": m.get("model", "hmm"),
+                 "elmo_weights": " / ".join(f"{w:.2f}" for w in m["elmo_weights"]) if "elmo_weights" in m else None}
+                for m in metrics]
+        lines += ["", "## Taggers", "", "Accuracy per tag set and kind, side by side (`elmo_weights`: the learned "
+                  "softmax weights of the biLM layers, layer 0 first; `elmo_gamma` their scale).", ""]
+        lines += _table(sorted(rows, key=lambda r: (r["column"], r["model"])), TAGGER_COLUMNS)
     for ref in taggers or []:
         detail = store.read_text(ref.kind, ref.version, "report.md")
         lines += ["", re.sub(r"(?m)^(#+) ", r"#\1 ", detail)]  # its headings, one level down
-        column = read_manifest(ref)["metrics"]["column"]
-        lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, f"tagger-{column}")]
+        m = read_manifest(ref)["metrics"]
+        model = m.get("model", "hmm")  # one heatmap per tagger: the HMM's keep their names of old
+        prefix = f"tagger-{m['column']}" if model == "hmm" else f"tagger-{model.replace('+', '-')}-{m['column']}"
+        lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, prefix)]
     out.write_text("report.md", "\n".join(lines) + "\n")
     out.metrics.update({"embeddings": len(evaluations), "lms": len(lms or []), "taggers": len(taggers or [])})
 
