@@ -7,6 +7,7 @@ benchmarks tagger` evaluates the saved models on test once. Train them one by on
     OMP_NUM_THREADS=1 python -m benchmarks._tagger_models bilstm   # BiLSTM, UPOS + XPOS heads (joint)
     OMP_NUM_THREADS=1 python -m benchmarks._tagger_models bilm     # biLM on EWT train + WikiText-2 valid
     OMP_NUM_THREADS=1 python -m benchmarks._tagger_models elmo     # BiLSTM + ELMo (needs bilm)
+    python -m benchmarks._tagger_models finish bilstm   # out of time: save the best epoch so far (checkpoint)
 
 `tagger` trains what is missing itself (same functions). Train tokens/s are wall-clock tokens per
 second of the training loop, measured under the shared machine's load.
@@ -66,15 +67,29 @@ def bilm_corpus(limit: int | None = None) -> list[list[str]]:
     return sents
 
 
-def train_bilstm(folder: Path, limit: int | None = None, elmo: Path | None = None) -> BiLSTMTagger:
-    cfg = TaggerConfig(elmo=elmo is not None,
+def tagger_config(folder: Path, limit: int | None, elmo: bool) -> TaggerConfig:
+    cfg = TaggerConfig(elmo=elmo,
                        train=TrainConfig(**{**TAGGER_TRAIN.__dict__, "checkpoint_dir": str(folder / "scratch")}))
-    if elmo is not None:
+    if elmo:
         cfg.train.epochs = ELMO_EPOCHS
     if limit:
         cfg.train.epochs = 1
+    return cfg
+
+
+def train_bilstm(folder: Path, limit: int | None = None, elmo: Path | None = None) -> BiLSTMTagger:
     bilm = BiLM.load(elmo) if elmo is not None else None
-    tagger = BiLSTMTagger(cfg).fit(ewt("train", limit), dev=ewt("dev", limit and limit // 4), bilm=bilm)
+    tagger = BiLSTMTagger(tagger_config(folder, limit, elmo is not None))
+    tagger.fit(ewt("train", limit), dev=ewt("dev", limit and limit // 4), bilm=bilm)
+    tagger.save(folder)
+    return tagger
+
+
+def finish(name: str) -> BiLSTMTagger:
+    """Save the best epoch so far of a tagger training still running (`bilstm` or `elmo`): the budget's end."""
+    folder = CACHE / name
+    bilm = BiLM.load(CACHE / "bilm") if name == "elmo" else None
+    tagger = BiLSTMTagger.from_checkpoint(tagger_config(folder, None, name == "elmo"), ewt("train"), bilm=bilm)
     tagger.save(folder)
     return tagger
 
@@ -107,4 +122,7 @@ def cached(name: str, limit: int | None = None):
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(1)
-    cached(sys.argv[1])
+    if sys.argv[1] == "finish":
+        finish(sys.argv[2])
+    else:
+        cached(sys.argv[1])

@@ -42,7 +42,7 @@ from lexiflow.models.char_encoder import CharCNN, CharVocab
 from lexiflow.models.device import resolve_device
 from lexiflow.models.elmo import BiLM, ScalarMix, run_lstm
 from lexiflow.models.errors import InputError, ParameterError
-from lexiflow.models.lm.train import load_module_tensors, module_tensors
+from lexiflow.models.lm.train import _find_checkpoint, load_module_tensors, module_tensors
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -205,30 +205,8 @@ class BiLSTMTagger:
         cfg = self.config
         train = _check_tagged(sentences, "sentences")
         dev_items = _check_tagged(dev, "dev") if dev else None
-        if cfg.elmo and bilm is None:
-            raise ParameterError("TaggerConfig.elmo=True needs a trained biLM: fit(..., bilm=BiLM.load(dir))")
-        if bilm is not None and not cfg.elmo:
-            raise ParameterError("a biLM was given but TaggerConfig.elmo=False: set elmo=True or leave bilm out")
-        n_heads = 2 if cfg.aux_weight > 0 and all(len(t) >= 3 for s in train for t in s) else 1
-        self.tags = [sorted({t[h + 1] for s in train for t in s}) for h in range(n_heads)]
-        counts = Counter(self._form(t[0]) for s in train for t in s)
-        words = SPECIALS + sorted(counts, key=lambda w: (-counts[w], w))
-        if vectors is not None:
-            if cfg.word_dim != vectors.vector_size:
-                cfg.word_dim = vectors.vector_size  # the vectors decide the width
-            have = set(words)
-            top = vectors.index_to_key[: cfg.pretrained_max_words]
-            words += [w for w in top if self._form(w) == w and w not in have]  # as looked up, new
-        self._set_words(words)
-        self.word_counts = np.array([counts.get(w, 0) for w in words], dtype=np.float32)
-        self.known = {t[0] for s in train for t in s}
-        self.chars = CharVocab.build(t[0] for s in train for t in s)
-        self.bilm = bilm
-        torch.manual_seed(cfg.train.seed)
-        self.module_ = TaggerModule(cfg, len(words), len(self.chars), [len(t) for t in self.tags],
-                                    bilm.module_ if bilm is not None else None)
-        if vectors is not None:
-            self._init_vectors(vectors)
+        self._prepare(train, vectors, bilm)
+        n_heads = len(self.tags)
         module = self.module_
         words_of = [[t[0] for t in s] for s in train]
         tag_index = [{t: i for i, t in enumerate(tags)} for tags in self.tags]
@@ -261,6 +239,53 @@ class BiLSTMTagger:
         scores = [r["dev_score"] for r in self.history_ if r["dev_score"] is not None]
         self.dev_accuracy_ = max(scores) if scores else None
         return self
+
+    def _prepare(self, train: list[list[tuple[str, ...]]], vectors, bilm: BiLM | None) -> None:
+        """Vocabularies, tag sets and the untrained module (deterministic in the training sentences)."""
+        cfg = self.config
+        if cfg.elmo and bilm is None:
+            raise ParameterError("TaggerConfig.elmo=True needs a trained biLM: fit(..., bilm=BiLM.load(dir))")
+        if bilm is not None and not cfg.elmo:
+            raise ParameterError("a biLM was given but TaggerConfig.elmo=False: set elmo=True or leave bilm out")
+        n_heads = 2 if cfg.aux_weight > 0 and all(len(t) >= 3 for s in train for t in s) else 1
+        self.tags = [sorted({t[h + 1] for s in train for t in s}) for h in range(n_heads)]
+        counts = Counter(self._form(t[0]) for s in train for t in s)
+        words = SPECIALS + sorted(counts, key=lambda w: (-counts[w], w))
+        if vectors is not None:
+            if cfg.word_dim != vectors.vector_size:
+                cfg.word_dim = vectors.vector_size  # the vectors decide the width
+            have = set(words)
+            top = vectors.index_to_key[: cfg.pretrained_max_words]
+            words += [w for w in top if self._form(w) == w and w not in have]  # as looked up, new
+        self._set_words(words)
+        self.word_counts = np.array([counts.get(w, 0) for w in words], dtype=np.float32)
+        self.known = {t[0] for s in train for t in s}
+        self.chars = CharVocab.build(t[0] for s in train for t in s)
+        self.bilm = bilm
+        torch.manual_seed(cfg.train.seed)
+        self.module_ = TaggerModule(cfg, len(words), len(self.chars), [len(t) for t in self.tags],
+                                    bilm.module_ if bilm is not None else None)
+        if vectors is not None:
+            self._init_vectors(vectors)
+
+    @classmethod
+    def from_checkpoint(cls, config: TaggerConfig, sentences: Sequence[Sequence[tuple[str, ...]]],
+                        bilm: BiLM | None = None) -> BiLSTMTagger:
+        """The best epoch so far of a training run still going (or stopped) with `config.train.checkpoint_dir`:
+        the same training sentences rebuild the vocabularies, the checkpoint gives the weights and history."""
+        path = _find_checkpoint(config.train.checkpoint_dir)
+        if path is None:
+            raise InputError(f"{config.train.checkpoint_dir}: no training checkpoint; train with checkpoint_dir set")
+        tagger = cls(config)
+        tagger._prepare(_check_tagged(sentences, "sentences"), None, bilm)
+        best = path / "best.safetensors"
+        weights = best if best.exists() else path / "model.safetensors"
+        load_module_tensors(tagger.module_, load_file(str(weights)), str(weights))
+        tagger.module_.eval()
+        tagger.history_ = json.loads((path / "trainer.json").read_text())["history"]
+        scores = [r["dev_score"] for r in tagger.history_ if r["dev_score"] is not None]
+        tagger.dev_accuracy_ = max(scores) if scores else None
+        return tagger
 
     def _elmo_layers(self, sentences: list[list[str]], batch_size: int = 64) -> list[np.ndarray]:
         """The frozen biLM's layers for every training sentence, once (float16 in memory: (L+1)·2d per token)."""

@@ -167,10 +167,19 @@ def test_resumed_training_ends_where_an_uninterrupted_run_does(tmp_path):
 
     with pytest.raises(StopTraining):
         BiLSTMTagger(cfg(str(tmp_path))).fit(TRAIN, dev=dev, on_step=kill)
+    # The best epoch so far, read from the checkpoint of the stopped run: epoch 1, as its dev score says.
+    early = BiLSTMTagger.from_checkpoint(cfg(str(tmp_path)), TRAIN)
+    def scores_of(history):
+        return [(r["epoch"], r["train_loss"], r["dev_score"]) for r in history]  # not the timings
+
+    assert scores_of(early.history_) == scores_of(whole.history_[:1])
+    gold = [t for s in dev for _, t, _ in s]
+    pred = [t for s in early.tag_many([[w for w, _, _ in s] for s in dev]) for t in s]
+    assert np.mean(np.array(pred) == np.array(gold)) == pytest.approx(early.dev_accuracy_)
     resumed = BiLSTMTagger(cfg(str(tmp_path))).fit(TRAIN, dev=dev)
     for k, v in module_tensors(whole.module_).items():
         torch.testing.assert_close(module_tensors(resumed.module_)[k], v, rtol=0, atol=0)
-    assert [r["dev_score"] for r in resumed.history_] == [r["dev_score"] for r in whole.history_]
+    assert scores_of(resumed.history_) == scores_of(whole.history_)
 
 
 def test_epoch_batches_visit_every_sentence_once_in_a_seeded_order():
