@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import re
 import sys
+import time
 from pathlib import Path
 
 import torch
@@ -105,11 +106,20 @@ def train_bilm(folder: Path, limit: int | None = None) -> BiLM:
     return bilm
 
 
+def _training(folder: Path) -> bool:
+    """Whether a training of this model checkpointed in the last 20 minutes (one is running in the background)."""
+    stamp = folder / "scratch" / "checkpoint" / "trainer.json"
+    return stamp.exists() and time.time() - stamp.stat().st_mtime < 1200
+
+
 def cached(name: str, limit: int | None = None):
     """The saved model `name` (bilstm, bilm, elmo), trained first when missing; quick runs use a scratch cache."""
     folder = CACHE / (f"quick-{name}" if limit else name)
     if name == "bilm":
         return BiLM.load(folder) if (folder / "bilm.json").exists() else train_bilm(folder, limit)
+    while not limit and not (folder / "config.json").exists() and _training(folder):
+        logging.getLogger("benchmarks.tagger").info("waiting for %s, training in the background", folder)
+        time.sleep(20)
     if (folder / "config.json").exists():
         return BiLSTMTagger.load(folder)
     elmo = None
