@@ -5,13 +5,8 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STORE ?= artifacts
 
-export PREFECT_HOME ?= $(CURDIR)/.prefect
-export PREFECT_SERVER_ANALYTICS_ENABLED := false
-export DO_NOT_TRACK := 1
-export PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS := 120
-export PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT := false
-export PREFECT_LOGGING_EXTRA_LOGGERS := lexiflow
-export PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW := ignore
+# Prefect's settings (private PREFECT_HOME, quiet, offline) are set by lexiflow itself, in one place:
+# flows/prefect_env.py, applied by the CLI and by tests/conftest.py.
 
 .PHONY: install chromium run test lint bench clean
 

@@ -1,5 +1,6 @@
 """n-gram LM benchmark: Kneser–Ney perplexity and fit + scoring speed against NLTK's
-`KneserNeyInterpolated` on the same data, in the same run.
+`KneserNeyInterpolated` on the same data, in the same run; the model exported as ARPA and read by KenLM
+(`kenlm`, a dev extra): the same perplexity, and scoring speed against KenLM's queries.
 
 Data: WikiText-2 `wiki.valid.tokens`, the first 90% of its lines to train, the last 10% held out;
 each non-empty line is one sentence (whitespace tokens, the literal `<unk>` is id 0). The vocabulary
@@ -14,6 +15,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from lexiflow.models.lm.decoding import generate
 from lexiflow.models.lm.ngram import NgramLM
 
 from benchmarks.harness import SHARED_DATA, Row
@@ -75,7 +77,7 @@ def run(quick: bool) -> list[Row]:
         fit_times, score_times = [], []
         for _ in range(3):
             t0 = time.perf_counter()
-            kn = NgramLM(order=order, discount=DISCOUNT).fit(train)
+            kn = NgramLM(order=order, discount=DISCOUNT, min_count=1).fit(train)  # NLTK sees every train word
             t1 = time.perf_counter()
             ppl = kn.perplexity(test)
             fit_times.append(t1 - t0)
@@ -103,4 +105,79 @@ def run(quick: bool) -> list[Row]:
                 target="ratio <= 0.01", met=(fit_s + score_s) <= 0.01 * (nltk_fit_s + n_test / nltk_tps),
                 notes="NLTK scoring time extrapolated from its measured tokens/s"),
         ]
+        rows.append(beam_row(kn, test, order))
+        rows += kenlm_rows(order, kn, test, test_words, n_test, score_s, case_data)
     return rows
+
+
+def beam_row(lm: NgramLM, test: list[np.ndarray], order: int, width: int = 5, new_tokens: int = 30) -> Row:
+    """Beam search as `lexiflow generate` runs it (one `log_probs_batch` call a step for every live
+    hypothesis) against scoring each hypothesis in its own call (the CLI before), same prompts."""
+    prompts = [[1, *s[:3].tolist()] for s in test[:20]]
+
+    def one_at_a_time(contexts):
+        return np.stack([lm.log_probs(c) for c in contexts])
+
+    times = {}
+    for name, scorer in (("batched", lm.log_probs_batch), ("single", one_at_a_time)):
+        start = time.perf_counter()
+        outputs = [generate(scorer, p, "beam", width=width, max_new_tokens=new_tokens) for p in prompts]
+        times[name] = time.perf_counter() - start
+        times[name + "_out"] = outputs
+    assert times["batched_out"] == times["single_out"]  # the same hypotheses win
+    return Row("lm_ngram", f"KN{order} beam search width {width}, {new_tokens} new tokens, {len(prompts)} prompts",
+               "seconds", times["batched"], times["single"], "the same beam scoring one hypothesis a call",
+               higher_is_better=False, notes="same outputs; V = " + str(lm.vocab_size_))
+
+
+def kenlm_rows(order: int, lm: NgramLM, test: list[np.ndarray], test_words: list[list[str]], n_test: int,
+               score_s: float, case_data: str) -> list[Row]:
+    """Our model exported as ARPA and queried by KenLM (the `kenlm` module, a dev extra): the same
+    perplexity through KenLM's state API (its context started as order-1 `<s>`, as ours is padded), and
+    scoring speed: ours (vectorised over all positions) against KenLM's `score` per sentence (its fast
+    path; it starts from one `<s>`, so its first words' probabilities differ from ours) and its state API."""
+    import tempfile
+
+    import kenlm
+
+    tokens = ["<unk>", "<s>", "</s>", "<pad>"] + [""] * (lm.vocab_size_ - 4)
+    for words, ids in zip(test_words, test, strict=True):
+        for w, i in zip(words, ids.tolist(), strict=True):
+            tokens[i] = w
+    for i in range(4, lm.vocab_size_):  # training words absent from the held-out text
+        tokens[i] = tokens[i] or f"<id{i}>"
+    with tempfile.TemporaryDirectory() as tmp:
+        arpa = f"{tmp}/lm.arpa"
+        start = time.perf_counter()
+        lm.to_arpa(arpa, tokens)
+        export_s = time.perf_counter() - start
+        model = kenlm.Model(arpa)
+    start = time.perf_counter()
+    total = 0.0
+    state, out = kenlm.State(), kenlm.State()
+    for words in test_words:
+        model.NullContextWrite(state)
+        for _ in range(order - 1):
+            model.BaseScore(state, "<s>", out)
+            state, out = out, state
+        for w in [*words, "</s>"]:
+            total += model.BaseScore(state, w, out)
+            state, out = out, state
+    state_s = time.perf_counter() - start
+    kenlm_ppl = float(10 ** (-total / n_test))
+    ours_ppl = lm.perplexity(test)
+    sentences = [" ".join(words) for words in test_words]
+    start = time.perf_counter()
+    for sentence in sentences:
+        model.score(sentence, bos=True, eos=True)
+    fast_s = time.perf_counter() - start
+    rel = abs(ours_ppl - kenlm_ppl) / kenlm_ppl
+    return [
+        Row("lm_ngram", f"KN{order} d={DISCOUNT} as ARPA, {case_data}", "perplexity", ours_ppl, kenlm_ppl,
+            "kenlm (state API, order-1 <s>)", higher_is_better=False, target="|ratio - 1| <= 1e-6",
+            met=rel <= 1e-6, notes=f"relative difference {rel:.1e}; ARPA export {export_s:.1f}s"),
+        Row("lm_ngram", f"KN{order} scoring, {n_test} held-out tokens", "tokens/s", n_test / score_s,
+            n_test / fast_s, "kenlm Model.score per sentence",
+            notes=f"ours vectorised over all positions (best of 3); kenlm's state API (same probabilities): "
+                  f"{n_test / state_s:.0f} tokens/s"),
+    ]

@@ -1,13 +1,15 @@
 """Reliability figures: kill -9 crashes, concurrent runs, flaky storage, hostile inputs, fuzzing.
 
 Each row is `ours` = survived (or passed), `peer` = tried, so the target is ratio 1. The same
-machinery as tests/test_reliability.py (tests/chaos.py), with bigger counts; the 200 MB single
+machinery as tests/test_reliability.py (benchmarks/chaos.py), with bigger counts; the 200 MB single
 line is measured here only (too slow for CI on two shared cores; CI runs 20 MB).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -23,8 +25,13 @@ def _row(case: str, metric: str, ours: float, tried: float, notes: str = "") -> 
     return Row(NAME, case, metric, float(ours), float(tried), "tried", True, "ratio == 1", ours == tried, notes)
 
 
+def _cost_row(case: str, metric: str, percent: float, at_most: float, notes: str) -> Row:
+    """A cost in percent of the work it protects (no peer: the same work without the check is the baseline)."""
+    return Row(NAME, case, metric, round(percent, 3), None, "", False, f"<= {at_most} %", percent <= at_most, notes)
+
+
 def _crash_and_concurrency(quick: bool, work: Path) -> list[Row]:
-    from tests.chaos import Zygote, concurrent_runs, crash_loop, neural_crash_loop, prefect_server
+    from benchmarks.chaos import Zygote, concurrent_runs, crash_loop, neural_crash_loop, prefect_server
 
     kills = 3 if quick else 30
     rows = []
@@ -64,7 +71,7 @@ def _flaky(env: dict[str, str], work: Path) -> list[Row]:
     from lexiflow.storage.faults import FlakyFileSystem, flaky_url
     from prefect.settings import PREFECT_API_URL, temporary_settings
 
-    from tests.chaos import audit
+    from benchmarks.chaos import audit
 
     injected = survived = retries = 0
     seeds = (1, 2)
@@ -104,7 +111,7 @@ def _hostile(quick: bool, work: Path) -> list[Row]:
     from lexiflow.models.errors import InputError
     from lexiflow.models.ingest import IngestOptions, build_corpus
 
-    from tests.hostile import BOMB_LIMIT, hostile_directory
+    from benchmarks.hostile import BOMB_LIMIT, hostile_directory
 
     expected = hostile_directory(work / "hostile")
     handled = 0
@@ -129,7 +136,8 @@ def _long_line(work: Path) -> list[Row]:
         for _ in range(200):
             f.write("word Another. " * 74_899)  # ~1 MB of text per write, sentence breaks included
         f.write("\n")
-    code = ("import resource, time; from pathlib import Path; from models.ingest import build_corpus, IngestOptions; "
+    code = ("import resource, time; from pathlib import Path; "
+            "from lexiflow.models.ingest import build_corpus, IngestOptions; "
             f"t = time.perf_counter(); c = build_corpus([Path({str(path)!r})], IngestOptions()); "
             "print(c.stats['documents'], time.perf_counter() - t, "
             "resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
@@ -143,34 +151,260 @@ def _long_line(work: Path) -> list[Row]:
                  f"{float(seconds):.0f} s, peak memory {int(peak) / 1e9:.2f} GB ({int(peak) / size:.1f}× the line)")]
 
 
-def _fuzz(quick: bool) -> list[Row]:
-    os.environ["LEXIFLOW_FUZZ_EXAMPLES"] = "30" if quick else "500"
-    import importlib
-
-    import tests.test_fuzz as fuzz
-
-    fuzz = importlib.reload(fuzz)  # picks up the example count
-    properties = [getattr(fuzz, n) for n in dir(fuzz)
-                  if n.startswith("test_") and hasattr(getattr(fuzz, n), "hypothesis")]
-    passed_examples, failures = 0, []
-    for prop in properties:
-        before = sum(fuzz.EXAMPLES.values())
-        try:
-            prop()
-            passed_examples += sum(fuzz.EXAMPLES.values()) - before
-        except Exception as exc:  # noqa: BLE001 (a failing property is the figure)
-            failures.append(f"{prop.__name__}: {type(exc).__name__}")
-    total = sum(fuzz.EXAMPLES.values())
-    return [_row(f"hypothesis properties ({len(properties)}) on CoNLL-U, MediaWiki, JSONL, any-file ingestion, "
+def _fuzz(quick: bool, work: Path) -> list[Row]:
+    """The hypothesis properties of tests/test_fuzz.py, run by pytest with more examples."""
+    report = work / "fuzz-examples.json"
+    env = {**os.environ, "LEXIFLOW_FUZZ_EXAMPLES": "30" if quick else "500", "LEXIFLOW_FUZZ_REPORT": str(report)}
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_fuzz.py"],
+                         cwd=Path(__file__).resolve().parents[1], env=env, capture_output=True, text=True)
+    examples = json.loads(report.read_text()) if report.exists() else {}
+    failures = [line.split("::")[-1].split(" ")[0] for line in out.stdout.splitlines() if line.startswith("FAILED")]
+    properties = len(examples) or 1
+    return [_row(f"hypothesis properties ({len(examples)}) on CoNLL-U, MediaWiki, JSONL, any-file ingestion, "
                  "normalizer/sentences/pre-tokenizer, vocabulary, BPE/WordPiece", "fuzz examples passed",
-                 passed_examples, total,
+                 sum(examples.values()) * (properties - len(failures)) // properties, sum(examples.values()),
                  "; ".join(failures) or "no failing property")]
 
 
+def _damage(work: Path) -> list[Row]:
+    """Damage done by hand to published artifacts (as a disk or a person would): each case must be
+    caught where the data is used: a reuse check that sends the artifact to be rebuilt, or a read
+    refused in one line naming the artifact and the repair command."""
+    import logging
+
+    import polars as pl
+    from lexiflow.storage import ArtifactStore
+    from lexiflow.storage.store import ArtifactDamaged
+    from lexiflow.tasks.stage import reusable
+
+    from benchmarks.hostile import flip_byte, rewrite_manifest
+
+    logger = logging.getLogger("benchmark")
+    logger.setLevel(logging.ERROR)
+    store, version = ArtifactStore(work / "damage"), "0123456789abcdef"
+
+    def publish() -> None:
+        with store.writer("ppmi", version) as out:
+            out.write_parquet("matrix.parquet", pl.DataFrame({"value": [float(i) for i in range(50_000)]}))
+            out.write_json("config.json", {"rows": 50_000})
+
+    def rebuilt() -> bool:  # what a stage's reuse check does: refuse to reuse, remove to rebuild
+        return not reusable(store, "ppmi", version, logger) and not store.exists("ppmi", version)
+
+    def refused(read) -> bool:
+        try:
+            read()
+        except ArtifactDamaged as exc:
+            return f"ppmi:{version}" in str(exc) and "lexiflow artifacts rm" in str(exc) and "\n" not in str(exc)
+        return False
+
+    path = lambda name: store.path("ppmi", version, name)  # noqa: E731
+    cases = {
+        "deleted data file": (lambda: store.fs.rm(path("matrix.parquet")), rebuilt),
+        "truncated data file": (lambda: store.fs.pipe_file(path("matrix.parquet"), b"PAR1"), rebuilt),
+        "manifest without 'created'": (lambda: rewrite_manifest(store, "ppmi", version, lambda m: m.pop("created")),
+                                       rebuilt),
+        "one bit flipped in a Parquet data page": (lambda: flip_byte(store, "ppmi", version, "matrix.parquet", 0.4),
+                                                   lambda: refused(lambda: store.read_arrow("ppmi", version,
+                                                                                            "matrix.parquet"))),
+        "one bit flipped in a Parquet footer": (lambda: flip_byte(store, "ppmi", version, "matrix.parquet", 0.995),
+                                                lambda: refused(lambda: store.read_arrow("ppmi", version,
+                                                                                         "matrix.parquet"))),
+        "one byte changed in a file read whole": (
+            lambda: store.fs.pipe_file(path("config.json"), store.fs.cat_file(path("config.json")).replace(b"5", b"6")),
+            lambda: refused(lambda: store.local_dir("ppmi", version).__enter__())),
+    }
+    caught = 0
+    for damage, check in cases.values():
+        if store.exists("ppmi", version):
+            store.delete("ppmi", version)
+        publish()
+        damage()
+        caught += bool(check())
+    return [_row(f"damaged artifacts ({len(cases)} kinds: {', '.join(cases)}), caught where used", "damage caught",
+                 caught, len(cases), "rebuilt on reuse (sizes, schema) or refused on read (page CRCs, SHA-256) "
+                 "with the artifact and `lexiflow artifacts rm` named")]
+
+
+def _store_repair(work: Path) -> list[Row]:
+    """Manifest schema, symbolic links, `rm` and `gc`: the store's own tests (both backends), counted."""
+    passed, tried, failures = _pytest(["tests/test_store_integrity.py", "-k", "schema or symlink or rm_refuses or gc_"])
+    return [_row("store repair and validation (both backends): manifests against the schema on read, symlinks "
+                 "reported/not exported, rm refused/forced, gc of killed writers' leftovers and keep-N retention",
+                 "tests passed", passed, tried, failures)]
+
+
+def _pytest(args: list[str]) -> tuple[int, int, str]:
+    """(passed, run, failures) of a pytest run in a child process."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *args],
+                         cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True)
+    summary = out.stdout.strip().splitlines()[-1] if out.stdout.strip() else out.stderr[-200:]
+    counts = {word: int(n) for n, word in re.findall(r"(\d+) (passed|failed|error)", summary)}
+    failures = "; ".join(line.split("::")[-1] for line in out.stdout.splitlines() if line.startswith("FAILED"))
+    return counts.get("passed", 0), sum(counts.values()), failures or summary
+
+
+BOUNDED_CHILD = """
+import sys, time
+from pathlib import Path
+from lexiflow.models.errors import InputError
+from lexiflow.models.ingest import IngestOptions, build_corpus, resolve_sources
+start = time.perf_counter()
+try:
+    build_corpus(resolve_sources(sys.argv[1:]), IngestOptions())
+    outcome = "read"
+except InputError as exc:
+    outcome = "refused: " + str(exc).split(": ", 1)[1][:50]
+peak = next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM"))
+print(f"{time.perf_counter() - start:.2f}\t{int(peak) << 10}\t{outcome}")
+"""
+
+
+def _bounded_inputs(work: Path) -> list[Row]:
+    """The issue's hostile inputs at full size, under the default limits (4 GiB), each in a fresh
+    process: refused, how fast, at what peak memory (VmHWM, interpreter and libraries included)."""
+    import gzip
+
+    from benchmarks.hostile import dictionary_bomb
+
+    folder = work / "bounded"
+    (folder / "loop" / "sub").mkdir(parents=True)
+    cases = {}
+    size = dictionary_bomb(folder / "dictionary.parquet", value_bytes=1 << 20, rows=100_000)
+    cases[f"Parquet, {size} bytes, dictionary text expanding to 105 GB"] = [str(folder / "dictionary.parquet")]
+    with (folder / "bomb.txt.gz").open("wb") as f, gzip.GzipFile(fileobj=f, mode="wb", compresslevel=9) as z:
+        for _ in range(5 << 4):
+            z.write(b"\0" * (64 << 20))  # 5 GiB of zeros
+    cases[f"gzip bomb, {(folder / 'bomb.txt.gz').stat().st_size >> 20} MiB expanding to 5 GiB"] = [
+        str(folder / "bomb.txt.gz")]
+    with (folder / "huge.txt").open("wb") as f:
+        f.truncate(5 << 30)  # sparse
+    cases["plain file of 5 GiB (sparse)"] = [str(folder / "huge.txt")]
+    (folder / "loop" / "a.txt").write_text("Some text.\n")
+    (folder / "loop" / "self").symlink_to(folder / "loop")
+    (folder / "loop" / "sub" / "up").symlink_to(folder / "loop")
+    cases["glob 'loop/**/*.txt' over two links to the folder itself"] = [str(folder / "loop" / "**" / "*.txt")]
+    rows, bounded, notes = [], 0, []
+    for case, sources in cases.items():
+        out = subprocess.run([sys.executable, "-c", BOUNDED_CHILD, *sources], capture_output=True, text=True,
+                             timeout=300, cwd=Path(__file__).resolve().parents[1])
+        try:
+            seconds, peak, outcome = out.stdout.strip().split("\t")
+        except ValueError:
+            notes.append(f"{case}: failed ({out.stderr.strip()[-120:]})")
+            continue
+        expected = "read" if case.startswith("glob") else "refused"
+        ok = outcome.startswith(expected) and int(peak) < 1 << 30 and float(seconds) < 60
+        bounded += ok
+        notes.append(f"{case}: {outcome} in {float(seconds):.2f} s, peak {int(peak) / 2**20:.0f} MiB")
+    rows.append(_row(f"inputs that cost memory before ({len(cases)} cases, full size, default limits)",
+                     "refused (or read) in < 60 s under 1 GiB", bounded, len(cases), "; ".join(notes)))
+    return rows
+
+
+def _empty_result() -> list[Row]:
+    passed, tried, failures = _pytest(["tests/test_empty_result.py"])
+    return [_row("corpus of only punctuation (or no word over min_count): one line naming the source, no artifact "
+                 "from the failing stage, what was published before verifies", "tests passed", passed, tried,
+                 failures)]
+
+
+def _reuse_cost(zygote, work: Path) -> list[Row]:
+    """`lexiflow run` twice (SMALL_RUN); on the cached run every stage checks what it reuses: the
+    manifest against the schema and the files' sizes (one listing). Its cost is timed here per artifact
+    against the check it replaced (`exists`), twice per stage (Prefect's cache key, then the task)."""
+    from lexiflow.storage import ArtifactStore, Catalog
+    from lexiflow.tasks.stage import reusable
+
+    from benchmarks.chaos import SMALL_RUN
+
+    store_dir = work / "reuse"
+    times = []
+    for _ in range(3):
+        start = time.perf_counter()
+        run = zygote.start(["run", "--store", str(store_dir), *SMALL_RUN])
+        if run.wait() != 0:
+            return [_row("cached rerun", "runs completed", 0, 1, run.output()[-300:])]
+        times.append(time.perf_counter() - start)
+    store = ArtifactStore(str(store_dir))
+    entries = Catalog(store).entries()
+    repeats = 20
+
+    def timed(check) -> float:
+        start = time.perf_counter()
+        for _ in range(repeats):
+            for kind, version in entries:
+                check(kind, version)
+        return (time.perf_counter() - start) / repeats
+
+    verify, exists = timed(lambda k, v: reusable(store, k, v)), timed(store.exists)
+    added = 2 * (verify - exists)
+    cached = min(times[1:])
+    return [_cost_row(f"cached rerun (`lexiflow run` SMALL_RUN, {len(entries)} artifacts): checks of what it "
+                      "reuses", "cost of the checks, % of the cached run", 100 * added / cached, 1,
+                      f"cold run {times[0]:.1f} s, cached runs {times[1]:.1f} s and {times[2]:.1f} s; reuse checks "
+                 f"{1000 * verify:.2f} ms per pass over the store vs {1000 * exists:.2f} ms for existence alone, "
+                 f"2 passes per run: +{1000 * added:.1f} ms (2 shared cores, other work running)")]
+
+
+def _read_checks(work: Path) -> list[Row]:
+    """The cost of content checks on read: Parquet page CRCs (a 4M-cell matrix) and SHA-256 of files
+    read whole, against the same reads without them."""
+    import hashlib
+
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from lexiflow.storage.store import PARQUET_OPTIONS
+
+    rng = np.random.default_rng(0)
+    path = work / "matrix.parquet"
+    n = 4_000_000
+    pq.write_table(pa.table({"row": rng.integers(0, 50_000, n, dtype=np.uint32),
+                             "col": rng.integers(0, 50_000, n, dtype=np.uint32), "value": rng.random(n)}),
+                   path, **PARQUET_OPTIONS)
+
+    plain, checked = [], []
+    for _ in range(10):  # interleaved: the load of other work falls on both alike
+        plain.append(_timed(lambda: pq.read_table(path)))
+        checked.append(_timed(lambda: pq.read_table(path, page_checksum_verification=True)))
+    plain, checked = min(plain), min(checked)
+    data = path.read_bytes()
+    sha = min(_timed(lambda: hashlib.sha256(data).digest()) for _ in range(5))
+    return [Row(NAME, f"Parquet read with page checksums verified ({n:,} cells, {len(data) >> 20} MiB)",
+                "read time, % over unchecked", round(100 * (checked - plain) / plain, 1), None, "", False, "", None,
+                f"best of 10: {plain * 1000:.0f} ms unchecked, {checked * 1000:.0f} ms checked; SHA-256 of files read "
+                f"whole: {len(data) / sha / 1e6:.0f} MB/s (2 shared cores, other work running)")]
+
+
+def _timed(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
+# Sections by name: LEXIFLOW_RELIABILITY_SECTIONS=store,inputs runs those only (the crash loops take an hour).
+SECTIONS = ("inputs", "fuzz", "store", "crash")
+
+
 def run(quick: bool = False) -> list[Row]:
+    chosen = os.environ.get("LEXIFLOW_RELIABILITY_SECTIONS", ",".join(SECTIONS)).split(",")
+    rows = []
     with tempfile.TemporaryDirectory(prefix="lexiflow-reliability-") as tmp:
         work = Path(tmp)
-        rows = _hostile(quick, work)
-        rows += _fuzz(quick)
-        rows += _crash_and_concurrency(quick, work)
+        if "inputs" in chosen:
+            rows += _hostile(quick, work) + _bounded_inputs(work) + _empty_result()
+        if "fuzz" in chosen:
+            rows += _fuzz(quick, work)
+        if "store" in chosen:
+            rows += _damage(work) + _store_repair(work) + _read_checks(work) + _cached_rerun(work)
+        if "crash" in chosen:
+            rows += _crash_and_concurrency(quick, work)
     return rows
+
+
+def _cached_rerun(work: Path) -> list[Row]:
+    from benchmarks.chaos import Zygote, prefect_server
+
+    with prefect_server(work / "prefect-home-reuse") as env, Zygote(env, work / "reuse-runs") as zygote:
+        return _reuse_cost(zygote, work)

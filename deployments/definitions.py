@@ -22,6 +22,7 @@ Add a deployment: one `DeploymentSpec(...)` line in `DEPLOYMENTS`.
 from __future__ import annotations
 
 import argparse
+import html
 import os
 import sys
 from collections.abc import Callable
@@ -110,13 +111,23 @@ def ensure_pools(config: DeployConfig) -> None:
 
 def _strict(schema: Any) -> Any:
     """The flow's parameter schema with unknown top-level names refused (nested sections already
-    refuse theirs: pydantic writes `additionalProperties: false` for `extra="forbid"`)."""
+    refuse theirs: pydantic writes `additionalProperties: false` for `extra="forbid"`), and descriptions
+    escaped for the UI, which renders them as HTML (`<unk>`, `</w>` vanished as tags)."""
     from prefect.utilities.callables import ParameterSchema
 
     class StrictParameterSchema(ParameterSchema):
         additionalProperties: bool = False
 
-    return StrictParameterSchema(**schema.model_dump(), additionalProperties=False)
+    return StrictParameterSchema(**_escape_descriptions(schema.model_dump()), additionalProperties=False)
+
+
+def _escape_descriptions(node: Any) -> Any:
+    if isinstance(node, dict):
+        return {key: html.escape(value, quote=False) if key == "description" and isinstance(value, str)
+                else _escape_descriptions(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_escape_descriptions(value) for value in node]
+    return node
 
 
 def deploy(config: DeployConfig, only: list[str] | None = None) -> dict[str, str]:
@@ -140,8 +151,9 @@ def deploy(config: DeployConfig, only: list[str] | None = None) -> dict[str, str
             except ObjectNotFound:
                 existing = None
         active = existing is None or all(s.active for s in existing.schedules)
+        when = "" if cron is None else f" Runs at cron '{cron}', time zone {config.timezone}."  # the UI shows no zone
         deployment = flow.to_deployment(
-            name=spec.name, work_pool_name=pool_name(spec, config), description=spec.description,
+            name=spec.name, work_pool_name=pool_name(spec, config), description=spec.description + when,
             parameters=spec.parameters(config), tags=["lexiflow", *spec.tags], enforce_parameter_schema=True,
             paused=existing.paused if existing else None,
             schedules=None if cron is None else [_cron_schedule(cron, config.timezone, active)])

@@ -25,15 +25,11 @@ from pathlib import Path
 from typing import Any
 
 from lexiflow.deployments.definitions import DeployConfig, check_schedules, deploy
+from lexiflow.flows.prefect_env import environment
+from lexiflow.models.device import gpu_warning
 from lexiflow.models.errors import InputError
 
 STATE_FILE = "lexiflow-serve.json"
-QUIET = {  # quiet, offline Prefect (see docs/operations.md)
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "DO_NOT_TRACK": "1",
-    "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
-    "PREFECT_LOGGING_EXTRA_LOGGERS": "lexiflow",
-}
 
 
 class ServeError(Exception):
@@ -86,11 +82,6 @@ def wait_healthy(api_url: str, timeout: float = 120.0, proc: subprocess.Popen | 
     raise ServeError(f"the Prefect server at {api_url} was not healthy after {timeout:.0f} s")
 
 
-def prefect_env(home: Path, api_url: str, extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {**os.environ, **QUIET, "PREFECT_HOME": str(home), "PREFECT_API_URL": api_url, **(extra or {})}
-    return env
-
-
 def _spawn(name: str, argv: list[str], env: dict[str, str], home: Path) -> tuple[Started, subprocess.Popen]:
     log = home / "logs" / f"{name}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -100,6 +91,13 @@ def _spawn(name: str, argv: list[str], env: dict[str, str], home: Path) -> tuple
                                 stdin=subprocess.DEVNULL, start_new_session=True)
     ticks = _start_ticks(proc.pid)
     return Started(name, proc.pid, ticks if ticks is not None else -1, str(log)), proc
+
+
+def _note(home: Path, name: str, line: str) -> None:
+    log = home / "logs" / f"{name}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with log.open("a", encoding="utf-8") as out:
+        out.write(line + "\n")
 
 
 def _prefect() -> list[str]:
@@ -127,11 +125,10 @@ def start(home: str | os.PathLike[str], config: DeployConfig, *, port: int | Non
     """Start server, pools, deployments and workers; returns the recorded state (urls, processes)."""
     check_schedules(config)  # a bad --cron fails now, not after the server has started
     home = Path(home).resolve()
-    home.mkdir(parents=True, exist_ok=True)
     state = read_state(home)
     if state and any(is_running(Started(**p)) for p in state["processes"]):
         raise ServeError(f"lexiflow serve is already running from {home} ({state['ui_url']}); "
-                         f"stop it first with `lexiflow serve --stop`")
+                         f"stop it first with `lexiflow serve --stop --home {home}`")
     if port:  # else the health check below could find another server already on that port, and deploy there
         try:
             with socket.socket() as s:
@@ -139,6 +136,7 @@ def start(home: str | os.PathLike[str], config: DeployConfig, *, port: int | Non
         except OSError as exc:
             raise ServeError(f"port {port} on 127.0.0.1 is in use ({exc.strerror}): pick another --port, or leave "
                              f"it out for a free one") from None
+    home.mkdir(parents=True, exist_ok=True)  # only now: a refused start leaves no folder behind
     port = port or free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     state = {"home": str(home), "api_url": api_url, "ui_url": f"http://127.0.0.1:{port}", "processes": []}
@@ -150,7 +148,7 @@ def start(home: str | os.PathLike[str], config: DeployConfig, *, port: int | Non
         (home / STATE_FILE).write_text(json.dumps(state, indent=2))  # written at once: --stop can always clean up
 
     try:
-        env = prefect_env(home, api_url)
+        env = environment(home, api_url)
         server, popen = _spawn("server", [*_prefect(), "server", "start", "--host", "127.0.0.1", "--port", str(port)],
                                env, home)
         record(server)
@@ -160,12 +158,16 @@ def start(home: str | os.PathLike[str], config: DeployConfig, *, port: int | Non
                       "PREFECT_WORKER_PREFETCH_SECONDS": str(max(worker_poll_seconds, 1.0))}
         record(_spawn("worker-cpu", [*_prefect(), "worker", "start", "--pool", config.cpu_pool, "--type", "process",
                                      "--name", f"cpu-{socket.gethostname()}", "--limit", str(cpu_limit)],
-                      prefect_env(home, api_url, {**worker_env, "CUDA_VISIBLE_DEVICES": ""}), home)[0])
+                      environment(home, api_url, {**worker_env, "CUDA_VISIBLE_DEVICES": ""}), home)[0])
+        state["warnings"] = []
         for gpu in gpus or ["0"]:
+            if warning := gpu_warning({"CUDA_VISIBLE_DEVICES": gpu}):
+                state["warnings"].append(f"worker-gpu{gpu}: {warning}")
+                _note(home, f"worker-gpu{gpu}", f"lexiflow serve: warning: {warning}")  # first line of its log
             record(_spawn(f"worker-gpu{gpu}", [*_prefect(), "worker", "start", "--pool", config.gpu_pool, "--type",
                                                "process", "--name", f"gpu{gpu}-{socket.gethostname()}",
                                                "--limit", "1"],
-                          prefect_env(home, api_url, {**worker_env, "CUDA_VISIBLE_DEVICES": gpu}), home)[0])
+                          environment(home, api_url, {**worker_env, "CUDA_VISIBLE_DEVICES": gpu}), home)[0])
         (home / STATE_FILE).write_text(json.dumps(state, indent=2))
     except BaseException:
         stop(home)

@@ -2,12 +2,15 @@
 
     lexiflow run [--store DIR] [--corpus SOURCE ...] [--config FILE] [--set key=value ...]
     lexiflow artifacts list [--store DIR] [--kind KIND] [--json]
-    lexiflow artifacts show KIND[:VERSION] [--store DIR]
+    lexiflow artifacts show KIND[:VERSION|:TAG] [--store DIR]       (TAG: method, tokenizer kind, model, column)
     lexiflow artifacts verify [--store DIR] [--full]
     lexiflow generate --prompt TEXT [--lm VERSION] [--strategy greedy|beam|sample] [--top-k K] [--top-p P]
     lexiflow tag INPUT [-o OUTPUT] [--tagger VERSION ...] [--method viterbi|greedy|beam]
-    lexiflow artifacts export KIND[:VERSION] DIR [--store DIR]
-    lexiflow serve [--home DIR] [--port N] [--store DIR] [--corpus SOURCE ...] [--cron CRON] [--gpus 0,1] | --stop
+    lexiflow artifacts export KIND[:VERSION|:TAG] DIR [--store DIR]
+    lexiflow artifacts rm KIND:VERSION [--force] [--store DIR]
+    lexiflow artifacts gc [--keep N] [--older-than SECONDS] [--dry-run] [--store DIR]
+    lexiflow serve [--home DIR] [--port N] [--store DIR] [--corpus SOURCE ...] [--cron CRON] [--timezone TZ]
+                   [--gpus 0,1] | --stop
 
 Errors a user can fix print one line (`error: ...`) and exit with status 2.
 """
@@ -15,23 +18,17 @@ Errors a user can fix print one line (`error: ...`) and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
 import tomllib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-# Quiet, offline Prefect unless the user configured otherwise; set before Prefect is imported.
-PREFECT_DEFAULTS = {
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "DO_NOT_TRACK": "1",
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-    "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
-    "PREFECT_LOGGING_EXTRA_LOGGERS": "lexiflow",
-    "PREFECT_LOGGING_TO_API_WHEN_MISSING_FLOW": "ignore",  # progress logged outside flows (lexiflow tag)
-}
+from lexiflow.flows import prefect_env
+
 DEFAULT_STORE = os.environ.get("LEXIFLOW_STORE", "artifacts")
 
 
@@ -85,11 +82,13 @@ def pipeline_params(args: argparse.Namespace):
 
 def cmd_run(args: argparse.Namespace) -> int:
     params = pipeline_params(args)
-    from lexiflow.flows.pipeline import run_pipeline
     from lexiflow.storage import ArtifactStore
 
     ArtifactStore(params.store).check_root()  # before Prefect starts: one line, not a failed run
-    refs = run_pipeline(params)
+    with prefect_api(prefect_env.default_home()):
+        from lexiflow.flows.pipeline import run_pipeline
+
+        refs = run_pipeline(params)
     store = ArtifactStore(params.store)
     print(f"\nArtifacts in {store.root}:")
     for name, ref in refs.items():
@@ -101,6 +100,26 @@ def cmd_run(args: argparse.Namespace) -> int:
         if (figures := headline(ref.kind, store.manifest(ref.kind, ref.version)["metrics"])) is not None:
             print(f"  {name:<17} {figures}")
     return 0
+
+
+@contextlib.contextmanager
+def prefect_api(home: Path) -> Iterator[str]:
+    """Run against the server `flows/server.py` chooses (the user's, `lexiflow serve`'s, or a temporary
+    one tied to this process), in this process and in the processes it starts."""
+    from lexiflow.flows import server
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    api_url = server.choose(home, say=lambda line: print(line, file=sys.stderr, flush=True))
+    before = os.environ.get("PREFECT_API_URL")
+    os.environ["PREFECT_API_URL"] = api_url  # process-pool shards inherit it
+    try:
+        with temporary_settings(updates={PREFECT_API_URL: api_url}):
+            yield api_url
+    finally:
+        if before is None:
+            os.environ.pop("PREFECT_API_URL", None)
+        else:
+            os.environ["PREFECT_API_URL"] = before
 
 
 def headline(kind: str, metrics: dict[str, Any]) -> str | None:
@@ -119,7 +138,8 @@ def headline(kind: str, metrics: dict[str, Any]) -> str | None:
         return ", ".join(f"{k} {figure(k, 4)}" for k in ("accuracy", "known_accuracy", "unknown_accuracy")
                          if metrics.get(k) is not None) or "not evaluated (no valid or test sentences)"
     if kind == "lm":
-        return ", ".join(f"{k} {figure(k, 1)}" for k in ("valid_perplexity", "test_perplexity")
+        return ", ".join(f"{k} {figure(k, 1)}" for k in ("valid_perplexity", "valid_word_perplexity",
+                                                         "test_perplexity", "test_word_perplexity")
                          if metrics.get(k) is not None)
     return None
 
@@ -148,7 +168,12 @@ def strict_json(obj: Any) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    manifests = [_listing(m) for m in read_catalog(args.store).list(args.kind)]
+    from lexiflow.storage.formats import DISTINGUISHED_BY
+
+    catalog = read_catalog(args.store)
+    manifests = [_listing(m) for m in catalog.list(args.kind)]
+    for reason in catalog.left_out:
+        print(f"warning: left out: {reason}", file=sys.stderr)
     if args.json:
         print(strict_json(manifests))
         return 0
@@ -156,14 +181,32 @@ def cmd_list(args: argparse.Namespace) -> int:
         print(f"no artifacts in {args.store}")
     for m in manifests:
         inputs = ", ".join(f"{k}={v}" for k, v in m["inputs"].items()) or "-"
-        print(f"{m['kind']:<17} {m['version']}  {m['created'][:19]}  inputs: {inputs}")
+        tag = m["metrics"].get(DISTINGUISHED_BY.get(m["kind"], ""), "-")  # what tells it from others of its kind
+        print(f"{m['kind']:<17} {m['version']}  {tag!s:<11} {m['created'][:19]}  inputs: {inputs}")
     return 0
 
 
+def pick(catalog, spec: str) -> dict[str, Any]:
+    """The manifest `KIND`, `KIND:VERSION` or `KIND:TAG` names: the latest of the kind, a version (16 hex
+    digits), or the latest with that method / tokenizer kind / model / tag column (`embeddings:glove`,
+    `tokenizer:bpe`, `lm:lstm`, `tagger:upos`)."""
+    import re
+
+    from lexiflow.models.errors import ParameterError
+    from lexiflow.storage.formats import DISTINGUISHED_BY
+
+    kind, _, which = spec.partition(":")
+    if not which or re.fullmatch(r"[0-9a-f]{16}", which):
+        return catalog.get(kind, which or None)
+    if kind not in DISTINGUISHED_BY:
+        raise ParameterError(f"{spec}: {which!r} is not a version (16 hex digits), and {kind} artifacts have no "
+                             f"tag to select by; use KIND or KIND:VERSION")
+    return catalog.get(kind, **{DISTINGUISHED_BY[kind]: which})
+
+
 def cmd_show(args: argparse.Namespace) -> int:
-    kind, _, version = args.artifact.partition(":")
     catalog = read_catalog(args.store)
-    manifest = catalog.get(kind, version or None)
+    manifest = pick(catalog, args.artifact)
     manifest["lineage"] = catalog.lineage(manifest["version"])
     print(strict_json(manifest))
     return 0
@@ -175,6 +218,49 @@ def cmd_verify(args: argparse.Namespace) -> int:
         print(problem)
     print(f"{checked} artifacts checked ({'checksums' if args.full else 'sizes'}), {len(problems)} problems")
     return 1 if problems else 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    from lexiflow.models.errors import ParameterError
+    from lexiflow.storage import StoreError
+
+    kind, _, version = args.artifact.partition(":")
+    if not version:
+        raise ParameterError(f"{args.artifact}: give KIND:VERSION (`lexiflow artifacts list` shows them)")
+    store = read_catalog(args.store).store
+    if not store.exists(kind, version):
+        raise StoreError(f"no artifact {kind}:{version} in {store.url}")
+    built_from_it = store.dependents(kind, version)
+    if built_from_it and not args.force:
+        raise StoreError(f"{kind}:{version}: {len(built_from_it)} artifact(s) were built from it "
+                         f"({', '.join(built_from_it[:5])}{', ...' if len(built_from_it) > 5 else ''}); remove them "
+                         "first, or add --force (they stay usable, their lineage then names a missing input)")
+    store.delete(kind, version)
+    print(f"removed {kind}:{version}")
+    if built_from_it:
+        print(f"{len(built_from_it)} artifact(s) built from it stay usable; their lineage names {kind}:{version} as "
+              "missing, and the next run that needs it rebuilds it (same version): "
+              + ", ".join(built_from_it))
+    return 0
+
+
+def cmd_gc(args: argparse.Namespace) -> int:
+    store = read_catalog(args.store).store
+    leftovers = store.leftovers(older_than=args.older_than)
+    versions = store.unreferenced(args.keep) if args.keep is not None else []
+    verb = "would remove" if args.dry_run else "removed"
+    if not args.dry_run:
+        store.remove_leftovers(leftovers)
+        for kind, version in versions:
+            store.delete(kind, version)
+    for entry in leftovers:
+        print(f"{verb} leftover {entry}")
+    for kind, version in versions:
+        print(f"{verb} {kind}:{version}")
+    policy = (f"keeping the {args.keep} newest of each kind and what they were built from" if args.keep is not None
+              else "no --keep: every artifact kept")
+    print(f"{verb} {len(leftovers)} leftovers of killed writers and {len(versions)} artifacts ({policy})")
+    return 0
 
 
 def tagger_manifests(catalog, versions: list[str]) -> dict[str, dict[str, Any]]:
@@ -245,9 +331,9 @@ def write_whole(path: Path, chunks: Iterable[str]) -> None:
 def cmd_tag(args: argparse.Namespace) -> int:
     """Tag a CoNLL-U file (predicted tags replace its UPOS/XPOS columns) or plain text (written as CoNLL-U).
     Everything is read and tagged before the output is written; a tag set no tagger predicts is `_`."""
+    from lexiflow.loaders import load_tagger
     from lexiflow.models import conllu
-    from lexiflow.models.errors import InputError
-    from lexiflow.storage.loaders import load_tagger
+    from lexiflow.models.errors import InputError, shown
 
     source, output = Path(args.input), Path(args.output) if args.output else None
     check_tag_paths(source, output)
@@ -260,7 +346,7 @@ def cmd_tag(args: argparse.Namespace) -> int:
         raise InputError(f"{source}: cannot read it ({exc.strerror})") from None
     is_conllu = source.suffix.lower() == ".conllu"  # as ingestion reads names: EN_EWT.CONLLU is CoNLL-U
     if is_conllu:
-        sentences = [s.words for s in conllu.parse_lines(lines, source=str(source))]
+        sentences = [s.words for s in conllu.parse_lines(lines, source=shown(source))]
     else:  # a line is a document, as ingestion reads plain text: sentences never run across lines
         from lexiflow.models.text import sentence_words
 
@@ -285,7 +371,7 @@ STRATEGY_OPTIONS = {"beam": ("width",), "sample": ("temperature", "top_k", "top_
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Continue a prompt with a trained language model and its own tokenizer."""
-    import polars as pl
+    from lexiflow.loaders import load
     from lexiflow.models.errors import ParameterError
     from lexiflow.models.lm.decoding import generate
     from lexiflow.models.text import normalize
@@ -300,24 +386,25 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.max_tokens < 0:
         raise ParameterError(f"--max-tokens={args.max_tokens}: generate 0 tokens or more")
     catalog = read_catalog(args.store)
-    manifest = catalog.get("lm", None if args.lm == "latest" else args.lm)
-    model = catalog.load("lm", manifest["version"])
+    manifest = pick(catalog, "lm" if args.lm == "latest" else f"lm:{args.lm}")
+    model = load(catalog, "lm", manifest["version"])
     tokenizer_manifest = catalog.get("tokenizer", manifest["inputs"]["tokenizer"]["version"])
-    tokenizer = catalog.load("tokenizer", tokenizer_manifest["version"])
+    tokenizer = load(catalog, "tokenizer", tokenizer_manifest["version"])
     text = normalize(args.prompt, lowercase=catalog.lowercased(tokenizer_manifest))  # as the corpus text was
-    prompt = tokenizer.encode_corpus(pl.Series([text]))[0].to_list()
-    bos = getattr(tokenizer, "bos_id", 1)
-    options.update(max_new_tokens=args.max_tokens, eos_id=getattr(tokenizer, "eos_id", 2))
-    new = generate(model.log_probs, [bos, *prompt], strategy=args.strategy, **options)
+    prompt = tokenizer.encode(text)
+    options.update(max_new_tokens=args.max_tokens, eos_id=tokenizer.eos_id)
+    new = generate(model.log_probs_batch, [tokenizer.bos_id, *prompt], strategy=args.strategy, **options)
     print(tokenizer.decode(prompt + new))
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from lexiflow.loaders import EXPORT_EXTRAS
     from lexiflow.storage.export import export
 
-    kind, _, version = args.artifact.partition(":")
-    for path in export(read_catalog(args.store), kind, version or None, args.dest):
+    catalog = read_catalog(args.store)
+    manifest = pick(catalog, args.artifact)
+    for path in export(catalog, manifest["kind"], manifest["version"], args.dest, EXPORT_EXTRAS):
         print(path)
     return 0
 
@@ -335,7 +422,7 @@ def _absolute(location: str) -> str:
 def cmd_serve(args: argparse.Namespace) -> int:
     from lexiflow.deployments import serve
 
-    home = Path(args.home or os.environ.get("PREFECT_HOME") or ".prefect")
+    home = Path(args.home) if args.home else prefect_env.default_home()
     if args.stop:
         lines = serve.stop(home)
         print("\n".join(lines) if lines else f"nothing to stop (no {serve.STATE_FILE} in {home})")
@@ -344,14 +431,18 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     config = DeployConfig(**{k: v for k, v in {"store": args.store and _absolute(args.store),
                                                 "sources": args.corpus and [_absolute(s) for s in args.corpus],
-                                                "rebuild_cron": args.cron}.items() if v})
+                                                "rebuild_cron": args.cron, "timezone": args.timezone}.items() if v})
     try:
         state = serve.start(home, config, port=args.port, gpus=args.gpus.split(",") if args.gpus else None)
     except serve.ServeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    for warning in state.get("warnings", []):
+        print(f"warning: {warning}", file=sys.stderr)
     print(f"Prefect UI: {state['ui_url']}   (PREFECT_API_URL={state['api_url']})")
     print(f"Store: {config.store}\nDeployments: {', '.join(state['deployments'])}")
+    print(f"Schedule: corpus-rebuild at cron '{config.rebuild_cron}' in time zone {config.timezone} "
+          f"(--cron, --timezone)")
     for proc in state["processes"]:
         print(f"  {proc['name']:<12} pid {proc['pid']:<8} log {proc['log']}")
     print("Stop everything with: lexiflow serve --stop" + (f" --home {args.home}" if args.home else ""))
@@ -384,7 +475,9 @@ def build_parser() -> argparse.ArgumentParser:
     tag.set_defaults(func=cmd_tag)
 
     gen = sub.add_parser("generate", help="continue a prompt with a trained language model")
-    gen.add_argument("--lm", default="latest", metavar="VERSION", help="lm artifact version (default: the latest)")
+    gen.add_argument("--lm", default="latest", metavar="VERSION|MODEL",
+                     help="lm artifact version, or a model kind (lstm, ngram, ...) for its latest "
+                          "(default: the latest)")
     gen.add_argument("--prompt", required=True, help="the text to continue")
     gen.add_argument("--strategy", choices=["greedy", "beam", "sample"], default="greedy", help="decoding")
     gen.add_argument("--max-tokens", type=int, default=30, help="tokens to generate at most")
@@ -405,17 +498,35 @@ def build_parser() -> argparse.ArgumentParser:
                     help="JSON: kind, version, created, inputs, parameters, metrics, path per artifact")
     ls.set_defaults(func=cmd_list)
     show = art.add_parser("show", help="one artifact's manifest and lineage")
-    show.add_argument("artifact", metavar="KIND[:VERSION]", help="e.g. embeddings (the latest) or embeddings:3f2a...")
+    show.add_argument("artifact", metavar="KIND[:VERSION|:TAG]",
+                      help="e.g. embeddings (the latest), embeddings:glove (the latest GloVe) or embeddings:3f2a...")
     show.set_defaults(func=cmd_show)
     verify = art.add_parser("verify", help="check every artifact's files against its manifest")
     verify.add_argument("--full", action="store_true", help="also compare SHA-256 checksums")
     verify.set_defaults(func=cmd_verify)
     exp = art.add_parser("export", help="copy an artifact into a folder in open formats (Parquet, word2vec, "
                                         "tokenizer.json, safetensors)")
-    exp.add_argument("artifact", metavar="KIND[:VERSION]", help="e.g. embeddings (the latest) or tokenizer:3f2a...")
+    exp.add_argument("artifact", metavar="KIND[:VERSION|:TAG]",
+                     help="e.g. embeddings (the latest), tokenizer:bpe (the latest BPE) or tokenizer:3f2a...")
     exp.add_argument("dest", metavar="DIR", help="destination folder (created if missing)")
     exp.set_defaults(func=cmd_export)
-    for p in (ls, show, verify, exp):
+    rm = art.add_parser("rm", help="remove one artifact (refused when others were built from it, unless --force)")
+    rm.add_argument("artifact", metavar="KIND:VERSION", help="e.g. corpus:3f2a...")
+    rm.add_argument("--force", action="store_true",
+                    help="remove it although artifacts were built from it (they stay; it is rebuilt when needed)")
+    rm.set_defaults(func=cmd_rm)
+    gc = art.add_parser("gc", help="remove what killed writers left and, with --keep, old unreferenced artifacts",
+                        description="Removes staging folders and temporary copies of killed writers (a live writer "
+                                    "holds a lock and is never touched) and, with --keep N, every artifact that is "
+                                    "neither among the N newest of its kind nor an input (transitively) of one "
+                                    "of those: the latest reports keep their whole lineage.")
+    gc.add_argument("--keep", type=int, metavar="N", help="keep the N newest artifacts of each kind (and their inputs)")
+    gc.add_argument("--older-than", type=float, default=3600, metavar="SECONDS",
+                    help="age after which leftovers no lock protects (object-store uploads, saved scratch state, "
+                         "staging without a lock file) count as abandoned (default 3600)")
+    gc.add_argument("--dry-run", action="store_true", help="only print what would be removed")
+    gc.set_defaults(func=cmd_gc)
+    for p in (ls, show, verify, exp, rm, gc):
         p.add_argument("--store", default=DEFAULT_STORE, help=f"artifact store (default {DEFAULT_STORE})")
 
     srv = sub.add_parser("serve", help="one box: Prefect server, work pools, deployments, CPU and GPU workers",
@@ -427,14 +538,14 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--store", help=f"artifact store the workers share (default {DEFAULT_STORE})")
     srv.add_argument("--corpus", nargs="+", metavar="SOURCE", help="corpus-rebuild sources (default builtin:enwiki)")
     srv.add_argument("--cron", help="corpus-rebuild schedule (default weekly: '0 3 * * 1')")
+    srv.add_argument("--timezone", help="IANA time zone of --cron (default UTC), e.g. Europe/Berlin")
     srv.add_argument("--gpus", help="GPU ids, one GPU worker each with CUDA_VISIBLE_DEVICES set (default 0)")
     srv.set_defaults(func=cmd_serve)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    for key, value in PREFECT_DEFAULTS.items():
-        os.environ.setdefault(key, value)
+    prefect_env.apply()  # quiet, offline Prefect unless the user configured otherwise; before Prefect is imported
     args = build_parser().parse_args(argv)
     from lexiflow.models.errors import LexiflowError
     from lexiflow.storage import StoreError
@@ -444,7 +555,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.stdout.flush()  # a reader that went away shows here, not at exit
         return status
     except (LexiflowError, StoreError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        # One line whatever the message holds (a name with a newline or an escape code, from a source not quoted)
+        print("error: " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(exc)), file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader stopped early (`| head`): stop quietly, as other CLIs do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout again at exit

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from lexiflow.models.errors import ParameterError
@@ -48,27 +49,42 @@ class TrainingParams(Params):
 
 
 class PipelineParams(Params):
-    store: str = Field("artifacts", min_length=1, description="Artifact store: a folder or an fsspec URL.")
-    corpus: CorpusParams = CorpusParams()
-    vocabulary: VocabularyParams = VocabularyParams()
-    cooccurrence: CooccurrenceParams = CooccurrenceParams()
-    ppmi: PPMIParams = PPMIParams()
+    """Every parameter of the `pipeline` flow, one section per stage: the flow's signature, its UI
+    form, `--set` names and config files all derive from this class (`flow_signature`)."""
+
+    store: str = Field("artifacts", min_length=1, description="Artifact store shared by every worker: a folder or "
+                                                              "an fsspec URL (s3://...).")
+    corpus: CorpusParams = Field(CorpusParams(), description="Corpus sources and cleaning.")
+    vocabulary: VocabularyParams = Field(VocabularyParams(), description="Word-level vocabulary (counts, "
+                                                                         "co-occurrence and embeddings use it).")
+    cooccurrence: CooccurrenceParams = Field(CooccurrenceParams(), description="Co-occurrence window, weighting and "
+                                                                               "frequent-word subsampling.")
+    ppmi: PPMIParams = Field(PPMIParams(), description="Positive PMI smoothing and shift.")
     embeddings: EmbeddingMethods = Field(
         default=["svd", "sgns"],
         description="Embedding methods, each its own artifact, evaluated side by side: svd, sgns, cbow, glove.")
-    svd: SVDParams = SVDParams()
-    word2vec: Word2VecParams = Word2VecParams()
-    glove: GloVeParams = GloVeParams()
-    evaluation: EvaluationParams = EvaluationParams()
-    tokenizer: TokenizerParams = TokenizerParams()
+    svd: SVDParams = Field(SVDParams(), description="SVD (LSA) embeddings of the PPMI matrix.")
+    word2vec: Word2VecParams = Field(Word2VecParams(), description="Skip-gram / CBOW with negative sampling "
+                                                                   "(gensim).")
+    glove: GloVeParams = Field(GloVeParams(), description="GloVe on the co-occurrence matrix (torch; CUDA when "
+                                                          "present).")
+    evaluation: EvaluationParams = Field(EvaluationParams(), description="Intrinsic evaluation of the embeddings.")
+    tokenizer: TokenizerParams = Field(TokenizerParams(), description="Tokens for the language models: words, BPE "
+                                                                      "or WordPiece.")
     lm: list[LMKind] = Field(default=["ngram"], description="Language models to train, each its own artifact: "
                                                            "ngram, ffnn, rnn, lstm, gru, transformer.")
-    ngram: NgramParams = NgramParams()
-    neural: NeuralLMParams = NeuralLMParams()
-    tagger: TaggerParams = TaggerParams()
-    elmo: ElmoParams = ElmoParams()
-    training: TrainingParams = TrainingParams()
-    parallel: ParallelParams = ParallelParams()
+    ngram: NgramParams = Field(NgramParams(), description="n-gram model settings.")
+    neural: NeuralLMParams = Field(NeuralLMParams(), description="Neural LM architecture and training settings.")
+    tagger: TaggerParams = Field(TaggerParams(), description="Part-of-speech taggers, HMM and/or neural (CoNLL-U "
+                                                             "sources only).")
+    elmo: ElmoParams = Field(ElmoParams(), description="The ELMo biLM trained on the corpus for the bilstm+elmo "
+                                                       "tagger.")
+    training: TrainingParams = Field(TrainingParams(), description="Where training stages run (this process, or "
+                                                                   "the gpu work pool).")
+    parallel: ParallelParams = Field(ParallelParams(), description="How ingestion, vocabulary, encoding and "
+                                                                   "co-occurrence shards run (threads, processes, a "
+                                                                   "Dask cluster); results and versions do not "
+                                                                   "depend on it.")
 
     @model_validator(mode="after")
     def _combinations_work(self) -> PipelineParams:
@@ -103,6 +119,21 @@ class PipelineParams(Params):
         if problems:
             raise ParameterError("; ".join(problems))
         return self
+
+
+def flow_signature(params: type[Params]) -> inspect.Signature:
+    """A flow's signature from its parameter model: one keyword per field, with the field's type and
+    default (Prefect builds the UI form and validates runs from the signature)."""
+    return inspect.Signature([
+        inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=field.rebuild_annotation(),
+                          default=field.get_default(call_default_factory=True))
+        for name, field in params.model_fields.items()])
+
+
+def args_doc(params: type[Params]) -> str:
+    """The Google-style `Args:` block of a flow's docstring from its parameter model's descriptions
+    (Prefect shows them in the UI form)."""
+    return "Args:\n" + "".join(f"    {name}: {field.description}\n" for name, field in params.model_fields.items())
 
 
 def artifact_ref(store: str, parameter: str, kind: str, version: str | None) -> ArtifactRef:

@@ -16,14 +16,17 @@ parameter section, one parameter of the flow).
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 from dataclasses import dataclass, field
 from typing import Any
 
 from lexiflow.flows.params import TrainingParams, artifact_ref
+from lexiflow.models.device import gpu_warning
 from lexiflow.models.errors import ParameterError
 from lexiflow.storage import ArtifactRef, ArtifactStore, StoreError
+from lexiflow.storage.formats import read_manifest
 from lexiflow.tasks.elmo import train_elmo
 from lexiflow.tasks.embeddings import glove_embeddings, svd_embeddings, word2vec_embeddings
 from lexiflow.tasks.lm import train_lm as lm_stage
@@ -44,6 +47,8 @@ from prefect import flow, get_run_logger
 from prefect.deployments import run_deployment
 from pydantic import BaseModel
 
+log = logging.getLogger("lexiflow.training")
+
 
 @dataclass(frozen=True)
 class Trainer:
@@ -55,23 +60,27 @@ class Trainer:
     section: str
     fixed: dict[str, str] = field(default_factory=dict)
     optional: dict[str, str] = field(default_factory=dict)
+    gpu: bool = True  # benefits from a GPU: `training.remote` hands it to the gpu pool; else it runs here
 
     @property
     def kind(self) -> str:
         return self.stage.name
 
 
+# SVD (scikit-learn), word2vec (gensim) and n-gram counting run on CPUs only: with `training.remote` they
+# stay where the flow runs instead of queueing behind the gpu worker's limit of one run.
 EMBEDDING_TRAINERS: dict[str, Trainer] = {
-    "svd": Trainer(svd_embeddings, {"ppmi": "ppmi"}, "svd"),
+    "svd": Trainer(svd_embeddings, {"ppmi": "ppmi"}, "svd", gpu=False),
     "sgns": Trainer(word2vec_embeddings, {"corpus": "corpus", "tokenizer": "tokenizer"}, "word2vec",
-                    {"method": "sgns"}),
+                    {"method": "sgns"}, gpu=False),
     "cbow": Trainer(word2vec_embeddings, {"corpus": "corpus", "tokenizer": "tokenizer"}, "word2vec",
-                    {"method": "cbow"}),
+                    {"method": "cbow"}, gpu=False),
     "glove": Trainer(glove_embeddings, {"cooccurrence": "cooccurrence"}, "glove"),
 }
 LM_TRAINERS: dict[str, Trainer] = {
     kind: Trainer(lm_stage, {"tokens": "tokenized_corpus", "tokenizer": "tokenizer"},
-                  "ngram" if kind == "ngram" else "neural", {"model": kind}, {"embeddings": "embeddings"})
+                  "ngram" if kind == "ngram" else "neural", {"model": kind}, {"embeddings": "embeddings"},
+                  gpu=kind != "ngram")
     for kind in ("ngram", "ffnn", "rnn", "lstm", "gru", "transformer")
 }
 
@@ -86,19 +95,34 @@ TAGGER_TRAINERS: dict[str, Trainer] = {
 
 
 def _resolve_inputs(trainer: Trainer, store: str, inputs: dict[str, str]) -> dict[str, ArtifactRef]:
-    """{argument: version or "latest"} → ArtifactRefs that exist in the store."""
+    """{argument: version or "latest"} → ArtifactRefs that exist in the store. A required input not given
+    comes from the lineage of those given when one of them was made from it (tokens name the tokenizer
+    that encoded them; a word vocabulary its corpus), else it is the latest of its kind."""
     accepted = {**trainer.inputs, **trainer.optional}
     unknown = set(inputs) - set(accepted)
     if unknown:
         raise ParameterError(f"inputs: unknown name(s) {sorted(unknown)}; this trainer takes {sorted(accepted)}")
-    return {name: artifact_ref(store, f"inputs.{name}", kind, inputs.get(name, "latest"))
-            for name, kind in accepted.items() if name in inputs or name not in trainer.optional}
+    given = {name: artifact_ref(store, f"inputs.{name}", accepted[name], version) for name, version in inputs.items()}
+    resolved = dict(given)
+    for name, kind in trainer.inputs.items():
+        if name in resolved:
+            continue
+        lineage = [entry for ref in given.values() for entry in read_manifest(ref)["inputs"].values()
+                   if entry["kind"] == kind]
+        version = lineage[0]["version"] if lineage else "latest"
+        resolved[name] = artifact_ref(store, f"inputs.{name}", kind, version)
+        if lineage:
+            log.info("inputs.%s: %s, from the lineage of %s", name, resolved[name],
+                     ", ".join(str(ref) for ref in given.values()))
+    return resolved
 
 
 def _run_here(trainer: Trainer, store: str, inputs: dict[str, str], params: BaseModel) -> ArtifactRef:
     logger = get_run_logger()
     logger.info("%s on %s (pid %d), CUDA_VISIBLE_DEVICES=%s", trainer.kind, socket.gethostname(), os.getpid(),
                 os.environ.get("CUDA_VISIBLE_DEVICES", "<unset>"))
+    if warning := gpu_warning():
+        logger.warning("%s: %s", trainer.kind, warning)
     ref = trainer.stage(store, **_resolve_inputs(trainer, store, inputs), **trainer.fixed, params=params)
     logger.info("%s: %s at %s", trainer.kind, ref, ref.path)
     return ref
@@ -185,7 +209,7 @@ def train(trainer: Trainer, method: str, store: str, inputs: dict[str, ArtifactR
     published."""
     inputs = {name: ref for name, ref in inputs.items() if ref is not None}
     arguments = {**inputs, **trainer.fixed, "params": params}
-    if not training.remote:
+    if not training.remote or not trainer.gpu:
         return trainer.stage(store, **arguments)
     # The same arguments the remote run's stage call gets (`_run_here`); version_of fills in the defaults.
     version = trainer.stage.version_of({"store": store, **arguments})

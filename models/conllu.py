@@ -11,7 +11,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from lexiflow.models.errors import InputError
+from lexiflow.models.errors import InputError, shown
 
 TAG_COLUMNS = {"upos": 3, "xpos": 4}  # tag set -> its column index in a CoNLL-U token line
 
@@ -77,7 +77,7 @@ def utf8_lines(path: str | Path) -> Iterator[str]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raise InputError(f"{path}:{line_no}: not UTF-8 text (byte {offset + exc.start}); "
+                raise InputError(f"{shown(path)}:{line_no}: not UTF-8 text (byte {offset + exc.start}); "
                                  "save the file as UTF-8") from None
             offset += len(raw)
             yield line.removeprefix("\ufeff") if line_no == 1 else line
@@ -85,7 +85,7 @@ def utf8_lines(path: str | Path) -> Iterator[str]:
 
 def read_conllu(path: str | Path) -> Iterator[Sentence]:
     """Sentences of a UTF-8 CoNLL-U file."""
-    yield from parse_lines(utf8_lines(path), source=str(path))
+    yield from parse_lines(utf8_lines(path), source=shown(path))
 
 
 def format_sentence(sent: Sentence) -> str:

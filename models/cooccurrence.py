@@ -126,38 +126,42 @@ def weigh(counts: sp.csr_matrix, vocab_size: int, weighting: Weighting = "harmon
 def _forward_chunk(ids, left, n_starts, vocab_size, window) -> sp.csr_matrix:
     """Per-distance counts of the forward pairs whose first token is among the chunk's first
     `n_starts` positions."""
-    # key = (row·V + col)·2^bits + d, assembled from two pre-shifted halves: one gather each.
+    # key = (row·V + col)·2^bits + d, from two pre-shifted halves added as contiguous slices, then the
+    # pairs that stay inside their sentence kept (one compress per distance, into one key array).
     col_part = ids.astype(np.uint64) << np.uint64(_DIST_BITS)
     row_part = col_part * np.uint64(vocab_size)
-    parts = []
-    for d in range(1, window + 1):
-        first = np.flatnonzero(left[: max(0, min(n_starts, len(ids) - d))] >= d)
-        key = row_part[first]
-        key += col_part[first + d]
-        key |= np.uint64(d)
-        parts.append(key)
-    keys = np.concatenate(parts) if parts else np.empty(0, np.uint64)
+    masks = [left[: max(0, min(n_starts, len(ids) - d))] >= d for d in range(1, window + 1)]
+    sizes = [int(m.sum()) for m in masks]
+    keys = np.empty(sum(sizes), dtype=np.uint64)
+    at = 0
+    for d, (mask, size) in enumerate(zip(masks, sizes, strict=True), start=1):
+        pair = row_part[: len(mask)] + col_part[d: d + len(mask)]
+        pair |= np.uint64(d)
+        keys[at: at + size] = pair[mask]
+        at += size
     if len(keys) == 0:
         return empty_distance_counts(vocab_size)
     keys.sort()
     # Runs of equal (pair, d) keys -> count per (pair, d); the sorted keys are already CSR order.
-    starts = np.flatnonzero(np.concatenate(([True], keys[1:] != keys[:-1])))
+    starts = np.concatenate(([0], np.flatnonzero(keys[1:] != keys[:-1]) + 1))
     counts = np.diff(np.append(starts, len(keys)))
     run_keys = keys[starts]
     width = np.uint64(vocab_size << _DIST_BITS)
-    rows = (run_keys // width).astype(np.int64)
-    cols = (run_keys % width).astype(np.int64)
-    indptr = np.searchsorted(rows, np.arange(vocab_size + 1))
+    indptr = np.searchsorted(run_keys, np.arange(vocab_size + 1, dtype=np.uint64) * width)  # row = key // width
+    cols = (run_keys - np.repeat(np.arange(vocab_size, dtype=np.uint64) * width, np.diff(indptr))).astype(np.int64)
     return sp.csr_matrix((counts, cols, indptr), shape=(vocab_size, vocab_size << _DIST_BITS))
 
 
-def term_document_matrix(ids: np.ndarray, doc_offsets: np.ndarray, vocab_size: int) -> sp.csr_matrix:
-    """(vocab_size × documents) raw term counts; document j is ids[doc_offsets[j]:doc_offsets[j+1]]."""
+def term_document_matrix(ids: np.ndarray, doc_offsets: np.ndarray, vocab_size: int, first_doc: int = 0,
+                         n_docs: int | None = None) -> sp.csr_matrix:
+    """(vocab_size × n_docs) raw term counts; document first_doc + j is ids[doc_offsets[j]:doc_offsets[j+1]]
+    (n_docs: first_doc + the documents given, by default)."""
     doc_offsets = np.asarray(doc_offsets, dtype=np.int64)
-    docs = np.repeat(np.arange(len(doc_offsets) - 1), np.diff(doc_offsets))
+    n = len(doc_offsets) - 1
+    docs = np.repeat(np.arange(first_doc, first_doc + n, dtype=np.int32), np.diff(doc_offsets))
     data = np.ones(len(ids), dtype=np.float64)
-    shape = (vocab_size, len(doc_offsets) - 1)
-    return sp.csr_matrix((data, (np.asarray(ids, dtype=np.int64), docs)), shape=shape)
+    shape = (vocab_size, first_doc + n if n_docs is None else n_docs)
+    return sp.csr_matrix((data, (np.asarray(ids, dtype=np.int32), docs)), shape=shape)
 
 
 def id_stream(id_lists: pl.Series, min_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
@@ -165,15 +169,14 @@ def id_stream(id_lists: pl.Series, min_id: int = 0) -> tuple[np.ndarray, np.ndar
     (the special tokens) and closing the gaps they leave, as word2vec and GloVe do."""
     lengths = id_lists.list.len().fill_null(0).to_numpy()
     flat = id_lists.explode().drop_nulls().to_numpy()
-    return _kept_stream(flat, np.repeat(np.arange(len(lengths)), lengths), len(lengths), flat >= min_id)
+    return _kept_stream(flat, np.concatenate(([0], np.cumsum(lengths))), flat >= min_id)
 
 
-def _kept_stream(ids: np.ndarray, sentence: np.ndarray, n_sentences: int,
-                 keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The (ids, offsets) stream of the tokens where `keep` holds; `sentence` is each token's
-    sentence number, so sentences left empty keep their (empty) place."""
-    kept_lengths = np.bincount(sentence[keep], minlength=n_sentences)
-    return ids[keep], np.concatenate(([0], np.cumsum(kept_lengths)))
+def _kept_stream(ids: np.ndarray, offsets: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The (ids, offsets) stream of the tokens where `keep` holds; sentences left empty keep their
+    (empty) place. Kept tokens before a sentence start: its offset less the dropped tokens before it."""
+    offsets = np.asarray(offsets, dtype=np.int64)
+    return ids[keep], offsets - np.searchsorted(np.flatnonzero(~keep), offsets)
 
 
 def keep_probabilities(counts: np.ndarray, threshold: float) -> np.ndarray:
@@ -194,17 +197,23 @@ def subsample(ids: np.ndarray, offsets: np.ndarray, keep_prob: np.ndarray, seed:
     ("dirty" subsampling, Levy et al. 2015). u hashes the sentence's number in the whole corpus
     (`first_sentence` + its index here) and k, so shards drop exactly the tokens the whole would."""
     offsets = np.asarray(offsets, dtype=np.int64)
-    sentence = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
-    position = np.arange(len(ids)) - offsets[sentence]
-    key = ((sentence + first_sentence).astype(np.uint64) << np.uint64(24)) + (position & (2**24 - 1)).astype(np.uint64)
+    p = keep_prob[ids]
+    draw = np.flatnonzero(p < 1.0)  # only words kept with probability < 1 need their draw
+    local = np.repeat(np.arange(len(offsets) - 1, dtype=np.int32), np.diff(offsets))[draw]  # sentence in the shard
+    position = (draw - offsets[local]).astype(np.uint64)
+    key = ((local.astype(np.uint64) + np.uint64(first_sentence)) << np.uint64(24)) + (position & np.uint64(2**24 - 1))
     mixed = _splitmix64(key ^ _splitmix64(np.array([seed], dtype=np.uint64)))
-    keep = (mixed >> np.uint64(11)).astype(np.float64) * 2.0**-53 < keep_prob[ids]  # 53-bit uniforms in [0, 1)
-    return _kept_stream(ids, sentence, len(offsets) - 1, keep)
+    keep = np.ones(len(ids), dtype=bool)
+    keep[draw] = (mixed >> np.uint64(11)).astype(np.float64) * 2.0**-53 < p[draw]  # 53-bit uniforms in [0, 1)
+    return _kept_stream(ids, offsets, keep)
 
 
 def _splitmix64(x: np.ndarray) -> np.ndarray:
-    """Steele et al.'s SplitMix64 finaliser: a counter-based hash, uint64 -> well-mixed uint64."""
+    """Steele et al.'s SplitMix64 finaliser: a counter-based hash, uint64 -> well-mixed uint64
+    (in place on a copy: one buffer, not one per step)."""
     x = x + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    return x ^ (x >> np.uint64(31))
+    for shift, mult in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+        x ^= x >> np.uint64(shift)
+        x *= np.uint64(mult)
+    x ^= x >> np.uint64(31)
+    return x

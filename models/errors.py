@@ -11,3 +11,11 @@ class InputError(LexiflowError):
 
 class ParameterError(LexiflowError, ValueError):
     """A parameter value that cannot work (out of range, inconsistent with the data)."""
+
+
+def shown(name: object) -> str:
+    """A file name (or any user-given text) as it goes into a one-line message: as it is when every
+    character prints, else quoted repr-style, so a newline or a terminal escape code in a name can
+    neither break the line nor recolour the terminal."""
+    text = str(name)
+    return text if text.isprintable() else repr(text)

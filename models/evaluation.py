@@ -13,12 +13,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 import polars as pl
 from gensim.models import KeyedVectors
 from gensim.test.utils import datapath
+from lexiflow.models.progress import Progress
 
 SIMILARITY_SETS = {"ws353": "wordsim353.tsv", "simlex999": "simlex999.txt"}
 ANALOGY_SET = "questions-words.txt"
@@ -57,7 +59,8 @@ def read_analogies(path: str | None = None) -> pl.DataFrame:
 
 
 def analogies(kv: KeyedVectors, restrict_vocab: int = 30_000, questions: pl.DataFrame | None = None,
-              batch: int = 256) -> AnalogyResult:
+              batch: int = 256, progress: Callable[[float | None], None] | None = None) -> AnalogyResult:
+    """3CosAdd and 3CosMul accuracy over the covered questions, in batches (progress: questions/s, ETA)."""
     questions = read_analogies() if questions is None else questions
     words = kv.index_to_key[:restrict_vocab]
     index = {w.lower(): i for i, w in reversed(list(enumerate(words)))}  # first (most frequent) wins
@@ -67,7 +70,9 @@ def analogies(kv: KeyedVectors, restrict_vocab: int = 30_000, questions: pl.Data
     covered = np.flatnonzero((ids >= 0).all(axis=1)) if len(ids) else np.empty(0, np.int64)
     add_ok = np.zeros(len(ids), bool)
     mul_ok = np.zeros(len(ids), bool)
+    bar = Progress("evaluation.analogies", total=len(covered), unit="questions", callback=progress)
     for start in range(0, len(covered), batch):
+        bar.update(min(batch, len(covered) - start))
         q = ids[covered[start:start + batch]]
         cos_a, cos_b, cos_c = (unit[q[:, k]] @ unit.T for k in range(3))  # (B, V) each
         add = cos_b - cos_a + cos_c
@@ -76,6 +81,7 @@ def analogies(kv: KeyedVectors, restrict_vocab: int = 30_000, questions: pl.Data
         for scores, ok in ((add, add_ok), (mul, mul_ok)):
             scores[rows, q[:, :3]] = -np.inf
             ok[covered[start:start + batch]] = scores.argmax(axis=1) == q[:, 3]
+    bar.close()
     is_cov = np.zeros(len(ids), bool)
     is_cov[covered] = True
     per = questions.with_columns(covered=pl.Series(is_cov), add=pl.Series(add_ok), mul=pl.Series(mul_ok))
@@ -103,11 +109,13 @@ def nearest_neighbours(kv: KeyedVectors, probes: tuple[str, ...] | list[str] = D
     return pl.DataFrame(rows, schema=schema)
 
 
-def evaluate(kv: KeyedVectors, restrict_vocab: int = 30_000, probes=DEFAULT_PROBES) -> dict:
-    """All intrinsic metrics of one set of vectors, as flat metrics plus tables."""
+def evaluate(kv: KeyedVectors, restrict_vocab: int = 30_000, probes=DEFAULT_PROBES,
+             progress: Callable[[float | None], None] | None = None) -> dict:
+    """All intrinsic metrics of one set of vectors, as flat metrics plus tables (the analogies, nearly all
+    the time, report progress)."""
     ws = word_similarity(kv, "ws353")
     sl = word_similarity(kv, "simlex999")
-    an = analogies(kv, restrict_vocab)
+    an = analogies(kv, restrict_vocab, progress=progress)
     metrics = {
         "ws353_spearman": ws["spearman"], "ws353_oov_rate": ws["oov_rate"],
         "simlex999_spearman": sl["spearman"], "simlex999_oov_rate": sl["oov_rate"],
@@ -128,7 +136,7 @@ def report_markdown(title: str, results: dict[str, dict]) -> str:
              "|---|" + "---|" * len(cols)]
     for name, res in results.items():
         m = res["metrics"]
-        lines.append(f"| {name} | " + " | ".join(_fmt(m[c[0]]) for c in cols) + " |")
+        lines.append(f"| {name} | " + " | ".join(format_cell(m[c[0]]) for c in cols) + " |")
     for name, res in results.items():
         lines += ["", f"## Nearest neighbours — {name}", ""]
         for probe, group in res["neighbours"].group_by("probe", maintain_order=True):
@@ -138,11 +146,11 @@ def report_markdown(title: str, results: dict[str, dict]) -> str:
                   "|---|---|---|---|"]
         for row in res["analogy_sections"].iter_rows(named=True):
             lines.append(f"| {row['section']} | {row['covered']}/{row['questions']} | "
-                         f"{_fmt(row['add_accuracy'])} | {_fmt(row['mul_accuracy'])} |")
+                         f"{format_cell(row['add_accuracy'])} | {format_cell(row['mul_accuracy'])} |")
     return "\n".join(lines) + "\n"
 
 
-def _fmt(v) -> str:
+def format_cell(v) -> str:
     """A figure for the reports: no value (None, NaN) is "–"; manifests write an infinity "Infinity"."""
     if isinstance(v, str) and v in ("Infinity", "-Infinity"):
         v = float(v)

@@ -56,16 +56,20 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import numpy as np
 import scipy.sparse as sp
 import torch
-from lexiflow.models.device import resolve_device
+from lexiflow.models.config import check
+from lexiflow.models.device import Device, resolve_device
 from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.estimator import Estimator
 from lexiflow.models.progress import Progress
+from lexiflow.models.threads import limit_threads
 from lexiflow.models.vectors import reweight_spectrum
+from pydantic import Field
 
 logger = logging.getLogger("lexiflow.glove")
 
@@ -75,41 +79,41 @@ _CPU_CHUNK_CELLS = 16384  # cells (observed + unobserved) per gradient chunk on 
 
 @dataclass(frozen=True)
 class GloVeConfig:
-    """Hyperparameters. Defaults were tuned on dev word pairs for a ~1 M-token corpus, see docs/embeddings.md."""
+    """Hyperparameters (annotated: pipeline parameters, models/config.py). Defaults were tuned on dev
+    word pairs for a ~1 M-token corpus, see docs/embeddings.md."""
 
-    dim: int = 100
-    x_max: float = 0.5  # f(x) saturates at 1 from x_max on (harmonic-weighted counts); paper: 100
-    alpha: float = 0.75  # exponent of the weighting f
-    epochs: int = 20  # dev quality rises little after ~15 epochs (1 M tokens, these defaults)
-    lr: float = 0.1  # AdaGrad step (the paper's 0.05; 0.1 reaches the same dev scores in half the epochs)
-    batch_size: int = 65536  # nonzero cells per step
-    optimizer: Optimizer = "adagrad"
-    adagrad_init: float = 1.0  # AdaGrad's G0: SGD with step lr while Σg² << G0 (glove.c: lr 1, G0 1/eta²)
-    negative: int = 5  # unobserved cells drawn per observed cell, held below the smallest count (0: the paper's)
-    negative_weight: float = 1.0  # weight of an unobserved cell's one-sided squared error
-    negative_bound: float = 0.5  # unobserved cells held below this fraction of the smallest count x_min
-    spectrum_power: float = 1.5  # output's singular values raised to this (1: as trained)
-    device: str = "auto"  # "auto" | "cpu" | "cuda" | "cuda:N"
-    seed: int = 0
+    dim: Annotated[int, Field(ge=2, le=2000, description="Embedding dimension.")] = 100
+    # f(x) saturates at 1 from x_max on (harmonic-weighted counts); paper: 100
+    x_max: Annotated[float, Field(gt=0, description="f(x) = min(1, (x/x_max)^alpha); tuned for ~1M-token "
+                                                    "corpora.")] = 0.5
+    alpha: Annotated[float, Field(gt=0, le=2, description="Exponent of the weighting f.")] = 0.75
+    # dev quality rises little after ~15 epochs (1 M tokens, these defaults)
+    epochs: Annotated[int, Field(ge=1, le=1000, description="Passes over the nonzero cells.")] = 20
+    # the paper's 0.05; 0.1 reaches the same dev scores in half the epochs
+    lr: Annotated[float, Field(gt=0, le=10, description="AdaGrad (or Adam) step size.")] = 0.1
+    batch_size: Annotated[int, Field(ge=1, description="Nonzero cells per step.")] = 65536
+    optimizer: Annotated[Optimizer, Field(description="AdaGrad as in the original, or Adam.")] = "adagrad"
+    adagrad_init: Annotated[float, Field(gt=0, description="AdaGrad's initial accumulator G0 (glove.c with learning "
+                                                           "rate eta = lr 1, adagrad_init 1/eta^2).")] = 1.0
+    negative: Annotated[int, Field(ge=0, le=100, description="Unobserved (zero) cells drawn per observed cell and "
+                                                             "held below a fraction of the smallest count; 0 = the "
+                                                             "paper's objective.")] = 5
+    negative_weight: Annotated[float, Field(gt=0, description="Weight of an unobserved cell's one-sided squared "
+                                                              "error.")] = 1.0
+    negative_bound: Annotated[float, Field(gt=0, le=1, description="Unobserved cells are held below this fraction "
+                                                                   "of the smallest count (0.5 tuned on dev "
+                                                                   "pairs).")] = 0.5
+    spectrum_power: Annotated[float, Field(gt=0, le=10, description="The vectors' singular values raised to this "
+                                                                    "power (1 = as trained; > 1 favours similarity "
+                                                                    "over relatedness).")] = 1.5
+    device: Device = "auto"
+    seed: Annotated[int, Field(ge=0, description="Random seed.")] = 0
+    threads: Annotated[int, Field(ge=1, le=256, description="CPU threads (torch, BLAS) of the fit: 1 per worker; "
+                                                            "more only where the worker has the cores to "
+                                                            "itself.")] = 1
 
     def validate(self) -> None:
-        checks = [
-            (self.dim >= 1, "dim", "must be at least 1"),
-            (self.x_max > 0, "x_max", "must be positive"),
-            (self.alpha > 0, "alpha", "must be positive"),
-            (self.epochs >= 1, "epochs", "must be at least 1"),
-            (self.lr > 0, "lr", "must be positive"),
-            (self.batch_size >= 1, "batch_size", "must be at least 1"),
-            (self.adagrad_init > 0, "adagrad_init", "must be positive"),
-            (self.negative >= 0, "negative", "must be 0 (the paper's objective) or more"),
-            (self.negative_weight > 0, "negative_weight", "must be positive"),
-            (0 < self.negative_bound <= 1, "negative_bound", "must be in (0, 1]: a fraction of the smallest count"),
-            (self.spectrum_power > 0, "spectrum_power", "must be positive (1 leaves the vectors as trained)"),
-            (self.optimizer in ("adagrad", "adam"), "optimizer", "choose 'adagrad' or 'adam'"),
-        ]
-        for ok, name, what in checks:
-            if not ok:
-                raise ParameterError(f"GloVe {name}={getattr(self, name)!r}: {what}")
+        check(self)
 
 
 def weighting(x: np.ndarray | torch.Tensor, x_max: float, alpha: float) -> np.ndarray | torch.Tensor:
@@ -129,7 +133,7 @@ def initial_parameters(vocab_size: int, dim: int, seed: int) -> list[np.ndarray]
     return [((torch.rand(shape, generator=gen) - 0.5) / dim).numpy() for shape in shapes]
 
 
-class GloVe:
+class GloVe(Estimator):
     """GloVe estimator: `GloVe(...).fit(cooccurrence).vectors_` (V × dim float32, w + w̃)."""
 
     def __init__(
@@ -148,21 +152,16 @@ class GloVe:
         spectrum_power: float = GloVeConfig.spectrum_power,
         device: str = GloVeConfig.device,
         seed: int = GloVeConfig.seed,
+        threads: int = GloVeConfig.threads,
     ) -> None:
         self.dim, self.x_max, self.alpha, self.epochs, self.lr = dim, x_max, alpha, epochs, lr
         self.batch_size, self.optimizer, self.device, self.seed = batch_size, optimizer, device, seed
         self.adagrad_init, self.negative, self.negative_weight = adagrad_init, negative, negative_weight
-        self.negative_bound, self.spectrum_power = negative_bound, spectrum_power
-
-    def get_params(self) -> dict[str, Any]:
-        """The configuration as a JSON-ready dict (what determines the vectors)."""
-        return asdict(self.config)
+        self.negative_bound, self.spectrum_power, self.threads = negative_bound, spectrum_power, threads
 
     @property
     def config(self) -> GloVeConfig:
-        return GloVeConfig(self.dim, self.x_max, self.alpha, self.epochs, self.lr, self.batch_size,
-                           self.optimizer, self.adagrad_init, self.negative, self.negative_weight,
-                           self.negative_bound, self.spectrum_power, self.device, self.seed)
+        return GloVeConfig(**self.get_params())
 
     def fit(
         self,
@@ -177,6 +176,11 @@ class GloVe:
         """
         cfg = self.config
         cfg.validate()
+        with limit_threads(cfg.threads, "glove.threads"):
+            return self._fit(cfg, matrix, progress, on_epoch)
+
+    def _fit(self, cfg: GloVeConfig, matrix: sp.spmatrix | sp.sparray, progress: Callable[[float | None], None] | None,
+             on_epoch: Callable[[dict[str, float], np.ndarray], None] | None) -> GloVe:
         rows, cols, counts, vocab_size = _cells(matrix)
         dev = resolve_device(cfg.device, "glove.device")
         self.device_ = str(dev)
@@ -250,6 +254,7 @@ class GloVe:
                         loss_sum += loss
                         unobserved_sum += unobserved
                     step(grads)
+                    bar.update(len(batch))  # within the epoch: a long epoch reports rate and ETA as it goes
                 loss = loss_sum.item() / n  # the epoch's one host sync (also waits for the GPU)
                 seconds = time.perf_counter() - start
                 if not np.isfinite(loss):
@@ -259,7 +264,6 @@ class GloVe:
                 if cfg.negative:
                     self.history_[-1]["unobserved_loss"] = unobserved_sum.item() / (n * cfg.negative)
                 logger.debug("glove epoch %d: loss %.5f, %.2fs", epoch, loss, seconds)
-                bar.update(n)
                 if on_epoch is not None:
                     on_epoch(self.history_[-1], _output(w, w_ctx, trained, cfg.spectrum_power))
 

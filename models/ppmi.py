@@ -11,12 +11,20 @@ positive, so the work is on the sparse entries alone.
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import numpy as np
 import scipy.sparse as sp
 from lexiflow.models.errors import ParameterError
+from pydantic import Field
 
 
-def ppmi_matrix(counts: sp.spmatrix, alpha: float = 0.75, shift: float = 1.0) -> sp.csr_matrix:
+def ppmi_matrix(
+    counts: sp.spmatrix,
+    alpha: Annotated[float, Field(gt=0, le=1, description="Context-distribution smoothing exponent "
+                                                          "(1 = none).")] = 0.75,
+    shift: Annotated[float, Field(ge=1, description="Shift k: subtract log k (1 = plain PPMI).")] = 1.0,
+) -> sp.csr_matrix:
     if not 0 < alpha <= 1:
         raise ParameterError(f"ppmi.alpha={alpha}: must be in (0, 1]")
     if shift < 1:

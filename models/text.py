@@ -29,11 +29,15 @@ import polars as pl
 WORD_CHARS = r"\p{Alphabetic}\p{M}\p{Nd}\p{Pc}\p{Join_Control}"
 WORD_PATTERN = (r"</?(?:unk|s|pad)>|\p{Nd}+(?:[.,]\p{Nd}+)+"
                 r"|[" + WORD_CHARS + r"]+(?:['’-][" + WORD_CHARS + r"]+)*|[^" + WORD_CHARS + r"\s]")
+# The same on printable ASCII text, for Python's `re` (no \p{...}): there the word characters are
+# letters, digits and `_` (tests/test_tokenizers.py checks both agree on random printable ASCII).
+ASCII_WORD_PATTERN = r"</?(?:unk|s|pad)>|[0-9]+(?:[.,][0-9]+)+|[A-Za-z0-9_]+(?:['-][A-Za-z0-9_]+)*|[^A-Za-z0-9_\s]"
 
 # ASCII word boundaries (the abbreviations are ASCII): Unicode `\b` keeps the regex off its fast DFA (2× slower).
 _ABBREVIATION = (r"(?-u:\b)(Mr|Mrs|Ms|Dr|Prof|Sr|Jr|St|Mt|Gen|Col|Lt|Sgt|Rev|vs|etc|approx|Inc|Ltd|Co|Corp|No|Fig|Vol"
                  r"|[A-Z])\.")
-_CONTROL = r"[\x00-\x08\x0E-\x1F\x7F-\x84\x86-\x9F]"  # C0/C1 controls except whitespace (\t \n \v \f \r, U+0085)
+# C0/C1 controls except whitespace (\t \n \v \f \r, U+0085), spelled so Rust regex and Oniguruma read it alike.
+CONTROL = r"[\x{0}-\x{8}\x{E}-\x{1F}\x{7F}-\x{84}\x{86}-\x{9F}]"
 _PROTECT = "\x00"  # stands in for a non-final period while sentences are split (normalized text has no NUL)
 _SENTENCE_BREAK = r"([.!?][\"'”’)\]]*) ([\"'“‘(\[]?[\p{Lu}\d])"
 # Characters NFC can change or combine with what precedes them, beyond combining marks (\p{M})
@@ -55,12 +59,12 @@ _NFC_UNSAFE = (
 )
 # A row `normalize_expr` changes: a control, an NFC-unsafe character, or whitespace that is not one
 # inner space.
-_NEEDS_NORMALIZING = _CONTROL + "|" + _NFC_UNSAFE + r"|\s\s|[^ \S]|^ | $"
+_NEEDS_NORMALIZING = CONTROL + "|" + _NFC_UNSAFE + r"|\s\s|[^ \S]|^ | $"
 
 
 def normalize_expr(expr: pl.Expr) -> pl.Expr:
     """Controls removed, NFC, whitespace runs to one space, stripped."""
-    return expr.str.replace_all(_CONTROL, "").str.normalize("NFC").str.replace_all(r"\s+", " ").str.strip_chars(" ")
+    return expr.str.replace_all(CONTROL, "").str.normalize("NFC").str.replace_all(r"\s+", " ").str.strip_chars(" ")
 
 
 def _where(texts: pl.Series, needs: pl.Series, transform: Callable[[pl.Series], pl.Series]) -> pl.Series:
@@ -110,6 +114,17 @@ def clean_expr(expr: pl.Expr, *, lowercase: bool, sentences: bool) -> pl.Expr:
     if sentences:
         out = split_sentences_expr(out)
     return out.str.to_lowercase() if lowercase else out
+
+
+def hf_normalizer(lowercase: bool) -> dict:
+    """This module's text path as a Hugging Face `tokenizers` normalizer, for exported `tokenizer.json`
+    files: controls removed, NFC, then lowercased when the corpus was. (Whitespace runs need no
+    step: every pre-tokenizer drops whitespace.)"""
+    steps: list[dict] = [{"type": "Replace", "pattern": {"Regex": CONTROL}, "content": ""}, {"type": "NFC"}]
+    if lowercase:  # polars lowercases a word-final capital sigma to ς (Unicode's rule), Hugging Face to σ
+        steps += [{"type": "Replace", "pattern": {"Regex": r"(?<=\p{Cased})Σ(?!\p{Cased})"}, "content": "ς"},
+                  {"type": "Lowercase"}]
+    return {"type": "Sequence", "normalizers": steps}
 
 
 def _apply(texts: Iterable[str], expr: pl.Expr) -> list:

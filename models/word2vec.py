@@ -29,9 +29,9 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import numpy as np
 import polars as pl
@@ -39,10 +39,13 @@ from gensim.models import KeyedVectors
 from gensim.models import Word2Vec as GensimWord2Vec
 from gensim.models.callbacks import CallbackAny2Vec
 from gensim.models.word2vec_inner import MAX_WORDS_IN_BATCH
+from lexiflow.models.config import check
 from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.estimator import Estimator
 from lexiflow.models.progress import Progress
 from lexiflow.models.text import pretokenize_expr
 from lexiflow.models.vocab import SPECIALS, Vocabulary
+from pydantic import Field
 
 logger = logging.getLogger("lexiflow.word2vec")
 
@@ -84,33 +87,31 @@ class ParquetSentences:
 
 @dataclass(frozen=True)
 class Word2VecConfig:
+    """Annotated fields are pipeline parameters (models/config.py); `sg` is the method (sgns or cbow)."""
+
     sg: bool = True  # True: skip-gram, False: CBOW (mean of context vectors)
-    dim: int = 100
-    window: int = 5
-    negative: int = 5  # noise words per positive pair
-    sample: float = 1e-3  # subsampling threshold for frequent words (0 = off)
-    epochs: int = 25  # small corpora need many passes (dev pairs peak near 25 at 1 M tokens); gensim: 5
-    ns_exponent: float = 0.75  # noise distribution ∝ count^0.75 (Mikolov et al. 2013)
-    seed: int = 0
-    workers: int = 1  # gensim threads; 1 is deterministic
+    dim: Annotated[int, Field(ge=2, le=2000, description="Embedding dimension (skip-gram and CBOW).")] = 100
+    window: Annotated[int, Field(ge=1, le=50, description="Context words on each side.")] = 5
+    negative: Annotated[int, Field(ge=1, le=50, description="Noise words per positive pair (negative "
+                                                            "sampling).")] = 5
+    sample: Annotated[float, Field(ge=0, le=1, description="Subsampling threshold of frequent words "
+                                                           "(0 = off).")] = 1e-3
+    # small corpora need many passes (dev pairs peak near 25 at 1 M tokens); gensim: 5
+    epochs: Annotated[int, Field(ge=1, le=200, description="Passes over the corpus (25 tuned on dev pairs for ~1M-"
+                                                           "token corpora; gensim's 5 suits 100M+ tokens).")] = 25
+    # Mikolov et al. 2013
+    ns_exponent: Annotated[float, Field(ge=0, le=1, description="Noise distribution ∝ count^exponent.")] = 0.75
+    seed: Annotated[int, Field(ge=0, description="Random seed.")] = 0
+    workers: Annotated[int, Field(ge=1, le=64, description="gensim threads (1 is deterministic).")] = 1
     min_count: int = 1  # words of the vocabulary with a lower count are left out (zero rows)
 
     def validate(self) -> None:
-        checks = [
-            (self.dim >= 1, "dim", "must be at least 1"),
-            (self.window >= 1, "window", "must be at least 1"),
-            (self.negative >= 1, "negative", "must be at least 1 (negative sampling)"),
-            (self.sample >= 0, "sample", "must be >= 0 (0 turns subsampling off)"),
-            (self.epochs >= 1, "epochs", "must be at least 1"),
-            (self.workers >= 1, "workers", "must be at least 1"),
-            (self.min_count >= 1, "min_count", "must be at least 1"),
-        ]
-        for ok, name, what in checks:
-            if not ok:
-                raise ParameterError(f"Word2Vec {name}={getattr(self, name)!r}: {what}")
+        check(self)
+        if self.min_count < 1:
+            raise ParameterError(f"Word2Vec min_count={self.min_count!r}: must be at least 1")
 
 
-class Word2Vec:
+class Word2Vec(Estimator):
     """gensim word2vec estimator on lexiflow's vocabulary: `.fit(sentences, vocab).vectors_`."""
 
     def __init__(self, sg: bool = True, dim: int = 100, window: int = 5, negative: int = 5, sample: float = 1e-3,
@@ -122,11 +123,7 @@ class Word2Vec:
 
     @property
     def config(self) -> Word2VecConfig:
-        return Word2VecConfig(self.sg, self.dim, self.window, self.negative, self.sample, self.epochs,
-                              self.ns_exponent, self.seed, self.workers, self.min_count)
-
-    def get_params(self) -> dict[str, Any]:
-        return asdict(self.config)
+        return Word2VecConfig(**self.get_params())
 
     def gensim_kwargs(self) -> dict[str, Any]:
         """The same settings as `gensim.models.Word2Vec` keyword arguments (for a raw-gensim run)."""

@@ -14,10 +14,12 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from lexiflow.storage.formats import DISTINGUISHED_BY  # noqa: F401  (re-exported: the catalog selects by it)
 from lexiflow.storage.store import (
-    _KIND,
-    _VERSION,
+    KIND_PATTERN,
     MANIFEST,
+    VERSION_PATTERN,
+    ArtifactNotFound,
     ArtifactRef,
     ArtifactStore,
     StoreError,
@@ -30,11 +32,13 @@ log = logging.getLogger("lexiflow")
 
 
 class Catalog:
-    """Read side of a store: `Catalog(root).latest("embeddings")`, `.get(kind, version)`, `.lineage(version)`."""
+    """Read side of a store: `Catalog(root).latest("embeddings")`, `.get(kind, version)`, `.lineage(version)`.
+    An artifact as a model object: `lexiflow.loaders.load(catalog, kind, version)`."""
 
     def __init__(self, root: str | os.PathLike[str] | ArtifactStore = "artifacts",
                  storage_options: Mapping[str, Any] | None = None) -> None:
         self.store = root if isinstance(root, ArtifactStore) else ArtifactStore(root, storage_options)
+        self.left_out: list[str] = []  # why the last `list` left artifacts out (damaged manifests)
 
     @retry_transient
     def entries(self, kind: str | None = None) -> list[tuple[str, str]]:
@@ -47,7 +51,7 @@ class Catalog:
         found = []
         for path in fs.glob(pattern):
             found_kind, found_version = path.rsplit("/", 3)[-3:-1]
-            if _KIND.fullmatch(found_kind) and _VERSION.fullmatch(found_version):
+            if KIND_PATTERN.fullmatch(found_kind) and VERSION_PATTERN.fullmatch(found_version):
                 found.append((found_kind, found_version))
         return sorted(found)
 
@@ -55,12 +59,13 @@ class Catalog:
         """Manifests, oldest first, each with its `path` added. An artifact whose manifest cannot be
         read (damaged, or deleted meanwhile) is left out with a warning: it is no artifact to use,
         and one must not hide the others (`lexiflow artifacts verify` reports it)."""
-        manifests = []
+        manifests, self.left_out = [], []
         for found_kind, version in self.entries(kind):
             try:
                 manifest = self.store.manifest(found_kind, version)
             except StoreError as exc:
                 log.warning("left out of the catalog: %s", exc)
+                self.left_out.append(str(exc))
                 continue
             manifest.update(kind=found_kind, version=version, path=self.store.location(found_kind, version))
             manifests.append(manifest)
@@ -69,16 +74,20 @@ class Catalog:
     def kinds(self) -> list[str]:
         return sorted({m["kind"] for m in self.list()})
 
-    def latest(self, kind: str) -> dict[str, Any] | None:
-        found = self.list(kind)
+    def latest(self, kind: str, /, **selector: Any) -> dict[str, Any] | None:
+        """The newest manifest of a kind, among those whose metrics match `selector`, e.g.
+        `latest("embeddings", method="glove")`, `latest("tokenizer", kind="bpe")`, `latest("lm", model="lstm")`,
+        `latest("tagger", column="upos")` (one run publishes several artifacts of a kind: `DISTINGUISHED_BY`)."""
+        found = [m for m in self.list(kind) if all(m["metrics"].get(k) == v for k, v in selector.items())]
         return found[-1] if found else None
 
-    def get(self, kind: str, version: str | None = None) -> dict[str, Any]:
-        """A manifest by kind and version (the latest of the kind when version is None)."""
+    def get(self, kind: str, version: str | None = None, /, **selector: Any) -> dict[str, Any]:
+        """A manifest by kind and version (the latest of the kind, matching `selector`, when version is None)."""
         if version is None:
-            manifest = self.latest(kind)
+            manifest = self.latest(kind, **selector)
             if manifest is None:
-                raise StoreError(f"no {kind} artifact in {self.store.url}")
+                which = "".join(f" with {k}={v}" for k, v in selector.items())
+                raise StoreError(f"no {kind} artifact{which} in {self.store.url}")
             return manifest
         manifest = self.store.manifest(kind, validate_version(version))
         manifest["path"] = self.store.location(kind, version)
@@ -93,21 +102,9 @@ class Catalog:
             raise StoreError(f"no artifact with version {version} in {self.store.url}")
         return self.get(matches[0].rsplit("/", 3)[-3], version)
 
-    def ref(self, kind: str, version: str | None = None) -> ArtifactRef:
-        manifest = self.get(kind, version)
+    def ref(self, kind: str, version: str | None = None, /, **selector: Any) -> ArtifactRef:
+        manifest = self.get(kind, version, **selector)
         return self.store.ref(manifest["kind"], manifest["version"])
-
-    def load(self, kind: str, version: str | None = None) -> Any:
-        """The artifact as a natural object (the latest of the kind when version is None): polars
-        DataFrames (corpus, tokenized_corpus), `Vocabulary` (tokenizer), scipy + polars (cooccurrence,
-        ppmi), gensim `KeyedVectors` (embeddings), ... See storage/loaders.py (`LOADERS`)."""
-        from lexiflow.storage.loaders import LOADERS  # lazily: loaders import models/ inside their bodies
-
-        manifest = self.get(kind, version)
-        if manifest["kind"] not in LOADERS:
-            raise StoreError(f"no loader for {kind!r} artifacts (known: {', '.join(sorted(LOADERS))}); "
-                             f"read its files under {manifest['path']}")
-        return LOADERS[manifest["kind"]](self.store, manifest)
 
     def lowercased(self, manifest: dict[str, Any]) -> bool:
         """Whether the corpus an artifact (a tokenizer) was made from is lowercased: the corpus stage
@@ -120,7 +117,10 @@ class Catalog:
     def lineage(self, version: str, kind: str | None = None) -> dict[str, Any]:
         """The artifact and, recursively, the artifacts it was made from (inputs are looked up by
         kind and version: one manifest read each, no listing)."""
-        manifest = self.find(version) if kind is None else self.get(kind, version)
+        try:
+            manifest = self.find(version) if kind is None else self.get(kind, version)
+        except ArtifactNotFound:  # removed (`lexiflow artifacts rm --force`): a run that needs it rebuilds it
+            return {"kind": kind, "version": version, "missing": True}
         return {
             "kind": manifest["kind"],
             "version": manifest["version"],

@@ -11,7 +11,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
-from lexiflow.storage.store import ArtifactRef, ArtifactStore, ArtifactWriter, retry_transient
+from lexiflow.storage.store import PARQUET_OPTIONS, ArtifactRef, ArtifactStore, ArtifactWriter, retry_transient
 
 # Row groups of the tables that row-range shards read (documents, tokenized sentences): a shard
 # reads only the groups holding its rows (`read_rows`), not the whole file.
@@ -27,6 +27,11 @@ TOKENS = pa.schema([("doc_index", pa.uint32()), ("sentence", pa.uint32()), ("spl
                     ("ids", pa.list_(pa.uint32()))])
 MATRIX = pa.schema([("row", pa.uint32()), ("col", pa.uint32()), ("value", pa.float64())])
 
+# The manifest metric that tells artifacts of one kind apart (a run makes several of these kinds):
+# `Catalog.latest(kind, **{DISTINGUISHED_BY[kind]: value})`, `lexiflow artifacts show KIND:VALUE`.
+DISTINGUISHED_BY = {"embeddings": "method", "evaluation": "method", "tokenizer": "kind", "lm": "model",
+                    "tagger": "column"}
+
 
 def vectors_schema(dim: int) -> pa.Schema:
     return pa.schema([("id", pa.uint32()), ("word", pa.string()), ("count", pa.uint64()),
@@ -39,7 +44,7 @@ def write_matrix(out: ArtifactWriter, name: str, matrix: sp.spmatrix) -> None:
     table = pa.table({"row": coo.row.astype(np.uint32), "col": coo.col.astype(np.uint32),
                       "value": coo.data.astype(np.float64)}, schema=MATRIX)
     table = table.replace_schema_metadata({"shape": json.dumps(list(coo.shape))})
-    pq.write_table(table, out.path(name), compression="zstd")
+    pq.write_table(table, out.path(name), **PARQUET_OPTIONS)
 
 
 def read_matrix(ref: ArtifactRef, name: str = "matrix.parquet") -> sp.csr_matrix:
@@ -55,7 +60,7 @@ def write_vectors(out: ArtifactWriter, ids: np.ndarray, words: list[str], counts
     table = pa.table({"id": pa.array(ids, pa.uint32()), "word": pa.array(words, pa.string()),
                       "count": pa.array(counts, pa.uint64()),
                       "vector": pa.FixedSizeListArray.from_arrays(flat, dim)}, schema=vectors_schema(dim))
-    pq.write_table(table, out.path("vectors.parquet"), compression="zstd")
+    pq.write_table(table, out.path("vectors.parquet"), **PARQUET_OPTIONS)
 
 
 def read_vectors(ref: ArtifactRef) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -71,6 +76,20 @@ def read_manifest(ref: ArtifactRef) -> dict:
     return ArtifactStore(ref.store).manifest(ref.kind, ref.version)
 
 
+def corpus_sources(ref: ArtifactRef) -> str:
+    """The sources of the corpus an artifact was made from (following its inputs), for messages that
+    must name them: "a.txt, b.txt" (names quoted repr-style when they hold control characters)."""
+    manifest = read_manifest(ref)
+    if ref.kind == "corpus":
+        sources = manifest["parameters"].get("params", {}).get("sources", [])
+        return ", ".join(name if str(name).isprintable() else repr(name) for name in sources) or "the corpus"
+    for found in manifest["inputs"].values():
+        sources = corpus_sources(ArtifactRef(store=ref.store, kind=found["kind"], version=found["version"]))
+        if sources != "the corpus":
+            return sources
+    return "the corpus"
+
+
 def read_table(ref: ArtifactRef, name: str) -> pl.DataFrame:
     return ArtifactStore(ref.store).read_parquet(ref.kind, ref.version, name)
 
@@ -78,7 +97,8 @@ def read_table(ref: ArtifactRef, name: str) -> pl.DataFrame:
 @retry_transient  # open and read: one store operation, retried as ArtifactStore's reads are
 def count_rows(ref: ArtifactRef, name: str) -> int:
     """Rows of a Parquet file of an artifact, from its footer (nothing else is read)."""
-    with ArtifactStore(ref.store).open(ref.kind, ref.version, name) as f:
+    store = ArtifactStore(ref.store)
+    with store.open(ref.kind, ref.version, name) as f, store.damage_check(ref.kind, ref.version, name):
         return pq.ParquetFile(f).metadata.num_rows
 
 
@@ -86,8 +106,9 @@ def count_rows(ref: ArtifactRef, name: str) -> int:
 def read_rows(ref: ArtifactRef, name: str, start: int, stop: int) -> pl.DataFrame:
     """Rows [start, stop) of a Parquet file of an artifact, reading only the row groups that hold
     them (a shard of a large table, on any store)."""
-    with ArtifactStore(ref.store).open(ref.kind, ref.version, name) as f:
-        parquet = pq.ParquetFile(f)
+    store = ArtifactStore(ref.store)
+    with store.open(ref.kind, ref.version, name) as f, store.damage_check(ref.kind, ref.version, name):
+        parquet = pq.ParquetFile(f, page_checksum_verification=True)
         groups, first, row = [], None, 0
         for i in range(parquet.num_row_groups):
             n = parquet.metadata.row_group(i).num_rows

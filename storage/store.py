@@ -59,8 +59,8 @@ SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 STAGING = ".staging"
 SCRATCH = ".scratch"
-_KIND = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-_VERSION = re.compile(r"^[0-9a-f]{16}$")
+KIND_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+VERSION_PATTERN = re.compile(r"^[0-9a-f]{16}$")
 _FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -74,6 +74,59 @@ class StoreError(Exception):
 
 class ArtifactNotFound(StoreError):
     """No published artifact of that kind and version (its manifest is missing)."""
+
+
+class ArtifactDamaged(StoreError):
+    """An artifact whose manifest breaks the schema, or whose files do not match it."""
+
+
+def repair_hint(kind: str, version: str) -> str:
+    return f"remove it with `lexiflow artifacts rm {kind}:{version} --force` and run again to rebuild it"
+
+
+# Every manifest field and its JSON type (docs/artifacts.md): checked whenever a manifest is read.
+MANIFEST_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "schema_version": int, "kind": str, "version": str, "created": str, "inputs": dict, "parameters": dict,
+    "metrics": dict, "files": list, "code_version": str, "run": dict}
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# Parquet tables the store writes carry a CRC per page, checked when they are read (docs/reliability.md).
+PARQUET_OPTIONS: dict[str, Any] = {"compression": "zstd", "write_page_checksum": True}
+# What pyarrow says about a damaged Parquet file (a plain OSError, as I/O trouble is: told apart by message).
+_PARQUET_DAMAGE = re.compile(r"checksum|thrift|magic bytes|Parquet|corrupt|Unexpected end of stream|decompress",
+                             re.IGNORECASE)
+
+
+def manifest_problems(manifest: Any, kind: str, version: str) -> list[str]:
+    """What is wrong with a manifest read for `kind:version` (empty when it follows the schema)."""
+    if not isinstance(manifest, dict):
+        return [f"{kind}:{version}: manifest is not a JSON object"]
+    problems = [f"{kind}:{version}: manifest field {name!r} is missing or not a {getattr(types, '__name__', types)}"
+                for name, types in MANIFEST_FIELDS.items()
+                if not isinstance(manifest.get(name), types) or isinstance(manifest.get(name), bool)]
+    if problems:
+        return problems
+    if manifest["schema_version"] != SCHEMA_VERSION:
+        problems.append(f"{kind}:{version}: manifest schema_version {manifest['schema_version']}, this lexiflow "
+                        f"reads {SCHEMA_VERSION}")
+    if (manifest["kind"], manifest["version"]) != (kind, version):
+        problems.append(f"{kind}:{version}: manifest describes {manifest['kind']!r}:{manifest['version']!r}")
+    try:
+        dt.datetime.fromisoformat(manifest["created"])
+    except ValueError:
+        problems.append(f"{kind}:{version}: manifest 'created' is not an ISO-8601 time")
+    for name, ref in manifest["inputs"].items():
+        if not (isinstance(ref, dict) and isinstance(ref.get("kind"), str) and KIND_PATTERN.fullmatch(ref["kind"])
+                and isinstance(ref.get("version"), str) and VERSION_PATTERN.fullmatch(ref["version"])):
+            problems.append(f"{kind}:{version}: invalid input {name!r}: {ref!r} in the manifest")
+    names = set()
+    for entry in manifest["files"]:
+        name = entry.get("name") if isinstance(entry, dict) else None
+        if not (isinstance(name, str) and _FILE.fullmatch(name) and ".." not in name and name != MANIFEST
+                and name not in names and isinstance(entry.get("size"), int) and not isinstance(entry["size"], bool)
+                and entry["size"] >= 0 and isinstance(entry.get("sha256"), str) and _SHA256.fullmatch(entry["sha256"])):
+            problems.append(f"{kind}:{version}: invalid file entry {entry!r} in the manifest")
+        names.add(name)
+    return problems
 
 
 RETRY_DELAYS = (0.05, 0.1, 0.25, 0.5, 1.0)  # seconds between attempts of one storage operation
@@ -105,13 +158,13 @@ def retry_transient(fn: Callable) -> Callable:
 
 
 def validate_kind(kind: str) -> str:
-    if not isinstance(kind, str) or not _KIND.fullmatch(kind):
+    if not isinstance(kind, str) or not KIND_PATTERN.fullmatch(kind):
         raise StoreError(f"invalid artifact kind {kind!r}: use lowercase letters, digits and '_'")
     return kind
 
 
 def validate_version(version: str) -> str:
-    if not isinstance(version, str) or not _VERSION.fullmatch(version):
+    if not isinstance(version, str) or not VERSION_PATTERN.fullmatch(version):
         raise StoreError(f"invalid artifact version {version!r}: expected 16 hexadecimal digits")
     return version
 
@@ -249,6 +302,7 @@ class ArtifactStore:
 
     @retry_transient
     def manifest(self, kind: str, version: str) -> dict[str, Any]:
+        """The manifest of `kind:version`, checked against the schema (`ArtifactDamaged` if it breaks it)."""
         self.refresh()
         try:
             with self.fs.open(self.path(kind, version, MANIFEST), "r") as f:
@@ -256,9 +310,9 @@ class ArtifactStore:
         except FileNotFoundError:
             raise ArtifactNotFound(f"no artifact {kind}:{version} in {self.url}") from None
         except (ValueError, UnicodeDecodeError) as exc:  # only tampering can do this: manifests are published whole
-            raise StoreError(f"{kind}:{version}: manifest is not valid JSON ({exc})") from None
-        if not isinstance(manifest, dict) or not isinstance(manifest.get("files"), list):
-            raise StoreError(f"{kind}:{version}: manifest has no file list")
+            raise ArtifactDamaged(f"{kind}:{version}: manifest is not valid JSON ({exc})") from None
+        if problems := manifest_problems(manifest, kind, version):
+            raise ArtifactDamaged("; ".join(problems))
         return manifest
 
     # ---- reading files --------------------------------------------------------------------
@@ -270,8 +324,20 @@ class ArtifactStore:
 
     @retry_transient
     def read_arrow(self, kind: str, version: str, name: str) -> pa.Table:
-        with self.open(kind, version, name) as f:
-            return pq.read_table(f)
+        with self.open(kind, version, name) as f, self.damage_check(kind, version, name):
+            return pq.read_table(f, page_checksum_verification=True)
+
+    @contextmanager
+    def damage_check(self, kind: str, version: str, name: str) -> Iterator[None]:
+        """Around a read of a Parquet file of an artifact: a damaged file (page checksum, footer) is an
+        `ArtifactDamaged` naming it and the repair, not an I/O error to retry."""
+        try:
+            yield
+        except (OSError, pa.ArrowInvalid) as exc:
+            if type(exc) not in (OSError, pa.ArrowInvalid) or not _PARQUET_DAMAGE.search(str(exc)):
+                raise
+            why = " ".join(str(exc).split())[:160]
+            raise ArtifactDamaged(f"{kind}:{version}/{name}: damaged ({why}); {repair_hint(kind, version)}") from None
 
     @retry_transient
     def read_json(self, kind: str, version: str, name: str) -> Any:
@@ -285,28 +351,48 @@ class ArtifactStore:
 
     @contextmanager
     def local_copy(self, kind: str, version: str, name: str) -> Iterator[Path]:
-        """A local path to an artifact file (downloaded for remote stores), for libraries that need one."""
+        """A local path to an artifact file (downloaded for remote stores), for libraries that need
+        one; its SHA-256 is checked against the manifest first (they read it whole anyway)."""
+        entries = [e for e in self.manifest(kind, version)["files"] if e["name"] == name]
         path = self.path(kind, version, name)
         if self.is_local:
+            self._check_copies(kind, version, entries, Path(path).parent)
             yield Path(path)
             return
         with tempfile.TemporaryDirectory(prefix="lexiflow-") as tmp:
             local = Path(tmp) / name
             self.download(path, local)
+            self._check_copies(kind, version, entries, Path(tmp))
             yield local
 
     @contextmanager
     def local_dir(self, kind: str, version: str) -> Iterator[Path]:
         """A local folder holding the artifact's files (downloaded for remote stores), for
-        `load(dir)` methods."""
+        `load(dir)` methods; every file's SHA-256 is checked against the manifest first."""
+        entries = self.manifest(kind, version)["files"]
         path = self.path(kind, version)
         if self.is_local:
+            self._check_copies(kind, version, entries, Path(path))
             yield Path(path)
             return
         with tempfile.TemporaryDirectory(prefix="lexiflow-") as tmp:
-            for entry in self.manifest(kind, version)["files"]:
+            for entry in entries:
                 self.download(self.path(kind, version, entry["name"]), Path(tmp) / entry["name"])
+            self._check_copies(kind, version, entries, Path(tmp))
             yield Path(tmp)
+
+    @staticmethod
+    def _check_copies(kind: str, version: str, entries: list[dict[str, Any]], folder: Path) -> None:
+        """Files about to be read whole (model folders, word2vec files) against their manifest entries."""
+        for entry in entries:
+            file = folder / entry["name"]
+            if not file.is_file() or file.is_symlink():
+                raise ArtifactDamaged(f"{kind}:{version}/{entry['name']}: missing or not a plain file; "
+                                      f"{repair_hint(kind, version)}")
+            with file.open("rb") as f:
+                if _sha256(f) != entry["sha256"]:
+                    raise ArtifactDamaged(f"{kind}:{version}/{entry['name']}: checksum differs from the manifest; "
+                                          f"{repair_hint(kind, version)}")
 
     @retry_transient
     def download(self, path: str, local: Path) -> None:
@@ -327,37 +413,51 @@ class ArtifactStore:
     ) -> Iterator[ArtifactWriter]:
         """Stage an artifact; publish it on normal exit, discard everything on an exception."""
         validate_kind(kind), validate_version(version)
+        with self._staging_folder(kind, version) as staging:
+            out = ArtifactWriter(staging, self._scratch(kind, version), staging.with_name(staging.name + "-work"))
+            self._restore_scratch(kind, version, out.scratch)
+            try:
+                yield out
+                manifest = {
+                    "schema_version": SCHEMA_VERSION,
+                    "kind": kind,
+                    "version": version,
+                    "created": dt.datetime.now(dt.UTC).isoformat(),
+                    "inputs": {name: {"kind": r.kind, "version": r.version} for name, r in (inputs or {}).items()},
+                    "parameters": dict(parameters or {}),
+                    "metrics": out.metrics,
+                    "files": out.file_entries(),
+                    "code_version": code_version,
+                    "run": dict(run or {}),
+                }
+                (staging / MANIFEST).write_text(json.dumps(json_safe(manifest), indent=2, default=str, allow_nan=False))
+                self._publish(staging, kind, version)
+                self._drop_scratch(kind, version, out.scratch)  # resumable state is no longer needed
+            except BaseException:
+                self._save_scratch(kind, version, out.scratch)
+                raise
+
+    @contextmanager
+    def _staging_folder(self, kind: str, version: str) -> Iterator[Path]:
+        """A new staging folder, and a lock file beside it held while this writer lives: `gc` removes
+        the folders whose lock is free (killed writers; an OS lock goes with its process). Local stores
+        stage in `<root>/.staging/`, object stores in the temp folder, named after the store."""
         if self.is_local:
-            staging_root = Path(self.root) / STAGING
-            staging_root.mkdir(parents=True, exist_ok=True)
-            staging = Path(tempfile.mkdtemp(prefix=f"{kind}-{version}-", dir=staging_root))
+            parent, prefix = Path(self.root) / STAGING, ""
         else:
-            staging = Path(tempfile.mkdtemp(prefix=f"lexiflow-{kind}-{version}-"))
-        out = ArtifactWriter(staging, self._scratch(kind, version), staging.with_name(staging.name + "-work"))
-        self._restore_scratch(kind, version, out.scratch)
-        try:
-            yield out
-            manifest = {
-                "schema_version": SCHEMA_VERSION,
-                "kind": kind,
-                "version": version,
-                "created": dt.datetime.now(dt.UTC).isoformat(),
-                "inputs": {name: {"kind": r.kind, "version": r.version} for name, r in (inputs or {}).items()},
-                "parameters": dict(parameters or {}),
-                "metrics": out.metrics,
-                "files": out.file_entries(),
-                "code_version": code_version,
-                "run": dict(run or {}),
-            }
-            (staging / MANIFEST).write_text(json.dumps(json_safe(manifest), indent=2, default=str, allow_nan=False))
-            self._publish(staging, kind, version)
-            self._drop_scratch(kind, version, out.scratch)  # resumable state is no longer needed
-        except BaseException:
-            self._save_scratch(kind, version, out.scratch)
-            raise
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-            shutil.rmtree(out.work, ignore_errors=True)
+            parent, prefix = Path(tempfile.gettempdir()), f"lexiflow-{self._store_id()}-"
+        parent.mkdir(parents=True, exist_ok=True)
+        staging = parent / f"{prefix}{kind}-{version}-{os.urandom(6).hex()}"
+        with staging.with_name(staging.name + ".lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # taken before the folder exists: gc never sees it unlocked
+            staging.mkdir()
+            try:
+                yield staging
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
+                shutil.rmtree(staging.with_name(staging.name + "-work"), ignore_errors=True)
+                Path(lock.name).unlink(missing_ok=True)
+
 
     @contextmanager
     def build_lock(self, kind: str, version: str) -> Iterator[None]:
@@ -510,54 +610,126 @@ class ArtifactStore:
         self.fs.rm(self.path(kind, version, MANIFEST))
         self.fs.rm(self.path(kind, version), recursive=True)
 
+    def dependents(self, kind: str, version: str) -> list[str]:
+        """`kind:version` of every artifact built directly from `kind:version` (their manifests' inputs)."""
+        from lexiflow.storage.catalog import Catalog
+
+        return [f"{m['kind']}:{m['version']}" for m in Catalog(self).list()
+                if any((ref["kind"], ref["version"]) == (kind, version) for ref in m["inputs"].values())]
+
     def clean_staging(self, older_than: float = 0.0) -> int:
-        """Remove what crashed writers left; returns how many folders were removed: staging
-        folders, saved scratch state (`.scratch`, object stores) and, on object stores, artifact
-        folders without a manifest (an upload that never reached its commit point). A running
-        writer looks the same as a crashed one: call this when none runs, or only remove what is
-        `older_than` seconds (longer than any build takes)."""
+        """Remove what killed writers left (`leftovers`); returns how many entries were removed."""
+        found = self.leftovers(older_than)
+        self.remove_leftovers(found)
+        return len(found)
+
+    def leftovers(self, older_than: float = 0.0) -> list[str]:
+        """What killed or crashed writers left, as paths (local) or URLs (object stores):
+        - staging folders, their work folders and lock files: in `<root>/.staging/` (local stores) or,
+          for object stores, in this machine's temp folder (`lexiflow-<store id>-<kind>-<version>-...`).
+          A live writer holds its lock file (an OS lock, released when its process dies): those whose
+          lock is free go at once, those whose lock is held never; an entry without a lock file (a
+          writer from before locks) goes once `older_than` seconds old;
+        - object stores: saved scratch state (`.scratch`), anything in `.staging`, and artifact folders
+          without a manifest (an upload that never reached its commit point), once `older_than` seconds
+          old (age = newest file: an upload at work on another machine looks like a crashed one, and
+          holds no lock here).
+        Local `.scratch` folders are resumable state and stay (the next build of the version resumes)."""
         self.refresh()
-        now, removed = time.time(), 0
-        for folder in (STAGING, *(() if self.is_local else (SCRATCH,))):
-            if not self.fs.exists(f"{self.root}/{folder}"):
+        now, found = time.time(), []
+        folder = Path(self.root) / STAGING if self.is_local else Path(tempfile.gettempdir())
+        prefix = "" if self.is_local else f"lexiflow-{self._store_id()}-"
+        if folder.is_dir():
+            for entry in sorted(folder.iterdir()):
+                if not entry.name.startswith(prefix):
+                    continue
+                base = entry.name.removesuffix(".lock").removesuffix("-work")
+                alive = _held(folder / f"{base}.lock")
+                if alive is False or (alive is None and now - _newest_mtime(entry) >= older_than):
+                    found.append(str(entry))
+        if not self.is_local:
+            found += self._remote_leftovers(now, older_than)
+        return found
+
+    def _remote_leftovers(self, now: float, older_than: float) -> list[str]:
+        found = []
+        for folder in (f"{self.root}/{STAGING}", f"{self.root}/{SCRATCH}"):
+            if not self.fs.exists(folder):
                 continue
-            for entry in self.fs.ls(f"{self.root}/{folder}", detail=True):
+            for entry in self.fs.ls(folder, detail=True):
                 newest = max((_mtime(info) for info in self.fs.find(entry["name"], detail=True).values()),
                              default=_mtime(entry))
                 if now - newest >= older_than:
-                    self.fs.rm(entry["name"], recursive=True)
-                    removed += 1
-        if not self.is_local:
-            folders: dict[str, list[dict[str, Any]]] = {}
-            for path, info in self.fs.find(self.root, detail=True).items():
-                parts = path[len(self.root) + 1:].split("/")
-                if len(parts) == 3 and _KIND.fullmatch(parts[0]) and _VERSION.fullmatch(parts[1]):
-                    folders.setdefault(f"{self.root}/{parts[0]}/{parts[1]}", []).append(info)
-            for folder, infos in folders.items():
-                if all(not i["name"].endswith("/" + MANIFEST) for i in infos) and \
-                        now - max(map(_mtime, infos)) >= older_than:
-                    self.fs.rm(folder, recursive=True)
-                    removed += 1
-        return removed
+                    found.append(entry["name"])
+        folders: dict[str, list[dict[str, Any]]] = {}
+        for path, info in self.fs.find(self.root, detail=True).items():
+            parts = path[len(self.root) + 1:].split("/")
+            if len(parts) == 3 and KIND_PATTERN.fullmatch(parts[0]) and VERSION_PATTERN.fullmatch(parts[1]):
+                folders.setdefault(f"{self.root}/{parts[0]}/{parts[1]}", []).append(info)
+        for folder, infos in folders.items():
+            if all(not i["name"].endswith("/" + MANIFEST) for i in infos) and \
+                    now - max(map(_mtime, infos)) >= older_than:
+                found.append(folder)
+        return [self.fs.unstrip_protocol(path) for path in found]
 
+    def remove_leftovers(self, found: list[str]) -> None:
+        for entry in found:
+            if "://" in entry:
+                with suppress(FileNotFoundError):
+                    self.fs.rm(self.fs._strip_protocol(entry), recursive=True)
+            elif os.path.isdir(entry) and not os.path.islink(entry):
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                Path(entry).unlink(missing_ok=True)
+
+    def unreferenced(self, keep: int) -> list[tuple[str, str]]:
+        """(kind, version) of the artifacts a keep-last-`keep` policy removes, newest first: kept are
+        the `keep` newest of each kind (by `created`), so the latest reports too, and everything a kept
+        artifact was built from, transitively (a report's whole lineage). Artifacts whose manifest
+        cannot be read are not listed: `verify` reports them, `rm` removes them."""
+        from lexiflow.storage.catalog import Catalog
+
+        if keep < 1:
+            raise StoreError(f"keep={keep}: keep at least the newest artifact of each kind")
+        manifests = Catalog(self).list()  # oldest first
+        inputs = {(m["kind"], m["version"]): [(r["kind"], r["version"]) for r in m["inputs"].values()]
+                  for m in manifests}
+        kept: set[tuple[str, str]] = set()
+        for kind in {m["kind"] for m in manifests}:
+            kept.update([key for key in inputs if key[0] == kind][-keep:])
+        todo = list(kept)
+        while todo:
+            for ref in inputs.get(todo.pop(), []):
+                if ref not in kept:
+                    kept.add(ref)
+                    todo.append(ref)
+        return [key for key in reversed(list(inputs)) if key not in kept]
+
+    @retry_transient
     def verify(self, kind: str, version: str, full: bool = False) -> list[str]:
-        """Problems with an artifact's files (sizes; checksums too with `full`); empty when sound."""
-        problems = []  # manifest() below drops cached listings, so sizes are the store's own
-        for entry in self.manifest(kind, version)["files"]:
-            try:
-                path, size, sha256 = self.path(kind, version, entry["name"]), entry["size"], entry["sha256"]
-            except (StoreError, KeyError, TypeError):  # tampered: no reads outside the artifact, no crash
-                problems.append(f"{kind}:{version}: invalid file entry {entry!r} in the manifest")
-                continue
-            if not self.fs.exists(path):
-                problems.append(f"{kind}:{version}/{entry['name']}: missing")
-                continue
-            if self.fs.size(path) != size:
-                problems.append(f"{kind}:{version}/{entry['name']}: size differs from the manifest")
+        """Problems with an artifact: its manifest against the schema, its files against the manifest
+        (present, plain files, sizes; checksums too with `full`), and any symbolic link in its folder.
+        Empty when sound. One listing of the folder, so cheap enough to check each artifact a run reuses."""
+        try:
+            manifest = self.manifest(kind, version)  # drops cached listings: sizes are the store's own
+        except ArtifactDamaged as exc:
+            return [str(exc)]
+        listing = {info["name"].rstrip("/").rsplit("/", 1)[-1]: info
+                   for info in self.fs.ls(self.path(kind, version), detail=True)}
+        problems = [f"{kind}:{version}/{name}: a symbolic link{_link_target(info)}; artifacts hold plain files only "
+                    "(export never follows links)" for name, info in sorted(listing.items()) if info.get("islink")]
+        for entry in manifest["files"]:
+            name, info = entry["name"], listing.get(entry["name"])
+            if info is None or (info.get("type") != "file" and not info.get("islink")):
+                problems.append(f"{kind}:{version}/{name}: missing")
+            elif info.get("islink"):
+                continue  # reported above
+            elif info["size"] != entry["size"]:
+                problems.append(f"{kind}:{version}/{name}: size differs from the manifest")
             elif full:
-                with self.fs.open(path, "rb") as f:
-                    if _sha256(f) != sha256:
-                        problems.append(f"{kind}:{version}/{entry['name']}: checksum differs from the manifest")
+                with self.fs.open(self.path(kind, version, name), "rb") as f:
+                    if _sha256(f) != entry["sha256"]:
+                        problems.append(f"{kind}:{version}/{name}: checksum differs from the manifest")
         return problems
 
     def audit(self, full: bool = False) -> tuple[int, list[str]]:
@@ -598,7 +770,7 @@ class ArtifactWriter:
         if schema is not None:
             table = table.select(schema.names).cast(schema)
         path = self.path(name)
-        pq.write_table(table, path, compression="zstd", row_group_size=row_group_size)
+        pq.write_table(table, path, row_group_size=row_group_size, **PARQUET_OPTIONS)
         return path
 
     @contextmanager
@@ -607,7 +779,7 @@ class ArtifactWriter:
         yields `write(part)`. Rows are regrouped into row groups of exactly `row_group_size`, as
         `write_parquet` cuts the whole table."""
         pending: list[pa.Table] = []
-        with pq.ParquetWriter(self.path(name), schema, compression="zstd") as writer:
+        with pq.ParquetWriter(self.path(name), schema, **PARQUET_OPTIONS) as writer:
             def flush(all_rows: bool) -> None:
                 held = pa.concat_tables(pending)
                 rows = held.num_rows if all_rows else held.num_rows - held.num_rows % row_group_size
@@ -644,6 +816,35 @@ class ArtifactWriter:
             with file.open("rb") as f:
                 entries.append({"name": file.name, "size": file.stat().st_size, "sha256": _sha256(f)})
         return entries
+
+
+def _held(lock: Path) -> bool | None:
+    """Whether a writer holds this lock file (None: there is none)."""
+    try:
+        handle = lock.open("r")  # never creates it
+    except FileNotFoundError:
+        return None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+    return False  # closing the handle released our lock
+
+
+def _newest_mtime(path: Path) -> float:
+    """Modification time of a local file, or of the newest entry in a folder."""
+    times = [0.0]
+    for entry in (path, *(path.rglob("*") if path.is_dir() else ())):
+        with suppress(FileNotFoundError):  # removed meanwhile (its writer finished)
+            times.append(entry.lstat().st_mtime)
+    return max(times)
+
+
+def _link_target(info: Mapping[str, Any]) -> str:
+    with suppress(OSError, KeyError):
+        return f" to {os.readlink(info['name'])!r}"
+    return ""
 
 
 def _mtime(info: Mapping[str, Any]) -> float:

@@ -6,10 +6,10 @@ import functools
 from pathlib import Path
 from typing import Any
 
-from lexiflow.models import conllu, ingest, text
-from lexiflow.storage import ArtifactWriter, formats
+from lexiflow.models import ingest
+from lexiflow.models.config import from_section
+from lexiflow.storage import ArtifactWriter
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, TAGGED
-from lexiflow.tasks import parallel as parallel_module
 from lexiflow.tasks.parallel import SHARD_TASK, deliver, map_shards
 from lexiflow.tasks.params import CorpusParams, ParallelParams
 from lexiflow.tasks.stage import stage
@@ -17,7 +17,7 @@ from prefect import task
 
 
 def options(params: CorpusParams) -> ingest.IngestOptions:
-    return ingest.IngestOptions(**params.model_dump(exclude={"sources"}))
+    return from_section(ingest.IngestOptions, params)
 
 
 @functools.lru_cache(maxsize=256)
@@ -56,7 +56,7 @@ def corpus_shard(shard: list[ingest.FileRange], options: ingest.IngestOptions, p
     return deliver(result.documents, part), result.texts, result.errors
 
 
-@stage("corpus", code=[ingest, text, conllu, formats, parallel_module], fingerprint=sources_fingerprint)
+@stage("corpus", fingerprint=sources_fingerprint)
 def ingest_corpus(out: ArtifactWriter, params: CorpusParams, parallel: ParallelParams | None = None) -> None:
     """Shards of the sources (byte ranges of large text/JSONL files, groups of whole files) are
     read and cleaned in parallel, then merged in order: the same corpus as one process makes."""
@@ -74,7 +74,7 @@ def ingest_corpus(out: ArtifactWriter, params: CorpusParams, parallel: ParallelP
     out.metrics.update(corpus.stats)
 
 
-@stage("tagged_corpus", code=[ingest, text, conllu, formats], fingerprint=conllu_fingerprint,
+@stage("tagged_corpus", fingerprint=conllu_fingerprint,
        parameters=tagged_parameters)
 def ingest_tagged(out: ArtifactWriter, params: CorpusParams) -> None:
     tagged = ingest.build_tagged(ingest.resolve_sources(params.sources), options(params), out.progress)

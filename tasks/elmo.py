@@ -5,11 +5,11 @@ checkpoints into the artifact's scratch folder, so a killed or retried run resum
 from __future__ import annotations
 
 import polars as pl
-from lexiflow.models import batch_train, char_encoder, device, text
 from lexiflow.models import elmo as bilm_module
+from lexiflow.models import text
 from lexiflow.models.errors import InputError
-from lexiflow.models.lm import ffnn, neural, rnn, train, transformer
-from lexiflow.storage import ArtifactRef, ArtifactWriter, formats
+from lexiflow.models.lm import train
+from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import read_manifest, read_table
 from lexiflow.tasks.params import ElmoParams
 from lexiflow.tasks.stage import stage
@@ -24,8 +24,7 @@ def bilm_config(params: ElmoParams, lowercase: bool, scratch: str) -> bilm_modul
                                   train=schedule)
 
 
-@stage("elmo", code=[bilm_module, batch_train, char_encoder, train, neural, ffnn, rnn, transformer, device, text,
-                     formats])
+@stage("elmo")
 def train_elmo(out: ArtifactWriter, corpus: ArtifactRef, params: ElmoParams) -> None:
     docs = read_table(corpus, "documents.parquet")
     split = {name: text.sentence_words(docs.filter(pl.col("split") == name)["text"].to_list())

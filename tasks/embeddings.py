@@ -6,9 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 import polars as pl
-from lexiflow.models import device, embedding_plots, glove, svd, text, vectors, vocab, word2vec
+import torch
+from lexiflow.models import device, embedding_plots, glove, svd, vectors, vocab, word2vec
 from lexiflow.models.errors import InputError
-from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter, formats
+from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter
 from lexiflow.storage.formats import read_manifest, read_matrix, read_table, write_vectors
 from lexiflow.tasks.params import GloVeParams, SVDParams, Word2VecParams
 from lexiflow.tasks.stage import stage
@@ -30,20 +31,24 @@ def write_embeddings(out: ArtifactWriter, vocabulary: pl.DataFrame, word_vectors
         out.write_parquet("history.parquet", pl.DataFrame(history))
         embedding_plots.plot_loss(history, out.path("loss_curve.png"), title=f"{method} training loss")
         out.metrics.update({f"final_{k}": float(v) for k, v in history[-1].items() if k.endswith("loss")})
+        seconds = sum(h["seconds"] for h in history)
+        # total work over total time (a per-epoch rate times its seconds is that epoch's work)
         out.metrics.update({"epochs": len(history),
-                            **{k: float(np.mean([h[k] for h in history])) for k in ("words_per_s", "cells_per_s")
-                               if k in history[0]}})
+                            **{k: sum(h[k] * h["seconds"] for h in history) / max(seconds, 1e-12)
+                               for k in ("words_per_s", "cells_per_s") if k in history[0]}})
 
 
-@stage("embeddings", code=[svd, vectors, vocab, text, embedding_plots, formats])
+@stage("embeddings")
 def svd_embeddings(out: ArtifactWriter, ppmi: ArtifactRef, params: SVDParams) -> None:
     word_vectors, singular_values = svd.svd_vectors(read_matrix(ppmi), params.dim, params.power, params.add_context,
-                                                    params.n_iter, params.seed)
+                                                    params.n_iter, params.seed, params.threads,
+                                                    progress=out.progress)
     write_embeddings(out, read_table(ppmi, "vocab.parquet"), word_vectors, "svd")
+    out.metrics["device"] = device.describe(torch.device("cpu"), "fp32")  # scikit-learn, where the flow runs
     out.metrics["top_singular_value"] = float(singular_values[0])
 
 
-@stage("embeddings", code=[word2vec, vectors, vocab, text, embedding_plots, formats])
+@stage("embeddings")
 def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactRef, method: str,
                         params: Word2VecParams) -> None:
     """Skip-gram (`sgns`) or CBOW (`cbow`) through gensim, streaming the corpus artifact's train text
@@ -60,15 +65,16 @@ def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: Art
         model.fit(word2vec.ParquetSentences(path, column="text", split="train"), vocabulary,
                   progress=out.progress)
     write_embeddings(out, vocabulary.frame, model.vectors_, method, model.history_)
+    out.metrics["device"] = device.describe(torch.device("cpu"), "fp32")  # gensim trains on the CPU
 
 
-@stage("embeddings", code=[glove, device, vectors, vocab, text, embedding_plots, formats])
+@stage("embeddings")
 def glove_embeddings(out: ArtifactWriter, cooccurrence: ArtifactRef, params: GloVeParams) -> None:
     """GloVe on the co-occurrence artifact (on CUDA when the worker has one). Its speed is given in
-    cells/s and, comparable with word2vec's, in corpus words/s: the tokens the matrix was counted from
-    per second of an epoch."""
+    cells/s and, comparable with word2vec's, in corpus words/s: the train split's words (every one, in
+    the vocabulary or not, as word2vec counts them) per second of an epoch."""
     model = glove.GloVe(**params.model_dump()).fit(read_matrix(cooccurrence), progress=out.progress)
-    n_tokens = read_manifest(cooccurrence)["metrics"]["tokens"]
+    n_tokens = read_manifest(cooccurrence)["metrics"]["corpus_tokens"]
     history = [{**h, "words_per_s": n_tokens / max(h["seconds"], 1e-12)} for h in model.history_]
     write_embeddings(out, read_table(cooccurrence, "vocab.parquet"), model.vectors_, "glove", history)
-    out.metrics["device"] = model.device_
+    out.metrics["device"] = device.describe(torch.device(model.device_), "fp32")

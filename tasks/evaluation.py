@@ -7,7 +7,7 @@ import logging
 
 import polars as pl
 from lexiflow.models import embedding_plots, evaluation, vectors
-from lexiflow.storage import ArtifactRef, ArtifactWriter, formats
+from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import read_manifest, read_vectors
 from lexiflow.tasks.params import EvaluationParams
 from lexiflow.tasks.stage import stage
@@ -19,10 +19,11 @@ def _method(ref: ArtifactRef) -> str:
     return read_manifest(ref)["metrics"].get("method", ref.version)
 
 
-@stage("evaluation", code=[evaluation, vectors, embedding_plots, formats])
+@stage("evaluation")
 def evaluate_embeddings(out: ArtifactWriter, embeddings: ArtifactRef, params: EvaluationParams) -> None:
     words, _counts, matrix = read_vectors(embeddings)
-    result = evaluation.evaluate(vectors.keyed_vectors(words, matrix), params.analogy_vocabulary, params.probes)
+    result = evaluation.evaluate(vectors.keyed_vectors(words, matrix), params.analogy_vocabulary, params.probes,
+                                 progress=out.progress)
     name = _method(embeddings)
     out.metrics.update(result["metrics"])
     out.metrics.update({"method": name, "embeddings": str(embeddings)})

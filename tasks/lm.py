@@ -7,13 +7,17 @@ GPU of the worker; `models.lm.distributed`) and publishes what rank 0 wrote."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import polars as pl
-from lexiflow.models import device
+import torch
+from lexiflow.models import device, vocab
+from lexiflow.models.config import from_section
 from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import ParameterError
-from lexiflow.models.lm import distributed, ffnn, neural, ngram, rnn, train, transformer
-from lexiflow.storage import ArtifactRef, ArtifactWriter, formats
+from lexiflow.models.lm import distributed, neural, ngram, registry, train
+from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import read_manifest, read_table, read_vectors
 from lexiflow.tasks.params import NeuralLMParams, NgramParams
 from lexiflow.tasks.stage import stage
@@ -28,6 +32,25 @@ def split_sentences(tokens: ArtifactRef) -> dict[str, list[np.ndarray]]:
         flat = ids.explode().drop_nulls().to_numpy().astype(np.int64)
         out[split] = np.split(flat, np.cumsum(ids.list.len().to_numpy())[:-1]) if len(ids) else []
     return out
+
+
+def words_per_split(tokens: ArtifactRef, tokenizer_kind: str, data: dict[str, list[np.ndarray]]) -> dict[str, int]:
+    """Words scored per split, `</s>` of each sentence included: a per-word perplexity divides the same total
+    log-probability by these, so word and subword models compare. Word tokens are words; a subword model's
+    words are the corpus sentences' words (the word pre-tokenizer's)."""
+    if tokenizer_kind == "word":
+        return {split: sum(len(s) + 1 for s in sentences) for split, sentences in data.items()}
+    corpus = read_manifest(tokens)["inputs"]["corpus"]
+    documents = read_table(ArtifactRef(store=tokens.store, kind="corpus", version=corpus["version"]),
+                           "documents.parquet").select("text", "split")
+    counts = (vocab.sentence_tokens(documents).group_by("split")
+              .agg(pl.col("words").list.len().sum() + pl.len()).iter_rows())
+    return {split: int(n) for split, n in counts}
+
+
+def word_perplexity(token_ppl: float, tokens: int, words: int) -> float:
+    """exp(total NLL / words) from the per-token perplexity over `tokens` scored tokens."""
+    return train.perplexity(math.log(token_ppl) * tokens / words) if math.isfinite(token_ppl) else math.inf
 
 
 def pretrained_matrix(embeddings: ArtifactRef, tokens: list[str], dim: int, dim_name: str) -> np.ndarray:
@@ -45,28 +68,18 @@ def pretrained_matrix(embeddings: ArtifactRef, tokens: list[str], dim: int, dim_
     return matrix
 
 
+# What the pipeline sets itself in a kind's config, beyond its section (models/config.py).
+FIXED = {"rnn": {"cell": "rnn"}, "lstm": {"cell": "lstm"}, "gru": {"cell": "gru"}}
+
+
 def neural_model(kind: str, vocab_size: int, p: NeuralLMParams, out: ArtifactWriter,
                  embeddings: np.ndarray | None) -> neural.NeuralLM:
-    schedule = train.TrainConfig(
-        epochs=p.epochs, max_steps=p.max_steps, batch_size=p.batch_size, bptt=p.bptt, optimizer=p.optimizer,
-        lr=p.lr, warmup_steps=p.warmup_steps, patience=p.patience, device=p.device, seed=p.seed,
-        checkpoint_dir=str(out.scratch), checkpoint_every=p.checkpoint_every)
-    common = {"dropout": p.dropout, "freeze_embeddings": p.freeze_embeddings}
-    if kind == "ffnn":
-        config = ffnn.FFNNConfig(vocab_size, context_size=p.context_size, emb_dim=p.emb_dim,
-                                 hidden_dim=p.hidden_dim, **common)
-        return ffnn.FFNNLM(config, schedule, embeddings)
-    if kind in ("rnn", "lstm", "gru"):
-        config = rnn.RNNConfig(vocab_size, cell=kind, emb_dim=p.emb_dim, hidden_dim=p.hidden_dim,
-                               num_layers=p.num_layers, tie_weights=p.tie_weights, **common)
-        return rnn.RNNLM(config, schedule, embeddings)
-    config = transformer.TransformerConfig(vocab_size, max_len=p.max_len, d_model=p.d_model, n_layers=p.n_layers,
-                                           n_heads=p.n_heads, positional=p.positional, tie_weights=p.tie_weights,
-                                           **common)
-    return transformer.TransformerLM(config, schedule, embeddings)
+    estimator, fixed = registry.KINDS[kind], FIXED.get(kind, {})
+    schedule = from_section(train.TrainConfig, p, checkpoint_dir=str(out.scratch))
+    return estimator(from_section(estimator.config_class, p, vocab_size=vocab_size, **fixed), schedule, embeddings)
 
 
-@stage("lm", code=[ngram, neural, train, ffnn, rnn, transformer, distributed, device, formats])
+@stage("lm", variants=("model", registry.KINDS))  # each kind versioned with its own code
 def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, model: str,
              params: NgramParams | NeuralLMParams, embeddings: ArtifactRef | None = None) -> None:
     encoded_with = read_manifest(tokens)["inputs"].get("tokenizer")
@@ -77,9 +90,8 @@ def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, m
     vocabulary = read_table(tokenizer, "vocab.parquet")
     data = split_sentences(tokens)
     if model == "ngram":
-        lm = ngram.NgramLM(order=params.order, smoothing=params.smoothing, discount=params.discount, k=params.k,
-                           min_count=params.min_count,
-                           vocab_size=vocabulary.height).fit(data["train"])
+        lm = from_section(ngram.NgramLM, params, vocab_size=vocabulary.height).fit(data["train"])
+        out.metrics["device"] = device.describe(torch.device("cpu"), "fp64")  # counts and probabilities in numpy
     else:
         dim_name = "d_model" if model == "transformer" else "emb_dim"
         init = (pretrained_matrix(embeddings, vocabulary["token"].to_list(), getattr(params, dim_name), dim_name)
@@ -90,15 +102,22 @@ def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, m
                                              workdir=out.work / "ddp",
                                              device=str(resolve_device(params.device, "neural.device")))
         else:
-            lm.fit(data["train"], data["valid"] or None)
+            lm.fit(data["train"], data["valid"] or None, progress=out.progress)
+        used = lm.device_ if params.world_size == 1 else resolve_device(params.device, "neural.device")
+        out.metrics["device"] = device.describe(used, device.lm_precision(used, lm.train.precision), params.world_size)
         out.metrics["world_size"] = params.world_size
         out.metrics["parameters"] = lm.n_parameters
         out.metrics["pretrained"] = str(embeddings) if embeddings else None
     lm.save(out.folder)
     out.write_json("lexiflow.json", {"model": model, "tokenizer": str(tokenizer), "tokens": str(tokens)})
-    out.metrics.update({
-        "model": model, "tokenizer": tokenizer.version, "vocabulary_size": vocabulary.height,
-        "train_tokens": int(sum(len(s) + 1 for s in data["train"])),
-        "valid_perplexity": float(lm.perplexity(data["valid"])) if data["valid"] else None,
-        "test_perplexity": float(lm.perplexity(data["test"])) if data["test"] else None,
-    })
+    out.metrics.update({"model": model, "tokenizer": tokenizer.version, "vocabulary_size": vocabulary.height,
+                        "train_tokens": int(sum(len(s) + 1 for s in data["train"]))})
+    words = words_per_split(tokens, read_manifest(tokenizer)["metrics"].get("kind", "word"), data)
+    for split in ("valid", "test"):
+        if not data[split]:
+            out.metrics.update({f"{split}_perplexity": None, f"{split}_word_perplexity": None})
+            continue
+        ppl = float(lm.perplexity(data[split], progress=out.progress))  # neural: logs sentences/s and ETA
+        scored = sum(len(s) + 1 for s in data[split])
+        out.metrics.update({f"{split}_perplexity": ppl,
+                            f"{split}_word_perplexity": word_perplexity(ppl, scored, words.get(split, scored))})

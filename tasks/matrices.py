@@ -6,11 +6,10 @@ from typing import Any
 
 import numpy as np
 import polars as pl
-import scipy.sparse as sp
-from lexiflow.models import cooccurrence, ppmi, text, vocab
-from lexiflow.storage import ArtifactRef, ArtifactWriter, formats
-from lexiflow.storage.formats import VOCAB, count_rows, read_matrix, read_rows, read_table, write_matrix
-from lexiflow.tasks import parallel as parallel_module
+from lexiflow.models import cooccurrence, ppmi, vocab
+from lexiflow.models.errors import InputError
+from lexiflow.storage import ArtifactRef, ArtifactWriter
+from lexiflow.storage.formats import VOCAB, corpus_sources, count_rows, read_matrix, read_rows, read_table, write_matrix
 from lexiflow.tasks.parallel import (
     SHARD_TASK,
     deliver,
@@ -25,10 +24,11 @@ from prefect import task
 
 @task(name="cooccurrence-shard", **SHARD_TASK)
 def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, keep_prob: np.ndarray, window: int, seed: int,
-                       part: str | None) -> tuple[Any, Any, int, int]:
+                       part: str | None) -> tuple[Any, Any, int, int, int]:
     """Per-distance pair counts (after subsampling) and term–document counts (every token) of the train
     sentences among [start, stop) (windows never cross a sentence, and a token's subsampling draw depends
-    on its sentence number, so sentence ranges add up exactly), and their numbers of tokens (all, kept)."""
+    on its sentence number, so sentence ranges add up exactly), and their numbers of tokens (in the
+    vocabulary, kept after subsampling, and every train token, <unk> included)."""
     table = read_rows(tokens, "tokens.parquet", start, stop)
     vocab_size = len(keep_prob)
     # held-out sentences keep their row (and number) but no tokens: nothing of them reaches the vectors
@@ -39,13 +39,13 @@ def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, keep_prob: np
     # Documents are runs of sentences: their id ranges come from the sentence offsets (no regrouping).
     doc_index = table["doc_index"].to_numpy()
     doc_starts = np.flatnonzero(np.concatenate(([True], doc_index[1:] != doc_index[:-1]))) if len(doc_index) else []
-    local = cooccurrence.term_document_matrix(ids, np.append(offsets[doc_starts], offsets[-1]), vocab_size).tocoo()
-    first, n_docs = (int(doc_index[0]), int(doc_index[-1]) + 1) if len(doc_index) else (0, 0)  # 0..documents-1
-    termdoc = sp.csr_matrix((local.data, (local.row, local.col + first)), shape=(vocab_size, n_docs))
-    return deliver(counts, part, "pairs"), deliver(termdoc, part, "docs"), len(ids), len(kept)
+    first = int(doc_index[0]) if len(doc_index) else 0  # the shard's documents are first.. of 0..documents-1
+    termdoc = cooccurrence.term_document_matrix(ids, np.append(offsets[doc_starts], offsets[-1]), vocab_size, first)
+    corpus_tokens = int(train_ids.list.len().sum() or 0)
+    return deliver(counts, part, "pairs"), deliver(termdoc, part, "docs"), len(ids), len(kept), corpus_tokens
 
 
-@stage("cooccurrence", code=[cooccurrence, vocab, text, formats, parallel_module])
+@stage("cooccurrence")
 def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef,
                        params: CooccurrenceParams, parallel: ParallelParams | None = None) -> None:
     """Counts over the train split only, as the vocabulary: embeddings built on these counts may
@@ -61,20 +61,26 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
     keep_prob = cooccurrence.keep_probabilities(word_counts, params.subsample)
     calls = [{"tokens": tokens, "start": a, "stop": b, "keep_prob": keep_prob, "window": params.window,
               "seed": params.seed} for a, b in ranges]
-    pairs, docs, n_tokens, n_kept = zip(*map_shards(cooccurrence_shard, calls, parallel, "cooccurrence", out),
-                                        strict=True)
+    pairs, docs, n_tokens, n_kept, n_corpus = zip(*map_shards(cooccurrence_shard, calls, parallel, "cooccurrence",
+                                                              out), strict=True)
     matrix = cooccurrence.weigh(sum_matrices(list(pairs)), vocabulary.height, params.weighting)
+    if not matrix.nnz:  # an empty result is no artifact: every later stage would fail on it, less clearly
+        raise InputError(f"no two words co-occur in the train split of {corpus_sources(tokens)} ({sum(n_tokens)} "
+                         f"tokens of vocabulary words, {sum(n_kept)} after subsampling): nothing for embeddings "
+                         "to learn from; give more text with words, or lower vocabulary.min_count or "
+                         "cooccurrence.subsample")
     write_matrix(out, "matrix.parquet", matrix)
     n_docs = max(d.shape[1] for d in docs)
     termdoc = sum_matrices(list(docs), shape=(vocabulary.height, n_docs))
     write_matrix(out, "termdoc.parquet", termdoc)
     out.write_parquet("vocab.parquet", vocabulary, VOCAB)
     out.metrics.update({"nonzeros": int(matrix.nnz), "tokens": sum(n_tokens), "tokens_after_subsampling": sum(n_kept),
+                        "corpus_tokens": sum(n_corpus),
                         "total_weight": float(matrix.sum()), "vocabulary_size": vocabulary.height,
                         "documents": n_docs})
 
 
-@stage("ppmi", code=[ppmi, formats])
+@stage("ppmi")
 def compute_ppmi(out: ArtifactWriter, cooccurrence: ArtifactRef, params: PPMIParams) -> None:
     matrix = ppmi.ppmi_matrix(read_matrix(cooccurrence), params.alpha, params.shift)
     write_matrix(out, "matrix.parquet", matrix)

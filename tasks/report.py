@@ -5,16 +5,24 @@ Prefect UI as table, markdown and image artifacts."""
 from __future__ import annotations
 
 import logging
+import math
 import re
+from typing import Any
 
 from lexiflow.models import evaluation
-from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter, formats
+from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter
 from lexiflow.storage.formats import read_manifest
 from lexiflow.tasks.report_image import publish_chart, publish_image
 from lexiflow.tasks.stage import stage
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
-LM_COLUMNS = ("model", "vocabulary_size", "train_tokens", "parameters", "valid_perplexity", "test_perplexity")
+LM_COLUMNS = ("model", "tokenizer", "device", "vocabulary_size", "train_tokens", "parameters", "valid_perplexity",
+              "valid_word_perplexity", "test_perplexity", "test_word_perplexity")
+# The figure that sums up an artifact of each kind, in the lineage table.
+KEY_METRIC = {"corpus": "tokens", "tagged_corpus": "sentences", "tokenizer": "vocabulary_size",
+              "tokenized_corpus": "unk_rate", "cooccurrence": "nonzeros", "ppmi": "nonzeros", "embeddings": "dim",
+              "evaluation": "ws353_spearman", "lm": "valid_perplexity", "tagger": "accuracy", "report": "embeddings",
+              "elmo": "valid_loss"}
 TAGGER_COLUMNS = ("column", "model", "evaluated_on", "accuracy", "known_accuracy", "unknown_accuracy", "tokens",
                   "unknown_tokens", "elmo_weights", "elmo_gamma")
 FIGURE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+\.png)\)")
@@ -33,14 +41,56 @@ def _copy_pngs(out: ArtifactWriter, ref: ArtifactRef, prefix: str) -> list[str]:
     return names
 
 
+def for_people(value: Any) -> Any:
+    """A figure rounded for a table people read (4 significant digits); the artifacts keep full precision."""
+    if isinstance(value, float):
+        return value if not math.isfinite(value) else float(f"{value:.4g}")
+    return value
+
+
+def device_label(device: dict[str, Any] | None) -> str:
+    """`cuda NVIDIA H100 ×2 bf16`, `cpu Intel(R) Xeon(R) ... (2 threads) fp32`: what a training ran on."""
+    if not isinstance(device, dict):
+        return "–"
+    threads = f" ({device['threads']} threads)" if device.get("threads") else ""
+    return f"{device['type']} {device['name']}{threads} ×{device['count']} {device['precision']}"
+
+
+def lineage_rows(refs: list[ArtifactRef]) -> list[dict[str, Any]]:
+    """Every artifact the given ones were made from, inputs first (each once): kind, version, tag (method,
+    tokenizer kind, model, tag column), the kind's key metric (rounded) and what it was made from."""
+    from lexiflow.storage.formats import DISTINGUISHED_BY
+
+    manifests: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def visit(ref: ArtifactRef) -> None:
+        if (ref.kind, ref.version) in manifests:
+            return
+        manifest = read_manifest(ref)
+        for entry in manifest["inputs"].values():
+            visit(ArtifactRef(store=ref.store, kind=entry["kind"], version=entry["version"]))
+        manifests[(ref.kind, ref.version)] = manifest
+
+    for ref in refs:
+        visit(ref)
+    rows = []
+    for (kind, version), manifest in manifests.items():
+        metrics, key = manifest["metrics"], KEY_METRIC.get(kind)
+        rows.append({"artifact": f"{kind}:{version}", "tag": str(metrics.get(DISTINGUISHED_BY.get(kind, ""), "")),
+                     "key metric": f"{key} {evaluation.format_cell(for_people(metrics.get(key)))}" if key else "",
+                     "made from": ", ".join(f"{name} {entry['kind']}:{entry['version']}"
+                                            for name, entry in manifest["inputs"].items())})
+    return rows
+
+
 def _table(rows: list[dict], columns: tuple[str, ...]) -> list[str]:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
-        lines.append("| " + " | ".join(evaluation._fmt(row.get(c)) for c in columns) + " |")
+        lines.append("| " + " | ".join(evaluation.format_cell(row.get(c)) for c in columns) + " |")
     return lines
 
 
-@stage("report", code=[evaluation, formats])
+@stage("report")
 def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[ArtifactRef] | None = None,
                  taggers: list[ArtifactRef] | None = None) -> None:
     store = ArtifactStore(evaluations[0].store)
@@ -61,9 +111,16 @@ def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[
         method = manifest["metrics"]["method"]
         lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, method) + _copy_pngs(out, trained, method)]
     if lms:
-        lines += ["", "## Language models", "", "Perplexity per token (every word and `</s>`), each sentence "
-                  "scored from `<s>`; validation tunes, test is reported once.", ""]
-        lines += _table([read_manifest(ref)["metrics"] for ref in lms], LM_COLUMNS)
+        lines += ["", "## Language models", "", "Perplexity per token (every token and `</s>`, each sentence "
+                  "scored from `<s>`) and per word (the same total log-probability over the words and `</s>`, so "
+                  "models with different tokenizers compare); validation tunes, test is reported once.", ""]
+        lm_rows = []
+        for ref in lms:
+            metrics = read_manifest(ref)["metrics"]
+            tokenizer = read_manifest(ArtifactRef(store=ref.store, kind="tokenizer", version=metrics["tokenizer"]))
+            lm_rows.append({**metrics, "tokenizer": tokenizer["metrics"].get("kind", "?"),
+                            "device": device_label(metrics.get("device"))})
+        lines += _table(lm_rows, LM_COLUMNS)
         for ref in lms:
             model = read_manifest(ref)["metrics"]["model"]
             lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, f"lm-{model}")]
@@ -82,6 +139,9 @@ def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[
         model = m.get("model", "hmm")  # one heatmap per tagger: the HMM's keep their names of old
         prefix = f"tagger-{m['column']}" if model == "hmm" else f"tagger-{model.replace('+', '-')}-{m['column']}"
         lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, prefix)]
+    lines += ["", "## Lineage", "", "Every artifact behind this report, inputs first.", ""]
+    lines += _table(lineage_rows([*evaluations, *(lms or []), *(taggers or [])]),
+                    ("artifact", "tag", "key metric", "made from"))
     out.write_text("report.md", "\n".join(lines) + "\n")
     out.metrics.update({"embeddings": len(evaluations), "lms": len(lms or []), "taggers": len(taggers or [])})
 
@@ -98,7 +158,7 @@ def publish_report(report: ArtifactRef) -> str:
         for name, ref in manifest["inputs"].items():
             metrics = store.manifest(ref["kind"], ref["version"])["metrics"]
             rows.append({"input": name, "artifact": f"{ref['kind']}:{ref['version']}",
-                         **{k: v for k, v in metrics.items() if isinstance(v, int | float | str)}})
+                         **{k: for_people(v) for k, v in metrics.items() if isinstance(v, int | float | str)}})
         # every row with every column: the UI takes the table's columns from its first row only, which
         # hid the language models' perplexities and the taggers' accuracy behind the embeddings' figures
         columns = list(dict.fromkeys(column for row in rows for column in row))
@@ -123,6 +183,32 @@ def publish_report(report: ArtifactRef) -> str:
     except Exception:  # no Prefect run context (a plain function call): the report is still returned
         pass
     return markdown
+
+
+def publish_lineage(refs: dict[str, ArtifactRef]) -> list[dict[str, Any]]:
+    """Show, on the pipeline's own run, every artifact it used or made (reused ones too) and how they were
+    made: a table artifact `run-lineage` (kind:version, tag, key metric, inputs, location) and a markdown
+    artifact `run-artifacts` with each location as a browser can open it (an object store's URL; a local
+    path as text: browsers refuse file:// links from a web page). Returns the table's rows."""
+    any_ref = next(iter(refs.values()))
+    store = ArtifactStore(any_ref.store)
+    names = {(ref.kind, ref.version): name for name, ref in refs.items()}
+    rows = [{"name": names.get(tuple(row["artifact"].split(":")), "(input)"), **row,
+             "location": store.location(*row["artifact"].split(":"))} for row in lineage_rows(list(refs.values()))]
+    lines = ["# Artifacts of this run", "", f"Store: `{store.url}`. Used or made by this run, inputs first "
+             "(reused ones included).", "", "| name | artifact | tag | key metric | location |",
+             "|---|---|---|---|---|"]
+    for row in rows:
+        where = (f"[{row['location']}]({row['location']})" if "://" in row["location"] else f"`{row['location']}`")
+        lines.append(f"| {row['name']} | `{row['artifact']}` | {row['tag']} | {row['key metric']} | {where} |")
+    try:
+        create_table_artifact(rows, key="run-lineage", description="Lineage: every artifact of this run and what "
+                                                                   "it was made from")
+        create_markdown_artifact("\n".join(lines) + "\n", key="run-artifacts",
+                                 description="Every artifact this run used or made, with its location")
+    except Exception:  # no Prefect run context (a plain function call): nothing to show it in
+        pass
+    return rows
 
 
 def figure_key(name: str) -> str:

@@ -5,28 +5,31 @@ A builder is `build(out: ArtifactWriter, **arguments) -> None`, where arguments 
 `task(store: str, **arguments) -> ArtifactRef` and:
 
 1. computes the artifact version: a hash of the input versions, the parameters, optional extra
-   material (`fingerprint`, e.g. source file contents) and the code version, which hashes the
-   source of the task module and of the `models/` modules the stage names (Prefect's TASK_SOURCE
-   alone would miss a change in `models/`);
-2. returns at once if the store already holds that version (nothing is recomputed);
+   material (`fingerprint`, e.g. source file contents) and the code version, derived from the
+   code: the task module and every lexiflow module its builder reaches, imports followed
+   transitively, each hashed without comments and docstrings (Prefect's TASK_SOURCE alone would
+   miss a change in `models/`);
+2. returns at once if the store already holds that version, sound (`reusable`: manifest valid, files
+   there with their sizes; nothing is recomputed); a damaged one is removed and rebuilt;
 3. otherwise builds it into a staging folder and publishes it atomically; a second run of the same
    version on this machine waits for the first and reuses its artifact (`ArtifactStore.build_lock`).
 
-Prefect's cache key is the same version, given only while the artifact exists, so a cache hit
+Prefect's cache key is the same version, given only while the artifact exists and is sound, so a cache hit
 can never return a reference to a deleted artifact. Retries (with backoff) cover transient I/O
 errors only; `LexiflowError` (bad input or parameters) fails at once.
 """
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import functools
 import hashlib
+import importlib
 import inspect
 import logging
-import sys
-from collections.abc import Callable, Sequence
-from pathlib import Path
-from types import ModuleType
+from collections.abc import Callable, Iterable
+from types import CodeType, ModuleType
 from typing import Any
 
 from lexiflow.models.errors import LexiflowError
@@ -34,7 +37,12 @@ from lexiflow.storage import ArtifactRef, ArtifactStore, StoreError, content_ver
 from lexiflow.storage.formats import read_manifest
 from lexiflow.storage.store import ArtifactNotFound, is_transient
 from prefect import get_run_logger, task
-from prefect.artifacts import create_link_artifact, create_progress_artifact, update_progress_artifact
+from prefect.artifacts import (
+    create_link_artifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    update_progress_artifact,
+)
 from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run, task_run
 from pydantic import BaseModel
@@ -91,10 +99,136 @@ def published_manifest(ref: ArtifactRef) -> dict[str, Any] | None:
         return None
 
 
-def code_version(modules: Sequence[ModuleType]) -> str:
+def reusable(store: ArtifactStore, kind: str, version: str, logger: Any = None) -> bool:
+    """Whether the store holds `kind:version` sound: its manifest follows the schema and its files are
+    there with their sizes (one manifest read and one listing; the content is checked where it is read:
+    Parquet page checksums, SHA-256 of files read whole). With a `logger` (the caller holds the build
+    lock), a damaged artifact is removed, to be rebuilt, with a warning naming it."""
+    try:
+        problems = store.verify(kind, version)
+    except ArtifactNotFound:
+        return False
+    if problems and logger is not None:
+        logger.warning("%s:%s: damaged (%s); rebuilding it", kind, version, "; ".join(problems)[:500])
+        with contextlib.suppress(StoreError):  # another run removed it first
+            store.delete(kind, version)
+    return not problems
+
+
+# ---- code versions ---------------------------------------------------------------------------
+# A stage's code version covers the lexiflow code its artifact's content depends on, derived from the
+# code: the names its builder (and the functions of its own module it calls) uses, then every lexiflow
+# import of those modules, transitively, function-level imports included. Each module is hashed as its
+# AST without docstrings, so a comment or docstring edit rebuilds nothing.
+VERSIONED_PACKAGES = ("lexiflow.models", "lexiflow.storage", "lexiflow.tasks")
+# Modules that cannot change an artifact's content: not hashed, not followed.
+CANNOT_CHANGE_CONTENT = frozenset({
+    "lexiflow.models.errors",  # exception classes and messages
+    "lexiflow.models.progress",  # progress logging
+    "lexiflow.models.heap",  # allocator settings
+    "lexiflow.tasks.stage", "lexiflow.storage.store",  # versioning and publishing; the layout has SCHEMA_VERSION
+    "lexiflow.tasks.params",  # parameter models: their values are part of the version
+    "lexiflow.storage.catalog",  # reading inputs: manifests and listings, no model objects
+    "lexiflow.tasks.report_image",  # Prefect UI artifacts only, no file of the report
+})
+
+
+def _versioned(name: str) -> bool:
+    return name.startswith(VERSIONED_PACKAGES) and name not in CANNOT_CHANGE_CONTENT
+
+
+@functools.cache
+def _imported_names(module_name: str) -> dict[str, str]:
+    """{name bound by an import anywhere in the module: the lexiflow module it comes from}."""
+    names = {}
+    for node in ast.walk(ast.parse(inspect.getsource(importlib.import_module(module_name)))):
+        if isinstance(node, ast.Import):
+            names.update({(a.asname or a.name): a.name for a in node.names if a.name.startswith(VERSIONED_PACKAGES)})
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(VERSIONED_PACKAGES):
+            base = importlib.import_module(node.module)
+            for a in node.names:
+                obj = getattr(base, a.name)
+                origin = obj.__name__ if isinstance(obj, ModuleType) else getattr(obj, "__module__", None)
+                names[a.asname or a.name] = origin if origin and origin.startswith(VERSIONED_PACKAGES) else node.module
+    return names
+
+
+def _closure(modules: Iterable[str]) -> set[str]:
+    """The modules given and every lexiflow module they import, transitively."""
+    seen, todo = set(), list(modules)
+    while todo:
+        module = todo.pop()
+        if _versioned(module) and module not in seen:
+            seen.add(module)
+            todo += _imported_names(module).values()
+    return seen
+
+
+def _defined_in(value: Any) -> set[str]:
+    """The modules a global value's code lives in: a module, a class or function, or a table of them."""
+    if isinstance(value, dict):
+        return set().union(*map(_defined_in, value.values()))
+    if isinstance(value, list | tuple | set | frozenset):
+        return set().union(*map(_defined_in, value))
+    if isinstance(value, ModuleType):
+        return {value.__name__}
+    if inspect.isclass(value) or inspect.isfunction(value):
+        return {value.__module__}
+    return set()
+
+
+def _reached(fn: Callable, seen: set) -> set[str]:
+    """Lexiflow modules whose names `fn` uses, following the functions and tasks of its own module."""
+    home, imports, modules = fn.__module__, _imported_names(fn.__module__), set()
+    codes = [fn.__code__]
+    while codes:
+        code = codes.pop()
+        codes += [c for c in code.co_consts if isinstance(c, CodeType)]
+        for name in code.co_names:
+            value = fn.__globals__.get(name)
+            if name in imports:
+                modules.add(imports[name])
+            else:
+                modules |= _defined_in(value)
+            callee = getattr(value, "fn", value)  # a Prefect task's function
+            if inspect.isfunction(callee) and callee.__module__ == home and callee not in seen:
+                seen.add(callee)
+                modules |= _reached(callee, seen)
+    return modules - {home}  # the stage's own module is hashed whole, its functions followed above
+
+
+def code_modules(build: Callable, variant: Any = None, variants: Iterable[Any] = ()) -> list[str]:
+    """The modules a builder's artifact depends on: its own module, and the closure of what it uses.
+    A stage that serves several kinds (`variants`: the modules or objects each kind's code lives in)
+    depends on the chosen kind's code only: editing the Transformer does not retrain n-gram models."""
+    own = build.__module__
+    kinds = [getattr(v, "__name__", None) if isinstance(v, ModuleType) else v.__module__ for v in variants]
+    shared = _closure(_reached(build, {build}) - set(kinds)) - _closure(kinds)
+    chosen = _closure([kinds[list(variants).index(variant)]]) if variant is not None else set()
+    return sorted({own} | shared | chosen)
+
+
+@functools.cache
+def module_hash(name: str) -> str:
+    return source_hash(inspect.getsource(importlib.import_module(name)))
+
+
+def source_hash(source: str) -> str:
+    """SHA-256 of the code's AST with docstrings removed: comments and docstrings do not count."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if (isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and body
+                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
+
+
+def code_version(modules: Iterable[str]) -> str:
     digest = hashlib.sha256()
-    for module in modules:
-        digest.update(inspect.getsource(module).encode())
+    for name in sorted(modules):
+        digest.update(f"{name}:{module_hash(name)}".encode())
     return digest.hexdigest()[:16]
 
 
@@ -140,25 +274,40 @@ def _progress_artifact(kind: str) -> Callable[[float | None], None]:
 
 
 def link_artifact(store: ArtifactStore, kind: str, version: str) -> None:
-    """A Prefect link artifact (keyed per stage) from the run to the artifact's folder in the store."""
-    path = store.path(kind, version)
-    url = Path(path).as_uri() if store.is_local else store.fs.unstrip_protocol(path)
+    """A Prefect artifact (keyed per stage) from the run to the artifact in the store: a link to an object
+    store's location, or a local folder's path as text (a browser refuses file:// links from a web page)."""
+    location, key = store.location(kind, version), f"{kind.replace('_', '-')}-artifact"
     try:
-        create_link_artifact(url, link_text=f"{kind}:{version}", key=f"{kind.replace('_', '-')}-artifact",
-                             description=f"{kind} artifact in the store ({store.url})")
+        if store.is_local:
+            create_markdown_artifact(f"`{kind}:{version}` in `{location}`", key=key,
+                                     description=f"{kind} artifact in the store ({store.url})")
+        else:
+            create_link_artifact(location, link_text=f"{kind}:{version}", key=key,
+                                 description=f"{kind} artifact in the store ({store.url})")
     except Exception:  # outside a run context, or the API is busy: the link is a nicety
         pass
 
 
-def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dict], Any] | None = None,
-          parameters: Callable[[dict], dict[str, Any]] | None = None, **task_options: Any):
+def stage(kind: str, fingerprint: Callable[[dict], Any] | None = None,
+          parameters: Callable[[dict], dict[str, Any]] | None = None,
+          variants: tuple[str, dict[str, Any]] | None = None, **task_options: Any):
     """Decorate `build(out, **arguments)`; see the module docstring. `parameters(arguments)`: the
     parameters the artifact depends on, for a builder that reads only part of its arguments
-    (default: every argument that is not an input artifact or in HOW)."""
+    (default: every argument that is not an input artifact or in HOW). `variants=(argument, {value:
+    module or object})`: a stage serving several kinds, each kind's code versioned on its own."""
 
     def decorate(build: Callable[..., None]):
-        modules = (sys.modules[build.__module__], *code)
-        code_hash = code_version(modules)
+        choice, kinds = variants or (None, {})
+
+        def modules_for(arguments: dict[str, Any]) -> list[str]:
+            return code_modules(build, kinds.get(arguments.get(choice)), kinds.values())
+
+        hashes: dict[str | None, str] = {}  # a plain dict, not functools.cache: Dask pickles the task by value
+
+        def code_hash(variant: str | None) -> str:  # derived on first use: the module is fully defined by then
+            if variant not in hashes:
+                hashes[variant] = code_version(modules_for({choice: variant}))
+            return hashes[variant]
         # Prefect reads parameters from the signature: `store` first, then the builder's own.
         own = list(inspect.signature(build).parameters.values())[1:]
         store_param = inspect.Parameter("store", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str)
@@ -176,14 +325,15 @@ def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dic
                 params = parameters(arguments)
             if fingerprint is not None:
                 params["_content"] = fingerprint(arguments)
-            return inputs, params, content_version(kind, {k: r.version for k, r in inputs.items()}, params, code_hash)
+            code = code_hash(arguments.get(choice))
+            return inputs, params, content_version(kind, {k: r.version for k, r in inputs.items()}, params, code)
 
         def cache_key(_ctx: Any, arguments: dict[str, Any]) -> str | None:
             try:
                 store = ArtifactStore(arguments["store"])
                 version = describe(arguments)[2]
-                if not store.exists(kind, version):
-                    return None  # nothing to reuse: a stale Prefect record must not answer for it
+                if not reusable(store, kind, version):
+                    return None  # nothing (sound) to reuse: a stale Prefect record must not answer for it
             except (OSError, *USER_ERRORS):
                 return None  # store unreachable, or bad input: the task itself retries or reports it
             return f"{kind}-{version}-{hashlib.sha256(store.url.encode()).hexdigest()[:12]}"
@@ -196,16 +346,17 @@ def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dic
             inputs, params, version = describe({"store": store, **arguments})
             ref = artifacts.ref(kind, version)
             logger = get_run_logger()
-            if artifacts.exists(kind, version):
+            if reusable(artifacts, kind, version):
                 logger.info("%s: reusing %s", kind, ref)
                 return ref
             with artifacts.build_lock(kind, version):
-                if artifacts.exists(kind, version):
+                if reusable(artifacts, kind, version, logger):
                     logger.info("%s: reusing %s, built by another run while this one waited", kind, ref)
                     return ref
                 run_info = {"flow_run_id": str(flow_run.id or ""), "flow_run_name": flow_run.name or "",
                             "task_run_id": str(task_run.id or "")}
-                with artifacts.writer(kind, version, inputs=inputs, parameters=params, code_version=code_hash,
+                with artifacts.writer(kind, version, inputs=inputs, parameters=params,
+                                      code_version=code_hash(arguments.get(choice)),
                                       run=run_info) as out:
                     out.progress = _progress_artifact(kind)
                     build(out, **arguments)
@@ -220,7 +371,7 @@ def stage(kind: str, code: Sequence[ModuleType] = (), fingerprint: Callable[[dic
         options = {"name": kind, **STAGE_RETRIES, "cache_key_fn": cache_key,
                    "persist_result": True, "result_serializer": "json", **task_options}
         prefect_task = task(**options)(run)
-        prefect_task.code_modules = modules  # what the code version hashes (tests/test_code_versions.py)
+        prefect_task.code_modules = modules_for  # what the code version hashes, per arguments
         prefect_task.describe = describe  # for tests that publish without Prefect, and planning
         prefect_task.version_of = lambda arguments: describe(arguments)[2]
         return prefect_task

@@ -8,13 +8,13 @@ its states by it), checkpointing into the artifact's scratch folder (a killed ru
 from __future__ import annotations
 
 import polars as pl
-from lexiflow.models import batch_train, char_encoder, conllu, device, hmm, ingest, neural_tagger, tagging_metrics, text
-from lexiflow.models import elmo as bilm_module
+from lexiflow.models import hmm, neural_tagger, tagging_metrics
+from lexiflow.models.elmo import BiLM
 from lexiflow.models.errors import ParameterError
-from lexiflow.models.lm import ffnn, neural, rnn, train, transformer
-from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter, formats
-from lexiflow.storage.formats import read_manifest, read_table
-from lexiflow.storage.loaders import load_elmo
+from lexiflow.models.ingest import sources as ingest
+from lexiflow.models.lm import train
+from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter
+from lexiflow.storage.formats import read_table
 from lexiflow.tasks.params import TaggerParams
 from lexiflow.tasks.stage import stage
 
@@ -49,9 +49,7 @@ def tagged_split(table: pl.DataFrame, split: str, column: str, refine: bool) -> 
     return [list(zip(w, t, strict=True)) for w, t, _ in rows]
 
 
-@stage("tagger", code=[hmm, neural_tagger, bilm_module, char_encoder, batch_train, train, neural, ffnn, rnn,
-                       transformer, device, tagging_metrics, ingest, conllu, text, formats],
-       parameters=tagger_parameters)
+@stage("tagger", parameters=tagger_parameters)
 def train_tagger(out: ArtifactWriter, tagged: ArtifactRef, column: str, params: TaggerParams, kind: str = "hmm",
                  elmo: ArtifactRef | None = None) -> None:
     if (kind == "bilstm+elmo") != (elmo is not None):
@@ -65,7 +63,10 @@ def train_tagger(out: ArtifactWriter, tagged: ArtifactRef, column: str, params: 
     if kind == "hmm":
         tagger = hmm.HMMTagger(order=params.order).fit(train_rows, dev=dev or None)
     else:
-        bilm = load_elmo(ArtifactStore(elmo.store), read_manifest(elmo)) if elmo is not None else None
+        bilm = None
+        if elmo is not None:
+            with ArtifactStore(elmo.store).local_dir(elmo.kind, elmo.version) as folder:
+                bilm = BiLM.load(folder)
         tagger = neural_tagger.BiLSTMTagger(neural_config(params, kind, str(out.scratch)))
         tagger.fit(train_rows, dev=dev or None, bilm=bilm)
         out.metrics["epochs"] = len(tagger.history_)

@@ -6,14 +6,22 @@ from __future__ import annotations
 from typing import Any
 
 import polars as pl
-from lexiflow.models import conllu, ingest, text, tokenizers, vocab
+from lexiflow.models import text, tokenizers, vocab
+from lexiflow.models.config import from_section
+from lexiflow.models.errors import InputError
+from lexiflow.models.ingest import sources as ingest
 from lexiflow.models.tokenizers import BPE, WordPiece
-from lexiflow.models.tokenizers import base as tokenizer_base
-from lexiflow.models.tokenizers import bpe as bpe_module
-from lexiflow.models.tokenizers import wordpiece as wordpiece_module
-from lexiflow.storage import ArtifactRef, ArtifactWriter, Catalog, formats, loaders
-from lexiflow.storage.formats import SHARDED_ROW_GROUP, TOKENS, VOCAB, count_rows, read_manifest, read_rows, read_table
-from lexiflow.tasks import parallel as parallel_module
+from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter
+from lexiflow.storage.formats import (
+    SHARDED_ROW_GROUP,
+    TOKENS,
+    VOCAB,
+    corpus_sources,
+    count_rows,
+    read_manifest,
+    read_rows,
+    read_table,
+)
 from lexiflow.tasks.parallel import (
     SHARD_TASK,
     deliver,
@@ -47,7 +55,7 @@ def count_words_shard(corpus: ArtifactRef, start: int, stop: int, part: str | No
     return deliver(vocab.token_counts(words), part), int(words.list.len().sum())
 
 
-@stage("tokenizer", code=[vocab, text, ingest, conllu, formats, parallel_module])
+@stage("tokenizer")
 def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: VocabularyParams,
                      parallel: ParallelParams | None = None) -> None:
     """Word-level: count words on the train split only, so held-out text can have unknown words.
@@ -60,6 +68,10 @@ def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: Vocabular
     counts = [c for c, _ in results]
     vocabulary = vocab.Vocabulary.from_counts(counts[0] if len(counts) == 1 else vocab.merge_counts(counts),
                                               params.min_count, params.max_size)
+    if len(vocabulary) <= len(vocab.SPECIALS):  # an empty vocabulary is no artifact: nothing could use it
+        raise InputError(f"no word occurs {params.min_count} times or more (vocabulary.min_count) in the train "
+                         f"split of {corpus_sources(corpus)} ({sum(n for _, n in results)} words): give more text, "
+                         "or lower vocabulary.min_count")
     out.write_parquet("vocab.parquet", vocabulary.frame, VOCAB)
     out.write_json("config.json", {"kind": "word", "special_tokens": list(vocab.SPECIALS),
                                    "pattern": text.WORD_PATTERN, "params": params.model_dump()})
@@ -67,15 +79,14 @@ def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: Vocabular
                         "train_tokens": sum(n for _, n in results), "covered_tokens": int(vocabulary.counts.sum())})
 
 
-@stage("tokenizer", code=[text, vocab, tokenizers, tokenizer_base, bpe_module, wordpiece_module, ingest, conllu,
-                          formats])
+@stage("tokenizer")
 def learn_subword(out: ArtifactWriter, corpus: ArtifactRef, params: TokenizerParams) -> None:
     """BPE or WordPiece trained on the train split's sentences; saved with a HF tokenizer.json."""
     require_train_split(corpus)
-    options = {"vocab_size": params.vocab_size, "min_frequency": params.min_frequency}
-    if params.kind == "bpe":
-        options.update(end_of_word=params.end_of_word, marker=params.marker)
-    tokenizer = SUBWORD[params.kind](**options).fit(train_sentences(corpus)["text"])
+    # The corpus's lowercasing travels with the tokenizer: raw text given to `encode` (or to the exported
+    # tokenizer.json) is then lowercased as the corpus was.
+    lowercase = bool(read_manifest(corpus)["parameters"].get("params", {}).get("lowercase"))
+    tokenizer = from_section(SUBWORD[params.kind], params, lowercase=lowercase).fit(train_sentences(corpus)["text"])
     tokenizer.save(out.folder)
     out.metrics.update({"kind": params.kind, "vocabulary_size": len(tokenizer.vocab), "merges": len(tokenizer.merges_)})
 
@@ -84,12 +95,12 @@ def learn_subword(out: ArtifactWriter, corpus: ArtifactRef, params: TokenizerPar
 def encode_shard(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: int, part: str | None) -> Any:
     """The sentences of documents [start, stop), encoded (doc_index counts from the corpus start)."""
     rows = vocab.sentences(read_rows(corpus, "documents.parquet", start, stop), first_doc=start)
-    ids = Catalog(tokenizer.store).load(tokenizer.kind, tokenizer.version).encode_corpus(rows["text"]).alias("ids")
+    with ArtifactStore(tokenizer.store).local_dir(tokenizer.kind, tokenizer.version) as folder:
+        ids = tokenizers.load(folder).encode_batch(rows["text"]).alias("ids")
     return deliver(rows.select("doc_index", "sentence", "split").with_columns(ids), part)
 
 
-@stage("tokenized_corpus", code=[vocab, text, tokenizers, tokenizer_base, bpe_module, wordpiece_module, formats,
-                                  parallel_module, loaders])
+@stage("tokenized_corpus")
 def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactRef,
                   parallel: ParallelParams | None = None) -> None:
     """One row of ids per sentence; shards of documents are encoded apart and concatenated in order."""

@@ -89,14 +89,14 @@ def test_run_rejects_a_config_file_it_cannot_use_naming_it(tmp_path, capsys, no_
     assert len(err) == 1 and err[0].startswith(f"error: --config {config}: ") and message in err[0], err
 
 
-def test_stage_flows_name_the_version_parameter_the_store_lacks(tmp_path):
-    from lexiflow.flows.pipeline import ppmi_flow, vocabulary_flow
+def test_training_flows_name_the_input_version_the_store_lacks(tmp_path):
+    from lexiflow.flows.training import LM_TRAINERS, _resolve_inputs
 
     missing = "0" * 16
-    with pytest.raises(ParameterError, match=f"corpus_version: no artifact corpus:{missing} in {tmp_path}"):
-        vocabulary_flow.fn(str(tmp_path), missing)
-    with pytest.raises(ParameterError, match="cooccurrence_version: invalid artifact version 'abc'"):
-        ppmi_flow.fn(str(tmp_path), "abc")
+    with pytest.raises(ParameterError, match=f"inputs.tokens: no artifact tokenized_corpus:{missing} in {tmp_path}"):
+        _resolve_inputs(LM_TRAINERS["ngram"], str(tmp_path), {"tokens": missing, "tokenizer": missing})
+    with pytest.raises(ParameterError, match="inputs.tokens: invalid artifact version 'abc'"):
+        _resolve_inputs(LM_TRAINERS["ngram"], str(tmp_path), {"tokens": "abc"})
 
 
 TAGGED = [[("the", "DET", "DT"), ("cat", "NOUN", "NN"), ("sat", "VERB", "VBD")],
@@ -287,9 +287,10 @@ def test_tag_with_a_damaged_tagger_artifact_says_so_in_one_line(tmp_path, capsys
     source = tmp_path / "text.txt"
     source.write_text("the cat sat.", encoding="utf-8")
     assert main(["tag", str(source), "--store", tagger_store.url]) == 2
-    line = one_error_line(capsys)
-    assert line.startswith(f"{table}: cannot read the tagger table (") and line.endswith(
-        "the tagger artifact is damaged, run `lexiflow artifacts verify`")
+    why = "missing or not a plain file" if damage == "missing" else "checksum differs from the manifest"
+    assert one_error_line(capsys) == (f"tagger:{UPOS_TAGGER}/emissions.parquet: {why}; remove it with "
+                                      f"`lexiflow artifacts rm tagger:{UPOS_TAGGER} --force` and run again to "
+                                      "rebuild it")  # found before the tagger reads it (SHA-256 of files read whole)
 
 
 def publish_files(store, kind, version, **files):
@@ -427,7 +428,7 @@ def test_lm_stage_refuses_tokens_encoded_with_another_tokenizer(tmp_path):
     store = ArtifactStore(tmp_path / "store")
     corpus = publish(store, ingest_corpus, params=CorpusParams(sources=[str(text)]))
     words = publish(store, learn_vocabulary, corpus=corpus, params=VocabularyParams(min_count=1))
-    other = publish(store, learn_vocabulary, corpus=corpus, params=VocabularyParams(min_count=50))
+    other = publish(store, learn_vocabulary, corpus=corpus, params=VocabularyParams(min_count=10))
     tokens = publish(store, encode_corpus, corpus=corpus, tokenizer=words)
     with pytest.raises(ParameterError, match=f"{tokens} was encoded with {words}, not {other}"):
         publish(store, train_lm, tokens=tokens, tokenizer=other, model="ngram", params=NgramParams(order=2))

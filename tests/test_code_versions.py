@@ -1,85 +1,14 @@
-"""Every stage's code version covers the lexiflow code its artifact's content depends on.
+"""Code versions are derived from the code (tasks/stage.py): a stage's version covers every lexiflow
+module its builder reaches, imports followed transitively, function-level imports and tables of
+classes included; comments and docstrings do not count; a stage serving several kinds versions each
+kind with its own code."""
 
-A stage's version hashes its task module and the modules in its `@stage(code=[...])`. A module the
-builder reaches but the list leaves out (directly, or through another module: models/text.py through
-models/ingest.py) could change what the stage writes while the version stays, and the stale artifact
-would be reused. The modules a builder reaches are derived here from the code itself: the names its
-function (and the task module's functions and tasks it calls) uses, then every lexiflow import of those
-modules, transitively, function-level imports included."""
-
-import ast
 import importlib
-import inspect
 import pkgutil
-import types
+import textwrap
 
 from lexiflow import tasks
-
-OURS = ("lexiflow.models", "lexiflow.storage", "lexiflow.tasks")
-# Modules that cannot change an artifact's content, not followed further.
-CANNOT_CHANGE_CONTENT = {
-    "lexiflow.models", "lexiflow.tasks", "lexiflow.storage",
-    "lexiflow.models.errors",  # exception classes and messages
-    "lexiflow.models.progress",  # progress logging
-    "lexiflow.models.heap",  # allocator settings
-    "lexiflow.tasks.stage", "lexiflow.storage.store",  # versioning and publishing; the layout has SCHEMA_VERSION
-    "lexiflow.tasks.params",  # parameter models: their values are part of the version
-    "lexiflow.storage.catalog",  # reading inputs; Catalog.load's loaders are storage.loaders (LOADED_BY)
-    "lexiflow.storage.loaders",  # required, not followed, with Catalog: each loader imports the models/ it loads with
-    "lexiflow.tasks.report_image",  # Prefect UI artifacts only, no file of the report
-}
-
-
-LOADED_BY = {"lexiflow.storage.catalog": "lexiflow.storage.loaders"}
-
-
-def _ours(name: str) -> bool:
-    return name.startswith(OURS)
-
-
-def imported_names(module_name: str) -> dict[str, str]:
-    """{name bound by an import anywhere in the module: the lexiflow module it comes from}."""
-    names = {}
-    for node in ast.walk(ast.parse(inspect.getsource(importlib.import_module(module_name)))):
-        if isinstance(node, ast.Import):
-            names.update({(a.asname or a.name): a.name for a in node.names if _ours(a.name)})
-        elif isinstance(node, ast.ImportFrom) and node.module and _ours(node.module):
-            base = importlib.import_module(node.module)
-            for a in node.names:
-                obj = getattr(base, a.name)
-                origin = obj.__name__ if isinstance(obj, types.ModuleType) else getattr(obj, "__module__", None)
-                names[a.asname or a.name] = origin if origin and _ours(origin) else node.module
-    return names
-
-
-def closure(modules: set[str]) -> set[str]:
-    seen, todo = set(), [m for m in modules if m not in CANNOT_CHANGE_CONTENT]
-    while todo:
-        module = todo.pop()
-        if module not in seen:
-            seen.add(module)
-            todo += [m for m in imported_names(module).values() if m not in CANNOT_CHANGE_CONTENT]
-    return seen
-
-
-def reached(fn: types.FunctionType, seen: set) -> set[str]:
-    """Lexiflow modules whose names `fn` uses, following functions and tasks of its own module."""
-    home, imports, modules = fn.__module__, imported_names(fn.__module__), set()
-    codes = [fn.__code__]
-    while codes:
-        code = codes.pop()
-        codes += [c for c in code.co_consts if isinstance(c, types.CodeType)]
-        for name in code.co_names:
-            value = fn.__globals__.get(name)
-            if name in imports:
-                modules.add(imports[name])
-            elif isinstance(value, types.ModuleType) and _ours(value.__name__):
-                modules.add(value.__name__)
-            callee = getattr(value, "fn", value)  # a Prefect task's function
-            if inspect.isfunction(callee) and callee.__module__ == home and callee not in seen:
-                seen.add(callee)
-                modules |= reached(callee, seen)
-    return modules
+from lexiflow.tasks.stage import code_modules, source_hash
 
 
 def stages():
@@ -90,25 +19,63 @@ def stages():
                 yield obj
 
 
-def test_every_stage_versions_the_code_it_depends_on():
-    found, gaps = 0, {}
-    for stage in stages():
-        found += 1
-        build = stage.fn.__wrapped__
-        used = reached(build, {build})
-        needed = closure(used) - {build.__module__} | {LOADED_BY[m] for m in used if m in LOADED_BY}
-        missing = needed - {m.__name__ for m in stage.code_modules}
-        if missing:
-            gaps[f"{build.__module__}.{build.__name__}"] = sorted(missing)
-    assert found >= 14, found
-    assert gaps == {}, f"add to @stage(code=[...]): {gaps}"
+def short(names):
+    return {n.removeprefix("lexiflow.") for n in names}
 
 
-def test_the_code_version_follows_every_listed_module():
+def test_every_stage_is_derived_and_covers_its_own_module_and_the_store_formats():
+    found = list(stages())
+    assert len(found) >= 14, len(found)
+    for stage in found:
+        modules = short(stage.code_modules({}))
+        assert stage.fn.__module__.removeprefix("lexiflow.") in modules
+        assert "storage.formats" in modules, stage.name
+
+
+def test_imports_are_followed_transitively_through_models():
     from lexiflow.tasks.corpus import ingest_corpus
-    from lexiflow.tasks.stage import code_version
+    from lexiflow.tasks.vocabulary import learn_subword
 
-    assert {"lexiflow.models.text", "lexiflow.models.ingest", "lexiflow.tasks.parallel",
-            "lexiflow.storage.formats"} <= {m.__name__ for m in ingest_corpus.code_modules}
-    assert code_version(ingest_corpus.code_modules) != code_version(
-        [m for m in ingest_corpus.code_modules if m.__name__ != "lexiflow.models.text"])
+    # models.text and models.conllu are reached only through models.ingest's imports
+    assert {"models.ingest", "models.text", "models.conllu", "tasks.parallel"} <= short(ingest_corpus.code_modules({}))
+    # BPE/WordPiece are reached through a module-level table (SUBWORD) and a package re-export
+    assert {"models.tokenizers.bpe", "models.tokenizers.wordpiece", "models.tokenizers.base"} <= short(
+        learn_subword.code_modules({}))
+
+
+def test_modules_that_cannot_change_an_artifact_are_not_versioned():
+    from lexiflow.tasks.matrices import compute_ppmi
+
+    modules = short(compute_ppmi.code_modules({}))
+    assert modules == {"tasks.matrices", "models.ppmi", "storage.formats"}, modules
+
+
+def test_each_lm_kind_is_versioned_with_its_own_code():
+    from lexiflow.tasks.lm import train_lm
+
+    ngram = short(train_lm.code_modules({"model": "ngram"}))
+    transformer = short(train_lm.code_modules({"model": "transformer"}))
+    assert "models.lm.ngram" in ngram and not {"models.lm.transformer", "models.lm.train"} & ngram
+    assert {"models.lm.transformer", "models.lm.train", "models.lm.neural"} <= transformer
+    assert not {"models.lm.ngram", "models.lm.rnn", "models.lm.ffnn"} & transformer
+
+
+def test_comments_and_docstrings_do_not_change_the_hash_code_does():
+    code = textwrap.dedent('''
+        """Module docstring."""
+        def f(x):
+            """Docstring."""
+            return x + 1  # a comment
+        ''')
+    edited = code.replace("Docstring.", "Another docstring.").replace("a comment", "another comment")
+    assert source_hash(code) == source_hash(edited)
+    assert source_hash(code) != source_hash(code.replace("x + 1", "x + 2"))
+    assert source_hash(code) != source_hash(code.replace('"""Docstring."""', 'print("side effect")'))
+
+
+def test_a_derived_closure_is_the_same_whatever_the_call_order():
+    from lexiflow.models.lm.registry import KINDS
+    from lexiflow.tasks.lm import train_lm
+
+    build = train_lm.fn.__wrapped__
+    assert code_modules(build, KINDS["gru"], KINDS.values()) == code_modules(build, KINDS["lstm"], KINDS.values())

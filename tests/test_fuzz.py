@@ -5,7 +5,8 @@ models/tokenizers/). No unexpected exceptions (only `InputError` for bad input, 
 for bad parameters, each where expected); round-trips where the code promises them.
 
 `LEXIFLOW_FUZZ_EXAMPLES` sets the examples per property (default 100; the benchmark runs more).
-`EXAMPLES` counts the examples actually run, for the benchmark's report.
+`EXAMPLES` counts the examples actually run; with `LEXIFLOW_FUZZ_REPORT=FILE` they are written there
+as JSON when the module ends, for `python -m benchmarks reliability` (which runs this file with pytest).
 """
 
 from __future__ import annotations
@@ -17,18 +18,27 @@ from pathlib import Path
 from xml.sax.saxutils import escape
 
 import polars as pl
+import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from lexiflow.models import text, vocab
 from lexiflow.models.conllu import Sentence, format_sentence, parse_lines
 from lexiflow.models.errors import InputError, ParameterError
-from lexiflow.models.ingest import IngestOptions, _jsonl_documents, _wiki_documents, read_file
+from lexiflow.models.ingest import IngestOptions, read_file
+from lexiflow.models.ingest.readers import jsonl_documents, wiki_documents
 from lexiflow.models.tokenizers import BPE, WordPiece
 
 EXAMPLES: Counter = Counter()
 FUZZ = settings(max_examples=int(os.environ.get("LEXIFLOW_FUZZ_EXAMPLES", "100")), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 PATH = Path("fuzz")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def report_examples():
+    yield
+    if report := os.environ.get("LEXIFLOW_FUZZ_REPORT"):
+        Path(report).write_text(json.dumps(EXAMPLES))
 
 # Text with the characters that matter to the parsers: separators, digits, markup, Unicode
 # line/space separators, combining marks, astral characters.
@@ -81,7 +91,7 @@ def test_conllu_token_ids_are_ascii_integers():
 def test_jsonl_round_trip(objects, ascii_only):
     EXAMPLES["jsonl round trip"] += 1
     body = "\n".join(json.dumps(o, ensure_ascii=ascii_only) for o in objects) + "\n"
-    assert _jsonl_documents(PATH, body, "text") == [o["text"] for o in objects]
+    assert jsonl_documents(PATH, body, "text") == [o["text"] for o in objects]
 
 
 @FUZZ
@@ -89,7 +99,7 @@ def test_jsonl_round_trip(objects, ascii_only):
 def test_jsonl_garbage_is_input_error_or_documents(body):
     EXAMPLES["jsonl garbage"] += 1
     try:
-        docs = _jsonl_documents(PATH, body, "text")
+        docs = jsonl_documents(PATH, body, "text")
         assert all(isinstance(d, str) for d in docs)
     except InputError as exc:
         assert str(exc).startswith(f"{PATH}:") and "\n" not in str(exc)
@@ -115,7 +125,7 @@ def test_wiki_markup_never_crashes_and_keeps_article_pages_only(pages):
     xml = "<mediawiki xmlns='http://www.mediawiki.org/xml/export-0.10/'>" + "".join(
         f"<page><title>T{i}</title><ns>{ns}</ns><revision><text>{escape(_xml_safe(body))}</text></revision></page>"
         for i, (body, ns) in enumerate(pages)) + "</mediawiki>"
-    docs = _wiki_documents(PATH, xml.encode())
+    docs = wiki_documents(PATH, xml.encode())
     articles = [b for b, ns in pages if ns == "0" and _xml_safe(b) and not _xml_safe(b).lstrip().lower()
                 .startswith("#redirect")]
     assert len(docs) == len(articles) and all(isinstance(d, str) for d in docs)
@@ -128,7 +138,7 @@ def test_garbled_wiki_xml_is_input_error_or_documents(noise, cut):
     base = b"<mediawiki><page><title>A</title><ns>0</ns><revision><text>x [[y]]</text></revision></page></mediawiki>"
     for data in (noise, base[:cut] + noise, base[:cut] + noise + base[cut:]):
         try:
-            docs = _wiki_documents(PATH, data)
+            docs = wiki_documents(PATH, data)
             assert all(isinstance(d, str) for d in docs)
         except InputError as exc:
             assert str(exc).startswith(f"{PATH}") and "\n" not in str(exc)
@@ -223,7 +233,7 @@ def test_vocabulary_encodes_known_words_to_themselves_and_the_rest_to_unk(senten
     assert max_size is None or len(words) <= max_size
     # Ids follow descending count, ties by code point: the same counts always give the same ids.
     assert words == sorted(words, key=lambda w: (-counts[w], w))
-    ids = v.encode(series).to_list()
+    ids = v.encode_batch(series, is_pretokenized=True).to_list()
     for sentence, encoded in zip(sentences, ids, strict=True):
         assert [tokens[i] if tokens[i] in words else vocab.SPECIALS[vocab.UNK_ID] for i in encoded] == [
             w if w in words else vocab.SPECIALS[vocab.UNK_ID] for w in sentence]
@@ -250,9 +260,9 @@ def _tokenizer(kind: str, vocab_size: int, min_frequency: int = 1, pretokenizer:
 
 def _ids_in_range(tok, texts: list[str]) -> None:
     n = len(tok.vocab_)
-    per_text = [tok.encode_ids(t) for t in texts]
+    per_text = [tok.encode(t) for t in texts]
     assert all(0 <= i < n for ids in per_text for i in ids)
-    assert tok.encode_corpus(pl.Series(texts, dtype=pl.String)).to_list() == per_text
+    assert tok.encode_batch(pl.Series(texts, dtype=pl.String)).to_list() == per_text
 
 
 @FUZZ
@@ -307,9 +317,9 @@ def test_tokenizer_decode_encode_is_normalize_and_unknowns_are_unk(texts, kind, 
     # its id, as Hugging Face does; decode drops `<s>`, `</s>`, `<pad>` (base.py).
     dropped = {"<s>", "</s>", "<pad>"} if kind == "wordpiece" else set()
     for t in texts:
-        assert tok.decode(tok.encode_ids(t)) == " ".join(w for w in tok.pretokenize(t) if w not in dropped)
-        assert tok.decode(tok.encode_ids(t)) == tok.normalize(t) or dropped & set(tok.pretokenize(t))
-        assert tok.encode(t) == [tok.id_to_token(i) for i in tok.encode_ids(t)]
+        assert tok.decode(tok.encode(t)) == " ".join(w for w in tok.pretokenize(t) if w not in dropped)
+        assert tok.decode(tok.encode(t)) == tok.normalize(t) or dropped & set(tok.pretokenize(t))
+        assert tok.tokenize(t) == [tok.id_to_token(i) for i in tok.encode(t)]
     if kind == "bpe-glued":
         return  # an unknown final character has no glued marker: decode cannot place the word end
     unk = tok.id_to_token(tok.unk_id)
@@ -319,9 +329,9 @@ def test_tokenizer_decode_encode_is_normalize_and_unknowns_are_unk(texts, kind, 
             expected = [w if _covered(tok, w) or w == unk else unk for w in words]
         else:
             expected = ["".join(c if c in tok._char_ids else unk for c in w) for w in words]
-        assert tok.decode(tok.encode_ids(t)) == " ".join(expected)
+        assert tok.decode(tok.encode(t)) == " ".join(expected)
         # bos/eos/pad around the ids are dropped by decode
-        assert tok.decode([tok.bos_id, *tok.encode_ids(t), tok.eos_id, tok.pad_id]) == " ".join(expected)
+        assert tok.decode([tok.bos_id, *tok.encode(t), tok.eos_id, tok.pad_id]) == " ".join(expected)
 
 
 @settings(FUZZ, max_examples=max(10, FUZZ.max_examples // 4))  # each example writes and reads a folder
@@ -338,6 +348,6 @@ def test_tokenizer_save_load_gives_identical_encodings(texts, kind, vocab_size, 
         back = type(tok).load(folder)
     assert back.get_params() == tok.get_params() and back.vocab_ == tok.vocab_ and back.merges_ == tok.merges_
     sample = pl.Series(texts + probes, dtype=pl.String)
-    assert back.encode_corpus(sample).to_list() == tok.encode_corpus(sample).to_list()
-    assert [back.decode(ids) for ids in tok.encode_corpus(sample).to_list()] == [
-        tok.decode(ids) for ids in tok.encode_corpus(sample).to_list()]
+    assert back.encode_batch(sample).to_list() == tok.encode_batch(sample).to_list()
+    assert [back.decode(ids) for ids in tok.encode_batch(sample).to_list()] == [
+        tok.decode(ids) for ids in tok.encode_batch(sample).to_list()]

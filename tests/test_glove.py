@@ -179,7 +179,7 @@ def ewt_matrix(shared_data):
     words = [[w.lower() for w in s.words] for s in sentences]
     tokens = pl.Series("tokens", words)
     vocab = Vocabulary.count(tokens, min_count=3)
-    ids = vocab.encode(tokens)
+    ids = vocab.encode_batch(tokens, is_pretokenized=True)
     offsets = np.concatenate(([0], np.cumsum(ids.list.len().to_numpy())))
     return cooccurrence_matrix(ids.explode().to_numpy(), offsets, len(vocab), window=5)
 
@@ -271,8 +271,8 @@ def test_pipeline_parameters_default_to_the_model_defaults():
 
 
 def test_glove_stage_reports_corpus_words_per_second_beside_cells_per_second(tmp_path):
-    # words/s is the speed unit for every method: for GloVe, the tokens the co-occurrence
-    # matrix was counted from, per second of an epoch (as word2vec's raw corpus tokens per second).
+    # words/s is the speed unit of every method: for GloVe, the train split's words (all of them, as
+    # word2vec counts its raw corpus tokens) per second of an epoch.
     from lexiflow.storage import ArtifactStore
     from lexiflow.storage.formats import read_table
     from lexiflow.tasks.corpus import ingest_corpus
@@ -289,11 +289,33 @@ def test_glove_stage_reports_corpus_words_per_second_beside_cells_per_second(tmp
     tokens = publish(store, encode_corpus, corpus=docs, tokenizer=words)
     counts = publish(store, count_cooccurrence, tokens=tokens, tokenizer=words, params=CooccurrenceParams())
     emb = publish(store, glove_embeddings, cooccurrence=counts, params=GloVeParams(dim=8, epochs=2, device="cpu"))
-    n_tokens = store.manifest(counts.kind, counts.version)["metrics"]["tokens"]
+    n_tokens = store.manifest(counts.kind, counts.version)["metrics"]["corpus_tokens"]  # all train words
     history = read_table(emb, "history.parquet")
     assert n_tokens > 10_000 and history.height == 2
     assert np.allclose(history["words_per_s"], n_tokens / history["seconds"])
     assert np.allclose(history["cells_per_s"], store.manifest(counts.kind, counts.version)["metrics"]["nonzeros"]
                        / history["seconds"])
     metrics = store.manifest(emb.kind, emb.version)["metrics"]
-    assert metrics["words_per_s"] == pytest.approx(history["words_per_s"].mean())
+    # total work over total time, not a mean of per-epoch rates
+    assert metrics["words_per_s"] == pytest.approx(2 * n_tokens / history["seconds"].sum())
+    assert metrics["cells_per_s"] == pytest.approx(
+        2 * store.manifest(counts.kind, counts.version)["metrics"]["nonzeros"] / history["seconds"].sum())
+    assert n_tokens > store.manifest(counts.kind, counts.version)["metrics"]["tokens"]  # <unk> counted too
+
+
+def test_a_fit_runs_on_its_threads_parameter_and_restores_the_setting():
+    import torch
+    from lexiflow.models.threads import limit_threads
+    from threadpoolctl import threadpool_info
+
+    before = torch.get_num_threads()
+    seen = []
+    GloVe(dim=4, epochs=1, device="cpu", threads=1).fit(
+        sp.random(30, 30, density=0.3, random_state=0, format="csr") * 10 + sp.eye(30),
+        on_epoch=lambda record, vectors: seen.append((torch.get_num_threads(),
+                                                      {p["num_threads"] for p in threadpool_info()})))
+    assert seen == [(1, {1})] and torch.get_num_threads() == before
+    with pytest.raises(ParameterError, match="threads=0"):
+        GloVe(threads=0).fit(sp.eye(3, format="csr"))
+    with pytest.raises(ParameterError, match="svd.threads"), limit_threads(0, "svd.threads"):
+        pass

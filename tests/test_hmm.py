@@ -143,7 +143,7 @@ def test_beam_equals_viterbi_when_wide_and_greedy_is_no_better(order):
 def path_score(m, words, tags):
     em = m._emissions(words)
     k = len(m.tags_)
-    ids = [m.tags_.index(t) for t in tags]
+    ids = [m.tags_.index(t) for t in tags]  # states (lexicalize=0, no refinement: a tag is a state)
     states = [k] * (m.order - 1) + ids + [k]
     s = sum(em[i, j] for i, j in enumerate(ids))
     for i in range(len(ids) + 1):
@@ -234,6 +234,39 @@ def ewt_small():
         return out
 
     return load("train", 600), load("dev", 120)
+
+
+@pytest.mark.parametrize("order", [2, 3])
+def test_exact_viterbi_equals_brute_force_with_every_tag_possible(order):
+    # unknown words and rare known words (rare_mix > 0) have every tag possible: nothing is pruned
+    sents = synthetic_corpus(seed=2, n=120, k=4, v=12)
+    m = HMMTagger(order=order, unknown="suffix", lexicalize=0, rare_mix=0.3, rare_max_count=3).fit(sents)
+    k = len(m.tags_)
+    rng = np.random.default_rng(0)
+    for n in (1, 2, 5):
+        for _ in range(4):
+            words = [f"w{rng.integers(0, 14)}" for _ in range(n)]  # w12, w13 are unknown
+            best = max(np.ndindex(*([k] * n)), key=lambda p: path_score(m, words, [m.tags_[j] for j in p]))
+            assert m.tag(words) == [m.tags_[j] for j in best]
+
+
+@pytest.mark.parametrize("order", [2, 3])
+def test_exact_viterbi_never_scores_below_beam_or_pruned_search_on_ewt(order, ewt_small):
+    train, dev = ewt_small
+    m = HMMTagger(order=order, unknown="suffix", rare_mix=0.3, max_candidates=2, prune=None, lexicalize=0).fit(train)
+    words = [[w for w, _ in s] for s in dev]
+    exact = m.tag_many(words)
+    scores = {method: [path_score(m, w, t) for w, t in zip(words, m.tag_many(words, method=method, beam_width=3),
+                                                           strict=True)]
+              for method in ("viterbi_pruned", "beam")}
+    best = [path_score(m, w, t) for w, t in zip(words, exact, strict=True)]
+    for method, got in scores.items():
+        assert all(b >= g - 1e-9 for b, g in zip(best, got, strict=True)), method
+    assert sum(b > g + 1e-9 for b, g in zip(best, scores["viterbi_pruned"], strict=True)) >= 3  # pruning loses
+    # one sentence at a time (the per-call kernels) = batched
+    for method in ("viterbi", "viterbi_pruned", "beam", "greedy"):
+        assert [m.tag(w, method=method, beam_width=3) for w in words[:40]] == m.tag_many(words[:40], method=method,
+                                                                                           beam_width=3)
 
 
 def test_round_trip_save_load_and_open_formats(tmp_path, ewt_small):

@@ -4,15 +4,21 @@ The same directory goes through the CLI in tests/test_reliability.py."""
 
 from __future__ import annotations
 
+import bz2
 import codecs
+import gzip
+import subprocess
+import sys
 import tracemalloc
 
 import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from lexiflow.models.errors import InputError
 from lexiflow.models.ingest import IngestOptions, build_corpus, build_tagged, read_file, resolve_sources
 
-from tests.hostile import BOMB_LIMIT, hostile_directory
+from benchmarks.hostile import BOMB_LIMIT, dictionary_bomb, hostile_directory
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +132,97 @@ def test_parquet_text_column_must_hold_text(tmp_path):
     pl.DataFrame({"text": [[1], [2]]}).write_parquet(path)
     with pytest.raises(InputError, match=r"t.parquet: column 'text' holds large_list<element: int64>, not text"):
         read_file(path, IngestOptions())
+
+
+def test_a_plain_file_over_the_limit_is_refused_by_its_size_before_it_is_read(tmp_path):
+    path = tmp_path / "huge.txt"
+    with path.open("wb") as f:
+        f.truncate((64 << 20) + 1)  # sparse: 64 MiB of NULs, on no disk
+    tracemalloc.start()
+    with pytest.raises(InputError) as info:
+        read_file(path, IngestOptions(max_file_bytes=64 << 20))
+    _current, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert str(info.value) == (f"{path}: {(64 << 20) + 1} bytes, more than corpus.max_file_bytes ({64 << 20}); "
+                               "raise it if intended, or split the file")  # not "once decompressed": it is not
+    assert peak < 1 << 20, peak  # nothing of it was read
+
+
+@pytest.mark.parametrize("compress", [gzip.compress, bz2.compress])
+def test_a_decompression_bomb_is_refused_while_it_streams_under_the_default_limit(tmp_path, compress):
+    """4 GiB decompressed are allowed by default; a bomb stops at a few tens of MB, not there."""
+    path = tmp_path / f"bomb.txt.{'gz' if compress is gzip.compress else 'bz2'}"
+    path.write_bytes(compress(b"\0" * (48 << 20)))
+    tracemalloc.start()
+    with pytest.raises(InputError, match=r"bomb.txt.(gz|bz2): decompresses to more than 100 times its size"):
+        read_file(path, IngestOptions())
+    _current, peak = tracemalloc.get_traced_memory()
+    tracemalloc.stop()
+    assert peak < 80 << 20, peak
+
+
+def test_compressed_text_within_the_limits_is_read(tmp_path):
+    text = "".join(f"Line {i} of ordinary text, compressed the usual three to five times.\n" for i in range(400_000))
+    path = tmp_path / "ok.txt.gz"
+    path.write_bytes(gzip.compress(text.encode()))  # ~28 MB: past the ratio check's floor
+    docs = read_file(path, IngestOptions())[0]
+    assert len(docs) == 400_000 and docs[-1] == text.splitlines()[-1]
+
+
+BOMB_CHILD = """
+import sys
+from pathlib import Path
+from lexiflow.models.errors import InputError
+from lexiflow.models.ingest import IngestOptions, build_corpus
+try:
+    build_corpus([Path(sys.argv[1])], IngestOptions())
+    print("read", end=" ")
+except InputError as exc:
+    print(str(exc).split(": ", 1)[1][:60], end=" ")
+print(next(line.split()[1] for line in open("/proc/self/status") if line.startswith("VmHWM")))  # peak KiB
+"""
+
+
+def test_a_tiny_parquet_file_whose_dictionary_expands_to_100_gb_is_refused_in_bounded_memory(tmp_path):
+    """One 1 MiB value repeated 100,000 times: ~700 bytes on disk, 100 GB of text decoded (the process
+    aborted before). Under the default 4 GiB limit it is refused from the dictionary's value lengths."""
+    path = tmp_path / "bomb.parquet"
+    assert dictionary_bomb(path, value_bytes=1 << 20, rows=100_000) < 2000
+    out = subprocess.run([sys.executable, "-c", BOMB_CHILD, str(path)], capture_output=True, text=True, check=True)
+    message, peak_kib = out.stdout.rsplit(" ", 1)
+    assert message.startswith("column 'text' expands to more than corpus.max_file_bytes"), out.stdout
+    assert int(peak_kib) < 400 << 10, peak_kib  # < 400 MiB resident, interpreter and libraries included
+
+
+def test_dictionary_encoded_text_columns_are_text(tmp_path):
+    """What pandas writes for a categorical column: an Arrow dictionary of strings."""
+    path = tmp_path / "categorical.parquet"
+    values = pa.DictionaryArray.from_arrays(pa.array([0, 1, None, 0], pa.int8()), pa.array(["First doc.", "Second."]))
+    pq.write_table(pa.table({"text": values, "n": [1, 2, 3, 4]}), path)
+    assert pq.read_schema(path).field("text").type == pa.dictionary(pa.int8(), pa.string())
+    assert read_file(path, IngestOptions())[0] == ["First doc.", "Second.", "First doc."]
+
+
+def test_recursive_globs_terminate_over_links_to_parent_folders(tmp_path):
+    (tmp_path / "docs" / "sub").mkdir(parents=True)
+    (tmp_path / "docs" / "a.txt").write_text("a")
+    (tmp_path / "docs" / "sub" / "b.txt").write_text("b")
+    (tmp_path / "docs" / ".hidden.txt").write_text("h")
+    (tmp_path / "docs" / "self").symlink_to(tmp_path / "docs")  # two links to itself: 2^depth paths
+    (tmp_path / "docs" / "sub" / "up").symlink_to(tmp_path / "docs")
+    expected = [tmp_path / "docs" / "a.txt", tmp_path / "docs" / "sub" / "b.txt"]
+    assert resolve_sources([str(tmp_path / "docs" / "**" / "*.txt")]) == expected
+    assert resolve_sources([str(tmp_path / "docs")]) == expected  # the folder path, the same files
+    assert resolve_sources([str(tmp_path / "docs" / "*.txt")]) == expected[:1]
+
+
+def test_names_with_newlines_or_escape_codes_are_quoted_in_one_line_messages(tmp_path):
+    with pytest.raises(InputError) as info:
+        resolve_sources([str(tmp_path / "no\nsuch\x1b.txt")])
+    assert str(info.value) == f"{str(tmp_path / 'no')!r}"[:-1] + "\\nsuch\\x1b.txt': no such file or directory; " \
+        "check the path in corpus.sources"
+    path = tmp_path / "bad\nname.txt"
+    path.write_bytes(b"ok\n\xff\n")
+    with pytest.raises(InputError) as info:
+        build_corpus([path], IngestOptions())
+    assert str(info.value).startswith(f"{str(path)!r}:2: invalid UTF-8") and str(info.value).isprintable()

@@ -10,15 +10,15 @@ from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.ingest import (
     CorpusCounts,
     IngestOptions,
-    _file_split,
-    _line_documents,
-    _words,
     build_corpus,
     build_tagged,
     fingerprint,
     read_file,
     resolve_sources,
 )
+from lexiflow.models.ingest.readers import line_documents
+from lexiflow.models.ingest.sources import file_split
+from lexiflow.models.ingest.stats import _words
 
 OPTS = IngestOptions()
 
@@ -79,7 +79,7 @@ def test_split_follows_document_id_or_file_name(tmp_path, shared_data):
     ("notes.txt", None),
 ])
 def test_split_words_that_start_or_end_a_part_of_the_file_name_give_its_split(name, split):
-    assert _file_split(Path(name)) == split
+    assert file_split(Path(name)) == split
 
 
 def test_held_out_files_keep_their_split(tmp_path):
@@ -157,7 +157,7 @@ def test_plain_text_lines_are_those_of_str_splitlines(tmp_path, data):
     expected = data.decode("utf-8-sig").splitlines()
     assert read_file(path, OPTS)[0] == expected
     body = data.removeprefix(b"\xef\xbb\xbf")
-    assert _line_documents(path, body, start=7).to_list() == body.decode().splitlines()
+    assert line_documents(path, body, start=7).to_list() == body.decode().splitlines()
 
 
 @pytest.mark.parametrize("newline", ["\n", "\r\n"])

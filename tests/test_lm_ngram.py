@@ -42,14 +42,14 @@ def wiki() -> tuple[list[np.ndarray], list[np.ndarray]]:
 
 # ---------------------------------------------------------------- hand-computed known answers
 def test_mle_and_add_k_match_hand_computed_probabilities() -> None:
-    mle = NgramLM(order=2, smoothing="mle").fit(TINY)
+    mle = NgramLM(order=2, smoothing="mle", min_count=1).fit(TINY)
     p = np.exp(mle.log_probs([BOS, A]))
     assert p[B] == pytest.approx(0.5) and p[C] == pytest.approx(0.5) and p[EOS] == 0
     assert np.exp(mle.log_probs([BOS]))[A] == pytest.approx(1.0)
     # <s> a b </s>: 1 * 0.5 * 1 over 3 predictions
     assert mle.perplexity([np.array([A, B])]) == pytest.approx(2 ** (1 / 3))
     # Laplace: W = {<unk>, </s>, a, b, c}; p(b | a) = (1 + 1) / (2 + 5)
-    lap = NgramLM(order=2, smoothing="add_k", k=1.0).fit(TINY)
+    lap = NgramLM(order=2, smoothing="add_k", k=1.0, min_count=1).fit(TINY)
     p = np.exp(lap.log_probs([BOS, A]))
     assert p[B] == pytest.approx(2 / 7) and p[A] == pytest.approx(1 / 7) and p[UNK] == pytest.approx(1 / 7)
     assert p[BOS] == 0 and p[PAD] == 0
@@ -57,7 +57,7 @@ def test_mle_and_add_k_match_hand_computed_probabilities() -> None:
 
 def test_kneser_ney_matches_hand_computed_probabilities() -> None:
     # unique bigrams: (<s> a) (a b) (a c) (b </s>) (c </s>): N1+(• •) = 5, N1+(• </s>) = 2
-    kn = NgramLM(order=2, smoothing="kneser_ney", discount=0.5).fit(TINY)
+    kn = NgramLM(order=2, smoothing="kneser_ney", discount=0.5, min_count=1).fit(TINY)
     p = np.exp(kn.log_probs([BOS, A]))
     # gamma(a) = 0.5 * 2 / 2 = 0.5; p(b | a) = (1 - 0.5) / 2 + 0.5 * 1/5
     assert p[B] == pytest.approx(0.35) and p[C] == pytest.approx(0.35)
@@ -113,7 +113,53 @@ def test_vectorised_scoring_equals_log_probs_lookups() -> None:
         np.testing.assert_allclose(got, expected, rtol=1e-12)
         assert len(got) == sum(len(s) + 1 for s in test)  # tokens and one </s> per sentence
         assert model.perplexity(test) == pytest.approx(math.exp(-np.mean(expected)), rel=1e-12)
-        np.testing.assert_array_equal(model.batch_log_probs([[BOS], [BOS, 5]])[1], model.log_probs([BOS, 5]))
+
+
+def reference_probs(model: NgramLM, context: list[int]) -> np.ndarray:
+    """p(. | context) one context at a time, in plain Python from the saved count tables (the
+    estimators as the NgramLM docstring writes them); context: <s> then ids the model knows."""
+    n, V = model.order, model.vocab_size_
+    kn = model.smoothing == "kneser_ney"
+    counts = {}  # order -> {context tuple: {word: count}} (continuation counts below the top order, KN)
+    for k in range(1, n + 1):
+        table, by_ctx = model.ngram_table(k), {}
+        column = "count" if k == n or not kn else "continuation"
+        for row in table.iter_rows(named=True):
+            ctx = tuple(row[f"w{i}"] for i in range(1, k))
+            by_ctx.setdefault(ctx, {})[row[f"w{k}"]] = row[column]
+        counts[k] = by_ctx
+    full = tuple([BOS] * (n - 1) + context[1:])[-(n - 1):] if n > 1 else ()
+    predictable = [w for w in range(V) if model.known_[w] and w not in (BOS, PAD)]
+    if model.smoothing == "add_k":
+        seen = counts[n].get(full, {})
+        den = sum(seen.values()) + model.k * len(predictable)
+        return np.array([(seen.get(w, 0) + model.k) / den if w in predictable else 0.0 for w in range(V)])
+    p = np.zeros(V)
+    for k in range(1, n + 1):
+        seen = counts[k].get(full[len(full) - (k - 1):] if k > 1 else ())
+        if seen is None:
+            break  # an unseen context: the shorter one's distribution stands
+        total = sum(seen.values())
+        d = model.discounts_[k]
+        discount = {w: min(c, d[min(c, 3) - 1]) if kn and k > 1 else 0.0 for w, c in seen.items()}
+        gamma = sum(discount.values()) if kn else 0.0
+        p = np.array([(seen.get(w, 0) - discount.get(w, 0.0) + gamma * p[w]) / total for w in range(V)])
+    return p
+
+
+@pytest.mark.parametrize("params", [dict(order=3), dict(order=4, discount=0.6), dict(order=3, smoothing="mle"),
+                                    dict(order=2, smoothing="add_k", k=0.5)])
+def test_batched_scorer_equals_per_context_scoring(params: dict) -> None:
+    train = _random_corpus(3)
+    model = NgramLM(**params).fit(train)
+    contexts = [[BOS]] + [[BOS, *s[:i].tolist()] for s in train[:12] for i in range(1, len(s) + 1)]
+    contexts += [[BOS, 7, 7, 7, 7], [BOS, 20, 4, 19]]  # likely unseen at the top order: backs off
+    batch = model.log_probs_batch(contexts)
+    assert batch.shape == (len(contexts), model.vocab_size_)
+    for ctx, row in zip(contexts, batch, strict=True):
+        np.testing.assert_allclose(np.exp(row), reference_probs(model, ctx), rtol=1e-12, atol=1e-15)
+        np.testing.assert_array_equal(row, model.log_probs(ctx))
+    assert model.log_probs_batch([]).shape == (0, model.vocab_size_)
 
 
 # ---------------------------------------------------------------- NLTK oracle
@@ -175,7 +221,7 @@ def test_damaged_saved_model_names_the_file(tmp_path) -> None:
 
 
 def test_ngram_tables_hold_hand_counted_ngrams() -> None:
-    model = NgramLM(order=2, discount=0.5).fit(TINY + [np.array([A, B])])
+    model = NgramLM(order=2, discount=0.5, min_count=1).fit(TINY + [np.array([A, B])])
     bigrams = model.ngram_table(2).sort(["w1", "w2"])
     assert bigrams.to_dict(as_series=False) == {
         "w1": [BOS, A, A, B, C], "w2": [A, B, C, EOS, EOS], "count": [3, 2, 1, 2, 1]}
@@ -216,3 +262,60 @@ def test_bad_parameters_and_inputs_raise_clear_errors() -> None:
         NgramLM().fit([np.array([-1, A])])
     with pytest.raises(ParameterError, match="not fitted"):
         NgramLM().log_probs([BOS])
+
+
+def read_arpa(path) -> dict[int, dict[tuple[str, ...], tuple[float, float]]]:
+    """{order: {n-gram: (log10 p, log10 back-off)}} of an ARPA file."""
+    table: dict[int, dict[tuple[str, ...], tuple[float, float]]] = {}
+    order = 0
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.endswith("-grams:"):
+            order = int(line[1:].split("-")[0])
+            table[order] = {}
+        elif order and line.strip() and not line.startswith("\\"):
+            parts = line.split("\t")
+            table[order][tuple(parts[1].split())] = (float(parts[0]), float(parts[2]) if len(parts) > 2 else 0.0)
+    return table
+
+
+def arpa_log10(table, context: tuple[str, ...], word: str) -> float:
+    """The textbook back-off reading: the longest stored (context suffix, word), times the back-off
+    weights of the longer contexts it skipped (1 for a context not stored)."""
+    for start in range(len(context) + 1):
+        gram = (*context[start:], word)
+        if gram in table.get(len(gram), {}):
+            skipped = [table.get(len(context) - s, {}).get(context[s:], (0.0, 0.0))[1] for s in range(start)]
+            return table[len(gram)][gram][0] + sum(skipped)
+    return -math.inf
+
+
+@pytest.mark.parametrize("order", [2, 3, 4])
+def test_arpa_export_read_by_back_off_gives_our_probabilities(tmp_path, order: int) -> None:
+    rng = np.random.default_rng(order)
+    ids = np.array([0, *range(4, 12)])  # <unk> and words; 1..3 are <s> </s> <pad>
+    train = [rng.choice(ids, size=rng.integers(1, 9)) for _ in range(200)]
+    held = [rng.choice(np.append(ids, 12), size=rng.integers(1, 9)) for _ in range(30)]  # 12 unseen: <unk>
+    lm = NgramLM(order=order).fit(train)
+    tokens = ["<unk>", "<s>", "</s>", "<pad>"] + [f"w{i}" for i in range(4, lm.vocab_size_)]
+    lm.to_arpa(tmp_path / "lm.arpa", tokens)
+    table = read_arpa(tmp_path / "lm.arpa")
+    expected = lm.token_log_probs(held) / math.log(10)
+    got = []
+    for s in held:
+        words = [tokens[int(w)] if int(w) < lm.vocab_size_ else "<unk>" for w in s] + ["</s>"]
+        padded = ["<s>"] * (order - 1) + words
+        got += [arpa_log10(table, tuple(padded[i:i + order - 1]), padded[i + order - 1]) for i in range(len(words))]
+    np.testing.assert_allclose(got, expected, atol=1e-6)
+    kenlm = pytest.importorskip("kenlm")  # the benchmark's peer (a dev extra): same numbers
+    model = kenlm.Model(str(tmp_path / "lm.arpa"))
+    scores = []
+    for s in held:
+        state, out = kenlm.State(), kenlm.State()
+        model.NullContextWrite(state)
+        for _ in range(order - 1):
+            model.BaseScore(state, "<s>", out)
+            state, out = out, state
+        for w in [tokens[int(w)] if int(w) < lm.vocab_size_ else "<unk>" for w in s] + ["</s>"]:
+            scores.append(model.BaseScore(state, w, out))
+            state, out = out, state
+    np.testing.assert_allclose(scores, expected, atol=1e-5)

@@ -29,13 +29,16 @@ from lexiflow.deployments import serve
 from lexiflow.deployments.definitions import DEFAULT_CRON, DEPLOYMENTS, DeployConfig, _strict, pool_name
 from lexiflow.flows.pipeline import pipeline
 from lexiflow.flows.training import EMBEDDING_TRAINERS, LM_TRAINERS
+from lexiflow.loaders import load
 from lexiflow.storage import Catalog
 from lexiflow.tasks.params import EmbeddingMethod, LMKind
 
 ROOT = Path(__file__).resolve().parents[1]
 OUTPUT = ROOT / "build" / "test-output"
 TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
-SMALL = {"vocabulary": {"min_count": 2}, "svd": {"dim": 20}, "embeddings": ["svd"], "lm": [],
+# GloVe trains on a GPU worker (training.remote); SVD runs where the flow runs.
+SMALL = {"vocabulary": {"min_count": 2}, "svd": {"dim": 20}, "glove": {"dim": 20, "epochs": 2},
+         "embeddings": ["svd", "glove"], "lm": [],
          "evaluation": {"analogy_vocabulary": 1000, "projection_words": 0}}
 
 
@@ -67,6 +70,11 @@ def test_strict_schema_rejects_unknown_names_at_every_level():
                        ({"svd": {"dim": 1}}, "svd.dim"), ({"embeddings": []}, "[] should be non-empty")):
         with pytest.raises(ValidationError, match=re.escape(where)):
             validate(bad, schema, raise_on_error=True)
+    # the UI renders descriptions as HTML: <unk> and </w> arrive escaped, so they show instead of vanishing
+    descriptions = " ".join(field.get("description", "") for section in schema["definitions"].values()
+                            for field in section["properties"].values())
+    assert "Words seen fewer times in the train split become &lt;unk&gt;." in descriptions
+    assert "&lt;/w&gt;" in descriptions and "<" not in descriptions
 
 
 def test_flow_entry_rejects_unknown_and_invalid_parameters():
@@ -91,7 +99,7 @@ def test_remote_training_runs_the_configured_deployments_and_finds_what_they_pub
     from lexiflow.flows.training import train, train_lm
     from lexiflow.storage import ArtifactStore
     from lexiflow.storage.formats import TOKENS, VOCAB
-    from lexiflow.tasks.params import NgramParams, SVDParams
+    from lexiflow.tasks.params import GloVeParams, NeuralLMParams, NgramParams, SVDParams
     from prefect import flow
     from prefect.states import Failed, Scheduled
     from prefect.testing.utilities import prefect_test_harness
@@ -116,25 +124,35 @@ def test_remote_training_runs_the_configured_deployments_and_finds_what_they_pub
 
     monkeypatch.setattr("lexiflow.flows.training.run_deployment", gpu_worker)
 
+    tiny = NeuralLMParams(emb_dim=4, hidden_dim=4, num_layers=1, batch_size=1, bptt=2, max_steps=1, epochs=1,
+                          device="cpu")
+
     @flow
     def handoff():
         inputs = {"tokens": store.ref("tokenized_corpus", "1" * 16), "tokenizer": store.ref("tokenizer", "0" * 16),
-                  "embeddings": None}  # as the pipeline passes them for an n-gram model
-        lm = train(LM_TRAINERS["ngram"], "ngram", store.url, inputs, NgramParams(order=2), training)
+                  "embeddings": None}  # as the pipeline passes them for a model without pretrained vectors
+        lm = train(LM_TRAINERS["lstm"], "lstm", store.url, inputs, tiny, training)
+        ngram = train(LM_TRAINERS["ngram"], "ngram", store.url, inputs, NgramParams(order=2), training)  # here: CPU
+        cooccurrence = {"cooccurrence": store.ref("cooccurrence", "2" * 16)}
         with pytest.raises(RuntimeError, match="gpu-emb/custom ended Failed"):
-            train(EMBEDDING_TRAINERS["svd"], "svd", store.url, {"ppmi": store.ref("ppmi", "2" * 16)}, SVDParams(),
-                  training)
+            train(EMBEDDING_TRAINERS["glove"], "glove", store.url, cooccurrence, GloVeParams(), training)
         idle = training.model_copy(update={"embeddings_deployment": "gpu-emb/idle", "timeout_minutes": 0.5})
         with pytest.raises(RuntimeError, match=re.escape(  # it said "ended Scheduled: None"
                 "gpu-emb/idle did not finish within training.timeout_minutes=0.5 (it is Scheduled; is a worker")):
-            train(EMBEDDING_TRAINERS["svd"], "svd", store.url, {"ppmi": store.ref("ppmi", "2" * 16)}, SVDParams(),
-                  idle)
-        return lm
+            train(EMBEDDING_TRAINERS["glove"], "glove", store.url, cooccurrence, GloVeParams(), idle)
+        with pytest.raises(FileNotFoundError, match="ppmi"):  # SVD runs here: it reads its (missing) input itself
+            train(EMBEDDING_TRAINERS["svd"], "svd", store.url, {"ppmi": store.ref("ppmi", "3" * 16)}, SVDParams(),
+                  training)
+        return lm, ngram
 
     with prefect_test_harness(server_startup_timeout=120):
-        ref = handoff()
-    assert handed_off == ["gpu-lm/custom", "gpu-emb/custom", "gpu-emb/idle"]
-    assert [m["version"] for m in Catalog(store.url).list("lm")] == [ref.version]
+        lm, ngram = handoff()
+    assert handed_off == ["gpu-lm/custom", "gpu-emb/custom", "gpu-emb/idle"]  # neither n-gram nor SVD
+    assert {m["version"] for m in Catalog(store.url).list("lm")} == {lm.version, ngram.version}
+    for ref, kind in ((lm, "cpu"), (ngram, "cpu")):  # every training manifest says what it ran on
+        device = Catalog(store.url).get("lm", ref.version)["metrics"]["device"]
+        assert device["type"] == kind and device["count"] == 1 and device["precision"] in ("fp32", "fp64")
+        assert device["name"]
 
 
 def test_remote_neural_tagger_and_biLM_publish_the_versions_the_pipeline_expects(tmp_path, monkeypatch):
@@ -299,6 +317,23 @@ def _record(home: Path, procs: list[serve.Started]) -> None:
     (home / serve.STATE_FILE).write_text(json.dumps({"processes": [p.__dict__ for p in procs]}))
 
 
+def test_serve_already_running_names_the_home_to_stop_it_with(tmp_path, capsys, monkeypatch):
+    from lexiflow.flows.cli import main
+
+    running = subprocess.Popen(["sleep", "30"])
+    try:
+        home = tmp_path / "elsewhere"
+        _record(home, [serve.Started("server", running.pid, serve._start_ticks(running.pid), "")])
+        state = json.loads((home / serve.STATE_FILE).read_text())
+        (home / serve.STATE_FILE).write_text(json.dumps({**state, "ui_url": "http://127.0.0.1:1"}))
+        monkeypatch.setattr(serve, "_spawn", lambda *a, **k: pytest.fail("serve started a process"))
+        assert main(["serve", "--home", str(home)]) == 2
+        assert capsys.readouterr().err.strip().endswith(f"stop it first with `lexiflow serve --stop --home {home}`")
+    finally:
+        running.kill()
+        running.wait()
+
+
 def test_stop_never_signals_a_process_that_only_reuses_a_recorded_pid(tmp_path):
     other = subprocess.Popen(["sleep", "30"])
     try:
@@ -353,10 +388,10 @@ def test_serve_refuses_a_bad_cron_in_one_line_before_starting_anything(tmp_path,
     from lexiflow.flows.cli import main
 
     monkeypatch.setattr(serve, "_spawn", lambda *a, **k: pytest.fail("serve started a process"))
-    assert main(["serve", "--home", str(tmp_path), option, value]) == 2
+    assert main(["serve", "--home", str(tmp_path / "home"), option, value]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {message}") and err.count("\n") == 1
-    assert not (tmp_path / serve.STATE_FILE).exists()
+    assert not (tmp_path / "home").exists()
 
 
 def test_serve_on_a_port_another_server_answers_refuses_instead_of_deploying_there(tmp_path, capsys, monkeypatch):
@@ -380,10 +415,11 @@ def test_serve_on_a_port_another_server_answers_refuses_instead_of_deploying_the
     port = other.server_address[1]
     monkeypatch.setattr(serve, "_spawn", lambda *a, **k: pytest.fail("serve started a process"))
     try:
-        assert main(["serve", "--home", str(tmp_path), "--port", str(port)]) == 2
+        assert main(["serve", "--home", str(tmp_path / "home"), "--port", str(port)]) == 2
     finally:
         other.shutdown()
     assert capsys.readouterr().err.startswith(f"error: port {port} on 127.0.0.1 is in use")
+    assert not (tmp_path / "home").exists()  # a refused serve leaves no folder behind
 
 
 def test_serve_keeps_a_store_url_and_makes_local_corpus_paths_absolute(tmp_path, monkeypatch):
@@ -547,9 +583,15 @@ def test_pipeline_run_hands_training_to_the_gpu_worker(box, runs):
     assert "CUDA_VISIBLE_DEVICES=0" in logs  # the GPU worker's environment reached the training run
     assert "CUDA_VISIBLE_DEVICES=<unset>" not in logs
     # The artifact came through the store: the embeddings were published by the GPU run.
-    embeddings = Catalog(box.config.store).latest("embeddings")
+    catalog = Catalog(box.config.store)
+    embeddings = catalog.latest("embeddings", method="glove")
     assert embeddings["run"]["flow_run_id"] == child["id"]
     assert embeddings["metrics"]["dim"] == 20
+    assert embeddings["metrics"]["device"]["type"] == "cpu"  # this machine has no GPU: the manifest says so
+    assert "torch sees no CUDA GPU here" in logs  # and the gpu worker's run warned
+    # SVD needs no GPU: it ran in the pipeline's own process, no training run for it
+    assert catalog.latest("embeddings", method="svd")["run"]["flow_run_id"] == run["id"]
+    assert "torch sees no CUDA GPU" in Path(box.home / "logs" / "worker-gpu0.log").read_text().splitlines()[0]
 
 
 @pytest.mark.slow
@@ -557,7 +599,7 @@ def test_catalog_shows_the_new_artifacts_with_lineage(box, runs):
     catalog = Catalog(box.config.store)
     assert set(catalog.kinds()) == {"corpus", "tokenizer", "tokenized_corpus", "cooccurrence", "ppmi", "embeddings",
                                     "evaluation", "report"}
-    report = catalog.latest("evaluation")
+    report = catalog.latest("evaluation", method="svd")
     assert report["run"]["flow_run_id"] == runs["pipeline"]["id"]
     lineage = catalog.lineage(report["version"])
     embeddings = lineage["inputs"]["embeddings"]
@@ -565,9 +607,13 @@ def test_catalog_shows_the_new_artifacts_with_lineage(box, runs):
     ppmi = embeddings["inputs"]["ppmi"]
     corpus = ppmi["inputs"]["cooccurrence"]["inputs"]["tokens"]["inputs"]["corpus"]
     assert corpus["kind"] == "corpus" and corpus["parameters"]["params"]["sources"] == ["builtin:lee"]
-    # Link artifacts in the run point at each artifact's folder in the store.
-    links = box.api.post("/artifacts/filter", json={"artifacts": {"key": {"any_": ["evaluation-artifact"]}}}).json()
-    assert f"file://{catalog.store.path('evaluation', report['version'])}" in links[0]["data"]
+    # The pipeline run itself shows every artifact it used or made, with its readable location and lineage.
+    shown = box.api.post("/artifacts/filter", json={"artifacts": {
+        "key": {"any_": ["run-artifacts", "run-lineage"]}, "flow_run_id": {"any_": [runs["pipeline"]["id"]]}}}).json()
+    assert {a["key"] for a in shown} == {"run-artifacts", "run-lineage"}
+    markdown = next(a["data"] for a in shown if a["key"] == "run-artifacts")
+    for manifest in (report, catalog.latest("embeddings", method="glove"), catalog.latest("corpus")):  # made here,
+        assert f"`{catalog.store.path(manifest['kind'], manifest['version'])}`" in markdown  # on the GPU, an input
 
 
 @pytest.mark.slow
@@ -593,6 +639,8 @@ def test_cron_schedule_creates_scheduled_runs(box):
         start = dt.datetime.fromisoformat(run["expected_start_time"])
         assert (start.weekday(), start.hour, start.minute) == (0, 3, 0)  # Mondays 03:00 UTC
         assert run["work_pool_name"] == "cpu"
+    deployment = box.api.get(f"/deployments/{box.deployment_id('corpus-rebuild')}").json()
+    assert deployment["description"].endswith("Runs at cron '0 3 * * 1', time zone UTC.")  # shown in the UI
 
 
 def _chromium(url: str, *mode: str) -> subprocess.CompletedProcess:
@@ -660,7 +708,7 @@ def test_a_plain_process_reads_the_latest_embeddings_with_duckdb(box, runs, tmp_
     assert found["imported"] == []
     catalog = Catalog(box.config.store)
     assert found["version"] == catalog.latest("embeddings")["version"]
-    kv = catalog.load("embeddings")
+    kv = load(catalog, "embeddings")
     assert found["rows"] == len(kv.index_to_key) and len(found["vector"]) == 20
     np.testing.assert_allclose(found["vector"], kv["the"], rtol=1e-6)
 
@@ -678,7 +726,33 @@ def test_train_lm_deployment_runs_on_the_gpu_pool(box, runs):
     assert lm["run"]["flow_run_id"] == run["id"]
     assert lm["inputs"]["tokens"]["version"] == catalog.latest("tokenized_corpus")["version"]
     assert lm["metrics"]["valid_perplexity"] > 1
-    assert catalog.load("lm").order == 2
+    assert load(catalog, "lm").order == 2
+
+
+@pytest.mark.slow
+def test_lexiflow_run_uses_the_running_serve_and_lists_every_artifact(box, runs, monkeypatch, capsys):
+    """While serve runs, `lexiflow run` from the same PREFECT_HOME reports to its server (the run shows in
+    its UI) instead of starting a temporary one; here every stage is reused, and still each is listed."""
+    from lexiflow.flows import server
+    from lexiflow.flows.cli import main
+
+    monkeypatch.setenv("PREFECT_HOME", str(box.home))
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setattr(server, "start_temporary", lambda *a, **k: pytest.fail("started a temporary server"))
+    before = {r["id"] for r in box.flow_runs(deployment_id={"is_null_": True})}
+    settings = [f"{section}.{name}={json.dumps(value)}" for section, values in SMALL.items() if isinstance(values, dict)
+                for name, value in values.items()] + [f"{k}={json.dumps(v)}" for k, v in SMALL.items()
+                                                      if not isinstance(v, dict)]
+    assert main(["run", "--store", box.config.store, "--corpus", "builtin:lee",
+                 *(x for s in settings for x in ("--set", s))]) == 0
+    out, err = capsys.readouterr()
+    assert "Using the Prefect server of `lexiflow serve`" in err
+    new = [r for r in box.flow_runs(deployment_id={"is_null_": True}) if r["id"] not in before
+           and r["flow_id"] == runs["pipeline"]["flow_id"]]
+    assert len(new) == 1 and new[0]["state"]["type"] == "COMPLETED"
+    listed = re.findall(r"^  (\S+) +([0-9a-f]{16})  ", out, re.M)
+    assert {name for name, _ in listed} >= {"corpus", "tokenizer", "tokenized_corpus", "cooccurrence", "ppmi",
+                                            "embeddings.svd", "embeddings.glove", "evaluation.svd", "report"}
 
 
 @pytest.mark.slow

@@ -8,6 +8,7 @@ import pytest
 from lexiflow.flows.cli import main
 from lexiflow.flows.params import PipelineParams, validate
 from lexiflow.flows.pipeline import run_pipeline
+from lexiflow.loaders import load
 from lexiflow.storage import ArtifactStore, Catalog
 from lexiflow.tasks.report import figure_key
 from lexiflow.tasks.stage import stage
@@ -304,3 +305,44 @@ def test_two_runs_asking_for_one_version_at_once_build_it_once(tmp_path):
     assert first == second and PROBE_BUILDS == ["built once"]
     assert ArtifactStore(store).read_text("probe", first.version, "probe.txt") == "built once"
     assert not list((store / ".scratch").glob("*.lock"))
+
+
+@pytest.mark.slow
+def test_damaged_artifacts_are_rebuilt_or_refused_through_the_pipeline(tmp_path, capsys):
+    """A deleted data file of a reused artifact is found by the reuse check and rebuilt; a flipped bit in
+    a reused Parquet table (same size) is found by its page checksum when a stage reads it: one line
+    naming the artifact and the repair, which then works (docs/reliability.md, "Damage and repair")."""
+    from pathlib import Path
+
+    from lexiflow.storage.store import ArtifactDamaged
+
+    store = tmp_path / "store"
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n".join(f"The cat number {i} sat on the mat. A dog {i % 7} barked at the cat."
+                                for i in range(300)))
+    run = ["run", "--store", str(store), "--corpus", str(corpus), "--set", "vocabulary.min_count=1",
+           "--set", "evaluation.analogy_vocabulary=100", "--set", 'embeddings=["svd"]', "--set", "lm=[]",
+           "--set", "evaluation.projection_words=0"]
+    assert main([*run, "--set", "svd.dim=5"]) == 0
+    ppmi = Catalog(store).latest("ppmi")
+    matrix = Path(ppmi["path"]) / "matrix.parquet"
+    before = created(store)
+    matrix.unlink()
+    assert main([*run, "--set", "svd.dim=5"]) == 0
+    rebuilt = {key for key, when in created(store).items() if when != before.get(key)}
+    assert rebuilt == {("ppmi", ppmi["version"])} and matrix.exists()  # every other stage reused
+    assert ArtifactStore(store).audit(full=True)[1] == []
+
+    data = bytearray(matrix.read_bytes())
+    data[len(data) // 3] ^= 0x01
+    matrix.write_bytes(bytes(data))
+    with pytest.raises(ArtifactDamaged):
+        load(store, "ppmi")
+    assert main([*run, "--set", "svd.dim=4"]) == 2  # the new SVD reads the damaged matrix
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: ppmi:{ppmi['version']}/matrix.parquet: damaged (")
+    assert errors[0].endswith(f"remove it with `lexiflow artifacts rm ppmi:{ppmi['version']} --force` and run "
+                              "again to rebuild it")
+    assert main(["artifacts", "rm", f"ppmi:{ppmi['version']}", "--force", "--store", str(store)]) == 0
+    assert main([*run, "--set", "svd.dim=4"]) == 0
+    assert ArtifactStore(store).audit(full=True)[1] == []

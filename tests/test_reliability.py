@@ -1,5 +1,5 @@
 """Crashes, concurrent runs, flaky storage and hostile input through the whole pipeline, against
-one real Prefect server shared by this module's child processes (see tests/chaos.py).
+one real Prefect server shared by this module's child processes (see benchmarks/chaos.py).
 
 Whatever stages `pipeline` runs are covered: the runs go through `lexiflow run`, and the checks
 read the store's manifests, not a list of stages.
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from lexiflow.storage import ArtifactStore, Catalog
 
-from tests.chaos import (
+from benchmarks.chaos import (
     SMALL_RUN,
     Zygote,
     audit,
@@ -24,7 +24,7 @@ from tests.chaos import (
     neural_crash_loop,
     prefect_server,
 )
-from tests.hostile import hostile_directory
+from benchmarks.hostile import hostile_directory
 
 pytestmark = [pytest.mark.prefect, pytest.mark.slow]
 KILLS = int(os.environ.get("LEXIFLOW_CRASH_KILLS", "20"))

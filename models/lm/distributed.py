@@ -34,11 +34,11 @@ from pathlib import Path
 import numpy as np
 import torch
 from lexiflow.models.errors import ParameterError
-from lexiflow.models.lm.neural import NeuralLM, _from_dict, load
+from lexiflow.models.lm import registry
+from lexiflow.models.lm.neural import NeuralLM, from_dict
 from lexiflow.models.lm.train import TrainConfig
 
 logger = logging.getLogger("lexiflow.lm.distributed")
-ROOT = Path(__file__).resolve().parents[2]  # the folder holding the `models` package
 OWNER_ENV = "LEXIFLOW_DDP_OWNER_PID"  # the process that launched torchrun; the ranks stop when it is gone
 
 
@@ -111,19 +111,18 @@ def fit_distributed(lm: NeuralLM, train_sentences: Sequence[np.ndarray],
         _write_sentences(workdir / "valid", valid_sentences)
     if lm.embeddings is not None:
         np.save(workdir / "embeddings.npy", np.asarray(lm.embeddings, dtype=np.float32), allow_pickle=False)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])),
-           OWNER_ENV: str(os.getpid())}
+    env = {**os.environ, OWNER_ENV: str(os.getpid())}  # the ranks import the installed lexiflow package
     env.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default too: W ranks share the cores
     logger.info("launching %d ranks: %s", world_size, " ".join(torchrun_command(world_size, workdir)))
     tail: deque[str] = deque(maxlen=40)
-    with subprocess.Popen(torchrun_command(world_size, workdir), cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    with subprocess.Popen(torchrun_command(world_size, workdir), cwd=workdir, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True) as proc:
         for line in proc.stdout:  # the ranks' logs, forwarded (Prefect picks up the lexiflow logger)
             tail.append(line.rstrip())
             logger.info("%s", line.rstrip())
     if proc.returncode != 0:
         raise RuntimeError(f"distributed training ({world_size} ranks) exited {proc.returncode}:\n" + "\n".join(tail))
-    return load(workdir / "model", device)
+    return registry.load(workdir / "model", device)
 
 
 def worker(workdir: Path) -> None:
@@ -132,13 +131,9 @@ def worker(workdir: Path) -> None:
 
     _stop_with_launchers()
     job = json.loads((workdir / "job.json").read_text())
-    import lexiflow.models.lm.ffnn  # noqa: F401  (register the kinds)
-    import lexiflow.models.lm.rnn  # noqa: F401
-    import lexiflow.models.lm.transformer  # noqa: F401
-
-    kind_cls = NeuralLM._registry[job["kind"]]
-    config = _from_dict(kind_cls.config_class, job["config"], workdir / "job.json")
-    train = _from_dict(TrainConfig, job["train"], workdir / "job.json")
+    kind_cls = registry.neural_class(job["kind"], workdir / "job.json")
+    config = from_dict(kind_cls.config_class, job["config"], workdir / "job.json")
+    train = from_dict(TrainConfig, job["train"], workdir / "job.json")
     on_cuda = train.device.startswith("cuda") or (train.device == "auto" and torch.cuda.is_available())
     dist.init_process_group("nccl" if on_cuda else "gloo")
     rank = dist.get_rank()

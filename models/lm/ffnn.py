@@ -13,27 +13,25 @@ window, which lets the shared stream training loop (`models.lm.train`) feed it b
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 from lexiflow.models.errors import ParameterError
-from lexiflow.models.lm.neural import LMConfig, LMModule, NeuralLM, State
+from lexiflow.models.lm.neural import EmbDim, HiddenDim, LMConfig, LMModule, NeuralLM, State
+from pydantic import Field
 from torch import nn
 
 
 @dataclass
 class FFNNConfig(LMConfig):
     vocab_size: int
-    context_size: int = 4  # n - 1 previous tokens (a 5-gram model)
-    emb_dim: int = 64
-    hidden_dim: int = 256
-    dropout: float = 0.0
-    freeze_embeddings: bool = False
+    context_size: Annotated[int, Field(ge=1, le=16, description="FFNN: previous tokens seen (n - 1).")] = 4
+    emb_dim: EmbDim = 128
+    hidden_dim: HiddenDim = 128
     tie_weights: bool = False  # not offered: the output layer reads the hidden layer, not an embedding
 
     def validate(self) -> None:
         super().validate()
-        if self.context_size < 1:
-            raise ParameterError(f"context_size={self.context_size}: use 1 (bigram) or more")
         if self.tie_weights:
             raise ParameterError("tie_weights=True is not available for the FFNN LM (its output layer reads the "
                                  "tanh hidden layer): use an RNN or Transformer LM to tie weights")

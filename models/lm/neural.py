@@ -19,17 +19,21 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import KW_ONLY, asdict, dataclass, fields
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import polars as pl
 import torch
 import torch.nn.functional as F
+from lexiflow.models.config import check
 from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.estimator import Estimator
 from lexiflow.models.heap import reuse_freed_memory
 from lexiflow.models.lm import train as training
 from lexiflow.models.lm.train import TrainConfig
+from lexiflow.models.progress import Progress
+from pydantic import Field
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -40,6 +44,11 @@ METRIC_COLUMNS = {
 }
 
 State = tuple[torch.Tensor, ...] | None
+
+# Pipeline parameters shared by several architectures (one description, one bound; models/config.py).
+EmbDim = Annotated[int, Field(ge=4, le=4096, description="Embedding size (FFNN, RNNs).")]
+HiddenDim = Annotated[int, Field(ge=4, le=8192, description="Hidden size (FFNN, RNNs); = emb_dim to tie weights.")]
+TieWeights = Annotated[bool, Field(description="Output matrix = embedding matrix (RNNs need hidden = emb).")]
 
 
 @dataclass
@@ -52,16 +61,16 @@ class LMConfig:
     bos_id: int = 1
     eos_id: int = 2
     pad_id: int = 3
+    dropout: Annotated[float, Field(ge=0, lt=1, description="Dropout.")] = 0.2
+    freeze_embeddings: Annotated[bool, Field(description="Keep the (pretrained) embeddings fixed.")] = False
 
     def validate(self) -> None:
+        check(self)
         if self.vocab_size < 4:
             raise ParameterError(f"vocab_size={self.vocab_size}: need at least the 4 special tokens")
         for name in ("unk_id", "bos_id", "eos_id", "pad_id"):
             if not 0 <= getattr(self, name) < self.vocab_size:
                 raise ParameterError(f"{name}={getattr(self, name)} is outside [0, vocab_size={self.vocab_size})")
-        dropout = getattr(self, "dropout", 0.0)
-        if not 0.0 <= dropout < 1.0:
-            raise ParameterError(f"dropout={dropout}: use a value in [0, 1)")
 
 
 class LMModule(nn.Module):
@@ -101,17 +110,11 @@ def init_embeddings(embedding: nn.Embedding, pretrained: np.ndarray | None, free
     weight.requires_grad_(not freeze)
 
 
-class NeuralLM:
-    """Estimator base: subclasses set `kind`, `config_class` and `_build()`."""
+class NeuralLM(Estimator):
+    """Estimator base: subclasses set `kind`, `config_class` and `_build()` (the kinds: `models.lm.registry`)."""
 
     kind: ClassVar[str] = ""
     config_class: ClassVar[type]
-    _registry: ClassVar[dict[str, type[NeuralLM]]] = {}
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if cls.kind:
-            NeuralLM._registry[cls.kind] = cls
 
     def __init__(self, config: Any, train: TrainConfig | None = None, embeddings: np.ndarray | None = None) -> None:
         self.config = config
@@ -134,12 +137,9 @@ class NeuralLM:
         mc = self.module_.max_context if hasattr(self, "module_") else None
         return self.train.bptt if mc is None else min(self.train.bptt, mc)
 
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "module_"):
-            raise ParameterError(f"{type(self).__name__} is not fitted: call fit() or load() first")
-
     def fit(self, train_sentences: Sequence[np.ndarray], valid_sentences: Sequence[np.ndarray] | None = None, *,
-            on_step: Callable[[int, float], None] | None = None) -> NeuralLM:
+            on_step: Callable[[int, float], None] | None = None,
+            progress: Callable[[float | None], None] | None = None) -> NeuralLM:
         """Train with the loop of `models.lm.train` (resuming from `train.checkpoint_dir` when a checkpoint
         is there); per-epoch metrics land in `metrics_`."""
         c = self.config
@@ -150,7 +150,7 @@ class NeuralLM:
         self.module_ = self._new_module()
         with reuse_freed_memory():  # each step's large temporaries reuse the last step's memory (CPU: ~25 % faster)
             history = training.train(self.module_, stream, valid, self.train, bos_id=c.bos_id, pad_id=c.pad_id,
-                                     window=self._window, on_step=on_step)
+                                     window=self._window, on_step=on_step, progress=progress)
         self.metrics_ = pl.DataFrame(history, schema=METRIC_COLUMNS) if history else pl.DataFrame(
             schema=METRIC_COLUMNS)
         self.device_ = next(self.module_.parameters()).device  # under torchrun, this rank's GPU
@@ -184,7 +184,8 @@ class NeuralLM:
         """(V,) natural-log next-token distribution given the preceding ids (starting with <s>)."""
         return self.log_probs_batch([context])[0]
 
-    def perplexity(self, sentences: Sequence[np.ndarray], *, carry: bool = False) -> float:
+    def perplexity(self, sentences: Sequence[np.ndarray], *, carry: bool = False,
+                   progress: Callable[[float | None], None] | None = None) -> float:
         """exp(mean NLL) over every word and every `</s>` (never `<s>`/`<pad>`).
 
         carry=False (default): each sentence is scored on its own from `<s>`, like the n-gram models
@@ -194,11 +195,13 @@ class NeuralLM:
         across sentences (the usual WikiText evaluation); the stream's tail beyond a whole number of
         rows is not scored, so the count can be a little smaller than with carry=False.
         """
-        nll, count = self.score(sentences, carry=carry)
+        nll, count = self.score(sentences, carry=carry, progress=progress)
         return training.perplexity(nll / max(count, 1))  # inf for a diverged model, as n-gram zeros give
 
-    def score(self, sentences: Sequence[np.ndarray], *, carry: bool = False) -> tuple[float, int]:
-        """Summed NLL (nats) and number of predicted tokens; see `perplexity`."""
+    def score(self, sentences: Sequence[np.ndarray], *, carry: bool = False,
+              progress: Callable[[float | None], None] | None = None) -> tuple[float, int]:
+        """Summed NLL (nats) and number of predicted tokens; see `perplexity`. Progress (sentences, rate,
+        ETA) is logged and fed to `progress(fraction)`."""
         self._check_fitted()
         c, cfg = self.config, self.train
         stream = training.to_stream(sentences, c.bos_id, c.eos_id, c.vocab_size)
@@ -210,12 +213,15 @@ class NeuralLM:
         order = np.argsort([len(s) for s in seqs], kind="stable")  # similar lengths share a batch: less padding
         total, count = 0.0, 0
         batch = max(1, cfg.eval_batch_size * 4)
-        for start in range(0, len(order), batch):
-            chunk = [seqs[i] for i in order[start : start + batch]]
-            data = training.pad_sequences(chunk, c.pad_id)
-            window = data.shape[1] if self.module_.max_context is None else self._window
-            nll, n = training.evaluate(self.module_, data, window, self.device_, cfg.precision, c.bos_id, c.pad_id)
-            total, count = total + nll, count + n
+        with Progress("lm.perplexity", total=len(order), unit="sentences", callback=progress) as report:
+            for start in range(0, len(order), batch):
+                chunk = [seqs[i] for i in order[start : start + batch]]
+                data = training.pad_sequences(chunk, c.pad_id)
+                window = data.shape[1] if self.module_.max_context is None else self._window
+                nll, n = training.evaluate(self.module_, data, window, self.device_, cfg.precision, c.bos_id,
+                                           c.pad_id)
+                total, count = total + nll, count + n
+                report.update(len(chunk))
         return total, count
 
     # -- the lm artifact ---------------------------------------------------------------------
@@ -233,18 +239,17 @@ class NeuralLM:
 
     @classmethod
     def load(cls, path: str | Path, device: str = "cpu") -> NeuralLM:
-        """Read an `lm` artifact directory written by `save` (any neural kind when called on NeuralLM)."""
+        """Read an `lm` artifact directory written by `save` of this class (any kind: `models.lm.registry.load`)."""
         path = Path(path)
         if not (path / "config.json").exists():
             raise InputError(f"{path / 'config.json'} is missing: is {path} an lm artifact?")
         try:
             meta = json.loads((path / "config.json").read_text())
-            kind_cls = NeuralLM._registry.get(meta["kind"])
-            if kind_cls is None or (cls is not NeuralLM and kind_cls is not cls):
+            if meta["kind"] != cls.kind:
                 raise InputError(f"{path / 'config.json'} holds kind {meta['kind']!r}, not a {cls.__name__}")
-            config = _from_dict(kind_cls.config_class, meta["config"], path / "config.json")
-            train = _from_dict(TrainConfig, meta["train"], path / "config.json")
-            lm = kind_cls(config, train)
+            config = from_dict(cls.config_class, meta["config"], path / "config.json")
+            train = from_dict(TrainConfig, meta["train"], path / "config.json")
+            lm = cls(config, train)
             lm.module_ = lm._build()
             lm.module_.embedding.weight.requires_grad_(not config.freeze_embeddings)
             training.load_module_tensors(lm.module_, load_file(str(path / "model.safetensors")),
@@ -269,7 +274,8 @@ class NeuralLM:
         return f"{type(self).__name__}({self.config!r})"
 
 
-def _from_dict(klass: type, values: dict, where: Path) -> Any:
+def from_dict(klass: type, values: dict, where: Path) -> Any:
+    """A dataclass from a saved dict, refusing fields it does not know (a newer writer's)."""
     names = {f.name for f in fields(klass)}
     unknown = set(values) - names
     if unknown:
@@ -297,11 +303,3 @@ def plot_loss_curve(metrics: pl.DataFrame, out: Path, title: str = "LM") -> None
     fig.savefig(out)
     plt.close(fig)
 
-
-def load(path: str | Path, device: str = "cpu") -> NeuralLM:
-    """Load any neural `lm` artifact (FFNN, RNN or Transformer)."""
-    import lexiflow.models.lm.ffnn  # noqa: F401  (register the kinds)
-    import lexiflow.models.lm.rnn  # noqa: F401
-    import lexiflow.models.lm.transformer  # noqa: F401
-
-    return NeuralLM.load(path, device)

@@ -15,10 +15,12 @@ detached, across bptt windows (truncated backpropagation through time).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated
 
 import torch
 from lexiflow.models.errors import ParameterError
-from lexiflow.models.lm.neural import LMConfig, LMModule, NeuralLM, State
+from lexiflow.models.lm.neural import EmbDim, HiddenDim, LMConfig, LMModule, NeuralLM, State, TieWeights
+from pydantic import Field
 from torch import nn
 
 CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
@@ -28,19 +30,15 @@ CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 class RNNConfig(LMConfig):
     vocab_size: int
     cell: str = "lstm"  # "rnn" (Elman, tanh) | "lstm" | "gru"
-    emb_dim: int = 200
-    hidden_dim: int = 200
-    num_layers: int = 2
-    dropout: float = 0.2
-    tie_weights: bool = False
-    freeze_embeddings: bool = False
+    emb_dim: EmbDim = 128
+    hidden_dim: HiddenDim = 128
+    num_layers: Annotated[int, Field(ge=1, le=8, description="Stacked recurrent layers.")] = 2
+    tie_weights: TieWeights = True
 
     def validate(self) -> None:
         super().validate()
         if self.cell not in CELLS:
             raise ParameterError(f"cell={self.cell!r}: use one of {sorted(CELLS)}")
-        if self.num_layers < 1:
-            raise ParameterError(f"num_layers={self.num_layers}: use 1 or more")
         if self.tie_weights and self.hidden_dim != self.emb_dim:
             raise ParameterError(f"tie_weights=True needs hidden_dim == emb_dim (got {self.hidden_dim} and "
                                  f"{self.emb_dim}): make them equal or set tie_weights=False")

@@ -38,15 +38,17 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from lexiflow.models.device import resolve_device
+from lexiflow.models.config import check
+from lexiflow.models.device import Device, resolve_device
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.progress import Progress
+from pydantic import Field
 from safetensors.torch import load_file, save_file
 
 if TYPE_CHECKING:
@@ -59,50 +61,44 @@ IGNORE = -100  # cross_entropy's ignore_index: targets that are <s> or <pad>
 
 @dataclass
 class TrainConfig:
-    """Hyperparameters of the training loop (saved in the `lm` artifact's config.json)."""
+    """Hyperparameters of the training loop (saved in the `lm` artifact's config.json). Annotated
+    fields are pipeline parameters (models/config.py); their defaults are the pipeline's."""
 
-    epochs: int = 1
-    max_steps: int | None = None  # cap on optimizer steps; also the schedule's length when smaller
-    batch_size: int = 20  # parallel rows of the stream
-    bptt: int = 35  # window length in tokens (Transformer: at most its max_len)
-    optimizer: str = "adamw"  # "adamw" | "sgd"
-    lr: float = 1e-3
+    epochs: Annotated[int, Field(ge=1, le=1000, description="Training epochs.")] = 2
+    # a cap on optimizer steps; also the schedule's length when smaller
+    max_steps: Annotated[int | None, Field(ge=1, description="Stop after this many optimizer steps.")] = None
+    batch_size: Annotated[int, Field(ge=1, le=4096, description="Parallel rows of the token stream.")] = 20
+    # Transformer: at most its max_len
+    bptt: Annotated[int, Field(ge=2, le=8192, description="Tokens per training window.")] = 35
+    optimizer: Annotated[Literal["adamw", "sgd"], Field(description="Optimizer.")] = "adamw"
+    lr: Annotated[float, Field(gt=0, le=100, description="Peak learning rate (warmup then cosine).")] = 2e-3
     weight_decay: float = 0.0
     momentum: float = 0.0  # SGD only
     beta1: float = 0.9
     beta2: float = 0.999
-    warmup_steps: int = 0
+    warmup_steps: Annotated[int, Field(ge=0, description="Linear warmup steps.")] = 50
     schedule: str = "cosine"  # "cosine" | "constant"
     min_lr_ratio: float = 0.0  # cosine ends at lr * min_lr_ratio
     clip_grad_norm: float | None = 0.25
-    device: str = "auto"  # "auto" (CUDA when present) | "cpu" | "cuda" | "cuda:1" ...
+    device: Device = "auto"
     precision: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 on CPU) | "bf16" | "fp32"
     compile: bool = False  # torch.compile the module for training
     checkpoint_dir: str | None = None  # resume from here when a checkpoint exists
-    checkpoint_every: int = 0  # steps between checkpoints (0: only at epoch ends)
-    patience: int | None = None  # early stopping: epochs without valid improvement
+    patience: Annotated[int | None, Field(ge=1, description="Early stopping: epochs without validation gain.")] = None
+    checkpoint_every: Annotated[int, Field(ge=0, description="Steps between checkpoints (0: epoch ends only).")] = 200
     eval_batch_size: int = 10
-    seed: int = 0
+    seed: Annotated[int, Field(ge=0, description="Random seed.")] = 0
     log_every_s: float = 5.0
     sparse_grads: bool = True  # plain SGD in one process: the input embedding's gradient holds only the rows used
 
     def validate(self) -> None:
+        check(self)
         checks = [
-            ("epochs", self.epochs >= 1, "use 1 or more"),
-            ("batch_size", self.batch_size >= 1, "use 1 or more"),
-            ("bptt", self.bptt >= 1, "use 1 or more"),
-            ("optimizer", self.optimizer in ("adamw", "sgd"), "use 'adamw' or 'sgd'"),
-            ("lr", self.lr > 0, "use a positive learning rate"),
             ("schedule", self.schedule in ("cosine", "constant"), "use 'cosine' or 'constant'"),
             ("precision", self.precision in ("auto", "bf16", "fp32"), "use 'auto', 'bf16' or 'fp32'"),
-            ("warmup_steps", self.warmup_steps >= 0, "use 0 or more"),
-            ("max_steps", self.max_steps is None or self.max_steps >= 1, "use None or 1 or more"),
-            ("checkpoint_every", self.checkpoint_every >= 0, "use 0 (epoch ends only) or more"),
-            ("patience", self.patience is None or self.patience >= 1, "use None or 1 or more"),
             ("clip_grad_norm", self.clip_grad_norm is None or self.clip_grad_norm > 0, "use None or > 0"),
             ("eval_batch_size", self.eval_batch_size >= 1, "use 1 or more"),
             ("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "use a fraction of lr in [0, 1]"),
-            ("device", _known_device(self.device), "use 'auto', 'cpu', 'cuda' or 'cuda:N'"),
         ]
         for name, ok, fix in checks:
             if not ok:
@@ -111,13 +107,6 @@ class TrainConfig:
 
 # ---------------------------------------------------------------------------------------------
 # devices, precision and data-parallel ranks
-
-
-def _known_device(device: str) -> bool:
-    try:
-        return device == "auto" or torch.device(device).type in ("cpu", "cuda")
-    except (RuntimeError, TypeError):
-        return False
 
 
 def dist_info() -> tuple[int, int]:
@@ -422,7 +411,8 @@ class StopTraining(Exception):
 
 def train(module: LMModule, train_stream: np.ndarray, valid_stream: np.ndarray | None, cfg: TrainConfig, *,
           bos_id: int, pad_id: int, window: int,
-          on_step: Callable[[int, float], None] | None = None) -> list[dict]:
+          on_step: Callable[[int, float], None] | None = None,
+          progress: Callable[[float | None], None] | None = None) -> list[dict]:
     """Train `module` in place on the stream; return per-epoch metrics rows.
 
     `window` is the bptt length the module accepts (Transformer: min(bptt, max_len)).
@@ -484,7 +474,8 @@ def train(module: LMModule, train_stream: np.ndarray, valid_stream: np.ndarray |
             _save_checkpoint(ckpt_path, module, opt, pos, carry, history, best, rank_rng)
 
     progress = Progress("lm.train", total=total_steps * cfg.batch_size * window, unit="tokens",
-                        every_s=cfg.log_every_s if rank == 0 else math.inf, done=pos.step * cfg.batch_size * window)
+                        every_s=cfg.log_every_s if rank == 0 else math.inf, done=pos.step * cfg.batch_size * window,
+                        callback=progress if rank == 0 else None)  # e.g. a Prefect progress artifact
     while not pos.done and pos.epoch < cfg.epochs and pos.step < total_steps:
         if pos.batch == 0:
             state = None  # each epoch starts the stream afresh

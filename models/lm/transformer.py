@@ -15,34 +15,30 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
 from lexiflow.models.errors import ParameterError
-from lexiflow.models.lm.neural import LMConfig, LMModule, NeuralLM, State
+from lexiflow.models.lm.neural import LMConfig, LMModule, NeuralLM, State, TieWeights
+from pydantic import Field
 from torch import nn
 
 
 @dataclass
 class TransformerConfig(LMConfig):
     vocab_size: int
-    max_len: int = 128  # context window (block size)
-    d_model: int = 128
-    n_layers: int = 2
-    n_heads: int = 4
-    dropout: float = 0.1
-    positional: str = "sinusoidal"  # "sinusoidal" | "learned"
-    tie_weights: bool = True
-    freeze_embeddings: bool = False
+    d_model: Annotated[int, Field(ge=8, le=8192, description="Transformer width.")] = 128
+    n_layers: Annotated[int, Field(ge=1, le=48, description="Transformer blocks.")] = 2
+    n_heads: Annotated[int, Field(ge=1, le=64, description="Transformer attention heads (divide d_model).")] = 4
+    max_len: Annotated[int, Field(ge=8, le=8192, description="Transformer context window.")] = 128
+    positional: Annotated[Literal["sinusoidal", "learned"], Field(description="Transformer positions.")] = "sinusoidal"
+    tie_weights: TieWeights = True
 
     def validate(self) -> None:
         super().validate()
         if self.d_model % self.n_heads:
             raise ParameterError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
-        if self.positional not in ("sinusoidal", "learned"):
-            raise ParameterError(f"positional={self.positional!r}: use 'sinusoidal' or 'learned'")
-        if self.max_len < 1 or self.n_layers < 1:
-            raise ParameterError("max_len and n_layers must be 1 or more")
 
 
 def sinusoidal_positions(n: int, d: int) -> torch.Tensor:

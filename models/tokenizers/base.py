@@ -1,10 +1,11 @@
 """What BPE and WordPiece share: normalization, pre-tokenization, word counting, special tokens,
 corpus encoding per word type, the Parquet/JSON save format and the Hugging Face export pieces.
 
-Text path (the same in `fit`, `encode`, `encode_corpus` and the exported `tokenizer.json`):
+Text path (the same in `fit`, `encode`, `encode_batch` and the exported `tokenizer.json`):
 
-1. normalize: Unicode NFC (ingestion already did it, and lowercasing if configured; NFC is
-   idempotent, so doing it again here keeps single-string `encode` consistent with the pipeline).
+1. normalize: control characters removed, Unicode NFC and, with `lowercase` (set from the corpus it
+   learns from), lowercased: what ingestion does to the corpus, so single-string `encode` of raw
+   text gives what the pipeline gives (and the exported `tokenizer.json`'s normalizer does the same).
 2. pre-tokenize: `pretokenizer="word"` is lexiflow's word pre-tokenizer `models.text.WORD_PATTERN`
    (regex matches, whitespace dropped); `"whitespace"` splits on Unicode whitespace only (Hugging
    Face's `WhitespaceSplit`), used to compare merges with `BpeTrainer` exactly.
@@ -21,45 +22,63 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from collections.abc import Iterable, Sequence
+from itertools import chain
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
 from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.estimator import Estimator
 from lexiflow.models.progress import Progress
-from lexiflow.models.text import WORD_PATTERN
+from lexiflow.models.text import ASCII_WORD_PATTERN, CONTROL, WORD_PATTERN, hf_normalizer
+from pydantic import Field
 
 log = logging.getLogger("lexiflow.tokenizers")
 
 PRETOKENIZER_PATTERNS = {"word": WORD_PATTERN, "whitespace": r"\S+"}
+# The pre-tokenizers on printable ASCII, where NFC changes nothing: one text's pieces need no polars call.
+ASCII_PRETOKENIZERS = {"word": re.compile(ASCII_WORD_PATTERN), "whitespace": re.compile(r"\S+")}
 DEFAULT_SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
+# Pipeline parameters every subword tokenizer takes (models/config.py).
+VocabSize = Annotated[int, Field(ge=16, le=1_000_000, description="Subword vocabulary size (specials included).")]
+MinFrequency = Annotated[int, Field(ge=1, description="Subword training ignores pairs seen fewer times.")]
 FORMAT_VERSION = 1
 _CHUNK = 200_000  # texts per polars batch while counting words (bounded memory on streamed corpora)
+_CHUNK_BYTES = 1 << 22  # and at most ~4 MB of text per batch: its pieces, exploded, are the peak memory
 
 
-def pretokenize_series(texts: pl.Series, pattern: str) -> pl.Series:
-    """NFC-normalize and pre-tokenize a Series of texts into a Series of word lists (nulls -> [])."""
-    return texts.cast(pl.String).fill_null("").str.normalize("NFC").str.extract_all(pattern)
+def pretokenize_series(texts: pl.Series, pattern: str, lowercase: bool = False) -> pl.Series:
+    """Normalize (controls removed, NFC, optionally lowercased) and pre-tokenize a Series of texts into a
+    Series of word lists (nulls -> [])."""
+    texts = texts.cast(pl.String).fill_null("").str.replace_all(CONTROL, "").str.normalize("NFC")
+    return (texts.str.to_lowercase() if lowercase else texts).str.extract_all(pattern)
 
 
-def count_words(texts: Iterable[str] | pl.Series, pattern: str) -> pl.DataFrame:
+def count_words(texts: Iterable[str] | pl.Series, pattern: str, lowercase: bool = False) -> pl.DataFrame:
     """Word-type counts `(word, count)` of a corpus, vectorized in polars and streamed in chunks.
 
     Sorted by word so that everything downstream is independent of the input order.
     """
     def chunks() -> Iterable[pl.Series]:
         if isinstance(texts, pl.Series):
-            yield texts
+            sizes = texts.cast(pl.String).str.len_bytes().fill_null(0).cum_sum().to_numpy()
+            cuts = np.searchsorted(sizes, np.arange(_CHUNK_BYTES, int(sizes[-1]) if len(sizes) else 0, _CHUNK_BYTES))
+            for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), len(texts)], strict=True):
+                if b > a:
+                    yield texts[a:b]
             return
         batch: list[str] = []
+        size = 0
         for t in texts:
             batch.append(t)
-            if len(batch) >= _CHUNK:
+            size += len(t)
+            if len(batch) >= _CHUNK or size >= _CHUNK_BYTES:
                 yield pl.Series(batch, dtype=pl.String)
-                batch = []
+                batch, size = [], 0
         if batch:
             yield pl.Series(batch, dtype=pl.String)
 
@@ -71,12 +90,14 @@ def count_words(texts: Iterable[str] | pl.Series, pattern: str) -> pl.DataFrame:
         for chunk in chunks():
             pieces = chunk.cast(pl.String).fill_null("").str.split(" ").explode().alias("piece")
             parts.append(pieces.to_frame().lazy().group_by("piece").len("count").collect(engine="streaming"))
+            if len(parts) >= 8:  # fold the per-chunk counts: their distinct pieces, not all of them, stay
+                parts = [pl.concat(parts).group_by("piece").agg(pl.col("count").sum())]
             progress.update(len(chunk))
     if not parts:
         raise InputError("tokenizer fit: the corpus is empty (no texts); pass an iterable of strings")
     pieces = pl.concat(parts).group_by("piece").agg(pl.col("count").sum())
     counts = (
-        pieces.with_columns(word=pretokenize_series(pieces["piece"], pattern))
+        pieces.with_columns(word=pretokenize_series(pieces["piece"], pattern, lowercase))
         .explode("word").drop_nulls("word")
         .group_by("word").agg(pl.col("count").sum()).sort("word")
     )
@@ -85,8 +106,9 @@ def count_words(texts: Iterable[str] | pl.Series, pattern: str) -> pl.DataFrame:
     return counts.with_columns(pl.col("count").cast(pl.Int64))
 
 
-class SubwordTokenizer:
-    """Base class: special tokens, text path, corpus encoding and persistence.
+class SubwordTokenizer(Estimator):
+    """Base class: special tokens, text path, corpus encoding and persistence (an `Estimator`:
+    `get_params` reads the subclass's `__init__`).
 
     Subclasses implement `fit`, `_encode_word(word) -> list[int]`, `_decode_tokens`, the HF model
     JSON and the state columns of `merges.parquet`.
@@ -101,8 +123,10 @@ class SubwordTokenizer:
         unk_token: str | None = None,
         pretokenizer: str = "word",
         min_frequency: int = 2,
+        lowercase: bool = False,
     ) -> None:
         self.vocab_size = vocab_size
+        self.lowercase = lowercase
         self.special_tokens = tuple(special_tokens)
         self.unk_token = unk_token
         self.pretokenizer = pretokenizer
@@ -155,23 +179,21 @@ class SubwordTokenizer:
     def pad_id(self) -> int | None:
         return self._role(3)
 
-    def get_params(self) -> dict[str, Any]:
-        raise NotImplementedError
-
     # ---- learned state helpers ---------------------------------------------------------------
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "vocab_"):
-            raise ParameterError(f"{type(self).__name__} is not fitted: call fit(texts) or load(dir) first")
-
     def _set_vocab(self, tokens: list[str]) -> None:
         self.vocab_ = tokens
         self.token_to_id_ = {t: i for i, t in enumerate(tokens)}
         self._cache: dict[str, tuple[int, ...]] = {}
+        self._piece_cache: dict[str, tuple[int, ...]] = {}  # space-separated piece of a text -> its ids
 
     @property
     def vocab(self) -> dict[str, int]:
         self._check_fitted()
         return dict(self.token_to_id_)
+
+    def __len__(self) -> int:
+        self._check_fitted()
+        return len(self.vocab_)
 
     def id_to_token(self, i: int) -> str:
         return self.vocab_[i]
@@ -181,11 +203,11 @@ class SubwordTokenizer:
 
     # ---- text path ---------------------------------------------------------------------------
     def pretokenize(self, text: str) -> list[str]:
-        """NFC + pre-tokenization of one text: its words."""
-        return pretokenize_series(pl.Series([text], dtype=pl.String), self._pattern)[0].to_list()
+        """Normalization + pre-tokenization of one text: its words."""
+        return pretokenize_series(pl.Series([text], dtype=pl.String), self._pattern, self.lowercase)[0].to_list()
 
     def normalize(self, text: str) -> str:
-        """The text as the tokenizer sees it: NFC, pre-tokenized, words joined by single spaces."""
+        """The text as the tokenizer sees it: normalized, pre-tokenized, words joined by single spaces."""
         return " ".join(self.pretokenize(text))
 
     def _encode_word_cached(self, word: str) -> tuple[int, ...]:
@@ -199,12 +221,37 @@ class SubwordTokenizer:
     def _encode_word(self, word: str) -> list[int]:
         raise NotImplementedError
 
-    def encode_ids(self, text: str) -> list[int]:
+    def encode(self, text: str) -> list[int]:
+        """Ids of one text. Per space-separated piece (exact: no word spans a space, see count_words),
+        cached: a piece seen before costs a dict lookup; the new pieces of a text are normalized and
+        pre-tokenized together in one polars call."""
         self._check_fitted()
-        return [i for w in self.pretokenize(text) for i in self._encode_word_cached(w)]
+        pieces = text.split(" ")
+        try:
+            return list(chain.from_iterable(map(self._piece_cache.__getitem__, pieces)))
+        except KeyError:
+            self._cache_pieces(pieces)
+            return list(chain.from_iterable(map(self._piece_cache.__getitem__, pieces)))
 
-    def encode(self, text: str) -> list[str]:
-        return [self.vocab_[i] for i in self.encode_ids(text)]
+    def _cache_pieces(self, pieces: list[str]) -> None:
+        """Encode the pieces not cached yet: printable ASCII ones with Python's `re` (NFC changes no
+        ASCII), the others normalized and pre-tokenized together in one polars call."""
+        cache = self._piece_cache
+        if len(cache) > 1_000_000:
+            cache.clear()
+        new = [p for p in set(pieces) if p not in cache]
+        ascii_words = ASCII_PRETOKENIZERS[self.pretokenizer].findall
+        rest = [p for p in new if not (p.isascii() and p.isprintable())]
+        words_of = {p: ascii_words(p) for p in new if p.isascii() and p.isprintable()}
+        if rest:
+            words_of.update(zip(rest, pretokenize_series(pl.Series(rest, dtype=pl.String), self._pattern).to_list(),
+                                strict=True))
+        for piece, words in words_of.items():
+            cache[piece] = tuple(i for w in words for i in self._encode_word_cached(w))
+
+    def tokenize(self, text: str) -> list[str]:
+        """The subword strings of `encode(text)`."""
+        return [self.vocab_[i] for i in self.encode(text)]
 
     def encode_words(self, words: Sequence[str]) -> list[list[int]]:
         """Ids of each (already pre-tokenized) word; an empty word has none (no characters, no word end)."""
@@ -221,23 +268,30 @@ class SubwordTokenizer:
     def _decode_tokens(self, tokens: list[str]) -> str:
         raise NotImplementedError
 
-    def encode_corpus(self, texts: pl.Series) -> pl.Series:
-        """One `list[u32]` of ids per text, encoding each distinct word once and mapping back.
+    def encode_batch(self, texts: pl.Series | Sequence[str] | Sequence[Sequence[str]], *,
+                     is_pretokenized: bool = False) -> pl.Series:
+        """One `list[u32]` of ids per text (a Series, for corpora; `.to_list()` gives lists of ints),
+        encoding each distinct word once and mapping back. `is_pretokenized`: each item is already a
+        list of words, taken as they are (no NFC, no pre-tokenization).
 
         Steps: split texts at spaces (polars), encode each distinct piece once (its words, each
         through the word cache), join every occurrence to its piece's index, gather the ids with
         numpy and cut them per text.
         """
         self._check_fitted()
+        if not isinstance(texts, pl.Series):
+            texts = pl.Series(texts, dtype=pl.List(pl.String) if is_pretokenized else pl.String)
         # Space-separated pieces first (exact, see count_words); each distinct piece is normalized,
         # pre-tokenized and encoded once, then every occurrence is mapped to its piece by a join.
-        lists = texts.cast(pl.String).fill_null("").str.split(" ")
+        lists = (texts.fill_null([]).list.eval(pl.element().fill_null("")) if is_pretokenized
+                 else texts.cast(pl.String).fill_null("").str.split(" "))
         words_per_text = lists.list.len().to_numpy().astype(np.int64)
-        flat = lists.explode().alias("piece")
+        flat = lists.explode().drop_nulls().alias("piece")  # an empty list explodes to one null
         types = flat.unique().sort().to_frame().with_row_index("type")
         type_of = (flat.to_frame().join(types, on="piece", how="left", maintain_order="left")["type"]
                    .to_numpy().astype(np.int64))
-        type_words = pretokenize_series(types["piece"], self._pattern).to_list()
+        type_words = ([[w] if w else [] for w in types["piece"]] if is_pretokenized
+                      else pretokenize_series(types["piece"], self._pattern, self.lowercase).to_list())
         encoded = []
         with Progress("tokenizer encode pieces", total=len(type_words), unit="types") as progress:
             for words in type_words:
@@ -287,7 +341,7 @@ class SubwordTokenizer:
         else:
             pre = {"type": "WhitespaceSplit"}
         return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
-                "normalizer": {"type": "NFC"}, "pre_tokenizer": pre, "post_processor": None}
+                "normalizer": hf_normalizer(self.lowercase), "pre_tokenizer": pre, "post_processor": None}
 
     def to_hf_json(self) -> str:
         """A Hugging Face `tokenizer.json` (load with `tokenizers.Tokenizer.from_str/from_file`)."""

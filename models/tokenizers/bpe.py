@@ -35,15 +35,24 @@ from __future__ import annotations
 import heapq
 import json
 from collections.abc import Iterable
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import polars as pl
 from lexiflow.models.errors import ParameterError
 from lexiflow.models.progress import Progress
-from lexiflow.models.tokenizers.base import DEFAULT_SPECIALS, SubwordTokenizer, count_words, log, token_counts
+from lexiflow.models.tokenizers.base import (
+    DEFAULT_SPECIALS,
+    MinFrequency,
+    SubwordTokenizer,
+    VocabSize,
+    count_words,
+    log,
+    token_counts,
+)
+from pydantic import Field
 
-_S = 1 << 24  # pair key = left * _S + right: an int key hashes faster than a tuple and sorts the same
+PAIR_BASE = 1 << 24  # pair key = left * PAIR_BASE + right: an int key hashes faster than a tuple and sorts the same
 
 
 def words_to_symbols(
@@ -61,12 +70,23 @@ def words_to_symbols(
         last = ends - 1
         finals = np.array([final_ids.get(c, -1) for c in chars], dtype=np.int64)
         ids[last] = finals[inverse[last]]
-    flat = ids.tolist()
+    flat = shared_ints(ids, int(ids.max(initial=0)) + 1)
     starts = (ends - lens).tolist()
     ends_l = ends.tolist()
     if marker_id is None:
         return [flat[s:e] for s, e in zip(starts, ends_l, strict=True)]
     return [flat[s:e] + [marker_id] for s, e in zip(starts, ends_l, strict=True)]
+
+
+def shared_ints(values: np.ndarray, n: int) -> list[int]:
+    """`values.tolist()` whose elements are the same n int objects (one per value 0..n-1), not one new
+    28-byte object per element: the word lists of a big corpus hold tens of millions of ids, and
+    Python caches only the ints up to 256. Converted in slices so the fresh ints stay few."""
+    table = list(range(n))
+    out: list[int] = []
+    for start in range(0, len(values), 1 << 20):
+        out += map(table.__getitem__, values[start:start + (1 << 20)].tolist())
+    return out
 
 
 def initial_pairs(words: list[list[int]], counts: np.ndarray) -> tuple[dict[int, int], dict[int, list[int]]]:
@@ -75,7 +95,7 @@ def initial_pairs(words: list[list[int]], counts: np.ndarray) -> tuple[dict[int,
     flat = np.fromiter((i for w in words for i in w), dtype=np.int64, count=int(lens.sum()))
     word_of = np.repeat(np.arange(len(words), dtype=np.int64), lens)
     same = word_of[:-1] == word_of[1:]
-    keys = (flat[:-1] * _S + flat[1:])[same]
+    keys = (flat[:-1] * PAIR_BASE + flat[1:])[same]
     owner = word_of[:-1][same]
     if not len(keys):  # every word is one symbol (one-character words, glued marker): nothing to merge
         return {}, {}
@@ -88,7 +108,7 @@ def initial_pairs(words: list[list[int]], counts: np.ndarray) -> tuple[dict[int,
     u_keys, u_owner = keys[first], owner[first]
     u_starts = np.flatnonzero(np.concatenate([[True], u_keys[1:] != u_keys[:-1]]))
     pair_count = dict(zip(keys[starts].tolist(), totals.tolist(), strict=True))
-    owners = u_owner.tolist()
+    owners = shared_ints(u_owner, len(words))
     bounds = [*u_starts.tolist(), len(owners)]
     pair_words = {k: owners[bounds[g]:bounds[g + 1]] for g, k in enumerate(u_keys[u_starts].tolist())}
     return pair_count, pair_words
@@ -115,7 +135,7 @@ def train_merges(
                 continue
             if c < min_frequency:
                 break
-            a, b = divmod(key, _S)
+            a, b = divmod(key, PAIR_BASE)
             s = strings[a] + strings[b]
             new = str_to_id.get(s)
             if new is None:  # a string can be formed twice (a+bc, ab+c): reuse its id, like HF
@@ -124,7 +144,7 @@ def train_merges(
                 str_to_id[s] = new
             merges.append((a, b, new, c))
             touched: set[int] = set()
-            new_s = new * _S
+            new_s = new * PAIR_BASE
             get, words_of = pair_count.get, pair_words.setdefault
             for i in pair_words.pop(key, ()):
                 w = words[i]
@@ -138,14 +158,14 @@ def train_merges(
                     if j + 1 < len(w) and w[j + 1] == b:
                         if j > 0:  # left neighbour p: (p, a) -> (p, new)
                             p = w[j - 1]
-                            pair_count[p * _S + a] -= cw
-                            k = p * _S + new
+                            pair_count[p * PAIR_BASE + a] -= cw
+                            k = p * PAIR_BASE + new
                             pair_count[k] = get(k, 0) + cw
                             words_of(k, []).append(i)
                             touched.add(k)
                         if j + 2 < len(w):  # right neighbour q: (b, q) -> (new, q)
                             q = w[j + 2]
-                            pair_count[b * _S + q] -= cw
+                            pair_count[b * PAIR_BASE + q] -= cw
                             k = new_s + q
                             pair_count[k] = get(k, 0) + cw
                             words_of(k, []).append(i)
@@ -172,22 +192,23 @@ class BPE(SubwordTokenizer):
 
     def __init__(
         self,
-        vocab_size: int = 8000,
-        end_of_word: str = "</w>",
-        marker: str = "separate",
+        vocab_size: VocabSize = 8000,
+        end_of_word: Annotated[str, Field(
+            min_length=1, max_length=8, pattern=r"^[^\s\x1c-\x1f]+$",  # no space (str.isspace), as fit checks
+            description="BPE end-of-word marker (Sennrich et al.'s </w>). Pick one the word pre-tokenizer never "
+                        "puts inside a word: with _ a word such as my_var decodes as 'my var'.")] = "</w>",
+        marker: Annotated[Literal["glued", "separate"], Field(
+            description="BPE marker placement: glued to the last character (exportable to tokenizer.json) or a "
+                        "separate symbol (as in textbook exercises).")] = "glued",
         special_tokens: Iterable[str] = DEFAULT_SPECIALS,
         unk_token: str | None = None,
         pretokenizer: str = "word",
-        min_frequency: int = 2,
+        min_frequency: MinFrequency = 2,
+        lowercase: bool = False,
     ) -> None:
-        super().__init__(vocab_size, tuple(special_tokens), unk_token, pretokenizer, min_frequency)
+        super().__init__(vocab_size, tuple(special_tokens), unk_token, pretokenizer, min_frequency, lowercase)
         self.end_of_word = end_of_word
         self.marker = marker
-
-    def get_params(self) -> dict[str, Any]:
-        return {"vocab_size": self.vocab_size, "end_of_word": self.end_of_word, "marker": self.marker,
-                "special_tokens": list(self.special_tokens), "unk_token": self.unk_token,
-                "pretokenizer": self.pretokenizer, "min_frequency": self.min_frequency}
 
     def _check_params(self) -> None:
         super()._check_params()
@@ -201,7 +222,7 @@ class BPE(SubwordTokenizer):
     def fit(self, texts: Iterable[str] | pl.Series) -> BPE:
         """Learn merges from a corpus (an iterable of texts, or a polars Series of str)."""
         self._check_params()
-        wc = count_words(texts, self._pattern)
+        wc = count_words(texts, self._pattern, self.lowercase)
         words, counts = wc["word"].to_list(), wc["count"].to_list()
         eow = self.end_of_word
         if wc["word"].str.contains(eow, literal=True).any():
@@ -239,7 +260,7 @@ class BPE(SubwordTokenizer):
         eow, t2i = self.end_of_word, self.token_to_id_
         self._ranks = {}
         for r, (a, b) in enumerate(self.merges_):
-            key = t2i[a] * _S + t2i[b]
+            key = t2i[a] * PAIR_BASE + t2i[b]
             if key not in self._ranks:
                 self._ranks[key] = (r, t2i[a + b])
         self._char_ids = {t: i for t, i in t2i.items() if len(t) == 1 and i >= len(self._specials)}
@@ -262,7 +283,7 @@ class BPE(SubwordTokenizer):
         while len(ids) > 1:
             best = None
             for j in range(len(ids) - 1):
-                m = ranks.get(ids[j] * _S + ids[j + 1])
+                m = ranks.get(ids[j] * PAIR_BASE + ids[j + 1])
                 if m is not None and (best is None or m[0] < best[0]):
                     best = m
                     a, b = ids[j], ids[j + 1]

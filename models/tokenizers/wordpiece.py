@@ -36,8 +36,16 @@ import numpy as np
 import polars as pl
 from lexiflow.models.errors import ParameterError
 from lexiflow.models.progress import Progress
-from lexiflow.models.tokenizers.base import DEFAULT_SPECIALS, SubwordTokenizer, count_words, log, token_counts
-from lexiflow.models.tokenizers.bpe import _S, initial_pairs, words_to_symbols
+from lexiflow.models.tokenizers.base import (
+    DEFAULT_SPECIALS,
+    MinFrequency,
+    SubwordTokenizer,
+    VocabSize,
+    count_words,
+    log,
+    token_counts,
+)
+from lexiflow.models.tokenizers.bpe import PAIR_BASE, initial_pairs, words_to_symbols
 
 
 def train_wordpiece(
@@ -52,13 +60,13 @@ def train_wordpiece(
         np.int64).tolist()
     unit_pairs: dict[int, set[int]] = {}
     for k in pair_count:
-        a, b = divmod(k, _S)
+        a, b = divmod(k, PAIR_BASE)
         unit_pairs.setdefault(a, set()).add(k)
         unit_pairs.setdefault(b, set()).add(k)
     version: dict[int, int] = dict.fromkeys(pair_count, 0)
 
     def score(k: int) -> float:
-        a, b = divmod(k, _S)
+        a, b = divmod(k, PAIR_BASE)
         return pair_count[k] / (unit_count[a] * unit_count[b])
 
     heap = [(-score(k), k, 0) for k in pair_count]
@@ -74,7 +82,7 @@ def train_wordpiece(
             c = pair_count[key]
             if c < min_frequency:
                 continue  # too rare to merge; its count can only fall, so drop it for good
-            a, b = divmod(key, _S)
+            a, b = divmod(key, PAIR_BASE)
             right = strings[b]
             s = strings[a] + (right[n_prefix:] if right.startswith(prefix) else right)
             new = str_to_id.get(s)
@@ -84,7 +92,7 @@ def train_wordpiece(
                 str_to_id[s] = new
                 unit_count.append(0)
             merges.append((a, b, new, c, -negs))
-            new_s = new * _S
+            new_s = new * PAIR_BASE
             for i in pair_words.pop(key, ()):
                 w = words[i]
                 cw = counts[i]
@@ -100,8 +108,8 @@ def train_wordpiece(
                         unit_count[new] += cw
                         if j > 0:
                             p = w[j - 1]
-                            pair_count[p * _S + a] -= cw
-                            k = p * _S + new
+                            pair_count[p * PAIR_BASE + a] -= cw
+                            k = p * PAIR_BASE + new
                             if k not in pair_count:
                                 pair_count[k] = 0
                                 unit_pairs.setdefault(p, set()).add(k)
@@ -110,7 +118,7 @@ def train_wordpiece(
                             pair_words.setdefault(k, []).append(i)
                         if j + 2 < len(w):
                             q = w[j + 2]
-                            pair_count[b * _S + q] -= cw
+                            pair_count[b * PAIR_BASE + q] -= cw
                             k = new_s + q
                             if k not in pair_count:
                                 pair_count[k] = 0
@@ -129,7 +137,7 @@ def train_wordpiece(
                     del pair_count[k]
                     version.pop(k, None)
                     pair_words.pop(k, None)
-                    left, right_id = divmod(k, _S)
+                    left, right_id = divmod(k, PAIR_BASE)
                     unit_pairs[left].discard(k)
                     unit_pairs[right_id].discard(k)
                 else:
@@ -149,22 +157,18 @@ class WordPiece(SubwordTokenizer):
 
     def __init__(
         self,
-        vocab_size: int = 8000,
+        vocab_size: VocabSize = 8000,
         prefix: str = "##",
         special_tokens: Iterable[str] = DEFAULT_SPECIALS,
         unk_token: str | None = None,
         pretokenizer: str = "word",
-        min_frequency: int = 2,
+        min_frequency: MinFrequency = 2,
+        lowercase: bool = False,
         max_input_chars_per_word: int = 100,
     ) -> None:
-        super().__init__(vocab_size, tuple(special_tokens), unk_token, pretokenizer, min_frequency)
+        super().__init__(vocab_size, tuple(special_tokens), unk_token, pretokenizer, min_frequency, lowercase)
         self.prefix = prefix
         self.max_input_chars_per_word = max_input_chars_per_word
-
-    def get_params(self) -> dict[str, Any]:
-        return {"vocab_size": self.vocab_size, "prefix": self.prefix, "special_tokens": list(self.special_tokens),
-                "unk_token": self.unk_token, "pretokenizer": self.pretokenizer, "min_frequency": self.min_frequency,
-                "max_input_chars_per_word": self.max_input_chars_per_word}
 
     def _check_params(self) -> None:
         super()._check_params()
@@ -176,7 +180,7 @@ class WordPiece(SubwordTokenizer):
     def fit(self, texts: Iterable[str] | pl.Series) -> WordPiece:
         """Learn the vocabulary from a corpus (an iterable of texts, or a polars Series of str)."""
         self._check_params()
-        wc = count_words(texts, self._pattern)
+        wc = count_words(texts, self._pattern, self.lowercase)
         words, counts = wc["word"].to_list(), wc["count"].to_list()
         if wc["word"].str.starts_with(self.prefix).any():
             log.warning("wordpiece: some words start with the prefix %r; decode cannot tell them apart", self.prefix)

@@ -3,7 +3,7 @@ server for child processes, pipeline runs in child processes that can be killed 
 crash loop, concurrent runs, and the store audit run after every kill.
 
 Pipeline processes are forked from a "zygote" process that has imported lexiflow and Prefect once
-(`python -m tests.chaos zygote`): on two busy cores, importing them takes 10-20 s per process,
+(`python -m benchmarks.chaos zygote`): on two busy cores, importing them takes 10-20 s per process,
 which would leave most random kill moments inside imports instead of inside stages. Each child
 runs exactly what `lexiflow run ARGS` runs (`flows.cli.main`), so whatever stages `pipeline`
 has are covered without change here.
@@ -28,14 +28,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from lexiflow.flows import prefect_env
+
 ROOT = Path(__file__).resolve().parents[1]
-QUIET_PREFECT = {
-    "PREFECT_SERVER_ANALYTICS_ENABLED": "false",
-    "DO_NOT_TRACK": "1",
-    "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "120",
-    "PREFECT_SERVER_UI_SHOW_PROMOTIONAL_CONTENT": "false",
-    "PREFECT_LOGGING_EXTRA_LOGGERS": "lexiflow",
-}
 # A small corpus and small parameters: a cold run takes seconds.
 SMALL_RUN = ["--corpus", "builtin:lee", "--set", "svd.dim=20", "--set", "vocabulary.min_count=2",
              "--set", "evaluation.analogy_vocabulary=500", "--set", "evaluation.projection_words=0",
@@ -57,8 +52,7 @@ def prefect_server(home: Path, timeout: float = 180) -> Iterator[dict[str, str]]
     """`prefect server start` on 127.0.0.1 with a private PREFECT_HOME; yields the environment
     children need (PREFECT_API_URL included). Stopped by its process id."""
     port = free_port()
-    env = {**os.environ, **QUIET_PREFECT, "PREFECT_HOME": str(home)}
-    env.pop("PREFECT_API_URL", None)
+    env = prefect_env.environment(home)
     home.mkdir(parents=True, exist_ok=True)
     log = open(home / "server.log", "wb")  # noqa: SIM115 (closed at teardown)
     prefect = Path(sys.executable).with_name("prefect")
@@ -167,7 +161,7 @@ class Zygote:
         workdir.mkdir(parents=True, exist_ok=True)
         # One torch thread per run: several runs share two busy cores, where OpenMP threads spin-wait.
         env = {**env, "OMP_NUM_THREADS": env.get("OMP_NUM_THREADS", "1")}
-        self.proc = subprocess.Popen([sys.executable, "-m", "tests.chaos", "zygote"], cwd=ROOT, env=env,
+        self.proc = subprocess.Popen([sys.executable, "-m", "benchmarks.chaos", "zygote"], cwd=ROOT, env=env,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         ready = self.proc.stdout.readline()
         if ready.strip() != "ready":
@@ -201,8 +195,7 @@ class Zygote:
 
 def zygote_main() -> None:
     """Read one JSON request per line; fork a child running `flows.cli.main(argv)` for each."""
-    for key, value in QUIET_PREFECT.items():
-        os.environ.setdefault(key, value)
+    prefect_env.apply()
     import lexiflow.flows.cli
     import lexiflow.flows.pipeline  # noqa: F401 (the expensive imports, done once)
 
@@ -532,4 +525,4 @@ if __name__ == "__main__":
     if sys.argv[1:] == ["zygote"]:
         zygote_main()
     else:
-        sys.exit("usage: python -m tests.chaos zygote")
+        sys.exit("usage: python -m benchmarks.chaos zygote")

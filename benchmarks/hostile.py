@@ -30,7 +30,11 @@ def hostile_directory(folder: Path) -> dict[str, str]:
                       "mixed.txt:2: invalid UTF-8"),
         "truncated.txt.gz": (gzip.compress(noise)[:4000], "truncated.txt.gz: cannot read"),
         "truncated.txt.bz2": (bz2.compress(noise)[:4000], "truncated.txt.bz2: cannot read"),
-        "bomb.txt.gz": (gzip.compress(b"\0" * (64 << 20)), f"bomb.txt.gz: more than {BOMB_LIMIT} bytes"),
+        "bomb.txt.gz": (gzip.compress(b"\0" * (64 << 20)), "bomb.txt.gz: decompresses to more than 100 times"),
+        "bomb.txt.bz2": (bz2.compress(b"\0" * (40 << 20)), "bomb.txt.bz2: decompresses to more than 100 times"),
+        "plenty.txt.gz": (gzip.compress(noise * 400), f"plenty.txt.gz: more than {BOMB_LIMIT} bytes once decompressed"),
+        "newline\nname.txt": (b"fine\nbad \xff\n", "newline\\nname.txt':2: invalid UTF-8"),
+        "escape\x1b[31mred.txt": (b"\0binary", "escape\\x1b[31mred.txt': looks like a binary file"),
         "garbled.xml": (ns + b"\n<page><title>A</title><ns>0</ns><revision><text>x</text></revision></page>\n<page><ti",
                         "garbled.xml:3: not well-formed XML"),
         "columns.conllu": (b"1\tA\t_\tX\t_\t_\t0\troot\t_\t_\n2\tB\t_\tX\n", "columns.conllu:2: expected 10"),
@@ -47,7 +51,44 @@ def hostile_directory(folder: Path) -> dict[str, str]:
         (folder / name).write_bytes(content)
     pl.DataFrame({"body": ["no text column"]}).write_parquet(folder / "notext.parquet")
     pl.DataFrame({"text": [1, 2, 3]}).write_parquet(folder / "inttext.parquet")
+    with (folder / "large.txt").open("wb") as f:  # sparse: one byte over the limit, no disk used
+        f.truncate(BOMB_LIMIT + 1)
+    dictionary_bomb(folder / "dictbomb.parquet", value_bytes=1 << 20, rows=64)  # 64 MiB of text once decoded
+    dictionary_bomb(folder / "rows.parquet", value_bytes=0, rows=BOMB_LIMIT // 16 + 1)
     expected = {name: message for name, (_, message) in files.items()}
     expected["notext.parquet"] = "notext.parquet: no column 'text'"
     expected["inttext.parquet"] = "inttext.parquet: column 'text' holds int64, not text"
+    expected["large.txt"] = f"large.txt: {BOMB_LIMIT + 1} bytes, more than corpus.max_file_bytes ({BOMB_LIMIT})"
+    expected["dictbomb.parquet"] = "dictbomb.parquet: column 'text' expands to more than corpus.max_file_bytes"
+    expected["rows.parquet"] = f"rows.parquet: {BOMB_LIMIT // 16 + 1} rows"
     return expected
+
+
+def dictionary_bomb(path: Path, value_bytes: int, rows: int) -> int:
+    """A Parquet file whose text column repeats one dictionary value `rows` times: a few hundred bytes
+    on disk, `value_bytes * rows` bytes of text once decoded. Returns the file's size."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    column = pa.DictionaryArray.from_arrays(pa.array(np.zeros(rows, np.int32)), pa.array(["a" * value_bytes]))
+    pq.write_table(pa.table({"text": column}), path, compression="zstd")
+    return path.stat().st_size
+
+
+def rewrite_manifest(store, kind: str, version: str, change) -> dict:
+    """Change a published manifest in place, behind the store's back (`change(manifest)` edits the dict)."""
+    import json
+
+    manifest = json.loads(store.fs.cat_file(store.path(kind, version, "manifest.json")))
+    change(manifest)
+    store.fs.pipe_file(store.path(kind, version, "manifest.json"), json.dumps(manifest).encode())
+    return manifest
+
+
+def flip_byte(store, kind: str, version: str, name: str, where: float = 0.5) -> None:
+    """One bit of an artifact's file changed, its size kept (what only checksums see)."""
+    path = store.path(kind, version, name)
+    data = bytearray(store.fs.cat_file(path))
+    data[int(len(data) * where)] ^= 0x01
+    store.fs.pipe_file(path, bytes(data))

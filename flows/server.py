@@ -1,0 +1,149 @@
+"""The Prefect server a `lexiflow run` reports to, and the temporary one it starts when there is none.
+
+In order: the server in `PREFECT_API_URL` (configured by the user); the server of a `lexiflow serve`
+running from the same `PREFECT_HOME` (its runs then show in that UI); else a temporary server, started
+here, that lives as long as this process. Prefect's own temporary server would outlive a killed parent
+(re-parented to PID 1, one leaked server per kill) and end a slow start in a RuntimeError traceback;
+this one is tied to its parent three ways: SIGTERM when the parent dies (Linux `PR_SET_PDEATHSIG`, set
+by the child itself, so no `preexec_fn`), a watchdog thread for other systems, and a stop at exit.
+A slow start prints a progress line every 15 s and gives up with one line naming the setting to raise.
+
+`python -m lexiflow.flows.server PARENT_PID uvicorn-arguments...` is the child's entry point.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+
+from lexiflow.models.errors import LexiflowError
+
+STARTUP_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"  # Prefect's own name for this wait
+_PR_SET_PDEATHSIG = 1
+_temporary: dict[str, subprocess.Popen] = {}  # api url -> the temporary server this process started
+
+
+class ServerError(LexiflowError):
+    """The temporary server did not start: the message names the setting to raise or the log to read."""
+
+
+def healthy(api_url: str, timeout: float = 5.0) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=timeout) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+def serve_api_url(home: Path) -> str | None:
+    """The API of a `lexiflow serve` running from `home` whose server answers, else None."""
+    from lexiflow.deployments import serve
+
+    try:
+        state = serve.read_state(home)
+    except LexiflowError:
+        return None  # a damaged state file: `serve` itself reports it
+    if not state or not any(p["name"] == "server" and serve.is_running(serve.Started(**p))
+                            for p in state["processes"]):
+        return None
+    return state["api_url"] if healthy(state["api_url"]) else None
+
+
+def choose(home: Path, say: Callable[[str], None]) -> str:
+    """The API URL the run reports to (see the module docstring); starts a temporary server if needed."""
+    if url := os.environ.get("PREFECT_API_URL"):
+        return url
+    if url := serve_api_url(home):
+        say(f"Using the Prefect server of `lexiflow serve` ({url.removesuffix('/api')}): this run shows in its UI")
+        return url
+    if _temporary:
+        return next(iter(_temporary))
+    return start_temporary(home, say)
+
+
+def start_temporary(home: Path, say: Callable[[str], None], timeout: float | None = None) -> str:
+    """A temporary server on a free loopback port (database and log in `home`), stopped when this process
+    ends however it ends; its API URL once it answers."""
+    from lexiflow.deployments.serve import free_port
+    from lexiflow.flows import prefect_env
+
+    timeout = float(timeout if timeout is not None else os.environ.get(STARTUP_SETTING, "120"))
+    port = free_port()
+    api_url = f"http://127.0.0.1:{port}/api"
+    log = home / "logs" / "temporary-server.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    import prefect
+
+    # What Prefect's own temporary server runs: the API without the UI, on uvicorn.
+    argv = [sys.executable, "-m", "lexiflow.flows.server", str(os.getpid()), "--app-dir",
+            str(prefect.__module_path__.parent), "--factory", "prefect.server.api.server:create_app",
+            "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]
+    env = prefect_env.environment(home, extra={"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
+                                               "PREFECT__SERVER_FINAL": "1"})
+    with log.open("ab") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    _temporary[api_url] = proc
+    atexit.register(stop_temporary)
+    started = time.monotonic()
+    next_line = started + 15
+    while not healthy(api_url, timeout=2):
+        waited = time.monotonic() - started
+        if proc.poll() is not None:
+            stop_temporary()
+            raise ServerError(f"the temporary Prefect server exited with status {proc.returncode} before it "
+                              f"answered; see {log}")
+        if waited > timeout:
+            stop_temporary()
+            raise ServerError(f"the temporary Prefect server did not answer within {timeout:.0f} s (a busy "
+                              f"machine): raise {STARTUP_SETTING} (e.g. {STARTUP_SETTING}={int(timeout * 3)}), "
+                              f"or start one with `lexiflow serve` and run again")
+        if time.monotonic() >= next_line:
+            say(f"waiting for the temporary Prefect server to start: {waited:.0f} s of at most {timeout:.0f} s "
+                f"({STARTUP_SETTING})")
+            next_line += 15
+        time.sleep(0.25)
+    return api_url
+
+
+def stop_temporary() -> None:
+    """Stop the temporary servers this process started (SIGTERM, then SIGKILL after 10 s)."""
+    while _temporary:
+        _, proc = _temporary.popitem()
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _die_with(parent: int) -> None:
+    """In the server: SIGTERM to this process when `parent` dies (kill -9 included)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)  # Linux
+
+    def watch() -> None:  # other systems (and a parent that died before prctl): poll for re-parenting
+        while os.getppid() == parent:
+            time.sleep(1)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+if __name__ == "__main__":
+    _die_with(int(sys.argv[1]))
+    import runpy
+
+    sys.argv = ["uvicorn", *sys.argv[2:]]
+    runpy.run_module("uvicorn", run_name="__main__", alter_sys=True)

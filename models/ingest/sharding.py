@@ -1,0 +1,287 @@
+"""The corpus: shards of the sources (byte ranges of large files, groups of whole files) read and
+cleaned apart, then merged in order (`build_corpus` is the merge of one shard holding every file),
+and the tagged corpus of the CoNLL-U sources."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import polars as pl
+from lexiflow.models.errors import InputError, ParameterError, shown
+from lexiflow.models.ingest.readers import (
+    BINARY_SNIFF,
+    WIDE_BOMS,
+    decode,
+    jsonl_documents,
+    line_documents,
+    open_source,
+    read_documents,
+    read_file,
+    text_series,
+)
+from lexiflow.models.ingest.sources import IngestOptions, file_split, format_of, tagged_files
+from lexiflow.models.ingest.stats import CorpusCounts, in_threads
+from lexiflow.models.progress import Progress
+from lexiflow.models.text import clean_series
+
+DOCUMENT_COLUMNS = ("doc_id", "source", "split", "text")
+
+
+@dataclass
+class Corpus:
+    documents: pl.DataFrame | None  # DOCUMENT_COLUMNS, text = sentences joined by "\n"; None: written as merged
+    stats: dict = field(default_factory=dict)
+
+
+# ---- the corpus ----------------------------------------------------------------------------
+def _split_from_id(doc_ids: pl.Expr, options: IngestOptions) -> pl.Expr:
+    u = doc_ids.str.slice(0, 8).str.to_integer(base=16).cast(pl.Float64) / 2**32
+    return (
+        pl.when(u < options.valid_fraction).then(pl.lit("valid"))
+        .when(u < options.valid_fraction + options.test_fraction).then(pl.lit("test"))
+        .otherwise(pl.lit("train"))
+    )
+
+
+def iter_files(files: list[Path], options: IngestOptions, progress: Callable | None = None,
+               skipped: list[dict] | None = None) -> Iterator:
+    """(path, texts, tagged) per readable file. With `bad_files="skip"`, a file that raises
+    `InputError` is left out and recorded in `skipped` (source, reason)."""
+    total = sum(p.stat().st_size for p in files)
+    with Progress("ingest", total=total, unit="bytes", callback=progress) as bar:
+        for path in files:
+            try:
+                result = read_file(path, options)
+            except InputError as exc:
+                if options.bad_files != "skip":
+                    raise
+                if skipped is not None:
+                    skipped.append({"source": str(path), "reason": str(exc)})
+                result = None
+            if result is not None:
+                yield path, *result
+            bar.update(path.stat().st_size)
+
+
+def build_corpus(files: list[Path], options: IngestOptions, progress: Callable | None = None) -> Corpus:
+    """The corpus of these files, read in this process: one shard holding every file whole."""
+    whole = [FileRange(str(path), i) for i, path in enumerate(files)]
+    return merge_shards(files, [ingest_shard(whole, options, progress)], options)
+
+
+# ---- shards: pieces of ingestion that run apart (other processes or machines) and merge ----------
+@dataclass(frozen=True)
+class FileRange:
+    """File number `file` of the sources, whole (`stop` None) or the lines that start in bytes [start, stop)."""
+
+    path: str
+    file: int
+    start: int = 0
+    stop: int | None = None
+
+    @property
+    def size(self) -> int:
+        return os.path.getsize(self.path) if self.stop is None else self.stop - self.start
+
+
+@dataclass
+class ShardResult:
+    """What a shard read: its documents (cleaned, non-empty, duplicates kept, with the number of
+    their `file`), raw documents per file (0: empty) and per-file errors (rank, start, message);
+    rank 0 is a read/decode error, 1 a parse error (reported after any decode error of the file)."""
+
+    documents: pl.DataFrame | pl.LazyFrame  # lazy: a Parquet part, read when the merge reaches it
+    texts: dict[int, int]
+    errors: dict[int, tuple[int, int, str]]
+
+
+_SHARD_SCHEMA = {"file": pl.UInt32, "doc_id": pl.String, "source": pl.String, "split": pl.String, "text": pl.String}
+
+
+def plan_shards(files: list[Path], options: IngestOptions, shard_bytes: int) -> list[list[FileRange]]:
+    """Shards of about `shard_bytes`, in file then offset order: byte ranges of the large files
+    that can be cut at newlines (uncompressed UTF-8 plain text with line documents, or JSONL),
+    consecutive other files grouped whole."""
+    if shard_bytes < 1:
+        raise ParameterError(f"shard_bytes={shard_bytes}: must be at least 1")
+    shards: list[list[FileRange]] = []
+    group: list[FileRange] = []
+    group_bytes = 0
+    for i, path in enumerate(files):
+        size = path.stat().st_size
+        if size > shard_bytes and _splittable(path, size, options):
+            if group:
+                shards.append(group)
+                group, group_bytes = [], 0
+            shards.extend([FileRange(str(path), i, a, min(a + shard_bytes, size))] for a in range(0, size, shard_bytes))
+            continue
+        if group and group_bytes + size > shard_bytes:
+            shards.append(group)
+            group, group_bytes = [], 0
+        group.append(FileRange(str(path), i))
+        group_bytes += size
+    return shards + ([group] if group else [])
+
+
+def _splittable(path: Path, size: int, options: IngestOptions) -> bool:
+    fmt, compression = format_of(path)
+    if compression or size > options.max_file_bytes or fmt not in ("text", "jsonl"):
+        return False
+    if fmt == "text" and options.text_unit != "line":
+        return False
+    try:
+        with path.open("rb") as f:
+            head = f.read(BINARY_SNIFF)
+    except OSError:
+        return False  # read whole: the reader reports it
+    if any(head.startswith(bom) for bom, _ in WIDE_BOMS) or b"\x00" in head:
+        return False
+    return not (fmt == "text" and head[:512].lstrip().startswith(b"<mediawiki"))
+
+
+class _ParseError(InputError):
+    """A parse error inside a byte range (ranks after decode errors of the same file)."""
+
+
+def _line_start(f, pos: int) -> int:
+    """The first line start at or after byte `pos` (0, just after a newline, or the end)."""
+    if pos <= 0:
+        return 0
+    f.seek(pos - 1)
+    while block := f.read(1 << 16):
+        newline = block.find(b"\n")
+        if newline >= 0:
+            return f.tell() - len(block) + newline + 1
+    return f.tell()
+
+
+def _range_texts(part: FileRange, options: IngestOptions) -> pl.Series:
+    path = Path(part.path)
+    if part.stop is None:
+        return read_documents(path, options)[0]
+    with open_source(path) as f:
+        begin, end = _line_start(f, part.start), _line_start(f, part.stop)
+        f.seek(begin)
+        data = f.read(max(0, end - begin))
+    if format_of(path)[0] == "text":
+        return line_documents(path, data, begin)
+    text = decode(path, data, begin)
+    try:
+        return text_series(jsonl_documents(path, text, options.text_field, begin))
+    except InputError as exc:
+        raise _ParseError(str(exc)) from None
+
+
+def ingest_shard(shard: list[FileRange], options: IngestOptions, progress: Callable | None = None) -> ShardResult:
+    """Read and clean one shard. Errors are returned per file, not raised: the bad-file policy
+    needs every range of a file (`merge_shards` applies it). With `bad_files="fail"` the shard
+    stops at its first error (what follows would not be used)."""
+    frames, texts, errors = [], {}, {}
+    with Progress("ingest", total=sum(part.size for part in shard), unit="bytes", callback=progress) as bar:
+        for part in shard:
+            try:
+                docs = _range_texts(part, options)
+            except InputError as exc:
+                errors[part.file] = (int(isinstance(exc, _ParseError)), part.start, str(exc))
+                if options.bad_files != "skip":
+                    break
+                docs = text_series([])
+            texts[part.file] = texts.get(part.file, 0) + len(docs)
+            if len(docs):
+                path = Path(part.path)
+                frames.append(pl.DataFrame({"file": part.file, "source": path.name, "text": docs,
+                                            "file_split": file_split(path)},
+                                           schema={"file": pl.UInt32, "source": pl.String, "text": pl.String,
+                                                   "file_split": pl.String}))
+            bar.update(part.size)
+    documents = _clean(pl.concat(frames), options) if frames else pl.DataFrame(schema=_SHARD_SCHEMA)
+    return ShardResult(documents, texts, errors)
+
+
+def _clean(raw: pl.DataFrame, options: IngestOptions) -> pl.DataFrame:
+    """Raw documents (file, source, text, file_split) -> cleaned, non-empty, with id and split."""
+    return pl.concat(in_threads(lambda part: _clean_rows(part, options), raw))
+
+
+def _clean_rows(raw: pl.DataFrame, options: IngestOptions) -> pl.DataFrame:
+    docs = raw.with_columns(
+        text=clean_series(raw["text"], lowercase=options.lowercase, sentences=options.split_sentences)
+    ).filter(pl.col("text").str.len_bytes() > 0)
+    # SHA-1 over bytes, not str (no decoding and encoding back), taken out a slice at a time (less fresh memory)
+    texts, step, sha1 = docs["text"].cast(pl.Binary), 1 << 14, hashlib.sha1
+    ids = [sha1(t).hexdigest()[:16] for i in range(0, len(texts), step) for t in texts.slice(i, step).to_list()]
+    docs = docs.with_columns(doc_id=pl.Series(ids, dtype=pl.String))
+    docs = docs.with_columns(split=pl.coalesce("file_split", _split_from_id(pl.col("doc_id"), options)))
+    return docs.select(*_SHARD_SCHEMA)
+
+
+def merge_shards(files: list[Path], results: list[ShardResult], options: IngestOptions,
+                 write: Callable[[pl.DataFrame], None] | None = None) -> Corpus:
+    """The corpus from its shards' results, in shard (= file, offset) order: a file with an error
+    in any range fails the ingestion or, with `bad_files="skip"`, is left out whole; duplicates
+    are removed keeping the first.
+
+    `write`: hand the kept documents to it shard by shard instead of returning them (the Corpus
+    then has `documents=None`). With results whose documents are LazyFrames (Parquet parts), the
+    merge then holds one shard's documents at a time, plus every document's id and file number
+    (for the duplicates) and the distinct words (for the stats)."""
+    texts: dict[int, int] = {}
+    errors: dict[int, tuple[int, int, str]] = {}
+    for result in results:
+        for file, n in result.texts.items():
+            texts[file] = texts.get(file, 0) + n
+        for file, error in result.errors.items():
+            errors[file] = min(errors.get(file, error), error)  # decode before parse errors, then the earliest
+    skipped, bad = [], set()
+    for i, path in enumerate(files):
+        if i in errors:
+            if options.bad_files != "skip":
+                raise InputError(errors[i][2])
+            skipped.append({"source": str(path), "reason": errors[i][2]})
+            bad.add(i)
+        elif not texts.get(i):
+            skipped.append({"source": str(path), "reason": "no documents (empty file)"})
+    if not any(texts.get(i) for i in range(len(files)) if i not in bad):
+        reasons = "; ".join(s["reason"] for s in skipped if "empty file" not in s["reason"])
+        raise InputError(f"no documents found in {', '.join(map(shown, files))}: the corpus would be empty"
+                         + (f" (skipped: {reasons})" if reasons else ""))
+
+    frames = [result.documents.lazy() for result in results]
+    keys = pl.concat([frame.select("file", "doc_id") for frame in frames]).collect()
+    good = ~keys["file"].is_in(sorted(bad))
+    keep = good
+    if options.dedupe:  # the first of each text among the files kept (bad files' rows are null here)
+        keep = good & keys.select(pl.when(good).then(pl.col("doc_id")).is_first_distinct()).to_series()
+    del keys
+    counts, kept, start = CorpusCounts(), [], 0
+    for frame in frames:
+        docs = frame.collect()
+        docs, start = docs.filter(keep.slice(start, docs.height)).select(*DOCUMENT_COLUMNS), start + docs.height
+        counts.add(docs)
+        if write is None:
+            kept.append(docs)
+        else:
+            write(docs)
+    if counts.documents == 0:
+        raise InputError(f"no non-empty documents in {', '.join(map(shown, files))}: the corpus would be empty")
+    stats = counts.stats(files, int(good.sum()) - counts.documents, skipped)
+    return Corpus(None if write is not None else pl.concat(kept), stats)
+
+
+def build_tagged(files: list[Path], options: IngestOptions, progress: Callable | None = None) -> pl.DataFrame:
+    """Tagged sentences (sent_id, source, split, words, upos, xpos) of the CoNLL-U files, in order,
+    case and duplicates kept (a tagger learns from every sentence as written)."""
+    frames: list[pl.DataFrame] = []
+    for path, _texts, tagged in iter_files(tagged_files(files), options, progress, []):
+        frames.append(tagged.with_columns(source=pl.lit(path.name), file_split=pl.lit(file_split(path))))
+    if not frames or not sum(f.height for f in frames):
+        raise InputError("no CoNLL-U sentences among the sources: add a .conllu file to tag")
+    sentence_hash = pl.col("sent_id").map_elements(lambda s: hashlib.sha1(s.encode()).hexdigest()[:16],
+                                                   return_dtype=pl.String)
+    return pl.concat(frames).with_columns(
+        split=pl.coalesce("file_split", _split_from_id(sentence_hash, options))
+    ).select("sent_id", "source", "split", "words", "upos", "xpos")

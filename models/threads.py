@@ -1,0 +1,37 @@
+"""How many threads a stage's numeric work uses: one rule for torch and the BLAS/OpenMP pools that
+numpy and scipy call into.
+
+Left alone, torch and OpenBLAS start one thread per core in every process. A worker that runs one
+stage next to others (shards, other tasks, other users) then oversubscribes the CPU: on a 2-core
+machine with other work running, a GloVe epoch took 10-19x longer with 2 threads than with 1. So a
+stage limits its threads to its `threads` parameter for the span of its work (default 1 per worker:
+add threads only where the worker has cores to itself) and restores the previous setting after.
+torch's setting is per process: stages running at once in threads of one process share it.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from lexiflow.models.errors import ParameterError
+
+
+@contextmanager
+def limit_threads(threads: int, parameter: str = "threads") -> Iterator[None]:
+    """Run the block with at most `threads` torch intra-op threads and BLAS/OpenMP threads."""
+    if not isinstance(threads, int) or threads < 1:
+        raise ParameterError(f"{parameter}={threads!r}: must be a whole number of threads, at least 1")
+    from threadpoolctl import threadpool_limits
+
+    torch = sys.modules.get("torch")  # only when the stage uses torch: importing it costs ~1 s
+    before = torch.get_num_threads() if torch is not None else None
+    with threadpool_limits(threads):
+        if torch is not None:
+            torch.set_num_threads(threads)
+        try:
+            yield
+        finally:
+            if torch is not None:
+                torch.set_num_threads(before)
