@@ -32,18 +32,18 @@ import torch
 from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import ParameterError
 from lexiflow.models.lm.train import (
+    Position,
     StopTraining,
     TrainConfig,
-    _find_checkpoint,
-    _load_checkpoint,
-    _Position,
-    _save_checkpoint,
     autocast,
     clip_grad_norm,
+    find_checkpoint,
+    load_checkpoint,
     load_module_tensors,
     lr_at,
     make_optimizer,
     module_tensors,
+    save_checkpoint,
 )
 from lexiflow.models.progress import Progress
 
@@ -87,18 +87,18 @@ def train_sentences(module: torch.nn.Module, lengths: Sequence[int],
     per_epoch = math.ceil(len(lengths) / cfg.batch_size)
     total_steps = cfg.epochs * per_epoch if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * per_epoch)
     opt = make_optimizer(module, cfg)
-    pos, history, best = _Position(), [], None
+    pos, history, best = Position(), [], None
     pos.best_valid = math.inf  # minus the best dev score
-    ckpt = _find_checkpoint(cfg.checkpoint_dir)
+    ckpt = find_checkpoint(cfg.checkpoint_dir)
     if ckpt is not None:
-        pos, _, history, best = _load_checkpoint(ckpt, module, opt, device)
+        pos, _, history, best = load_checkpoint(ckpt, module, opt, device)
         logger.info("%s: resuming from %s at step %d (epoch %d, batch %d)", name, ckpt, pos.step, pos.epoch + 1,
                     pos.batch)
     ckpt_path = Path(cfg.checkpoint_dir) / "checkpoint" if cfg.checkpoint_dir else None
 
     def checkpoint() -> None:
         if ckpt_path is not None:
-            _save_checkpoint(ckpt_path, module, opt, pos, (), history, best)
+            save_checkpoint(ckpt_path, module, opt, pos, (), history, best)
 
     tokens_per_epoch = int(np.sum(lengths))
     progress = Progress(name, total=total_steps / per_epoch * tokens_per_epoch, unit="tokens",

@@ -42,7 +42,7 @@ from lexiflow.models.char_encoder import CharCNN, CharVocab
 from lexiflow.models.device import resolve_device
 from lexiflow.models.elmo import BiLM, ScalarMix, run_lstm
 from lexiflow.models.errors import InputError, ParameterError
-from lexiflow.models.lm.train import _find_checkpoint, load_module_tensors, module_tensors
+from lexiflow.models.lm.train import find_checkpoint, load_module_tensors, module_tensors
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -200,7 +200,7 @@ class BiLSTMTagger:
             dev: Sequence[Sequence[tuple[str, ...]]] | None = None, vectors=None, bilm: BiLM | None = None,
             on_step=None) -> BiLSTMTagger:
         """Train on tagged sentences; `dev` (same items) for early stopping; `vectors`: pretrained word
-        vectors (gensim KeyedVectors, e.g. `Catalog.load("embeddings", v)`); `bilm`: a trained BiLM
+        vectors (gensim KeyedVectors, e.g. `lexiflow.loaders.load(store, "embeddings", v)`); `bilm`: a trained BiLM
         (needs `config.elmo`); `on_step(step, loss)`: the training loop's per-step callback."""
         cfg = self.config
         train = _check_tagged(sentences, "sentences")
@@ -273,7 +273,7 @@ class BiLSTMTagger:
                         bilm: BiLM | None = None) -> BiLSTMTagger:
         """The best epoch so far of a training run still going (or stopped) with `config.train.checkpoint_dir`:
         the same training sentences rebuild the vocabularies, the checkpoint gives the weights and history."""
-        path = _find_checkpoint(config.train.checkpoint_dir)
+        path = find_checkpoint(config.train.checkpoint_dir)
         if path is None:
             raise InputError(f"{config.train.checkpoint_dir}: no training checkpoint; train with checkpoint_dir set")
         tagger = cls(config)

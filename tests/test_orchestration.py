@@ -161,6 +161,7 @@ def test_remote_neural_tagger_and_biLM_publish_the_versions_the_pipeline_expects
     import polars as pl
     from lexiflow.flows.params import TrainingParams
     from lexiflow.flows.training import TAGGER_TRAINERS, train, train_tagger_flow
+    from lexiflow.loaders import load
     from lexiflow.storage import ArtifactStore
     from lexiflow.storage.formats import DOCUMENTS, TAGGED
     from lexiflow.tasks.params import ElmoParams, TaggerParams
@@ -202,7 +203,7 @@ def test_remote_neural_tagger_and_biLM_publish_the_versions_the_pipeline_expects
                           ("gpu-tag/custom", "bilstm+elmo:upos", ["elmo", "tagged"])]
     manifest = store.manifest("tagger", ref.version)
     assert manifest["metrics"]["model"] == "bilstm+elmo" and manifest["inputs"]["elmo"]["version"] == bilm.version
-    assert Catalog(store.url).load("tagger", ref.version).tag(["the", "dog", "runs"])[0] in ("DET", "NOUN", "VERB")
+    assert load(store.url, "tagger", ref.version).tag(["the", "dog", "runs"])[0] in ("DET", "NOUN", "VERB")
 
 
 def test_train_lm_flow_refuses_pretrained_without_embeddings_and_embeddings_without_pretrained(tmp_path):

@@ -270,8 +270,10 @@ def test_neural_taggers_beside_the_hmm_in_the_pipeline_report_and_the_tag_comman
     source, out = data / "en_ewt-ud-dev.conllu", tmp_path / "tagged.conllu"
     version = refs["tagger.bilstm+elmo.upos"].version
     assert main(["tag", str(source), "-o", str(out), "--store", str(store), "--tagger", version]) == 0
-    tagger = Catalog(store).load("tagger", version)
+    from lexiflow.loaders import load
     from lexiflow.models.conllu import read_conllu
+
+    tagger = load(store, "tagger", version)
 
     expected = tagger.tag_many([s.words for s in read_conllu(source)])
     assert [s.upos for s in read_conllu(out)] == expected

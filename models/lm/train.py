@@ -583,3 +583,8 @@ def _epoch_row(module: LMModule, pos: _Position, valid: torch.Tensor | None, win
         "tokens_per_s": pos.epoch_tokens / max(pos.epoch_seconds, 1e-9),
         "seconds": pos.epoch_seconds,
     }
+
+
+# The checkpoint format, public for the other loop that writes it (models/batch_train.py: whole-sentence batches).
+Position, save_checkpoint = _Position, _save_checkpoint
+find_checkpoint, load_checkpoint = _find_checkpoint, _load_checkpoint
