@@ -274,7 +274,6 @@ def test_neural_taggers_beside_the_hmm_in_the_pipeline_report_and_the_tag_comman
     from lexiflow.models.conllu import read_conllu
 
     tagger = load(store, "tagger", version)
-
     expected = tagger.tag_many([s.words for s in read_conllu(source)])
     assert [s.upos for s in read_conllu(out)] == expected
 
