@@ -1,4 +1,5 @@
-"""HMM part-of-speech tagging on UD English EWT, side by side with NLTK's TnT (and NLTK's supervised HMM).
+"""Part-of-speech tagging on UD English EWT: our HMM side by side with NLTK's TnT (and NLTK's supervised HMM),
+then the BiLSTM tagger beside the HMM and BiLSTM+ELMo beside the BiLSTM (`benchmarks/_tagger_models.py`).
 
 Train on train, calibrate on dev, report test once, for UPOS and XPOS. Ours is trained with the other
 column as a training-only state refinement (UPOS states split by XPOS and vice versa), see docs/tagger.md.
@@ -24,6 +25,8 @@ EWT = SHARED_DATA / "ud-english-ewt"
 TARGETS = {"upos": 0.94, "xpos": 0.935}
 UNKNOWN_TARGET = 0.80
 SPEED_TARGET = 1e5
+NEURAL_TARGET = 0.955  # BiLSTM UPOS (issue 23; Stanza's published 95.4-96.2 the anchor)
+NEURAL_UNKNOWN_TARGET = 0.88
 
 
 def _load(split: str, col: str, limit: int | None) -> list[list[tuple[str, str, str]]]:
@@ -51,6 +54,7 @@ def run(quick: bool = False) -> list[Row]:
     logging.getLogger("lexiflow.hmm.tag").setLevel(logging.WARNING)
     n_train, n_dev, n_test = (400, 60, 100) if quick else (None, None, None)
     rows: list[Row] = []
+    hmm_reports: dict[str, dict] = {}
     for col in ("upos", "xpos"):
         train, dev, test = _load("train", col, n_train), _load("dev", col, n_dev), _load("test", col, n_test)
         dev2 = [[(w, t) for w, t, _ in s] for s in dev]
@@ -118,6 +122,57 @@ def run(quick: bool = False) -> list[Row]:
             f"{t} {v:.3f}" for t, v in f1.select("tag", "f1").head(4).iter_rows())
         if col == "upos" and not quick:
             rows.append(_nltk_hmm_row(train, words, gold, vocab, case, rep["accuracy"]))
+        hmm_reports[col] = rep
+    rows += _neural_rows(hmm_reports, n_train, n_test)
+    return rows
+
+
+def _neural_rows(hmm: dict[str, dict], n_train: int | None, n_test: int | None) -> list[Row]:
+    """BiLSTM and BiLSTM+ELMo (one joint model each: UPOS head 0, XPOS head 1) beside the HMM of this run,
+    and ELMo beside the plain BiLSTM. Models come from `benchmarks._tagger_models`'s cache (trained there
+    on train, early-stopped on dev)."""
+    import torch
+
+    from benchmarks._tagger_models import cached, ewt
+
+    torch.set_num_threads(1)  # tokens/s on one core, as the HMM's
+    test = ewt("test", n_test)
+    words = [[w for w, _, _ in s] for s in test]
+    vocab = {w for s in ewt("train", n_train) for w, _, _ in s}
+    n_tok = sum(map(len, words))
+    quick = n_train is not None
+    rows: list[Row] = []
+    plain: dict[str, dict] = {}
+    for name in ("bilstm", "elmo"):
+        model = cached(name, n_train)
+        label = "BiLSTM" if name == "bilstm" else "BiLSTM+ELMo"
+        hist = model.history_
+        train_rate = sum(r["tokens_per_s"] * r["seconds"] for r in hist) / max(sum(r["seconds"] for r in hist), 1e-9)
+        for head, col in enumerate(("upos", "xpos")):
+            gold = [[t[head + 1] for t in s] for s in test]
+            pred, secs = _timed(model.tag_many, words, head=head)
+            rep = accuracy_report(words, gold, pred, vocab)
+            peer, peer_name = (hmm[col], "our HMM") if name == "bilstm" else (plain[col], "our BiLSTM")
+            case = f"EWT test {col.upper()}, {n_tok} tokens, {label}" + (" (quick: small slices)" if quick else "")
+            notes = (f"{len(hist)} epochs, dev UPOS {model.dev_accuracy_:.4f}; train {train_rate:.0f} tokens/s "
+                     "(wall, one thread, shared 2-core machine)")
+            if name == "elmo":
+                w = model.elmo_weights()
+                notes += f"; ELMo layer weights {[round(x, 3) for x in w['weights']]}, gamma {w['gamma']:.3f}"
+            target = NEURAL_TARGET if (col == "upos" and name == "bilstm") else None
+            rows.append(Row("tagger", case, "accuracy", rep["accuracy"], peer["accuracy"], peer_name,
+                            target=f">= {target}" if target else "", met=rep["accuracy"] >= target if target else None,
+                            notes=notes))
+            unk_target = NEURAL_UNKNOWN_TARGET if (col == "upos" and name == "bilstm") else None
+            rows.append(Row("tagger", case, "unknown-word accuracy", rep["unknown_accuracy"],
+                            peer["unknown_accuracy"], peer_name, target=f">= {unk_target}" if unk_target else "",
+                            met=rep["unknown_accuracy"] >= unk_target if unk_target else None))
+            rows.append(Row("tagger", case, "known-word accuracy", rep["known_accuracy"], peer["known_accuracy"],
+                            peer_name))
+            rows.append(Row("tagger", case, "tag tokens/s (1 core, CPU time)", n_tok / secs, None, "",
+                            notes=f"train {train_rate:.0f} tokens/s (wall, under load)"))
+            if name == "bilstm":
+                plain[col] = rep
     return rows
 
 

@@ -15,6 +15,7 @@ Prefect validates the flow's signature and our pydantic sections (`extra="forbid
     train-embeddings   gpu pool: embeddings from artifacts in the store (the pipeline's hand-off)
     train-lm           gpu pool: a language model on the tokenized corpus
     train-seq2seq      gpu pool: a translation model on the parallel corpus
+    train-tagger       gpu pool: a neural tagger (BiLSTM, BiLSTM+ELMo) or the ELMo biLM
 
 Add a deployment: one `DeploymentSpec(...)` line in `DEPLOYMENTS`.
 """
@@ -85,6 +86,9 @@ DEPLOYMENTS: list[DeploymentSpec] = [
     DeploymentSpec("train-seq2seq", "flows/training.py:train_seq2seq", "gpu",
                    "Train a translation model (RNN or Transformer encoder-decoder) on the parallel corpus.",
                    tags=("training",)),
+    DeploymentSpec("train-tagger", "flows/training.py:train_tagger_flow", "gpu",
+                   "Train a neural part-of-speech tagger (BiLSTM, BiLSTM+ELMo) or the ELMo biLM from artifacts in "
+                   "the store.", tags=("training",)),
 ]
 
 

@@ -331,17 +331,15 @@ def write_whole(path: Path, chunks: Iterable[str]) -> None:
 def cmd_tag(args: argparse.Namespace) -> int:
     """Tag a CoNLL-U file (predicted tags replace its UPOS/XPOS columns) or plain text (written as CoNLL-U).
     Everything is read and tagged before the output is written; a tag set no tagger predicts is `_`."""
+    from lexiflow.loaders import load_tagger
     from lexiflow.models import conllu
     from lexiflow.models.errors import InputError, shown
-    from lexiflow.models.hmm import HMMTagger
 
     source, output = Path(args.input), Path(args.output) if args.output else None
     check_tag_paths(source, output)
     catalog = read_catalog(args.store)
-    taggers = {}
-    for column, manifest in tagger_manifests(catalog, args.tagger).items():
-        with catalog.store.local_dir("tagger", manifest["version"]) as folder:
-            taggers[column] = HMMTagger.load(folder)
+    taggers = {column: load_tagger(catalog.store, manifest)  # any kind: HMM, BiLSTM, BiLSTM+ELMo
+               for column, manifest in tagger_manifests(catalog, args.tagger).items()}
     try:
         lines = list(conllu.utf8_lines(source))
     except OSError as exc:
@@ -495,7 +493,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="override a parameter by dotted name, e.g. --set svd.dim=200 --set corpus.lowercase=false")
     run.set_defaults(func=cmd_run)
 
-    tag = sub.add_parser("tag", help="tag a CoNLL-U or plain-text file with trained HMM taggers")
+    tag = sub.add_parser("tag", help="tag a CoNLL-U or plain-text file with trained taggers (HMM or neural)")
     tag.add_argument("input", help="a UTF-8 .conllu file (its UPOS and XPOS columns are replaced) or plain text")
     tag.add_argument("-o", "--output", help="output CoNLL-U file, not the input (default: standard output)")
     tag.add_argument("--tagger", nargs="+", default=["latest"], metavar="VERSION",

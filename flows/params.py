@@ -10,6 +10,7 @@ from lexiflow.storage import ArtifactRef, Catalog, StoreError
 from lexiflow.tasks.params import (
     CooccurrenceParams,
     CorpusParams,
+    ElmoParams,
     EmbeddingMethods,
     EvaluationParams,
     GloVeParams,
@@ -41,12 +42,16 @@ class TrainingParams(Params):
                                description="The FLOW/DEPLOYMENT that trains language models remotely.")
     seq2seq_deployment: str = Field("train-seq2seq/train-seq2seq", pattern=r"^[^/]+/[^/]+$",
                                     description="The FLOW/DEPLOYMENT that trains translation models remotely.")
+    tagger_deployment: str = Field("train-tagger/train-tagger", pattern=r"^[^/]+/[^/]+$",
+                                   description="The FLOW/DEPLOYMENT that trains neural taggers and the ELMo biLM "
+                                               "remotely.")
     timeout_minutes: float = Field(240, gt=0, le=10_080, description="How long to wait for a remote training run.")
 
     def deployment(self, kind: str) -> str:
-        """The deployment that trains artifacts of `kind` (embeddings, lm or seq2seq) remotely."""
+        """The deployment that trains artifacts of `kind` (embeddings, lm, seq2seq, tagger or elmo) remotely."""
         return {"embeddings": self.embeddings_deployment, "lm": self.lm_deployment,
-                "seq2seq": self.seq2seq_deployment}[kind]
+                "seq2seq": self.seq2seq_deployment, "tagger": self.tagger_deployment,
+                "elmo": self.tagger_deployment}[kind]
 
 
 class PipelineParams(Params):
@@ -77,7 +82,10 @@ class PipelineParams(Params):
                                                            "ngram, ffnn, rnn, lstm, gru, transformer.")
     ngram: NgramParams = Field(NgramParams(), description="n-gram model settings.")
     neural: NeuralLMParams = Field(NeuralLMParams(), description="Neural LM architecture and training settings.")
-    tagger: TaggerParams = Field(TaggerParams(), description="HMM part-of-speech taggers (CoNLL-U sources only).")
+    tagger: TaggerParams = Field(TaggerParams(), description="Part-of-speech taggers, HMM and/or neural (CoNLL-U "
+                                                             "sources only).")
+    elmo: ElmoParams = Field(ElmoParams(), description="The ELMo biLM trained on the corpus for the bilstm+elmo "
+                                                       "tagger.")
     training: TrainingParams = Field(TrainingParams(), description="Where training stages run (this process, or "
                                                                    "the gpu work pool).")
     parallel: ParallelParams = Field(ParallelParams(), description="How ingestion, vocabulary, encoding and "

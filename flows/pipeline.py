@@ -13,7 +13,7 @@ import inspect
 from typing import Any
 
 from lexiflow.flows.params import PipelineParams, args_doc, flow_signature, validate
-from lexiflow.flows.training import EMBEDDING_TRAINERS, LM_TRAINERS, SEQ2SEQ_TRAINERS, train
+from lexiflow.flows.training import EMBEDDING_TRAINERS, LM_TRAINERS, SEQ2SEQ_TRAINERS, TAGGER_TRAINERS, train
 from lexiflow.models import ingest
 from lexiflow.storage import ArtifactRef, ArtifactStore
 from lexiflow.tasks.corpus import ingest_corpus, ingest_tagged
@@ -29,7 +29,7 @@ from prefect import flow, get_run_logger
 
 def build_all(**sections: Any) -> dict[str, ArtifactRef]:
     """Build every artifact from the corpus sources; unchanged stages are reused, not recomputed.
-    CoNLL-U sources also give a tagged corpus and an HMM tagger per tag set; parallel sources
+    CoNLL-U sources also give a tagged corpus and a tagger per kind and tag set; parallel sources
     (`translation.sources`) a parallel corpus and a translation model per `seq2seq.models` kind. Training
     stages run here, or on the `gpu` work pool when `training.remote` is set."""
     p = validate(sections)  # deployed runs arrive as plain values: the checks across sections, up front
@@ -68,12 +68,20 @@ def build_all(**sections: Any) -> dict[str, ArtifactRef]:
                       "embeddings": None if kind == "ngram" else vectors.get(neural.pretrained)}
             lms[kind] = train(LM_TRAINERS[kind], kind, store, inputs, p.ngram if kind == "ngram" else neural, training)
 
-    taggers, tagged = {}, None
+    taggers, tagged, bilm = {}, None, None
     skipped = {s["source"] for s in published_manifest(docs)["metrics"].get("skipped", [])}
     if any(str(path) not in skipped for path in ingest.tagged_files(ingest.resolve_sources(corpus.sources))):
         tagged = ingest_tagged(store, params=corpus)
-        taggers = {column: train_tagger(store, tagged=tagged, column=column, params=tagger)
-                   for column in tagger.columns}
+        if "bilstm+elmo" in tagger.kinds:
+            bilm = train(TAGGER_TRAINERS["elmo"], "elmo", store, {"corpus": docs}, p.elmo, training)
+        for kind in tagger.kinds:
+            for column in tagger.columns:
+                if kind == "hmm":  # CPU, seconds: always here
+                    ref = train_tagger(store, tagged=tagged, column=column, params=tagger)
+                else:
+                    ref = train(TAGGER_TRAINERS[f"{kind}:{column}"], f"{kind}:{column}", store,
+                                {"tagged": tagged, "elmo": bilm if kind == "bilstm+elmo" else None}, tagger, training)
+                taggers[column if kind == "hmm" else f"{kind}.{column}"] = ref
 
     pairs, translators = None, {}
     if p.translation.sources:  # parallel sources: a parallel corpus and a translation model per kind
@@ -91,6 +99,7 @@ def build_all(**sections: Any) -> dict[str, ArtifactRef]:
             **{f"evaluation.{k}": v for k, v in evaluations.items()},
             **{f"lm.{k}": v for k, v in lms.items()}, **{f"tagger.{k}": v for k, v in taggers.items()},
             **({"parallel_corpus": pairs} if pairs else {}), **{f"seq2seq.{k}": v for k, v in translators.items()},
+            **({"elmo": bilm} if bilm is not None else {}),
             "report": report}
     publish_lineage(refs)  # on this run, reused artifacts included
     get_run_logger().info("pipeline: %s", ", ".join(f"{name}={ref.version}" for name, ref in refs.items()))

@@ -1,6 +1,7 @@
 """Training flows, deployed on the `gpu` work pool, and the hand-off that runs them there or here.
 
-`train-embeddings`, `train-lm` and `train-seq2seq` each run one training stage on artifacts already in the store.
+`train-embeddings`, `train-lm`, `train-seq2seq` and `train-tagger` (neural taggers and the ELMo biLM) each
+run one training stage on artifacts already in the store.
 The pipeline calls `train(...)`: with `training.remote` it starts the training deployment with
 `run_deployment` (a worker of the `gpu` pool picks it up), waits, and continues with the artifact
 that run published; otherwise it runs the same stage in its own process. Either way the artifact
@@ -9,8 +10,8 @@ known before the run starts (a hash of its inputs, parameters and code, see task
 pipeline looks it up in the store afterwards. The store must therefore be reachable from the GPU
 workers under the same name (a shared path or an object-store URL).
 
-A new trainer is one line in `EMBEDDING_TRAINERS`, `LM_TRAINERS` or `SEQ2SEQ_TRAINERS` (plus, for a new parameter
-section, one parameter of the flow).
+A new trainer is one line in `EMBEDDING_TRAINERS`, `LM_TRAINERS`, `SEQ2SEQ_TRAINERS` or `TAGGER_TRAINERS`
+(plus, for a new parameter section, one parameter of the flow).
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from lexiflow.models.device import gpu_warning
 from lexiflow.models.errors import ParameterError
 from lexiflow.storage import ArtifactRef, ArtifactStore, StoreError
 from lexiflow.storage.formats import read_manifest
+from lexiflow.tasks.elmo import train_elmo
 from lexiflow.tasks.embeddings import glove_embeddings, lsi_embeddings, svd_embeddings, word2vec_embeddings
 from lexiflow.tasks.lm import train_lm as lm_stage
 from lexiflow.tasks.params import (
+    ElmoParams,
     EmbeddingMethod,
     GloVeParams,
     LMKind,
@@ -38,9 +41,11 @@ from lexiflow.tasks.params import (
     Seq2SeqKind,
     Seq2SeqParams,
     SVDParams,
+    TaggerParams,
     Word2VecParams,
 )
 from lexiflow.tasks.stage import published_manifest
+from lexiflow.tasks.tagger import train_tagger
 from lexiflow.tasks.translation import train_seq2seq as seq2seq_stage
 from prefect import flow, get_run_logger
 from prefect.deployments import run_deployment
@@ -86,6 +91,15 @@ LM_TRAINERS: dict[str, Trainer] = {
 SEQ2SEQ_TRAINERS: dict[str, Trainer] = {
     kind: Trainer(seq2seq_stage, {"pairs": "parallel_corpus"}, "seq2seq", {"model": kind})
     for kind in ("rnn", "transformer")
+}
+
+# The neural taggers (per kind and tag set) and the biLM their ELMo features come from; the HMM trains in
+# the pipeline's own process (CPU, seconds).
+TAGGER_TRAINERS: dict[str, Trainer] = {
+    "elmo": Trainer(train_elmo, {"corpus": "corpus"}, "elmo"),
+    **{f"{kind}:{column}": Trainer(train_tagger, {"tagged": "tagged_corpus"}, "tagger",
+                                   {"column": column, "kind": kind}, {"elmo": "elmo"})
+       for kind in ("bilstm", "bilstm+elmo") for column in ("upos", "xpos")},
 }
 
 
@@ -188,6 +202,32 @@ def train_seq2seq(
         inputs: Input artifact versions by argument name ({"pairs": <parallel_corpus version>}); missing: the latest.
     """
     return _run_here(SEQ2SEQ_TRAINERS[method], store, inputs or {}, seq2seq)
+
+
+@flow(name="train-tagger", log_prints=True)
+def train_tagger_flow(
+    store: str = "artifacts",
+    method: str = "bilstm:upos",
+    inputs: dict[str, str] | None = None,
+    tagger: TaggerParams = TaggerParams(),
+    elmo: ElmoParams = ElmoParams(),
+) -> ArtifactRef:
+    """Train a neural tagger (`bilstm:upos`, `bilstm+elmo:xpos`, ...) on the tagged corpus, or the ELMo biLM
+    (`elmo`) on the corpus, from artifacts in the store (GPU pool).
+
+    Args:
+        store: Artifact store (a folder or an fsspec URL) shared with the workers.
+        method: `elmo`, or KIND:COLUMN with KIND bilstm or bilstm+elmo and COLUMN upos or xpos.
+        inputs: Input artifact versions by argument name (tagged, elmo; corpus for the biLM); missing required
+            ones are the latest.
+    """
+    if method not in TAGGER_TRAINERS:
+        raise ParameterError(f"method={method!r}: use one of {sorted(TAGGER_TRAINERS)}")
+    trainer = TAGGER_TRAINERS[method]
+    inputs = dict(inputs or {})
+    if method.startswith("bilstm+elmo") and "elmo" not in inputs:
+        inputs["elmo"] = "latest"  # an optional input of the trainer, required by this kind
+    return _run_here(trainer, store, inputs, {"tagger": tagger, "elmo": elmo}[trainer.section])
 
 
 def train(trainer: Trainer, method: str, store: str, inputs: dict[str, ArtifactRef], params: BaseModel,

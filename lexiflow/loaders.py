@@ -114,11 +114,24 @@ def load_lm(store: ArtifactStore, manifest: dict[str, Any]):
 
 
 def load_tagger(store: ArtifactStore, manifest: dict[str, Any]):
-    """The HMM part-of-speech tagger (`.tag(words)`)."""
-    from lexiflow.models.hmm import HMMTagger
+    """The part-of-speech tagger (`.tag(words)`, `.tag_many(sentences)`): the HMM, or the BiLSTM (with its
+    biLM when it uses ELMo features), by the kind the stage recorded (older artifacts: the HMM)."""
+    with local_folder(store, manifest) as folder:
+        if manifest["metrics"].get("model", "hmm") == "hmm":
+            from lexiflow.models.hmm import HMMTagger
+
+            return HMMTagger.load(folder)
+        from lexiflow.models.neural_tagger import BiLSTMTagger
+
+        return BiLSTMTagger.load(folder)
+
+
+def load_elmo(store: ArtifactStore, manifest: dict[str, Any]):
+    """The ELMo biLM (`.layers(sentences)`), the features of a `bilstm+elmo` tagger."""
+    from lexiflow.models.elmo import BiLM
 
     with local_folder(store, manifest) as folder:
-        return HMMTagger.load(folder)
+        return BiLM.load(folder)
 
 
 def load_seq2seq(store: ArtifactStore, manifest: dict[str, Any]):
@@ -144,6 +157,7 @@ EXPORT_EXTRAS: dict[str, Extra] = {"tokenizer": word_tokenizer_json}  # `lexiflo
 
 LOADERS: dict[str, Loader] = {
     "tagger": load_tagger,
+    "elmo": load_elmo,
     "corpus": table("documents.parquet"),
     "tagged_corpus": table("sentences.parquet"),
     "tokenizer": load_tokenizer,

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 
 class Progress:
-    """Log `name: 45% (4.5M/10M tokens, 6.1M tokens/s)` at most every `every_s` seconds.
+    """Log `name: 45% (4.5M/10M tokens, 6.1M tokens/s, ETA 1m05s)` at most every `every_s` seconds.
 
     `callback(fraction)` is called on the same schedule, with 0..1 (or None when total is unknown).
     `done`: work finished before this run (a resumed job); it counts towards the total, not the rate.
@@ -59,12 +59,25 @@ class Progress:
         pct = f"{100 * fraction:.0f}% " if fraction is not None else ""
         of_total = f"/{_human(self.total)}" if self.total else ""
         verb = f"done in {self.elapsed:.1f}s, " if final else ""
+        rate = self.rate
+        left = max(0.0, (self.total or 0) - self.done)
+        eta = "" if final or not self.total or rate <= 0 else f", ETA {_duration(left / rate)}"
         self.logger.info(
-            "%s: %s%s(%s%s %s, %s %s/s)", self.name, verb, pct, _human(self.done), of_total,
-            self.unit, _human(self.rate), self.unit,
+            "%s: %s%s(%s%s %s, %s %s/s%s)", self.name, verb, pct, _human(self.done), of_total,
+            self.unit, _human(rate), self.unit, eta,
         )
         if self.callback is not None:
             self.callback(1.0 if final else fraction)
+
+
+def _duration(seconds: float) -> str:
+    """12s, 4m05s, 2h03m."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def _human(x: float) -> str:

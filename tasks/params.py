@@ -139,9 +139,16 @@ NeuralLMParams = section(
                                                        "the stage's own process.")))
 
 
+TaggerKind = Literal["hmm", "bilstm", "bilstm+elmo"]
+
+
 class TaggerParams(Params):
     columns: list[Literal["upos", "xpos"]] = Field(
         default=["upos", "xpos"], description="Tag sets to learn from CoNLL-U sources, a tagger artifact each.")
+    kinds: list[TaggerKind] = Field(
+        default=["hmm"], min_length=1,
+        description="Taggers to train per tag set, compared side by side in the report: hmm (trigram HMM), bilstm "
+                    "(BiLSTM with a char CNN), bilstm+elmo (BiLSTM with the `elmo` stage's biLM layers as features).")
     order: Literal[2, 3] = Field(3, description="HMM order: 2 (bigram transitions) or 3 (trigram, TnT-style).")
     method: Literal["viterbi", "viterbi_pruned", "greedy", "beam"] = Field(
         "viterbi", description="Decoding for evaluation: exact Viterbi, Viterbi over each word's best tags "
@@ -150,6 +157,31 @@ class TaggerParams(Params):
     refine_states: bool = Field(True, description="Split each tag's HMM states by the other tag set during "
                                                   "training (UPOS by XPOS and vice versa); tagging returns plain "
                                                   "tags.")
+    hidden_dim: int = Field(150, ge=4, le=4096, description="BiLSTM: LSTM size per direction.")
+    num_layers: int = Field(2, ge=1, le=8, description="BiLSTM: stacked bidirectional layers.")
+    epochs: int = Field(10, ge=1, le=1000, description="BiLSTM: training epochs (early stopping on dev accuracy).")
+    batch_size: int = Field(32, ge=1, le=4096, description="BiLSTM: sentences per batch.")
+    lr: float = Field(2e-3, gt=0, le=10, description="BiLSTM: peak AdamW learning rate (warmup then cosine).")
+    patience: int | None = Field(3, ge=1, description="BiLSTM: epochs without a dev gain before stopping.")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
+                        description="BiLSTM: auto picks CUDA when present.")
+    seed: int = Field(0, ge=0, description="BiLSTM: random seed.")
+
+
+class ElmoParams(Params):
+    """The biLM the `bilstm+elmo` tagger reads (trained by the `elmo` stage on the corpus sources)."""
+
+    token_input: Literal["char", "word"] = Field("char", description="Token representation: char CNN (as ELMo) "
+                                                                     "or a word embedding.")
+    dim: int = Field(64, ge=4, le=4096, description="Width of each direction's layers (the token vector too).")
+    hidden_dim: int = Field(160, ge=4, le=8192, description="LSTM cell size (projected to dim).")
+    num_layers: int = Field(2, ge=1, le=8, description="LSTM layers per direction.")
+    max_vocab: int = Field(5000, ge=10, description="Softmax vocabulary: the most frequent words.")
+    epochs: int = Field(1, ge=1, le=1000, description="Training epochs.")
+    batch_size: int = Field(32, ge=1, le=4096, description="Sentences per batch.")
+    lr: float = Field(2e-3, gt=0, le=10, description="Peak AdamW learning rate.")
+    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto picks CUDA when present.")
+    seed: int = Field(0, ge=0, description="Random seed.")
 
 
 class TranslationCorpusParams(Params):

@@ -25,7 +25,9 @@ LM_COLUMNS = ("model", "tokenizer", "device", "vocabulary_size", "train_tokens",
 KEY_METRIC = {"corpus": "tokens", "tagged_corpus": "sentences", "tokenizer": "vocabulary_size",
               "tokenized_corpus": "unk_rate", "cooccurrence": "nonzeros", "ppmi": "nonzeros", "embeddings": "dim",
               "evaluation": "ws353_spearman", "lm": "valid_perplexity", "tagger": "accuracy", "report": "embeddings",
-              "parallel_corpus": "pairs", "seq2seq": "test_bleu"}
+              "parallel_corpus": "pairs", "seq2seq": "test_bleu", "elmo": "valid_loss"}
+TAGGER_COLUMNS = ("column", "model", "evaluated_on", "accuracy", "known_accuracy", "unknown_accuracy", "tokens",
+                  "unknown_tokens", "elmo_weights", "elmo_gamma")
 FIGURE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+\.png)\)")
 
 
@@ -129,11 +131,21 @@ def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[
                           "(0 = the embedding) through the final norm and the unembedding, on validation text.", ""]
                 lines += _table(metrics["logit_lens"], ("layer", "perplexity", "accuracy"))
             lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, f"lm-{metrics['model']}")]
+    if taggers:
+        metrics = [read_manifest(ref)["metrics"] for ref in taggers]
+        rows = [{**m, "model": m.get("model", "hmm"),
+                 "elmo_weights": " / ".join(f"{w:.2f}" for w in m["elmo_weights"]) if "elmo_weights" in m else None}
+                for m in metrics]
+        lines += ["", "## Taggers", "", "Accuracy per tag set and kind, side by side (`elmo_weights`: the learned "
+                  "softmax weights of the biLM layers, layer 0 first; `elmo_gamma` their scale).", ""]
+        lines += _table(sorted(rows, key=lambda r: (r["column"], r["model"])), TAGGER_COLUMNS)
     for ref in taggers or []:
         detail = store.read_text(ref.kind, ref.version, "report.md")
         lines += ["", re.sub(r"(?m)^(#+) ", r"#\1 ", detail)]  # its headings, one level down
-        column = read_manifest(ref)["metrics"]["column"]
-        lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, f"tagger-{column}")]
+        m = read_manifest(ref)["metrics"]
+        model = m.get("model", "hmm")  # one heatmap per tagger: the HMM's keep their names of old
+        prefix = f"tagger-{m['column']}" if model == "hmm" else f"tagger-{model.replace('+', '-')}-{m['column']}"
+        lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, prefix)]
     if translations:
         lines += _translation_section(out, translations)
     lines += ["", "## Lineage", "", "Every artifact behind this report, inputs first.", ""]

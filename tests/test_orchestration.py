@@ -46,10 +46,11 @@ SMALL = {"vocabulary": {"min_count": 2}, "svd": {"dim": 20}, "glove": {"dim": 20
 def test_deployments_registry_pools_and_schedule():
     config = DeployConfig(store="/data/store", sources=["/corpus/*.txt"])
     by_name = {spec.name: spec for spec in DEPLOYMENTS}
-    assert set(by_name) == {"pipeline", "corpus-rebuild", "train-embeddings", "train-lm", "train-seq2seq"}
+    assert set(by_name) == {"pipeline", "corpus-rebuild", "train-embeddings", "train-lm", "train-seq2seq",
+                            "train-tagger"}
     assert {name: pool_name(spec, config) for name, spec in by_name.items()} == {
         "pipeline": "cpu", "corpus-rebuild": "cpu", "train-embeddings": "gpu", "train-lm": "gpu",
-        "train-seq2seq": "gpu"}
+        "train-seq2seq": "gpu", "train-tagger": "gpu"}
     assert by_name["corpus-rebuild"].cron(config) == DEFAULT_CRON == "0 3 * * 1"
     assert by_name["pipeline"].cron(config) is None
     assert by_name["corpus-rebuild"].parameters(config) == {
@@ -154,6 +155,57 @@ def test_remote_training_runs_the_configured_deployments_and_finds_what_they_pub
         device = Catalog(store.url).get("lm", ref.version)["metrics"]["device"]
         assert device["type"] == kind and device["count"] == 1 and device["precision"] in ("fp32", "fp64")
         assert device["name"]
+
+
+def test_remote_neural_tagger_and_biLM_publish_the_versions_the_pipeline_expects(tmp_path, monkeypatch):
+    """The elmo biLM and a bilstm+elmo tagger handed to the train-tagger deployment: the run's stage call
+    (elmo given as an input version, kind and column as fixed arguments) gives the predicted version."""
+    import polars as pl
+    from lexiflow.flows.params import TrainingParams
+    from lexiflow.flows.training import TAGGER_TRAINERS, train, train_tagger_flow
+    from lexiflow.loaders import load
+    from lexiflow.storage import ArtifactStore
+    from lexiflow.storage.formats import DOCUMENTS, TAGGED
+    from lexiflow.tasks.params import ElmoParams, TaggerParams
+    from prefect import flow
+    from prefect.testing.utilities import prefect_test_harness
+
+    store = ArtifactStore(tmp_path / "store")
+    words = [["the", "dog", "runs"], ["a", "cat", "sleeps"], ["the", "cat", "runs"], ["a", "dog", "sleeps"]]
+    with store.writer("corpus", "0" * 16) as out:
+        out.write_parquet("documents.parquet", pl.DataFrame({
+            "doc_id": ["a", "b", "c", "d"], "source": ["x"] * 4, "split": ["train", "train", "valid", "test"],
+            "text": [" ".join(w) for w in words]}), DOCUMENTS)
+    with store.writer("tagged_corpus", "1" * 16) as out:
+        out.write_parquet("sentences.parquet", pl.DataFrame({
+            "sent_id": ["1", "2", "3", "4"], "source": ["x"] * 4, "split": ["train", "train", "valid", "test"],
+            "words": words, "upos": [["DET", "NOUN", "VERB"]] * 4, "xpos": [["DT", "NN", "VBZ"]] * 4}), TAGGED)
+    training = TrainingParams(remote=True, tagger_deployment="gpu-tag/custom")
+    handed_off = []
+
+    def gpu_worker(deployment, parameters, **_options):  # what a worker of the gpu pool runs
+        handed_off.append((deployment, parameters["method"], sorted(parameters["inputs"])))
+        return SimpleNamespace(state=train_tagger_flow(**parameters, return_state=True), name="gpu-run", id="0")
+
+    monkeypatch.setattr("lexiflow.flows.training.run_deployment", gpu_worker)
+    tagger = TaggerParams(kinds=["bilstm+elmo"], columns=["upos"], hidden_dim=4, epochs=1, device="cpu")
+    elmo = ElmoParams(dim=4, hidden_dim=8, max_vocab=20, device="cpu")
+
+    @flow
+    def handoff():
+        bilm = train(TAGGER_TRAINERS["elmo"], "elmo", store.url, {"corpus": store.ref("corpus", "0" * 16)}, elmo,
+                     training)
+        inputs = {"tagged": store.ref("tagged_corpus", "1" * 16), "elmo": bilm}
+        return bilm, train(TAGGER_TRAINERS["bilstm+elmo:upos"], "bilstm+elmo:upos", store.url, inputs, tagger,
+                           training)
+
+    with prefect_test_harness(server_startup_timeout=120):
+        bilm, ref = handoff()
+    assert handed_off == [("gpu-tag/custom", "elmo", ["corpus"]),
+                          ("gpu-tag/custom", "bilstm+elmo:upos", ["elmo", "tagged"])]
+    manifest = store.manifest("tagger", ref.version)
+    assert manifest["metrics"]["model"] == "bilstm+elmo" and manifest["inputs"]["elmo"]["version"] == bilm.version
+    assert load(store.url, "tagger", ref.version).tag(["the", "dog", "runs"])[0] in ("DET", "NOUN", "VERB")
 
 
 def test_train_lm_flow_refuses_pretrained_without_embeddings_and_embeddings_without_pretrained(tmp_path):

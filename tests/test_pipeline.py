@@ -236,6 +236,51 @@ def test_all_stages_on_a_small_treebank(tmp_path, shared_data, capsys):
     assert sum(b[3] == a[3] for b, a in tokens) / len(tokens) > 0.8  # predicted UPOS against the gold
 
 
+@pytest.mark.slow
+def test_neural_taggers_beside_the_hmm_in_the_pipeline_report_and_the_tag_command(tmp_path, shared_data):
+    """tagger.kinds trains the HMM, the BiLSTM and the BiLSTM+ELMo (after an `elmo` biLM on the corpus); the
+    report compares them and shows the learned ELMo layer weights; `lexiflow tag` takes any kind."""
+    ewt = shared_data / "ud-english-ewt"
+    data = tmp_path / "ewt"
+    data.mkdir()
+    for split, n in (("train", 300), ("dev", 40), ("test", 40)):
+        _ewt_slice(ewt / f"en_ewt-ud-{split}.conllu", data / f"en_ewt-ud-{split}.conllu", n)
+    store = tmp_path / "store"
+    refs = run_pipeline(small_params(
+        store, corpus={"sources": [str(data)], "lowercase": False}, vocabulary={"min_count": 1},
+        svd={"dim": 10}, evaluation={"analogy_vocabulary": 200},
+        tagger={"columns": ["upos"], "kinds": ["hmm", "bilstm", "bilstm+elmo"], "hidden_dim": 8, "epochs": 2,
+                "device": "cpu"},
+        elmo={"dim": 8, "hidden_dim": 16, "max_vocab": 200, "device": "cpu"}))
+    assert {"tagger.upos", "tagger.bilstm.upos", "tagger.bilstm+elmo.upos", "elmo"} <= set(refs)
+    store_obj = ArtifactStore(store)
+    elmo_tagger = store_obj.manifest("tagger", refs["tagger.bilstm+elmo.upos"].version)
+    assert elmo_tagger["inputs"]["elmo"]["version"] == refs["elmo"].version
+    weights = elmo_tagger["metrics"]["elmo_weights"]
+    assert len(weights) == 3 and sum(weights) == pytest.approx(1.0)
+    assert store_obj.manifest("elmo", refs["elmo"].version)["metrics"]["lowercase"] is False
+    report = (store / "report" / refs["report"].version / "report.md").read_text()
+    table = report[report.index("## Taggers"):]
+    for model in ("| hmm |", "| bilstm |", "| bilstm+elmo |"):
+        assert model in table
+    assert " / ".join(f"{w:.2f}" for w in weights) in table
+    assert "\n## UPOS BiLSTM+ELMo tagger" in report and "Learned ELMo layer weights" in report
+    for name in ("tagger-upos-confusion.png", "tagger-bilstm-upos-confusion.png",
+                 "tagger-bilstm-elmo-upos-confusion.png"):
+        assert (store / "report" / refs["report"].version / name).exists()
+
+    # lexiflow tag with a neural tagger: the CoNLL-U file's UPOS column is what the loaded tagger predicts.
+    source, out = data / "en_ewt-ud-dev.conllu", tmp_path / "tagged.conllu"
+    version = refs["tagger.bilstm+elmo.upos"].version
+    assert main(["tag", str(source), "-o", str(out), "--store", str(store), "--tagger", version]) == 0
+    from lexiflow.loaders import load
+    from lexiflow.models.conllu import read_conllu
+
+    tagger = load(store, "tagger", version)
+    expected = tagger.tag_many([s.words for s in read_conllu(source)])
+    assert [s.upos for s in read_conllu(out)] == expected
+
+
 class ProbeParams(BaseModel):
     text: str = "built once"
 

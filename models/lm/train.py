@@ -661,3 +661,8 @@ def perplexity(loss: float) -> float:
         return math.exp(loss)
     except OverflowError:
         return math.inf
+
+
+# The checkpoint format, public for the other loop that writes it (models/batch_train.py: whole-sentence batches).
+Position, save_checkpoint = _Position, _save_checkpoint
+find_checkpoint, load_checkpoint = _find_checkpoint, _load_checkpoint

@@ -1,0 +1,138 @@
+"""Neural taggers on UD English EWT: the BiLSTM tagger, the ELMo biLM and the BiLSTM+ELMo tagger.
+
+Each model trains on EWT train with early stopping on EWT dev (the only tuning), and is saved under
+`CACHE/<name>` (training is minutes to tens of minutes on a shared CPU core), so `python -m
+benchmarks tagger` evaluates the saved models on test once. Train them one by one in the background:
+
+    OMP_NUM_THREADS=1 python -m benchmarks._tagger_models bilstm   # BiLSTM, UPOS + XPOS heads (joint)
+    OMP_NUM_THREADS=1 python -m benchmarks._tagger_models bilm     # biLM on EWT train + WikiText-2 valid
+    OMP_NUM_THREADS=1 python -m benchmarks._tagger_models elmo     # BiLSTM + ELMo (needs bilm)
+    python -m benchmarks._tagger_models finish bilstm   # out of time: save the best epoch so far (checkpoint)
+
+`tagger` trains what is missing itself (same functions). Train tokens/s are wall-clock tokens per
+second of the training loop, measured under the shared machine's load.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+from lexiflow.models.batch_train import TrainConfig
+from lexiflow.models.conllu import read_conllu
+from lexiflow.models.elmo import BiLM, BiLMConfig
+from lexiflow.models.neural_tagger import BiLSTMTagger, TaggerConfig
+
+from benchmarks.harness import SHARED_DATA
+
+EWT = SHARED_DATA / "ud-english-ewt"
+WIKITEXT = SHARED_DATA / "wikitext-2" / "wiki.valid.tokens"
+CACHE = Path(__file__).parent / "results" / "cache" / "tagger"
+
+# Chosen before any test evaluation; dev only stops training (early stopping on dev accuracy).
+# Budget: the machine's 2 cores are shared by ~7 engineers (each process got 0.2-0.4 of a core).
+TAGGER_TRAIN = TrainConfig(epochs=10, batch_size=32, lr=2e-3, clip_grad_norm=5.0, patience=3, warmup_steps=100,
+                           min_lr_ratio=0.05, log_every_s=30)
+ELMO_EPOCHS = 6  # the BiLSTM+ELMo tagger starts after the biLM: the budget left it 6 epochs (same schedule shape)
+BILM = BiLMConfig(token_input="char", dim=64, hidden_dim=160, num_layers=2, max_vocab=5000, char_filters=32,
+                  char_kernels=(1, 2, 3, 4),
+                  train=TrainConfig(epochs=1, batch_size=32, lr=2e-3, clip_grad_norm=5.0, patience=1, warmup_steps=100,
+                                    log_every_s=30))
+
+
+def ewt(split: str, limit: int | None = None) -> list[list[tuple[str, str, str]]]:
+    """(word, UPOS, XPOS) per token: UPOS is the tagger's first head, XPOS its second (joint model)."""
+    out = []
+    for s in read_conllu(EWT / f"en_ewt-ud-{split}.conllu"):
+        out.append(list(zip(s.words, s.upos, s.xpos, strict=True)))
+        if limit and len(out) >= limit:
+            break
+    return out
+
+
+def bilm_corpus(limit: int | None = None) -> list[list[str]]:
+    """EWT train words and WikiText-2 valid, cut into sentences at ' . ' (headers dropped)."""
+    sents = [[w for w, _, _ in s] for s in ewt("train", limit)]
+    lines = WIKITEXT.read_text(encoding="utf-8").splitlines()[: limit or None]
+    for line in lines:
+        if not line.strip() or line.strip().startswith("="):
+            continue
+        for part in re.split(r"(?<= \.) ", line.strip()):
+            words = part.split()
+            if words:
+                sents.append(words)
+    return sents
+
+
+def tagger_config(folder: Path, limit: int | None, elmo: bool) -> TaggerConfig:
+    cfg = TaggerConfig(elmo=elmo,
+                       train=TrainConfig(**{**TAGGER_TRAIN.__dict__, "checkpoint_dir": str(folder / "scratch")}))
+    if elmo:
+        cfg.train.epochs = ELMO_EPOCHS
+    if limit:
+        cfg.train.epochs = 1
+    return cfg
+
+
+def train_bilstm(folder: Path, limit: int | None = None, elmo: Path | None = None) -> BiLSTMTagger:
+    bilm = BiLM.load(elmo) if elmo is not None else None
+    tagger = BiLSTMTagger(tagger_config(folder, limit, elmo is not None))
+    tagger.fit(ewt("train", limit), dev=ewt("dev", limit and limit // 4), bilm=bilm)
+    tagger.save(folder)
+    return tagger
+
+
+def finish(name: str) -> BiLSTMTagger:
+    """Save the best epoch so far of a tagger training still running (`bilstm` or `elmo`): the budget's end."""
+    folder = CACHE / name
+    bilm = BiLM.load(CACHE / "bilm") if name == "elmo" else None
+    tagger = BiLSTMTagger.from_checkpoint(tagger_config(folder, None, name == "elmo"), ewt("train"), bilm=bilm)
+    tagger.save(folder)
+    return tagger
+
+
+def train_bilm(folder: Path, limit: int | None = None) -> BiLM:
+    cfg = BiLMConfig(**{**BILM.__dict__, "train": TrainConfig(**{**BILM.train.__dict__,
+                                                                  "checkpoint_dir": str(folder / "scratch")})})
+    if limit:
+        cfg.train.epochs = 1
+    dev = [[w for w, _, _ in s] for s in ewt("dev", limit and limit // 4)]
+    bilm = BiLM(cfg).fit(bilm_corpus(limit), dev=dev)
+    bilm.save(folder)
+    return bilm
+
+
+def _training(folder: Path) -> bool:
+    """Whether a training of this model checkpointed in the last 20 minutes (one is running in the background)."""
+    stamp = folder / "scratch" / "checkpoint" / "trainer.json"
+    return stamp.exists() and time.time() - stamp.stat().st_mtime < 1200
+
+
+def cached(name: str, limit: int | None = None):
+    """The saved model `name` (bilstm, bilm, elmo), trained first when missing; quick runs use a scratch cache."""
+    folder = CACHE / (f"quick-{name}" if limit else name)
+    if name == "bilm":
+        return BiLM.load(folder) if (folder / "bilm.json").exists() else train_bilm(folder, limit)
+    while not limit and not (folder / "config.json").exists() and _training(folder):
+        logging.getLogger("benchmarks.tagger").info("waiting for %s, training in the background", folder)
+        time.sleep(20)
+    if (folder / "config.json").exists():
+        return BiLSTMTagger.load(folder)
+    elmo = None
+    if name == "elmo":
+        cached("bilm", limit)
+        elmo = CACHE / ("quick-bilm" if limit else "bilm")
+    return train_bilstm(folder, limit, elmo=elmo)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    torch.set_num_threads(1)
+    if sys.argv[1] == "finish":
+        finish(sys.argv[2])
+    else:
+        cached(sys.argv[1])

@@ -1,0 +1,414 @@
+"""BiLSTM part-of-speech tagger (Plank, Søgaard & Goldberg 2016; Ma & Hovy 2016), optionally with
+ELMo features (Peters et al. 2018). Same interface as `models.hmm.HMMTagger`: `fit(sentences, dev=...)`,
+`tag(words)`, `tag_many(sentences)`, `tag_text(text)`, `is_known(word)`, `save(dir)` / `load(dir)`.
+
+Per word: [word embedding; char-CNN vector (spelling, for rare and unknown words); ELMo mix
+γ · Σ_j softmax(s)_j h_j of a frozen biLM's layers (optional)] -> dropout -> stacked bidirectional
+LSTM (each position sees the whole sentence: forward states from the left, backward from the right,
+concatenated) -> dropout -> one linear + softmax layer per tag column.
+
+- Word embeddings are random, or start from pretrained vectors (any `embeddings` artifact, as gensim
+  KeyedVectors; their words join the vocabulary, so a word unseen in training but in the vectors keeps
+  its vector) and are frozen or fine-tuned (`freeze_embeddings`). Words are looked up lowercased
+  (`lowercase_words`); case stays visible to the char CNN.
+- Word dropout: a training word seen c times is replaced by `<unk>` with probability α / (α + c)
+  (Kiperwasser & Goldberg 2016), so the `<unk>` embedding is trained on rare-word contexts.
+- Training items are `(word, tag)` or `(word, tag, other)`: the third element (the other tag column,
+  XPOS for a UPOS tagger) trains a second output head with weight `aux_weight` (multi-task, one joint
+  model); `tag_many(..., head=1)` returns that column.
+- Trained with `models.batch_train` (the project's training loop over whole sentences: AdamW, schedule,
+  clipping, checkpoints/resume, CUDA with bf16 autocast, progress with rate and ETA), early stopping on
+  dev accuracy of the first head.
+- Sequences are packed: padding never reaches a real position, so a sentence's tags do not depend on
+  the other sentences of its batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from lexiflow.models import text
+from lexiflow.models.batch_train import TrainConfig, train_sentences
+from lexiflow.models.char_encoder import CharCNN, CharVocab
+from lexiflow.models.device import resolve_device
+from lexiflow.models.elmo import BiLM, ScalarMix, run_lstm
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.lm.train import find_checkpoint, load_module_tensors, module_tensors
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+logger = logging.getLogger("lexiflow.neural_tagger")
+
+UNK, PAD = 0, 3  # the project's word ids: 0 <unk>, 1 <s>, 2 </s>, 3 <pad>
+SPECIALS = ["<unk>", "<s>", "</s>", "<pad>"]
+IGNORE = -100
+_DIGITS = re.compile(r"\d")
+
+
+@dataclass
+class TaggerConfig:
+    """Everything that defines a BiLSTM tagger and its training (`train`: the project's TrainConfig)."""
+
+    word_dim: int = 100  # with pretrained vectors: their width
+    lowercase_words: bool = True
+    freeze_embeddings: bool = False  # pretrained vectors only
+    pretrained_max_words: int = 200_000  # pretrained words added to the vocabulary (most frequent first)
+    word_dropout_alpha: float = 0.25  # p(<unk>) = α / (α + count)
+    char_dim: int = 32
+    char_filters: int = 64
+    char_kernels: tuple[int, ...] = (2, 3, 4)
+    hidden_dim: int = 150  # per direction
+    num_layers: int = 2
+    bidirectional: bool = True  # False: a left-to-right LSTM (the baseline the notes contrast)
+    dropout: float = 0.33
+    aux_weight: float = 1.0  # loss weight of the second tag column, when items carry one (0: ignore it)
+    elmo: bool = False  # mix a frozen biLM's layers into the input (fit(..., bilm=...))
+    elmo_dropout: float = 0.5
+    tag_batch_size: int = 256
+    train: TrainConfig = field(default_factory=lambda: TrainConfig(epochs=30, batch_size=32, lr=2e-3,
+                                                                    clip_grad_norm=5.0, patience=5,
+                                                                    warmup_steps=100, min_lr_ratio=0.05))
+
+    def validate(self) -> None:
+        checks = [
+            ("word_dim", self.word_dim >= 1, "use 1 or more"), ("hidden_dim", self.hidden_dim >= 1, "use 1 or more"),
+            ("num_layers", self.num_layers >= 1, "use 1 or more"),
+            ("dropout", 0 <= self.dropout < 1, "use a fraction in [0, 1)"),
+            ("elmo_dropout", 0 <= self.elmo_dropout < 1, "use a fraction in [0, 1)"),
+            ("word_dropout_alpha", self.word_dropout_alpha >= 0, "use 0 (off) or more"),
+            ("aux_weight", self.aux_weight >= 0, "use 0 (no second head) or more"),
+            ("char_kernels", len(self.char_kernels) > 0 and min(self.char_kernels) >= 1, "use widths >= 1"),
+            ("tag_batch_size", self.tag_batch_size >= 1, "use 1 or more"),
+        ]
+        for name, ok, fix in checks:
+            if not ok:
+                raise ParameterError(f"TaggerConfig.{name}={getattr(self, name)!r} is invalid: {fix}")
+        self.train.validate()
+
+
+def config_from_dict(d: dict) -> TaggerConfig:
+    return TaggerConfig(**{**d, "char_kernels": tuple(d["char_kernels"]), "train": TrainConfig(**d["train"])})
+
+
+class TaggerModule(nn.Module):
+    def __init__(self, config: TaggerConfig, n_words: int, n_chars: int, n_tags: Sequence[int],
+                 bilm: nn.Module | None = None) -> None:
+        super().__init__()
+        self.config = config
+        self.embedding = nn.Embedding(n_words, config.word_dim, padding_idx=PAD)
+        self.chars = CharCNN(n_chars, config.char_dim, config.char_filters, config.char_kernels)
+        in_dim = config.word_dim + self.chars.out_dim
+        self.bilm = bilm
+        if bilm is not None:
+            bilm.requires_grad_(False)  # frozen: only the mix is the tagger's
+            self.mix = ScalarMix(bilm.n_layers)
+            self.elmo_drop = nn.Dropout(config.elmo_dropout)
+            in_dim += bilm.out_dim
+        self.drop = nn.Dropout(config.dropout)
+        self.lstm = nn.LSTM(in_dim, config.hidden_dim, num_layers=config.num_layers, batch_first=True,
+                            bidirectional=config.bidirectional,
+                            dropout=config.dropout if config.num_layers > 1 else 0.0)
+        out = config.hidden_dim * (2 if config.bidirectional else 1)
+        self.heads = nn.ModuleList(nn.Linear(out, k) for k in n_tags)
+
+    def train(self, mode: bool = True) -> TaggerModule:
+        super().train(mode)
+        if self.bilm is not None:
+            self.bilm.eval()  # frozen features: no dropout in the biLM
+        return self
+
+    def forward(self, batch: dict) -> list[torch.Tensor]:
+        """Per head (B, T, K) tag scores."""
+        x = [self.embedding(batch["words"]), self.chars(batch["chars"])[batch["inverse"]]]
+        if self.bilm is not None:
+            layers = batch.get("elmo")  # precomputed (training: the biLM is frozen, its layers never change)
+            if layers is None:
+                with torch.no_grad():
+                    layers = torch.stack(self.bilm(batch["bilm"]))[:, :, 1:-1]  # (L+1, B, T, 2d): words only
+            x.append(self.elmo_drop(self.mix(layers)))
+        h = run_lstm(self.lstm, self.drop(torch.cat(x, dim=-1)), batch["lengths"])
+        h = self.drop(h)
+        return [head(h) for head in self.heads]
+
+
+class BiLSTMTagger:
+    """`BiLSTMTagger(TaggerConfig()).fit(train, dev=dev)`; items (word, tag) or (word, tag, other tag)."""
+
+    def __init__(self, config: TaggerConfig | None = None) -> None:
+        self.config = config or TaggerConfig()
+        self.config.validate()
+        self.words: list[str] = []
+        self.word_counts: np.ndarray = np.zeros(0)
+        self.known: set[str] = set()
+        self.tags: list[list[str]] = []
+        self.chars: CharVocab | None = None
+        self.bilm: BiLM | None = None
+        self.module_: TaggerModule | None = None
+        self.history_: list[dict] = []
+        self.dev_accuracy_: float | None = None
+
+    # ---- vocabulary and batches
+    def _form(self, word: str) -> str:
+        w = _DIGITS.sub("0", word)  # numbers share embeddings; the char CNN still sees the digits
+        return w.lower() if self.config.lowercase_words else w
+
+    def _set_words(self, words: list[str]) -> None:
+        self.words = words
+        self._index = {w: i for i, w in enumerate(words)}
+
+    def is_known(self, word: str) -> bool:
+        """Whether the word form occurred in the training sentences (for known/unknown accuracy)."""
+        return word in self.known
+
+    def batch(self, sentences: Sequence[Sequence[str]], device: torch.device | str = "cpu",
+              word_dropout: bool = False, elmo: Sequence[np.ndarray] | None = None) -> dict:
+        """Padded tensors for the module; `elmo`: the sentences' biLM layers, when computed already."""
+        lengths = torch.tensor([len(s) for s in sentences])
+        words = torch.full((len(sentences), int(lengths.max())), PAD, dtype=torch.long)
+        inverse = torch.zeros_like(words)
+        forms: dict[str, int] = {}
+        for i, s in enumerate(sentences):
+            words[i, : len(s)] = torch.tensor([self._index.get(self._form(w), UNK) for w in s])
+            inverse[i, : len(s)] = torch.tensor([forms.setdefault(w, len(forms)) for w in s])
+        if word_dropout and self.config.word_dropout_alpha > 0:
+            a = self.config.word_dropout_alpha
+            counts = torch.from_numpy(self.word_counts)[words]
+            drop = torch.rand(words.shape) < a / (a + counts)
+            words = words.masked_fill(drop & (words != PAD), UNK)
+        batch = {"words": words.to(device), "chars": self.chars.encode(list(forms)).to(device),
+                 "inverse": inverse.to(device), "lengths": lengths}
+        if elmo is not None:
+            layers = np.zeros((elmo[0].shape[0], len(sentences), words.shape[1], elmo[0].shape[2]), dtype=np.float32)
+            for i, a in enumerate(elmo):
+                layers[:, i, : a.shape[1]] = a
+            batch["elmo"] = torch.from_numpy(layers).to(device)
+        elif self.bilm is not None:
+            batch["bilm"] = self.bilm.batch(sentences, device)
+        return batch
+
+    # ---- training
+    def fit(self, sentences: Sequence[Sequence[tuple[str, ...]]],
+            dev: Sequence[Sequence[tuple[str, ...]]] | None = None, vectors=None, bilm: BiLM | None = None,
+            on_step=None) -> BiLSTMTagger:
+        """Train on tagged sentences; `dev` (same items) for early stopping; `vectors`: pretrained word
+        vectors (gensim KeyedVectors, e.g. `lexiflow.loaders.load(store, "embeddings", v)`); `bilm`: a trained BiLM
+        (needs `config.elmo`); `on_step(step, loss)`: the training loop's per-step callback."""
+        cfg = self.config
+        train = _check_tagged(sentences, "sentences")
+        dev_items = _check_tagged(dev, "dev") if dev else None
+        self._prepare(train, vectors, bilm)
+        n_heads = len(self.tags)
+        module = self.module_
+        words_of = [[t[0] for t in s] for s in train]
+        tag_index = [{t: i for i, t in enumerate(tags)} for tags in self.tags]
+        targets = [[torch.tensor([tag_index[h][t[h + 1]] for t in s]) for s in train] for h in range(n_heads)]
+        weights = [1.0, cfg.aux_weight]
+
+        elmo = self._elmo_layers(words_of) if bilm is not None else None
+
+        def batch_loss(idx: np.ndarray, device: torch.device) -> tuple[torch.Tensor, int]:
+            logits = module(self.batch([words_of[i] for i in idx], device, word_dropout=True,
+                                       elmo=[elmo[i] for i in idx] if elmo is not None else None))
+            total = 0.0
+            for h, lg in enumerate(logits):
+                y = torch.nn.utils.rnn.pad_sequence([targets[h][i] for i in idx], batch_first=True,
+                                                    padding_value=IGNORE).to(device)
+                total = total + weights[h] * F.cross_entropy(lg.float().reshape(-1, lg.shape[-1]), y.reshape(-1),
+                                                             ignore_index=IGNORE, reduction="sum")
+            return total, int(sum(len(words_of[i]) for i in idx))
+
+        dev_words = [[t[0] for t in s] for s in dev_items] if dev_items else None
+        dev_gold = [t[1] for s in dev_items for t in s] if dev_items else None
+
+        def score() -> float:
+            pred = [t for s in self.tag_many(dev_words) for t in s]
+            return float(np.mean(np.asarray(pred, dtype=object) == np.asarray(dev_gold, dtype=object)))
+
+        self.history_ = train_sentences(module, [len(s) for s in words_of], batch_loss, cfg.train,
+                                        score=score if dev_items else None, name="tagger.train",
+                                        on_step=on_step)
+        scores = [r["dev_score"] for r in self.history_ if r["dev_score"] is not None]
+        self.dev_accuracy_ = max(scores) if scores else None
+        return self
+
+    def _prepare(self, train: list[list[tuple[str, ...]]], vectors, bilm: BiLM | None) -> None:
+        """Vocabularies, tag sets and the untrained module (deterministic in the training sentences)."""
+        cfg = self.config
+        if cfg.elmo and bilm is None:
+            raise ParameterError("TaggerConfig.elmo=True needs a trained biLM: fit(..., bilm=BiLM.load(dir))")
+        if bilm is not None and not cfg.elmo:
+            raise ParameterError("a biLM was given but TaggerConfig.elmo=False: set elmo=True or leave bilm out")
+        n_heads = 2 if cfg.aux_weight > 0 and all(len(t) >= 3 for s in train for t in s) else 1
+        self.tags = [sorted({t[h + 1] for s in train for t in s}) for h in range(n_heads)]
+        counts = Counter(self._form(t[0]) for s in train for t in s)
+        words = SPECIALS + sorted(counts, key=lambda w: (-counts[w], w))
+        if vectors is not None:
+            if cfg.word_dim != vectors.vector_size:
+                cfg.word_dim = vectors.vector_size  # the vectors decide the width
+            have = set(words)
+            top = vectors.index_to_key[: cfg.pretrained_max_words]
+            words += [w for w in top if self._form(w) == w and w not in have]  # as looked up, new
+        self._set_words(words)
+        self.word_counts = np.array([counts.get(w, 0) for w in words], dtype=np.float32)
+        self.known = {t[0] for s in train for t in s}
+        self.chars = CharVocab.build(t[0] for s in train for t in s)
+        self.bilm = bilm
+        torch.manual_seed(cfg.train.seed)
+        self.module_ = TaggerModule(cfg, len(words), len(self.chars), [len(t) for t in self.tags],
+                                    bilm.module_ if bilm is not None else None)
+        if vectors is not None:
+            self._init_vectors(vectors)
+
+    @classmethod
+    def from_checkpoint(cls, config: TaggerConfig, sentences: Sequence[Sequence[tuple[str, ...]]],
+                        bilm: BiLM | None = None) -> BiLSTMTagger:
+        """The best epoch so far of a training run still going (or stopped) with `config.train.checkpoint_dir`:
+        the same training sentences rebuild the vocabularies, the checkpoint gives the weights and history."""
+        path = find_checkpoint(config.train.checkpoint_dir)
+        if path is None:
+            raise InputError(f"{config.train.checkpoint_dir}: no training checkpoint; train with checkpoint_dir set")
+        tagger = cls(config)
+        tagger._prepare(_check_tagged(sentences, "sentences"), None, bilm)
+        best = path / "best.safetensors"
+        weights = best if best.exists() else path / "model.safetensors"
+        load_module_tensors(tagger.module_, load_file(str(weights)), str(weights))
+        tagger.module_.eval()
+        tagger.history_ = json.loads((path / "trainer.json").read_text())["history"]
+        scores = [r["dev_score"] for r in tagger.history_ if r["dev_score"] is not None]
+        tagger.dev_accuracy_ = max(scores) if scores else None
+        return tagger
+
+    def _elmo_layers(self, sentences: list[list[str]], batch_size: int = 64) -> list[np.ndarray]:
+        """The frozen biLM's layers for every training sentence, once (float16 in memory: (L+1)·2d per token)."""
+        self.bilm.module_.to(resolve_device(self.config.train.device, "train.device"))
+        out: list[np.ndarray] = []
+        for lo in range(0, len(sentences), batch_size):
+            out.extend(a.astype(np.float16) for a in self.bilm.layers(sentences[lo : lo + batch_size]))
+        logger.info("ELMo layers of %d training sentences computed", len(sentences))
+        return out
+
+    def _init_vectors(self, vectors) -> None:
+        emb = self.module_.embedding.weight
+        with torch.no_grad():
+            hits = 0
+            for i, w in enumerate(self.words):
+                key = w if w in vectors.key_to_index else None
+                if key is not None:
+                    emb[i] = torch.tensor(np.asarray(vectors[key], dtype=np.float32))
+                    hits += 1
+            logger.info("pretrained vectors cover %d of %d vocabulary words", hits, len(self.words))
+        emb.requires_grad_(not self.config.freeze_embeddings)
+
+    # ---- tagging
+    def tag(self, words: Sequence[str], head: int = 0) -> list[str]:
+        return self.tag_many([words], head=head)[0]
+
+    @torch.no_grad()
+    def tag_many(self, sentences: Sequence[Sequence[str]], head: int = 0, **_ignored) -> list[list[str]]:
+        """Tags per sentence (`head=1`: the second tag column of a joint model). Decoding keywords of
+        the HMM (`method`, `beam_width`) are accepted and ignored: each token's tag is its argmax."""
+        if self.module_ is None:
+            raise ParameterError("the tagger is not trained: call fit(...) or load(dir) first")
+        if not 0 <= head < len(self.tags):
+            raise ParameterError(f"head={head}: this tagger has {len(self.tags)} tag column(s)")
+        sents = _check_words(sentences)
+        module = self.module_
+        device = next(module.parameters()).device
+        was = module.training
+        module.eval()
+        out: list[list[str]] = [[] for _ in sents]
+        order = sorted((i for i, s in enumerate(sents) if s), key=lambda i: len(sents[i]))
+        bs = self.config.tag_batch_size
+        for lo in range(0, len(order), bs):
+            idx = order[lo : lo + bs]
+            logits = module(self.batch([sents[i] for i in idx], device))[head]
+            best = logits.argmax(-1).cpu().numpy()
+            for row, i in enumerate(idx):
+                out[i] = [self.tags[head][k] for k in best[row, : len(sents[i])]]
+        module.train(was)
+        return out
+
+    def tag_text(self, raw: str, head: int = 0) -> list[list[tuple[str, str]]]:
+        """Split plain text into sentences and words (`models.text`) and tag them."""
+        sents = [text.pretokenize(s) for s in text.split_sentences(raw)]
+        sents = [s for s in sents if s]
+        return [list(zip(s, t, strict=True)) for s, t in zip(sents, self.tag_many(sents, head=head), strict=True)]
+
+    def to(self, device: str) -> BiLSTMTagger:
+        """Move the model (tagging then runs there): 'cpu', 'cuda', 'auto'."""
+        self.module_.to(resolve_device(device, "device"))
+        return self
+
+    # ---- persistence
+    def save(self, directory: str | Path) -> None:
+        d = Path(directory)
+        d.mkdir(parents=True, exist_ok=True)
+        state = {"model": "bilstm", "config": asdict(self.config), "words": self.words,
+                 "word_counts": self.word_counts.tolist(), "known": sorted(self.known), "tags": self.tags,
+                 "chars": self.chars.chars, "max_chars": self.chars.max_chars, "history": self.history_,
+                 "dev_accuracy": self.dev_accuracy_, "bilm": self.bilm.state() if self.bilm is not None else None}
+        (d / "config.json").write_text(json.dumps(state, indent=1))
+        save_file(module_tensors(self.module_), str(d / "model.safetensors"))
+
+    @classmethod
+    def load(cls, directory: str | Path) -> BiLSTMTagger:
+        d = Path(directory)
+        if not (d / "config.json").exists() or not (d / "model.safetensors").exists():
+            raise InputError(f"{d}: no config.json and model.safetensors; give a folder a BiLSTMTagger was saved to")
+        state = json.loads((d / "config.json").read_text())
+        tagger = cls(config_from_dict(state["config"]))
+        tagger._set_words(state["words"])
+        tagger.word_counts = np.array(state["word_counts"], dtype=np.float32)
+        tagger.known = set(state["known"])
+        tagger.tags = state["tags"]
+        tagger.chars = CharVocab(state["chars"], state["max_chars"])
+        tagger.history_, tagger.dev_accuracy_ = state["history"], state["dev_accuracy"]
+        tagger.bilm = BiLM.from_state(state["bilm"]) if state["bilm"] else None
+        tagger.module_ = TaggerModule(tagger.config, len(tagger.words), len(tagger.chars),
+                                      [len(t) for t in tagger.tags],
+                                      tagger.bilm.module_ if tagger.bilm is not None else None)
+        load_module_tensors(tagger.module_, load_file(str(d / "model.safetensors")), str(d / "model.safetensors"))
+        tagger.module_.eval()
+        return tagger
+
+    def elmo_weights(self) -> dict[str, list[float] | float] | None:
+        """The learned layer weights softmax(s) and scale γ (None without ELMo)."""
+        if self.bilm is None:
+            return None
+        mix = self.module_.mix
+        return {"weights": mix.weights().detach().tolist(), "gamma": float(mix.gamma.detach())}
+
+
+def _check_tagged(sentences, name: str) -> list[list[tuple[str, ...]]]:
+    out = []
+    for i, s in enumerate(sentences or []):
+        items = list(s)
+        for j, t in enumerate(items):
+            if not isinstance(t, (tuple, list)) or len(t) < 2 or not all(isinstance(x, str) and x for x in t):
+                raise InputError(f"{name}[{i}][{j}]: expected a (word, tag) or (word, tag, other) tuple of "
+                                 f"non-empty strings, got {t!r}")
+        if items:
+            out.append([tuple(t) for t in items])
+    if not out:
+        raise InputError(f"{name}: no tagged sentence; give lists of (word, tag) tuples")
+    return out
+
+
+def _check_words(sentences) -> list[list[str]]:
+    if isinstance(sentences, str):
+        raise InputError("tag_many: give a list of sentences (lists of words), not a string; use tag_text for text")
+    out = []
+    for i, s in enumerate(sentences):
+        if isinstance(s, str) or not all(isinstance(w, str) and w for w in s):
+            raise InputError(f"sentence {i}: give a list of non-empty word strings")
+        out.append(list(s))
+    return out

@@ -1,0 +1,44 @@
+"""The `elmo` stage: an ELMo-style biLM (`models.elmo.BiLM`) trained on the corpus's train split,
+early-stopped on its valid split; the `bilstm+elmo` tagger reads its layers as features. Training
+checkpoints into the artifact's scratch folder, so a killed or retried run resumes."""
+
+from __future__ import annotations
+
+import polars as pl
+from lexiflow.models import elmo as bilm_module
+from lexiflow.models import text
+from lexiflow.models.errors import InputError
+from lexiflow.models.lm import train
+from lexiflow.storage import ArtifactRef, ArtifactWriter
+from lexiflow.storage.formats import read_manifest, read_table
+from lexiflow.tasks.params import ElmoParams
+from lexiflow.tasks.stage import stage
+
+
+def bilm_config(params: ElmoParams, lowercase: bool, scratch: str) -> bilm_module.BiLMConfig:
+    schedule = train.TrainConfig(epochs=params.epochs, batch_size=params.batch_size, lr=params.lr, clip_grad_norm=5.0,
+                                 patience=1, warmup_steps=100, device=params.device, seed=params.seed,
+                                 checkpoint_dir=scratch, checkpoint_every=200)
+    return bilm_module.BiLMConfig(token_input=params.token_input, dim=params.dim, hidden_dim=params.hidden_dim,
+                                  num_layers=params.num_layers, max_vocab=params.max_vocab, lowercase=lowercase,
+                                  train=schedule)
+
+
+@stage("elmo")
+def train_elmo(out: ArtifactWriter, corpus: ArtifactRef, params: ElmoParams) -> None:
+    docs = read_table(corpus, "documents.parquet")
+    split = {name: text.sentence_words(docs.filter(pl.col("split") == name)["text"].to_list())
+             for name in ("train", "valid")}
+    if not split["train"]:
+        raise InputError(f"corpus {corpus.version} has no train sentences: the biLM needs text to learn from")
+    # A lowercased corpus trains a lowercasing biLM: the tagger's cased words are lowercased before it reads them.
+    lowercase = bool(read_manifest(corpus)["parameters"].get("params", {}).get("lowercase", False))
+    bilm = bilm_module.BiLM(bilm_config(params, lowercase, str(out.scratch)))
+    bilm.fit(split["train"], dev=split["valid"] or None)
+    bilm.save(out.folder)
+    last = bilm.history_[-1]
+    dev_loss = bilm.perplexity_loss(split["valid"]) if split["valid"] else None
+    out.metrics.update({"sentences": len(split["train"]), "tokens": sum(map(len, split["train"])),
+                        "vocabulary": len(bilm.words), "layers": bilm.module_.n_layers, "dim": bilm.module_.out_dim,
+                        "epochs": len(bilm.history_), "train_loss": last["train_loss"], "valid_loss": dev_loss,
+                        "tokens_per_s": last["tokens_per_s"], "lowercase": lowercase})
