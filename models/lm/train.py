@@ -409,130 +409,196 @@ class StopTraining(Exception):
     """Raise from an `on_step` callback to stop at once (what a kill looks like to the loop)."""
 
 
-def train(module: LMModule, train_stream: np.ndarray, valid_stream: np.ndarray | None, cfg: TrainConfig, *,
-          bos_id: int, pad_id: int, window: int,
-          on_step: Callable[[int, float], None] | None = None) -> list[dict]:
-    """Train `module` in place on the stream; return per-epoch metrics rows.
+class TrainTask:
+    """What the loop trains on: the batches of each epoch, the loss of one batch, the validation score.
 
-    `window` is the bptt length the module accepts (Transformer: min(bptt, max_len)).
-    `on_step(step, loss)` is called after every optimizer step with the global batch's mean loss (raise
-    StopTraining to simulate a kill). Inside a torch.distributed group every rank calls this with the
-    same arguments and trains its shard of each batch (see the module docstring).
+    The loop (`Trainer`) owns everything else: optimizer, schedule, clipping, autocast, checkpoints and
+    resume, early stopping, progress, data parallelism's gradient averaging. A task's batches of an epoch
+    must depend on the epoch number only (not on RNG state), so a resumed run walks the same batches.
     """
-    cfg.validate()
-    rank, world = dist_info()
-    if cfg.batch_size % world:
-        raise ParameterError(f"TrainConfig.batch_size={cfg.batch_size} is not divisible by the world size {world}: "
-                             "use a multiple of the number of processes (the global batch is split evenly)")
-    device = resolve_device(cfg.device, "neural.device")
-    module.to(device)
-    module.train()
-    full = batchify(train_stream, cfg.batch_size)
-    rows = cfg.batch_size // world
-    data = full[rank * rows : (rank + 1) * rows]  # this rank's shard of every batch (all of it in one process)
-    if world > 1:
-        logger.info("rank %d/%d trains rows %d-%d of %d", rank, world, rank * rows, (rank + 1) * rows - 1,
-                    cfg.batch_size)
-        torch.manual_seed(cfg.seed * 1000 + rank)  # independent dropout masks per rank (weights already equal)
-    valid = batchify(valid_stream, min(cfg.eval_batch_size, max(1, len(valid_stream) // 2))) \
-        if valid_stream is not None else None
-    per_epoch = len(range(0, data.shape[1] - 1, window))
-    total_steps = cfg.epochs * per_epoch if cfg.max_steps is None else min(cfg.max_steps, cfg.epochs * per_epoch)
-    opt = make_optimizer(module, cfg)
-    embedding = getattr(module, "embedding", None)
-    sparse = sparse_embedding_grads(module, cfg, world)
-    if isinstance(embedding, torch.nn.Embedding):
-        embedding.sparse = sparse  # set on every run: one that was killed may have left it on
-    fwd = torch.compile(module) if cfg.compile else module
-    if world > 1:
-        from torch.nn.parallel import DistributedDataParallel
 
-        # Buffers (sinusoidal positions) never change: no per-step broadcast.
-        fwd = DistributedDataParallel(fwd, device_ids=[device] if device.type == "cuda" else None,
-                                      broadcast_buffers=False)
+    tokens_per_step: float = 1.0  # input tokens of one global batch (progress and its ETA)
 
-    pos, history, best = _Position(), [], None
-    state: tuple[torch.Tensor, ...] | None = None
-    ckpt = _find_checkpoint(cfg.checkpoint_dir)
-    if ckpt is not None:
-        pos, carried, history, best = _load_checkpoint(ckpt, module, opt, device)
-        state = carried if carried else None
-        if rank == 0:
-            logger.info("resuming from %s at step %d (epoch %d, window %d)", ckpt, pos.step, pos.epoch + 1,
-                        pos.batch)
-    ckpt_path = Path(cfg.checkpoint_dir) / "checkpoint" if cfg.checkpoint_dir else None
-    first_step = pos.step  # 0, or where the resumed run picks up
+    def epoch_batches(self, epoch: int) -> Sequence[Any]:  # pragma: no cover
+        raise NotImplementedError
 
-    def checkpoint() -> None:
-        if ckpt_path is None:
+    def loss(self, fwd: Callable, batch: Any, state: Any, device: torch.device,
+             ) -> tuple[torch.Tensor, int, int, Any]:  # pragma: no cover
+        """(summed NLL of this rank's rows (a tensor with a graph), predicted tokens in the global batch,
+        input tokens in the global batch, the carried state)."""
+        raise NotImplementedError
+
+    def evaluate(self, module: torch.nn.Module, device: torch.device, precision: str) -> tuple[float, int] | None:
+        """(summed NLL, predicted tokens) on the validation data, or None without one."""
+        return None
+
+
+class LMStreamTask(TrainTask):
+    """Next-token prediction on one batchified stream, in bptt windows with the state carried (see the
+    module docstring); under data parallelism this rank's rows of every batch."""
+
+    def __init__(self, train_stream: np.ndarray, valid_stream: np.ndarray | None, cfg: TrainConfig, *,
+                 bos_id: int, pad_id: int, window: int) -> None:
+        rank, world = dist_info()
+        self.full = batchify(train_stream, cfg.batch_size)
+        rows = cfg.batch_size // world
+        self.data = self.full[rank * rows : (rank + 1) * rows]  # this rank's shard (all of it in one process)
+        if world > 1:
+            logger.info("rank %d/%d trains rows %d-%d of %d", rank, world, rank * rows, (rank + 1) * rows - 1,
+                        cfg.batch_size)
+        self.valid = batchify(valid_stream, min(cfg.eval_batch_size, max(1, len(valid_stream) // 2))) \
+            if valid_stream is not None else None
+        self.bos_id, self.pad_id, self.window, self.world = bos_id, pad_id, window, world
+        self.tokens_per_step = cfg.batch_size * window
+
+    def epoch_batches(self, epoch: int) -> list[tuple[int, int]]:
+        return list(windows(self.data.shape[1], self.window))
+
+    def loss(self, fwd, batch, state, device):
+        i, length = batch
+        x = self.data[:, i : i + length].to(device, non_blocking=True)
+        y = targets_of(self.data[:, i + 1 : i + 1 + length], self.bos_id, self.pad_id).to(device, non_blocking=True)
+        # Tokens predicted in the global batch (every rank holds the whole stream: no communication).
+        n = int((targets_of(self.full[:, i + 1 : i + 1 + length], self.bos_id, self.pad_id) != IGNORE).sum()) \
+            if self.world > 1 else int((y != IGNORE).sum())
+        if state is not None:
+            state = tuple(s.detach() for s in state)  # truncated BPTT: keep the values, drop the graph
+        logits, state = fwd(x, state)
+        nll = F.cross_entropy(*flat_logits(logits.float(), y), ignore_index=IGNORE, reduction="sum")
+        return nll, n, x.numel() * self.world, state
+
+    def evaluate(self, module, device, precision):
+        if self.valid is None:
+            return None
+        return evaluate(module, self.valid, self.window, device, precision, self.bos_id, self.pad_id)
+
+
+class Trainer:
+    """The loop: `Trainer(module, task, cfg).run()` trains `module` in place and returns per-epoch rows.
+
+    `step(batch)` is one optimizer step; `end_epoch()` scores validation, keeps the best weights, decides
+    early stopping and checkpoints. `on_step(step, loss)` is called after every optimizer step with the
+    global batch's mean loss (raise StopTraining to simulate a kill). Inside a torch.distributed group every
+    rank runs the same loop on its shard of each batch (see the module docstring).
+    """
+
+    def __init__(self, module: torch.nn.Module, task: TrainTask, cfg: TrainConfig, *, name: str = "lm.train",
+                 on_step: Callable[[int, float], None] | None = None) -> None:
+        cfg.validate()
+        self.rank, self.world = dist_info()
+        if cfg.batch_size % self.world:
+            raise ParameterError(f"TrainConfig.batch_size={cfg.batch_size} is not divisible by the world size "
+                                 f"{self.world}: use a multiple of the number of processes (the global batch is split "
+                                 "evenly)")
+        self.module, self.task, self.cfg, self.name, self.on_step = module, task, cfg, name, on_step
+        self.device = device = resolve_device(cfg.device, "neural.device")
+        module.to(device)
+        module.train()
+        if self.world > 1:
+            torch.manual_seed(cfg.seed * 1000 + self.rank)  # independent dropout masks per rank (weights equal)
+        per_epoch = len(task.epoch_batches(0))
+        self.total_steps = cfg.epochs * per_epoch if cfg.max_steps is None else min(cfg.max_steps,
+                                                                                   cfg.epochs * per_epoch)
+        self.opt = make_optimizer(module, cfg)
+        self.embedding = getattr(module, "embedding", None)
+        self.sparse = sparse_embedding_grads(module, cfg, self.world)
+        if isinstance(self.embedding, torch.nn.Embedding):
+            self.embedding.sparse = self.sparse  # set on every run: one that was killed may have left it on
+        fwd = torch.compile(module) if cfg.compile else module
+        if self.world > 1:
+            from torch.nn.parallel import DistributedDataParallel
+
+            # Buffers (sinusoidal positions) never change: no per-step broadcast.
+            fwd = DistributedDataParallel(fwd, device_ids=[device] if device.type == "cuda" else None,
+                                          broadcast_buffers=False)
+        self.fwd = fwd
+        self.pos, self.history, self.best = _Position(), [], None
+        self.state: Any = None
+        ckpt = _find_checkpoint(cfg.checkpoint_dir)
+        if ckpt is not None:
+            self.pos, carried, self.history, self.best = _load_checkpoint(ckpt, module, self.opt, device)
+            self.state = carried if carried else None
+            if self.rank == 0:
+                logger.info("resuming from %s at step %d (epoch %d, batch %d)", ckpt, self.pos.step,
+                            self.pos.epoch + 1, self.pos.batch)
+        self.ckpt_path = Path(cfg.checkpoint_dir) / "checkpoint" if cfg.checkpoint_dir else None
+        self.first_step = self.pos.step  # 0, or where the resumed run picks up
+        self.progress = Progress(name, total=self.total_steps * task.tokens_per_step, unit="tokens",
+                                 every_s=cfg.log_every_s if self.rank == 0 else math.inf,
+                                 done=self.pos.step * task.tokens_per_step)
+        self._t0 = time.perf_counter()
+
+    def checkpoint(self) -> None:
+        if self.ckpt_path is None:
             return
-        carry, rank_rng = state or (), None
-        if world > 1:  # collective: every rank sends its rows and RNG state, rank 0 writes
-            carry, rank_rng = _gather_rows(carry, module.state_batch_dim), _gather_rng(device)
-        if rank == 0:
-            _save_checkpoint(ckpt_path, module, opt, pos, carry, history, best, rank_rng)
+        carry, rank_rng = self.state or (), None
+        if self.world > 1:  # collective: every rank sends its rows and RNG state, rank 0 writes
+            carry = _gather_rows(carry, getattr(self.module, "state_batch_dim", 0))
+            rank_rng = _gather_rng(self.device)
+        if self.rank == 0:
+            _save_checkpoint(self.ckpt_path, self.module, self.opt, self.pos, carry, self.history, self.best, rank_rng)
 
-    progress = Progress("lm.train", total=total_steps * cfg.batch_size * window, unit="tokens",
-                        every_s=cfg.log_every_s if rank == 0 else math.inf, done=pos.step * cfg.batch_size * window)
-    while not pos.done and pos.epoch < cfg.epochs and pos.step < total_steps:
-        if pos.batch == 0:
-            state = None  # each epoch starts the stream afresh
-        t0 = time.perf_counter()
-        for b, (i, length) in enumerate(windows(data.shape[1], window)):
-            if b < pos.batch:
-                continue  # resumed mid-epoch: these windows were done before the kill
-            if pos.step >= total_steps:
-                break
-            lr = lr_at(pos.step, cfg, total_steps)
-            for group in opt.param_groups:
-                group["lr"] = lr
-            x = data[:, i : i + length].to(device, non_blocking=True)
-            y = targets_of(data[:, i + 1 : i + 1 + length], bos_id, pad_id).to(device, non_blocking=True)
-            # Tokens predicted in the global batch (every rank holds the whole stream: no communication).
-            n = int((targets_of(full[:, i + 1 : i + 1 + length], bos_id, pad_id) != IGNORE).sum()) if world > 1 \
-                else int((y != IGNORE).sum())
-            if state is not None:
-                state = tuple(s.detach() for s in state)  # truncated BPTT: keep the values, drop the graph
-            with autocast(device, cfg.precision):
-                logits, state = fwd(x, state)
-            nll = F.cross_entropy(*flat_logits(logits.float(), y),
-                                  ignore_index=IGNORE, reduction="sum")
-            # DDP averages gradients over the W ranks: W * (rank's summed NLL) / n gives the global mean's gradient.
-            loss = nll * (world / max(n, 1))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.clip_grad_norm is not None:
-                clip_grad_norm(module.parameters(), cfg.clip_grad_norm)
-            opt.step()
-            if world > 1:
-                nll = nll.detach().clone()
-                dist.all_reduce(nll)  # the global batch's summed NLL, for the reported loss
-            loss_value = nll.item() / max(n, 1)
-            pos.step += 1
-            pos.batch = b + 1
-            pos.epoch_loss += loss_value * n
-            pos.epoch_count += n
-            pos.epoch_tokens += x.numel() * world
-            progress.update(x.numel() * world)
-            if not math.isfinite(loss_value):
-                raise ParameterError(f"training diverged at step {pos.step} (loss {loss_value}): "
-                                     "lower TrainConfig.lr or set clip_grad_norm")
-            if cfg.checkpoint_every and pos.step % cfg.checkpoint_every == 0:
-                pos.epoch_seconds += time.perf_counter() - t0
-                t0 = time.perf_counter()
-                checkpoint()
-            if on_step is not None:
-                on_step(pos.step, loss_value)
-        pos.epoch_seconds += time.perf_counter() - t0
-        history.append(_epoch_row(module, pos, valid, window, device, cfg, bos_id, pad_id))
-        row = history[-1]
-        if rank == 0:
+    def step(self, batch: Any) -> float:
+        """One optimizer step on `batch`; returns the global batch's mean loss."""
+        pos, cfg, opt = self.pos, self.cfg, self.opt
+        lr = lr_at(pos.step, cfg, self.total_steps)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        with autocast(self.device, cfg.precision):
+            nll, n, n_input, self.state = self.task.loss(self.fwd, batch, self.state, self.device)
+        # DDP averages gradients over the W ranks: W * (rank's summed NLL) / n gives the global mean's gradient.
+        loss = nll * (self.world / max(n, 1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.clip_grad_norm is not None:
+            clip_grad_norm(self.module.parameters(), cfg.clip_grad_norm)
+        opt.step()
+        if self.world > 1:
+            nll = nll.detach().clone()
+            dist.all_reduce(nll)  # the global batch's summed NLL, for the reported loss
+        loss_value = nll.item() / max(n, 1)
+        pos.step += 1
+        pos.batch += 1
+        pos.epoch_loss += loss_value * n
+        pos.epoch_count += n
+        pos.epoch_tokens += n_input
+        self.progress.update(n_input)
+        if not math.isfinite(loss_value):
+            raise ParameterError(f"training diverged at step {pos.step} (loss {loss_value}): "
+                                 "lower TrainConfig.lr or set clip_grad_norm")
+        if cfg.checkpoint_every and pos.step % cfg.checkpoint_every == 0:
+            self._lap()
+            self.checkpoint()
+        if self.on_step is not None:
+            self.on_step(pos.step, loss_value)
+        return loss_value
+
+    def _lap(self) -> None:
+        """Add the time since the last lap to the epoch's training time (checkpoint writing is not training)."""
+        now = time.perf_counter()
+        self.pos.epoch_seconds += now - self._t0
+        self._t0 = now
+
+    def end_epoch(self) -> dict:
+        """Validation, best weights, early stopping, the epoch's metrics row, a checkpoint."""
+        pos, cfg = self.pos, self.cfg
+        self._lap()
+        train_loss = pos.epoch_loss / max(pos.epoch_count, 1)
+        scored = self.task.evaluate(self.module, self.device, cfg.precision)
+        valid_loss = scored[0] / max(scored[1], 1) if scored is not None else None
+        row = {
+            "epoch": pos.epoch + 1, "step": pos.step, "train_loss": train_loss, "train_ppl": perplexity(train_loss),
+            "valid_loss": valid_loss, "valid_ppl": perplexity(valid_loss) if valid_loss is not None else None,
+            "tokens_per_s": pos.epoch_tokens / max(pos.epoch_seconds, 1e-9), "seconds": pos.epoch_seconds,
+        }
+        self.history.append(row)
+        if self.rank == 0:
             logger.info("epoch %d: train ppl %.2f, valid ppl %s, %.0f tokens/s", row["epoch"], row["train_ppl"],
-                        f"{row['valid_ppl']:.2f}" if row["valid_ppl"] is not None else "-", row["tokens_per_s"])
-        if row["valid_loss"] is not None:
-            if row["valid_loss"] < pos.best_valid:
-                pos.best_valid, pos.bad_epochs = row["valid_loss"], 0
-                best = {k: v.clone() for k, v in module_tensors(module).items()}
+                        f"{row['valid_ppl']:.2f}" if valid_loss is not None else "-", row["tokens_per_s"])
+        if valid_loss is not None:
+            if valid_loss < pos.best_valid:
+                pos.best_valid, pos.bad_epochs = valid_loss, 0
+                self.best = {k: v.clone() for k, v in module_tensors(self.module).items()}
             else:
                 pos.bad_epochs += 1
                 if cfg.patience is not None and pos.bad_epochs >= cfg.patience:
@@ -542,18 +608,43 @@ def train(module: LMModule, train_stream: np.ndarray, valid_stream: np.ndarray |
         pos.epoch += 1
         pos.batch = 0
         pos.epoch_loss, pos.epoch_count, pos.epoch_tokens, pos.epoch_seconds = 0.0, 0, 0, 0.0
-        checkpoint()
-    if rank == 0:
-        progress.close()
-        logger.info("trained %d steps in this process (steps %d-%d of %d)", pos.step - first_step, first_step + 1,
-                    pos.step, total_steps)
-    if sparse:
-        embedding.sparse = False
-        embedding.weight.grad = None  # a later dense backward must not add to a sparse leftover
-    if best is not None:
-        load_module_tensors(module, best, "best weights")  # early stopping keeps the best epoch
-    module.eval()
-    return history
+        self.checkpoint()
+        return row
+
+    def run(self) -> list[dict]:
+        pos = self.pos
+        while not pos.done and pos.epoch < self.cfg.epochs and pos.step < self.total_steps:
+            if pos.batch == 0:
+                self.state = None  # each epoch starts afresh
+            self._t0 = time.perf_counter()
+            for batch in self.task.epoch_batches(pos.epoch)[pos.batch:]:  # resumed mid-epoch: skip what was done
+                if pos.step >= self.total_steps:
+                    break
+                self.step(batch)
+            self.end_epoch()
+        if self.rank == 0:
+            self.progress.close()
+            logger.info("trained %d steps in this process (steps %d-%d of %d)", pos.step - self.first_step,
+                        self.first_step + 1, pos.step, self.total_steps)
+        if self.sparse:
+            self.embedding.sparse = False
+            self.embedding.weight.grad = None  # a later dense backward must not add to a sparse leftover
+        if self.best is not None:
+            load_module_tensors(self.module, self.best, "best weights")  # early stopping keeps the best epoch
+        self.module.eval()
+        return self.history
+
+
+def train(module: LMModule, train_stream: np.ndarray, valid_stream: np.ndarray | None, cfg: TrainConfig, *,
+          bos_id: int, pad_id: int, window: int,
+          on_step: Callable[[int, float], None] | None = None) -> list[dict]:
+    """Train an LM `module` in place on the stream; return per-epoch metrics rows.
+
+    `window` is the bptt length the module accepts (Transformer: min(bptt, max_len)).
+    """
+    cfg.validate()
+    task = LMStreamTask(train_stream, valid_stream, cfg, bos_id=bos_id, pad_id=pad_id, window=window)
+    return Trainer(module, task, cfg, on_step=on_step).run()
 
 
 def perplexity(loss: float) -> float:
@@ -562,22 +653,3 @@ def perplexity(loss: float) -> float:
         return math.exp(loss)
     except OverflowError:
         return math.inf
-
-
-def _epoch_row(module: LMModule, pos: _Position, valid: torch.Tensor | None, window: int, device: torch.device,
-               cfg: TrainConfig, bos_id: int, pad_id: int) -> dict:
-    train_loss = pos.epoch_loss / max(pos.epoch_count, 1)
-    valid_loss = None
-    if valid is not None:
-        nll, count = evaluate(module, valid, window, device, cfg.precision, bos_id, pad_id)
-        valid_loss = nll / max(count, 1)
-    return {
-        "epoch": pos.epoch + 1,
-        "step": pos.step,
-        "train_loss": train_loss,
-        "train_ppl": perplexity(train_loss),
-        "valid_loss": valid_loss,
-        "valid_ppl": perplexity(valid_loss) if valid_loss is not None else None,
-        "tokens_per_s": pos.epoch_tokens / max(pos.epoch_seconds, 1e-9),
-        "seconds": pos.epoch_seconds,
-    }

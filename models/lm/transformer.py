@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from lexiflow.models.errors import ParameterError
 from lexiflow.models.lm.neural import LMConfig, LMModule, NeuralLM, State, TieWeights
+from lexiflow.models.transformer_blocks import sinusoidal_positions
 from pydantic import Field
 from torch import nn
 
@@ -39,16 +40,6 @@ class TransformerConfig(LMConfig):
         super().validate()
         if self.d_model % self.n_heads:
             raise ParameterError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
-
-
-def sinusoidal_positions(n: int, d: int) -> torch.Tensor:
-    """(n, d) table: PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(p / 10000^(2i/d))."""
-    pos = torch.arange(n, dtype=torch.float32)[:, None]
-    inv = torch.exp(-math.log(10000.0) * torch.arange(0, d, 2, dtype=torch.float32) / d)  # (ceil(d/2),)
-    pe = torch.zeros(n, d)
-    pe[:, 0::2] = torch.sin(pos * inv)
-    pe[:, 1::2] = torch.cos(pos * inv)[:, : d // 2]
-    return pe
 
 
 def count_parameters(c: TransformerConfig) -> int:
