@@ -134,6 +134,14 @@ def load_tagger(store: ArtifactStore, manifest: dict[str, Any]):
         return HMMTagger.load(folder)
 
 
+def load_encoder(store: ArtifactStore, manifest: dict[str, Any]):
+    """The MLM-pretrained encoder (`MaskedLM`: `.model` the torch module, `.config`, `.metrics`)."""
+    from lexiflow.models.encoder import MaskedLM
+
+    with local_folder(store, manifest) as folder:
+        return MaskedLM.load(folder)
+
+
 LOADERS: dict[str, Loader] = {
     "tagger": load_tagger,
     "corpus": _table("documents.parquet"),
@@ -145,6 +153,7 @@ LOADERS: dict[str, Loader] = {
     "embeddings": load_embeddings,
     "evaluation": load_evaluation,
     "lm": load_lm,
+    "encoder": load_encoder,
     "report": load_report,
 }
 

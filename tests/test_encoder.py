@@ -70,3 +70,19 @@ def test_resumed_pretraining_equals_uninterrupted(tmp_path):
 def test_ids_outside_the_vocabulary_fail_before_training():
     with pytest.raises(InputError, match="outside"):
         MaskedLM(tiny()).fit([np.array([5, 99])])
+
+
+def test_encoder_artifact_loads_through_the_catalog(tmp_path):
+    from lexiflow.storage.catalog import Catalog
+    from lexiflow.storage.store import ArtifactStore
+
+    mlm = MaskedLM(tiny(), TrainConfig(epochs=1, batch_size=16, checkpoint_every=0, log_every_s=1e9))
+    mlm.fit(corpus(32, 0), corpus(8, 1), pppl_sentences=2)
+    store = ArtifactStore(str(tmp_path))
+    with store.writer("encoder", "0123456789abcdef") as out:
+        mlm.save(out.folder)
+        out.metrics.update(mlm.metrics)
+    loaded = Catalog(store).load("encoder")
+    ids = torch.tensor([[CLS_ID, 5, 6, 7, SEP_ID]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(ids), mlm.model(ids))
