@@ -22,7 +22,7 @@ def enwiki_ids() -> tuple[np.ndarray, np.ndarray, int]:
     corpus = build_corpus(resolve_sources(["builtin:enwiki"]), IngestOptions())
     sentences = sentence_tokens(corpus.documents)
     vocab = Vocabulary.count(sentences["words"], min_count=5)
-    ids, offsets = id_stream(vocab.encode(sentences["words"]), min_id=len(SPECIALS))
+    ids, offsets = id_stream(vocab.encode_batch(sentences["words"], is_pretokenized=True), min_id=len(SPECIALS))
     return ids, offsets, len(vocab)
 
 

@@ -97,7 +97,7 @@ def prepare(path: Path, window: int = WINDOW, sample: float | None = None, seed:
 
     tokens = pl.read_parquet(path)["tokens"]
     vocab = Vocabulary.count(tokens, min_count=MIN_COUNT)
-    flat, offsets = id_stream(vocab.encode(tokens), min_id=len(SPECIALS))
+    flat, offsets = id_stream(vocab.encode_batch(tokens, is_pretokenized=True), min_id=len(SPECIALS))
     defaults = CooccurrenceParams()
     threshold = defaults.subsample if sample is None else sample
     keep_prob = keep_probabilities(np.bincount(flat, minlength=len(vocab)), threshold)

@@ -55,7 +55,7 @@ def run(quick: bool = False) -> list[Row]:
     size = dict(d_model=128, n_layers=2, n_heads=4, max_len=128)
 
     def enc(texts: list[str]) -> list[np.ndarray]:  # long lines (WikiText paragraphs) in pieces that fit
-        out = [np.asarray(tok.encode_ids(t), dtype=np.int64) for t in texts]
+        out = [np.asarray(tok.encode(t), dtype=np.int64) for t in texts]
         step = size["max_len"] - 2
         return [ids[i:i + step] for ids in out for i in range(0, len(ids), step)]
 

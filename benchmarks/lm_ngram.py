@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from lexiflow.models.lm.decoding import generate
 from lexiflow.models.lm.ngram import NgramLM
 
 from benchmarks.harness import SHARED_DATA, Row
@@ -103,4 +104,25 @@ def run(quick: bool) -> list[Row]:
                 target="ratio <= 0.01", met=(fit_s + score_s) <= 0.01 * (nltk_fit_s + n_test / nltk_tps),
                 notes="NLTK scoring time extrapolated from its measured tokens/s"),
         ]
+        rows.append(beam_row(kn, test, order))
     return rows
+
+
+def beam_row(lm: NgramLM, test: list[np.ndarray], order: int, width: int = 5, new_tokens: int = 30) -> Row:
+    """Beam search as `lexiflow generate` runs it (one `log_probs_batch` call a step for every live
+    hypothesis) against scoring each hypothesis in its own call (the CLI before), same prompts."""
+    prompts = [[1, *s[:3].tolist()] for s in test[:20]]
+
+    def one_at_a_time(contexts):
+        return np.stack([lm.log_probs(c) for c in contexts])
+
+    times = {}
+    for name, scorer in (("batched", lm.log_probs_batch), ("single", one_at_a_time)):
+        start = time.perf_counter()
+        outputs = [generate(scorer, p, "beam", width=width, max_new_tokens=new_tokens) for p in prompts]
+        times[name] = time.perf_counter() - start
+        times[name + "_out"] = outputs
+    assert times["batched_out"] == times["single_out"]  # the same hypotheses win
+    return Row("lm_ngram", f"KN{order} beam search width {width}, {new_tokens} new tokens, {len(prompts)} prompts",
+               "seconds", times["batched"], times["single"], "the same beam scoring one hypothesis a call",
+               higher_is_better=False, notes="same outputs; V = " + str(lm.vocab_size_))

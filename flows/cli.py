@@ -287,7 +287,7 @@ STRATEGY_OPTIONS = {"beam": ("width",), "sample": ("temperature", "top_k", "top_
 
 def cmd_generate(args: argparse.Namespace) -> int:
     """Continue a prompt with a trained language model and its own tokenizer."""
-    import polars as pl
+    from lexiflow.loaders import load
     from lexiflow.models.errors import ParameterError
     from lexiflow.models.lm.decoding import generate
     from lexiflow.models.text import normalize
@@ -303,23 +303,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise ParameterError(f"--max-tokens={args.max_tokens}: generate 0 tokens or more")
     catalog = read_catalog(args.store)
     manifest = catalog.get("lm", None if args.lm == "latest" else args.lm)
-    model = catalog.load("lm", manifest["version"])
+    model = load(catalog, "lm", manifest["version"])
     tokenizer_manifest = catalog.get("tokenizer", manifest["inputs"]["tokenizer"]["version"])
-    tokenizer = catalog.load("tokenizer", tokenizer_manifest["version"])
+    tokenizer = load(catalog, "tokenizer", tokenizer_manifest["version"])
     text = normalize(args.prompt, lowercase=catalog.lowercased(tokenizer_manifest))  # as the corpus text was
-    prompt = tokenizer.encode_corpus(pl.Series([text]))[0].to_list()
-    bos = getattr(tokenizer, "bos_id", 1)
-    options.update(max_new_tokens=args.max_tokens, eos_id=getattr(tokenizer, "eos_id", 2))
-    new = generate(model.log_probs, [bos, *prompt], strategy=args.strategy, **options)
+    prompt = tokenizer.encode(text)
+    options.update(max_new_tokens=args.max_tokens, eos_id=tokenizer.eos_id)
+    new = generate(model.log_probs_batch, [tokenizer.bos_id, *prompt], strategy=args.strategy, **options)
     print(tokenizer.decode(prompt + new))
     return 0
 
 
 def cmd_export(args: argparse.Namespace) -> int:
+    from lexiflow.loaders import EXPORT_EXTRAS
     from lexiflow.storage.export import export
 
     kind, _, version = args.artifact.partition(":")
-    for path in export(read_catalog(args.store), kind, version or None, args.dest):
+    for path in export(read_catalog(args.store), kind, version or None, args.dest, EXPORT_EXTRAS):
         print(path)
     return 0
 

@@ -128,7 +128,7 @@ def report_markdown(title: str, results: dict[str, dict]) -> str:
              "|---|" + "---|" * len(cols)]
     for name, res in results.items():
         m = res["metrics"]
-        lines.append(f"| {name} | " + " | ".join(_fmt(m[c[0]]) for c in cols) + " |")
+        lines.append(f"| {name} | " + " | ".join(format_cell(m[c[0]]) for c in cols) + " |")
     for name, res in results.items():
         lines += ["", f"## Nearest neighbours — {name}", ""]
         for probe, group in res["neighbours"].group_by("probe", maintain_order=True):
@@ -138,11 +138,11 @@ def report_markdown(title: str, results: dict[str, dict]) -> str:
                   "|---|---|---|---|"]
         for row in res["analogy_sections"].iter_rows(named=True):
             lines.append(f"| {row['section']} | {row['covered']}/{row['questions']} | "
-                         f"{_fmt(row['add_accuracy'])} | {_fmt(row['mul_accuracy'])} |")
+                         f"{format_cell(row['add_accuracy'])} | {format_cell(row['mul_accuracy'])} |")
     return "\n".join(lines) + "\n"
 
 
-def _fmt(v) -> str:
+def format_cell(v) -> str:
     """A figure for the reports: no value (None, NaN) is "–"; manifests write an infinity "Infinity"."""
     if isinstance(v, str) and v in ("Infinity", "-Infinity"):
         v = float(v)

@@ -56,8 +56,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from typing import Annotated, Any, Literal
+from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import numpy as np
 import scipy.sparse as sp
@@ -65,6 +65,7 @@ import torch
 from lexiflow.models.config import check
 from lexiflow.models.device import Device, resolve_device
 from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.estimator import Estimator
 from lexiflow.models.progress import Progress
 from lexiflow.models.vectors import reweight_spectrum
 from pydantic import Field
@@ -128,7 +129,7 @@ def initial_parameters(vocab_size: int, dim: int, seed: int) -> list[np.ndarray]
     return [((torch.rand(shape, generator=gen) - 0.5) / dim).numpy() for shape in shapes]
 
 
-class GloVe:
+class GloVe(Estimator):
     """GloVe estimator: `GloVe(...).fit(cooccurrence).vectors_` (V × dim float32, w + w̃)."""
 
     def __init__(
@@ -153,15 +154,9 @@ class GloVe:
         self.adagrad_init, self.negative, self.negative_weight = adagrad_init, negative, negative_weight
         self.negative_bound, self.spectrum_power = negative_bound, spectrum_power
 
-    def get_params(self) -> dict[str, Any]:
-        """The configuration as a JSON-ready dict (what determines the vectors)."""
-        return asdict(self.config)
-
     @property
     def config(self) -> GloVeConfig:
-        return GloVeConfig(self.dim, self.x_max, self.alpha, self.epochs, self.lr, self.batch_size,
-                           self.optimizer, self.adagrad_init, self.negative, self.negative_weight,
-                           self.negative_bound, self.spectrum_power, self.device, self.seed)
+        return GloVeConfig(**self.get_params())
 
     def fit(
         self,

@@ -7,12 +7,16 @@ broken by the word's code points (so the same counts always give the same ids). 
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Annotated
+from functools import cached_property
+from pathlib import Path
+from typing import Annotated, ClassVar
 
 import numpy as np
 import polars as pl
-from lexiflow.models.errors import ParameterError
+from lexiflow.models.errors import InputError, ParameterError
 from pydantic import Field
 
 SPECIALS = ("<unk>", "<s>", "</s>", "<pad>")
@@ -21,7 +25,8 @@ UNK_ID, BOS_ID, EOS_ID, PAD_ID = range(4)
 
 @dataclass(frozen=True)
 class Vocabulary:
-    """Tokens by id and their training counts (specials count 0)."""
+    """Tokens by id and their training counts (specials count 0); a tokenizer with the interface of
+    `models.tokenizers` (`encode(text) -> ids`, `encode_batch`, `decode`, `tokenize`, `token_to_id`)."""
 
     frame: pl.DataFrame  # id: UInt32, token: String, count: UInt64
 
@@ -64,23 +69,82 @@ class Vocabulary:
     def counts(self) -> np.ndarray:
         return self.frame["count"].to_numpy()
 
-    def encode_corpus(self, texts: pl.Series) -> pl.Series:
-        """Texts -> id lists, through the word pre-tokenizer (the subword tokenizers' interface)."""
-        from lexiflow.models.text import pretokenize_expr
+    # ---- the tokenizer interface (shared with models.tokenizers' BPE and WordPiece) ---------------
+    unk_id: ClassVar[int] = UNK_ID
+    bos_id: ClassVar[int] = BOS_ID
+    eos_id: ClassVar[int] = EOS_ID
+    pad_id: ClassVar[int] = PAD_ID
 
-        return self.encode(texts.to_frame("t").select(pretokenize_expr(pl.col("t")))["t"])
+    @classmethod
+    def load(cls, directory: str | Path) -> Vocabulary:
+        """The word-level `tokenizer` artifact in `directory` (its `vocab.parquet`)."""
+        path = Path(directory) / "vocab.parquet"
+        try:
+            frame = pl.read_parquet(path)
+        except (OSError, pl.exceptions.PolarsError) as exc:
+            raise InputError(f"{path}: cannot read the vocabulary ({exc}); is {directory} a word tokenizer?") from exc
+        return cls(frame.sort("id"))
 
-    def decode(self, ids) -> str:
-        """Words joined by spaces; `<s>`, `</s>`, `<pad>` dropped (the subword tokenizers' interface)."""
+    @cached_property
+    def _ids(self) -> dict[str, int]:
+        return dict(zip(self.frame["token"], self.frame["id"], strict=True))
+
+    def token_to_id(self, token: str) -> int | None:
+        return self._ids.get(token)
+
+    def id_to_token(self, i: int) -> str:
+        return self.tokens[i]
+
+    def encode(self, text: str) -> list[int]:
+        """Ids of one text's words (the word pre-tokenizer); unknown words -> `<unk>`."""
+        return self.encode_batch(pl.Series([text], dtype=pl.String))[0].to_list()
+
+    def tokenize(self, text: str) -> list[str]:
+        """The vocabulary entries `encode` gives, as strings (`<unk>` for unknown words)."""
+        return [self.id_to_token(i) for i in self.encode(text)]
+
+    def encode_batch(self, texts: pl.Series | Sequence[str] | Sequence[Sequence[str]], *,
+                     is_pretokenized: bool = False) -> pl.Series:
+        """One `list[u32]` of ids per text (a Series, for corpora; `.to_list()` gives lists of ints).
+        `is_pretokenized`: each item is already a list of words."""
+        if not isinstance(texts, pl.Series):
+            texts = pl.Series(texts, dtype=pl.List(pl.String) if is_pretokenized else pl.String)
+        if not is_pretokenized:
+            from lexiflow.models.text import pretokenize_expr
+
+            texts = texts.to_frame("t").select(pretokenize_expr(pl.col("t")))["t"]
+        return texts.list.eval(
+            pl.element().replace_strict(self._ids, default=UNK_ID, return_dtype=pl.UInt32)
+        ).alias("ids")
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Words joined by spaces; `<s>`, `</s>`, `<pad>` dropped."""
         tokens = self.tokens
         return " ".join(tokens[i] for i in ids if i not in (BOS_ID, EOS_ID, PAD_ID))
 
-    def encode(self, token_lists: pl.Series) -> pl.Series:
-        """Token lists -> id lists (UInt32), unknown words -> `<unk>`."""
-        mapping = dict(zip(self.frame["token"], self.frame["id"], strict=True))
-        return token_lists.list.eval(
-            pl.element().replace_strict(mapping, default=UNK_ID, return_dtype=pl.UInt32)
-        ).alias("ids")
+    def to_hf_json(self, pattern: str, lowercase: bool) -> str:
+        """A Hugging Face `tokenizer.json` (WordLevel model) that encodes as `encode` does, for text
+        normalized as the corpus was (`lowercase`). Pre-tokenization splits on whitespace, then
+        isolates every match of the word `pattern` (the artifact's), which covers every non-space
+        character, so it yields exactly our pre-tokenizer's tokens."""
+        tokens = self.tokens
+        return json.dumps({
+            "version": "1.0",
+            "truncation": None,
+            "padding": None,
+            "added_tokens": [{"id": i, "content": token, "single_word": False, "lstrip": False, "rstrip": False,
+                              "normalized": False, "special": True}
+                             for i, token in enumerate(tokens) if token in SPECIALS],
+            "normalizer": {"type": "Lowercase"} if lowercase else None,
+            "pre_tokenizer": {"type": "Sequence", "pretokenizers": [
+                {"type": "WhitespaceSplit"},
+                {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False},
+            ]},
+            "post_processor": None,
+            "decoder": None,
+            "model": {"type": "WordLevel", "vocab": {token: i for i, token in enumerate(tokens)},
+                      "unk_token": SPECIALS[UNK_ID]},
+        }, ensure_ascii=False)
 
 
 def token_counts(token_lists: pl.Series) -> pl.DataFrame:

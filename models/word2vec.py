@@ -29,7 +29,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -41,6 +41,7 @@ from gensim.models.callbacks import CallbackAny2Vec
 from gensim.models.word2vec_inner import MAX_WORDS_IN_BATCH
 from lexiflow.models.config import check
 from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.estimator import Estimator
 from lexiflow.models.progress import Progress
 from lexiflow.models.text import pretokenize_expr
 from lexiflow.models.vocab import SPECIALS, Vocabulary
@@ -110,7 +111,7 @@ class Word2VecConfig:
             raise ParameterError(f"Word2Vec min_count={self.min_count!r}: must be at least 1")
 
 
-class Word2Vec:
+class Word2Vec(Estimator):
     """gensim word2vec estimator on lexiflow's vocabulary: `.fit(sentences, vocab).vectors_`."""
 
     def __init__(self, sg: bool = True, dim: int = 100, window: int = 5, negative: int = 5, sample: float = 1e-3,
@@ -122,11 +123,7 @@ class Word2Vec:
 
     @property
     def config(self) -> Word2VecConfig:
-        return Word2VecConfig(self.sg, self.dim, self.window, self.negative, self.sample, self.epochs,
-                              self.ns_exponent, self.seed, self.workers, self.min_count)
-
-    def get_params(self) -> dict[str, Any]:
-        return asdict(self.config)
+        return Word2VecConfig(**self.get_params())
 
     def gensim_kwargs(self) -> dict[str, Any]:
         """The same settings as `gensim.models.Word2Vec` keyword arguments (for a raw-gensim run)."""

@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from lexiflow.storage.store import (
-    _KIND,
-    _VERSION,
+    KIND_PATTERN,
     MANIFEST,
+    VERSION_PATTERN,
     ArtifactRef,
     ArtifactStore,
     StoreError,
@@ -30,7 +30,8 @@ log = logging.getLogger("lexiflow")
 
 
 class Catalog:
-    """Read side of a store: `Catalog(root).latest("embeddings")`, `.get(kind, version)`, `.lineage(version)`."""
+    """Read side of a store: `Catalog(root).latest("embeddings")`, `.get(kind, version)`, `.lineage(version)`.
+    An artifact as a model object: `lexiflow.loaders.load(catalog, kind, version)`."""
 
     def __init__(self, root: str | os.PathLike[str] | ArtifactStore = "artifacts",
                  storage_options: Mapping[str, Any] | None = None) -> None:
@@ -47,7 +48,7 @@ class Catalog:
         found = []
         for path in fs.glob(pattern):
             found_kind, found_version = path.rsplit("/", 3)[-3:-1]
-            if _KIND.fullmatch(found_kind) and _VERSION.fullmatch(found_version):
+            if KIND_PATTERN.fullmatch(found_kind) and VERSION_PATTERN.fullmatch(found_version):
                 found.append((found_kind, found_version))
         return sorted(found)
 
@@ -96,18 +97,6 @@ class Catalog:
     def ref(self, kind: str, version: str | None = None) -> ArtifactRef:
         manifest = self.get(kind, version)
         return self.store.ref(manifest["kind"], manifest["version"])
-
-    def load(self, kind: str, version: str | None = None) -> Any:
-        """The artifact as a natural object (the latest of the kind when version is None): polars
-        DataFrames (corpus, tokenized_corpus), `Vocabulary` (tokenizer), scipy + polars (cooccurrence,
-        ppmi), gensim `KeyedVectors` (embeddings), ... See storage/loaders.py (`LOADERS`)."""
-        from lexiflow.storage.loaders import LOADERS  # lazily: loaders import models/ inside their bodies
-
-        manifest = self.get(kind, version)
-        if manifest["kind"] not in LOADERS:
-            raise StoreError(f"no loader for {kind!r} artifacts (known: {', '.join(sorted(LOADERS))}); "
-                             f"read its files under {manifest['path']}")
-        return LOADERS[manifest["kind"]](self.store, manifest)
 
     def lowercased(self, manifest: dict[str, Any]) -> bool:
         """Whether the corpus an artifact (a tokenizer) was made from is lowercased: the corpus stage

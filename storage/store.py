@@ -59,8 +59,8 @@ SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 STAGING = ".staging"
 SCRATCH = ".scratch"
-_KIND = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
-_VERSION = re.compile(r"^[0-9a-f]{16}$")
+KIND_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
+VERSION_PATTERN = re.compile(r"^[0-9a-f]{16}$")
 _FILE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
@@ -105,13 +105,13 @@ def retry_transient(fn: Callable) -> Callable:
 
 
 def validate_kind(kind: str) -> str:
-    if not isinstance(kind, str) or not _KIND.fullmatch(kind):
+    if not isinstance(kind, str) or not KIND_PATTERN.fullmatch(kind):
         raise StoreError(f"invalid artifact kind {kind!r}: use lowercase letters, digits and '_'")
     return kind
 
 
 def validate_version(version: str) -> str:
-    if not isinstance(version, str) or not _VERSION.fullmatch(version):
+    if not isinstance(version, str) or not VERSION_PATTERN.fullmatch(version):
         raise StoreError(f"invalid artifact version {version!r}: expected 16 hexadecimal digits")
     return version
 
@@ -531,7 +531,7 @@ class ArtifactStore:
             folders: dict[str, list[dict[str, Any]]] = {}
             for path, info in self.fs.find(self.root, detail=True).items():
                 parts = path[len(self.root) + 1:].split("/")
-                if len(parts) == 3 and _KIND.fullmatch(parts[0]) and _VERSION.fullmatch(parts[1]):
+                if len(parts) == 3 and KIND_PATTERN.fullmatch(parts[0]) and VERSION_PATTERN.fullmatch(parts[1]):
                     folders.setdefault(f"{self.root}/{parts[0]}/{parts[1]}", []).append(info)
             for folder, infos in folders.items():
                 if all(not i["name"].endswith("/" + MANIFEST) for i in infos) and \

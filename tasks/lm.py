@@ -12,7 +12,7 @@ import polars as pl
 from lexiflow.models.config import from_section
 from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import ParameterError
-from lexiflow.models.lm import distributed, ffnn, neural, ngram, rnn, train, transformer
+from lexiflow.models.lm import distributed, neural, ngram, registry, train
 from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import read_manifest, read_table, read_vectors
 from lexiflow.tasks.params import NeuralLMParams, NgramParams
@@ -45,23 +45,18 @@ def pretrained_matrix(embeddings: ArtifactRef, tokens: list[str], dim: int, dim_
     return matrix
 
 
-# Each neural kind: its estimator, its config and what the pipeline sets itself (models/config.py).
-NEURAL = {"ffnn": (ffnn.FFNNLM, {}), "rnn": (rnn.RNNLM, {"cell": "rnn"}), "lstm": (rnn.RNNLM, {"cell": "lstm"}),
-          "gru": (rnn.RNNLM, {"cell": "gru"}), "transformer": (transformer.TransformerLM, {})}
+# What the pipeline sets itself in a kind's config, beyond its section (models/config.py).
+FIXED = {"rnn": {"cell": "rnn"}, "lstm": {"cell": "lstm"}, "gru": {"cell": "gru"}}
 
 
 def neural_model(kind: str, vocab_size: int, p: NeuralLMParams, out: ArtifactWriter,
                  embeddings: np.ndarray | None) -> neural.NeuralLM:
-    estimator, fixed = NEURAL[kind]
+    estimator, fixed = registry.KINDS[kind], FIXED.get(kind, {})
     schedule = from_section(train.TrainConfig, p, checkpoint_dir=str(out.scratch))
     return estimator(from_section(estimator.config_class, p, vocab_size=vocab_size, **fixed), schedule, embeddings)
 
 
-# The code each model kind trains with: its artifacts are versioned with that code only.
-MODEL_CODE = {"ngram": ngram, "ffnn": ffnn, "rnn": rnn, "lstm": rnn, "gru": rnn, "transformer": transformer}
-
-
-@stage("lm", variants=("model", MODEL_CODE))
+@stage("lm", variants=("model", registry.KINDS))  # each kind versioned with its own code
 def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, model: str,
              params: NgramParams | NeuralLMParams, embeddings: ArtifactRef | None = None) -> None:
     encoded_with = read_manifest(tokens)["inputs"].get("tokenizer")

@@ -34,7 +34,7 @@ def _copy_pngs(out: ArtifactWriter, ref: ArtifactRef, prefix: str) -> list[str]:
 def _table(rows: list[dict], columns: tuple[str, ...]) -> list[str]:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     for row in rows:
-        lines.append("| " + " | ".join(evaluation._fmt(row.get(c)) for c in columns) + " |")
+        lines.append("| " + " | ".join(evaluation.format_cell(row.get(c)) for c in columns) + " |")
     return lines
 
 

@@ -106,13 +106,9 @@ CANNOT_CHANGE_CONTENT = frozenset({
     "lexiflow.models.heap",  # allocator settings
     "lexiflow.tasks.stage", "lexiflow.storage.store",  # versioning and publishing; the layout has SCHEMA_VERSION
     "lexiflow.tasks.params",  # parameter models: their values are part of the version
-    "lexiflow.storage.catalog",  # reading inputs; what Catalog.load runs is in LOADED_BY
+    "lexiflow.storage.catalog",  # reading inputs: manifests and listings, no model objects
     "lexiflow.tasks.report_image",  # Prefect UI artifacts only, no file of the report
 })
-# A builder that reads inputs through the catalog depends on the loaders Catalog.load dispatches to:
-# they are hashed, not followed (each loader imports the models/ it loads with; a stage that uses
-# those models names them itself).
-LOADED_BY = {"lexiflow.storage.catalog": "lexiflow.storage.loaders"}
 
 
 def _versioned(name: str) -> bool:
@@ -136,16 +132,13 @@ def _imported_names(module_name: str) -> dict[str, str]:
 
 
 def _closure(modules: Iterable[str]) -> set[str]:
-    """The modules given and every lexiflow module they import, transitively (loaders: not followed)."""
+    """The modules given and every lexiflow module they import, transitively."""
     seen, todo = set(), list(modules)
     while todo:
         module = todo.pop()
-        if module in LOADED_BY and LOADED_BY[module] not in seen:
-            seen.add(LOADED_BY[module])
         if _versioned(module) and module not in seen:
             seen.add(module)
-            if module not in LOADED_BY.values():
-                todo += _imported_names(module).values()
+            todo += _imported_names(module).values()
     return seen
 
 

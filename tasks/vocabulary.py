@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import polars as pl
-from lexiflow.models import ingest, text, vocab
+from lexiflow.models import ingest, text, tokenizers, vocab
 from lexiflow.models.config import from_section
 from lexiflow.models.tokenizers import BPE, WordPiece
-from lexiflow.storage import ArtifactRef, ArtifactWriter, Catalog
+from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter
 from lexiflow.storage.formats import SHARDED_ROW_GROUP, TOKENS, VOCAB, count_rows, read_manifest, read_rows, read_table
 from lexiflow.tasks.parallel import (
     SHARD_TASK,
@@ -77,7 +77,8 @@ def learn_subword(out: ArtifactWriter, corpus: ArtifactRef, params: TokenizerPar
 def encode_shard(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: int, part: str | None) -> Any:
     """The sentences of documents [start, stop), encoded (doc_index counts from the corpus start)."""
     rows = vocab.sentences(read_rows(corpus, "documents.parquet", start, stop), first_doc=start)
-    ids = Catalog(tokenizer.store).load(tokenizer.kind, tokenizer.version).encode_corpus(rows["text"]).alias("ids")
+    with ArtifactStore(tokenizer.store).local_dir(tokenizer.kind, tokenizer.version) as folder:
+        ids = tokenizers.load(folder).encode_batch(rows["text"]).alias("ids")
     return deliver(rows.select("doc_index", "sentence", "split").with_columns(ids), part)
 
 

@@ -19,11 +19,11 @@ import polars as pl
 import pytest
 import scipy.sparse as sp
 from lexiflow.flows.cli import main as cli
-from lexiflow.models import text, vocab
+from lexiflow.loaders import LOADERS, EvaluationReport, MatrixArtifact, load
+from lexiflow.models import vocab
 from lexiflow.models.lm.ngram import NgramLM
 from lexiflow.storage import ArtifactStore, Catalog, StoreError
 from lexiflow.storage.formats import MATRIX, write_matrix
-from lexiflow.storage.loaders import LOADERS, EvaluationReport, MatrixArtifact
 from lexiflow.storage.store import storage_options_for
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.embeddings import svd_embeddings
@@ -70,20 +70,24 @@ def test_table_kinds_load_as_the_polars_frames_in_the_store(store):
     catalog = Catalog(store)
     for kind, name in (("corpus", "documents.parquet"), ("tokenized_corpus", "tokens.parquet")):
         manifest = catalog.latest(kind)
-        frame = catalog.load(kind)
+        frame = load(catalog, kind)
         assert isinstance(frame, pl.DataFrame) and frame.height > 100
         with store.local_copy(kind, manifest["version"], name) as path:
             assert frame.equals(pl.read_parquet(path))
-    assert catalog.load("corpus").columns == ["doc_id", "source", "split", "text"]
+    assert load(catalog, "corpus").columns == ["doc_id", "source", "split", "text"]
 
 
 def test_tokenizer_loads_as_the_vocabulary_that_encoded_the_corpus(store):
     catalog = Catalog(store)
-    vocabulary = catalog.load("tokenizer")
+    vocabulary = load(catalog, "tokenizer")
     assert isinstance(vocabulary, vocab.Vocabulary)
     assert vocabulary.tokens[:4] == list(vocab.SPECIALS)
-    sentences = vocab.sentence_tokens(catalog.load("corpus"))
-    assert vocabulary.encode(sentences["words"]).to_list() == catalog.load("tokenized_corpus")["ids"].to_list()
+    sentences = vocab.sentence_tokens(load(catalog, "corpus"))
+    encoded = load(catalog, "tokenized_corpus")["ids"].to_list()
+    assert vocabulary.encode_batch(sentences["words"], is_pretokenized=True).to_list() == encoded
+    texts = vocab.sentences(load(catalog, "corpus"))["text"]
+    assert vocabulary.encode_batch(texts).to_list() == encoded  # from text: the stage's own path
+    assert [vocabulary.encode(t) for t in texts[:50]] == encoded[:50]
 
 
 def test_matrix_loader_known_answer(store_url):
@@ -94,7 +98,7 @@ def test_matrix_loader_known_answer(store_url):
         write_matrix(out, "matrix.parquet", sp.csr_matrix(dense))
         out.write_parquet("vocab.parquet", pl.DataFrame({"id": [0, 1, 2], "token": ["a", "b", "c"],
                                                          "count": [3, 2, 1]}))
-    loaded = Catalog(s).load("ppmi")
+    loaded = load(Catalog(s), "ppmi")
     assert isinstance(loaded, MatrixArtifact) and loaded.term_document is None
     np.testing.assert_array_equal(loaded.matrix.toarray(), dense)
     cells = loaded.to_polars().sort("row", "col")
@@ -105,7 +109,7 @@ def test_matrix_loader_known_answer(store_url):
 
 
 def test_cooccurrence_loads_with_its_term_document_matrix(store):
-    counts = Catalog(store).load("cooccurrence")
+    counts = load(Catalog(store), "cooccurrence")
     n = counts.vocabulary.height
     assert counts.matrix.shape == (n, n) and (counts.matrix != counts.matrix.T).nnz == 0  # symmetric window
     assert counts.term_document.shape[0] == n
@@ -116,7 +120,7 @@ def test_embeddings_load_as_keyed_vectors_equal_to_gensims_reading_of_the_word2v
     from gensim.models import KeyedVectors
 
     manifest = Catalog(store).latest("embeddings")
-    kv = Catalog(store).load("embeddings")
+    kv = load(Catalog(store), "embeddings")
     with store.local_copy("embeddings", manifest["version"], "vectors.txt") as path:
         oracle = KeyedVectors.load_word2vec_format(str(path), binary=False)
     assert kv.index_to_key == oracle.index_to_key
@@ -127,14 +131,14 @@ def test_embeddings_load_as_keyed_vectors_equal_to_gensims_reading_of_the_word2v
 
 def test_evaluation_and_lm_load_with_the_manifest_figures(store):
     catalog = Catalog(store)
-    report = catalog.load("evaluation")
+    report = load(catalog, "evaluation")
     assert isinstance(report, EvaluationReport) and report.markdown.startswith("#")
     metrics = catalog.latest("evaluation")["metrics"]
     assert report.metrics["ws353_spearman"][0] == pytest.approx(metrics["ws353_spearman"])
-    lm = catalog.load("lm")
+    lm = load(catalog, "lm")
     assert isinstance(lm, NgramLM) and lm.order == 2
     valid = [np.asarray(ids, dtype=np.int64) for ids in
-             catalog.load("tokenized_corpus").filter(pl.col("split") == "valid")["ids"].to_list()]
+             load(catalog, "tokenized_corpus").filter(pl.col("split") == "valid")["ids"].to_list()]
     assert lm.perplexity(valid) == pytest.approx(catalog.latest("lm")["metrics"]["valid_perplexity"])
 
 
@@ -157,15 +161,15 @@ def test_reports_load_through_the_stores_retried_reads(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ArtifactStore, "open", flaky_open)
     catalog = Catalog(store)
-    assert catalog.load("report") == "# report\n"
-    assert catalog.load("evaluation").markdown == "# evaluation\n"
+    assert load(catalog, "report") == "# report\n"
+    assert load(catalog, "evaluation").markdown == "# evaluation\n"
     assert failures == ["report", "evaluation"]
 
 
 def test_get_by_version_lineage_and_unknown_kind(store):
     catalog = Catalog(store)
     emb = catalog.latest("embeddings")
-    assert catalog.load("embeddings", emb["version"]).index_to_key == catalog.load("embeddings").index_to_key
+    assert load(catalog, "embeddings", emb["version"]).index_to_key == load(catalog, "embeddings").index_to_key
     # The listed path is what a reader outside lexiflow opens: a full URL on an object store.
     assert emb["path"].startswith("s3://") != store.is_local
     fs, root = fsspec.core.url_to_fs(emb["path"], **storage_options_for(emb["path"]))
@@ -178,17 +182,19 @@ def test_get_by_version_lineage_and_unknown_kind(store):
     with store.writer("mystery", "00000000000000bb") as out:
         out.write_text("x.txt", "?")
     with pytest.raises(StoreError, match="no loader for 'mystery'"):
-        catalog.load("mystery")
+        load(catalog, "mystery")
     with pytest.raises(StoreError, match="no glove artifact"):
-        catalog.load("glove")
+        load(catalog, "glove")
 
 
-def test_storage_imports_no_models_until_a_loader_runs():
-    code = ("import sys, lexiflow.storage, lexiflow.storage.loaders, lexiflow.storage.export; "
+def test_storage_and_the_loaders_import_no_model_until_one_loads():
+    """storage/ imports no model (the loader map sits above both, in lexiflow.loaders, whose loaders
+    import a model only to load one)."""
+    code = ("import sys, lexiflow.storage, lexiflow.storage.export, lexiflow.storage.formats, lexiflow.loaders; "
             "print(sorted(m for m in sys.modules if m.startswith('lexiflow.models') "
             "or m.split('.')[0] in ('gensim', 'torch', 'prefect')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.strip() == "[]"  # the static check of storage/'s imports: tests/test_layers.py
 
 
 def test_export_embeddings_and_tokenizer_open_in_peer_libraries(store, tmp_path, capsys):
@@ -199,16 +205,16 @@ def test_export_embeddings_and_tokenizer_open_in_peer_libraries(store, tmp_path,
     printed = capsys.readouterr().out.split()
     assert {p.rsplit("/", 1)[1] for p in printed} >= {"vectors.txt", "vectors.bin", "vectors.parquet", "manifest.json"}
     kv = KeyedVectors.load_word2vec_format(str(tmp_path / "emb" / "vectors.bin"), binary=True)
-    np.testing.assert_allclose(kv.vectors, Catalog(store).load("embeddings").vectors, atol=1e-6)
+    np.testing.assert_allclose(kv.vectors, load(Catalog(store), "embeddings").vectors, atol=1e-6)
 
     version = Catalog(store).latest("tokenizer")["version"]
     assert cli(["artifacts", "export", f"tokenizer:{version}", str(tmp_path / "tok"), "--store", store.url]) == 0
     hf = Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json"))
-    vocabulary = Catalog(store).load("tokenizer")
+    vocabulary = load(Catalog(store), "tokenizer")
     sample = ["the prime minister's well-known plan cost 1,000.50 dollars <unk> today!",
               "Zyxwv qqq, mr. smith -- said (again) 3.14"]
     for sentence in sample:
-        ours = vocabulary.encode(pl.Series("words", [text.pretokenize(sentence.lower())])).to_list()[0]
+        ours = vocabulary.encode(sentence.lower())
         assert hf.encode(sentence).ids == ours  # the export lowercases, as the corpus stage did
     assert json.loads((tmp_path / "tok" / "manifest.json").read_text())["version"] == version
 

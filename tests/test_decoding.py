@@ -17,6 +17,11 @@ from lexiflow.models.lm.ngram import NgramLM
 BOS, EOS = 1, 2
 
 
+def batched(log_probs):
+    """The decoders' scorer, (B contexts) -> (B, V), from a one-context toy model."""
+    return lambda contexts: np.stack([log_probs(c) for c in contexts])
+
+
 def table_lm(table: dict[tuple[int, ...], dict[int, float]], vocab: int = 6):
     """log_probs from a hand-made table: generated suffix (after the prompt [BOS]) -> {token: prob}."""
 
@@ -27,7 +32,7 @@ def table_lm(table: dict[tuple[int, ...], dict[int, float]], vocab: int = 6):
         with np.errstate(divide="ignore"):
             return np.log(p)
 
-    return log_probs
+    return batched(log_probs)
 
 
 # <s> -> a (0.6) or b (0.4); a -> c / d / </s> (0.35 / 0.35 / 0.3); b -> </s> (0.9) or c (0.1); ...
@@ -80,20 +85,24 @@ def test_wide_beam_equals_exhaustive_search(seed: int, alpha: float) -> None:
             total = sum(lm([BOS, *seq[:i]])[t] for i, t in enumerate(seq))
             if total / length**alpha > best_score:
                 best, best_score = list(seq), total / length**alpha
-    assert beam(lm, [BOS], max_new_tokens=max_len, eos_id=EOS, width=64, alpha=alpha) == best
+    assert beam(batched(lm), [BOS], max_new_tokens=max_len, eos_id=EOS, width=64, alpha=alpha) == best
 
 
-def test_beam_batched_scoring_gives_the_same_result() -> None:
+def test_beam_scores_all_live_hypotheses_in_one_call_per_step() -> None:
     lm = _random_lm(7, vocab=6)
     calls = []
 
-    def batched(contexts: Sequence[Sequence[int]]) -> np.ndarray:
-        calls.append(len(contexts))
+    def scorer(contexts: Sequence[Sequence[int]]) -> np.ndarray:
+        calls.append([list(c) for c in contexts])
         return np.stack([lm(c) for c in contexts])
 
-    single = beam(lm, [BOS, 4], max_new_tokens=6, eos_id=EOS, width=3)
-    assert beam(lm, [BOS, 4], max_new_tokens=6, eos_id=EOS, width=3, batch_log_probs=batched) == single
-    assert max(calls) == 3
+    out = beam(scorer, [BOS, 4], max_new_tokens=6, eos_id=EOS, width=3)
+    assert [len(c) for c in calls] == [1, 3, 3, 3, 3, 3]  # one call a step; the prompt alone, then the beam
+    assert all(len({tuple(c) for c in step}) == len(step) for step in calls)  # distinct hypotheses
+    assert all(c[:2] == [BOS, 4] and len(c) == 2 + i for i, step in enumerate(calls) for c in step)
+    # the same answer as scoring each hypothesis on its own (a scorer that sees one context a call)
+    assert beam(lambda cs: np.concatenate([scorer([c]) for c in cs]), [BOS, 4], max_new_tokens=6, eos_id=EOS,
+                width=3) == out
 
 
 def test_top_k_keeps_exactly_the_k_most_probable() -> None:
@@ -128,7 +137,7 @@ def test_temperature_sharpens_and_flattens_and_zero_is_greedy() -> None:
     p2 = np.sqrt([0.1, 0.4, 0.2, 0.3])
     np.testing.assert_allclose(filter_probs(lp, temperature=2.0), p2 / p2.sum())
     np.testing.assert_allclose(filter_probs(lp, temperature=1e-3), [0, 1, 0, 0], atol=1e-12)
-    lm = _random_lm(3, vocab=8)
+    lm = batched(_random_lm(3, vocab=8))
     want = greedy(lm, [BOS], max_new_tokens=12, eos_id=EOS)
     for seed in range(5):
         assert sample(lm, [BOS], max_new_tokens=12, eos_id=EOS, temperature=0.0, seed=seed) == want
@@ -146,8 +155,8 @@ def test_tiny_temperature_is_greedy_and_nan_or_infinite_temperature_is_refused()
 def test_sampling_frequencies_follow_the_filtered_distribution_and_seed_is_deterministic() -> None:
     probs = np.array([0.05, 0.45, 0.2, 0.3])
 
-    def lm(context: Sequence[int]) -> np.ndarray:
-        return np.log(probs)
+    def lm(contexts: Sequence[Sequence[int]]) -> np.ndarray:
+        return np.log(np.tile(probs, (len(contexts), 1)))
 
     n = 6000
     draws = sample(lm, [BOS], max_new_tokens=n, eos_id=-1, top_k=3, temperature=1.0, seed=11)
@@ -178,8 +187,7 @@ def test_generate_dispatches_and_rejects_unknown_options() -> None:
 def test_decoding_an_ngram_model_reproduces_its_training_sentence() -> None:
     sentence = np.array([7, 5, 9, 4, 8])
     lm = NgramLM(order=3, smoothing="kneser_ney", discount=0.1).fit([sentence] * 3 + [np.array([5, 4])])
-    assert generate(lm.log_probs, [BOS], "greedy", max_new_tokens=10) == [*sentence.tolist(), EOS]
-    assert generate(lm.log_probs, [BOS], "beam", max_new_tokens=10, width=3,
-                    batch_log_probs=lm.batch_log_probs) == [*sentence.tolist(), EOS]
-    out = generate(lm.log_probs, [BOS, 7], "sample", max_new_tokens=10, top_p=0.5, seed=0)
+    assert generate(lm.log_probs_batch, [BOS], "greedy", max_new_tokens=10) == [*sentence.tolist(), EOS]
+    assert generate(lm.log_probs_batch, [BOS], "beam", max_new_tokens=10, width=3) == [*sentence.tolist(), EOS]
+    out = generate(lm.log_probs_batch, [BOS, 7], "sample", max_new_tokens=10, top_p=0.5, seed=0)
     assert out == [5, 9, 4, 8, EOS]

@@ -72,8 +72,8 @@ def test_ids_outside_the_vocabulary_fail_before_training():
         MaskedLM(tiny()).fit([np.array([5, 99])])
 
 
-def test_encoder_artifact_loads_through_the_catalog(tmp_path):
-    from lexiflow.storage.catalog import Catalog
+def test_encoder_artifact_loads_through_the_loaders(tmp_path):
+    from lexiflow.loaders import load
     from lexiflow.storage.store import ArtifactStore
 
     mlm = MaskedLM(tiny(), TrainConfig(epochs=1, batch_size=16, checkpoint_every=0, log_every_s=1e9))
@@ -82,7 +82,7 @@ def test_encoder_artifact_loads_through_the_catalog(tmp_path):
     with store.writer("encoder", "0123456789abcdef") as out:
         mlm.save(out.folder)
         out.metrics.update(mlm.metrics)
-    loaded = Catalog(store).load("encoder")
+    loaded = load(store, "encoder")
     ids = torch.tensor([[CLS_ID, 5, 6, 7, SEP_ID]])
     with torch.no_grad():
         torch.testing.assert_close(loaded.model(ids), mlm.model(ids))

@@ -17,7 +17,7 @@ def enwiki_svd():
     corpus = build_corpus(resolve_sources(["builtin:enwiki"]), IngestOptions())
     sentences = sentence_tokens(corpus.documents)
     vocab = Vocabulary.count(sentences.filter(pl.col("split") == "train")["words"], min_count=5)
-    ids, offsets = id_stream(vocab.encode(sentences["words"]), min_id=len(SPECIALS))
+    ids, offsets = id_stream(vocab.encode_batch(sentences["words"], is_pretokenized=True), min_id=len(SPECIALS))
     counts = cooccurrence_matrix(ids, offsets, len(vocab), window=5)
     vectors, _ = svd_vectors(ppmi_matrix(counts, 0.75), dim=300, seed=0)
     return keyed_vectors(vocab.tokens[len(SPECIALS):], vectors[len(SPECIALS):])

@@ -232,7 +232,7 @@ def test_vocabulary_encodes_known_words_to_themselves_and_the_rest_to_unk(senten
     assert max_size is None or len(words) <= max_size
     # Ids follow descending count, ties by code point: the same counts always give the same ids.
     assert words == sorted(words, key=lambda w: (-counts[w], w))
-    ids = v.encode(series).to_list()
+    ids = v.encode_batch(series, is_pretokenized=True).to_list()
     for sentence, encoded in zip(sentences, ids, strict=True):
         assert [tokens[i] if tokens[i] in words else vocab.SPECIALS[vocab.UNK_ID] for i in encoded] == [
             w if w in words else vocab.SPECIALS[vocab.UNK_ID] for w in sentence]
@@ -259,9 +259,9 @@ def _tokenizer(kind: str, vocab_size: int, min_frequency: int = 1, pretokenizer:
 
 def _ids_in_range(tok, texts: list[str]) -> None:
     n = len(tok.vocab_)
-    per_text = [tok.encode_ids(t) for t in texts]
+    per_text = [tok.encode(t) for t in texts]
     assert all(0 <= i < n for ids in per_text for i in ids)
-    assert tok.encode_corpus(pl.Series(texts, dtype=pl.String)).to_list() == per_text
+    assert tok.encode_batch(pl.Series(texts, dtype=pl.String)).to_list() == per_text
 
 
 @FUZZ
@@ -316,9 +316,9 @@ def test_tokenizer_decode_encode_is_normalize_and_unknowns_are_unk(texts, kind, 
     # its id, as Hugging Face does; decode drops `<s>`, `</s>`, `<pad>` (base.py).
     dropped = {"<s>", "</s>", "<pad>"} if kind == "wordpiece" else set()
     for t in texts:
-        assert tok.decode(tok.encode_ids(t)) == " ".join(w for w in tok.pretokenize(t) if w not in dropped)
-        assert tok.decode(tok.encode_ids(t)) == tok.normalize(t) or dropped & set(tok.pretokenize(t))
-        assert tok.encode(t) == [tok.id_to_token(i) for i in tok.encode_ids(t)]
+        assert tok.decode(tok.encode(t)) == " ".join(w for w in tok.pretokenize(t) if w not in dropped)
+        assert tok.decode(tok.encode(t)) == tok.normalize(t) or dropped & set(tok.pretokenize(t))
+        assert tok.tokenize(t) == [tok.id_to_token(i) for i in tok.encode(t)]
     if kind == "bpe-glued":
         return  # an unknown final character has no glued marker: decode cannot place the word end
     unk = tok.id_to_token(tok.unk_id)
@@ -328,9 +328,9 @@ def test_tokenizer_decode_encode_is_normalize_and_unknowns_are_unk(texts, kind, 
             expected = [w if _covered(tok, w) or w == unk else unk for w in words]
         else:
             expected = ["".join(c if c in tok._char_ids else unk for c in w) for w in words]
-        assert tok.decode(tok.encode_ids(t)) == " ".join(expected)
+        assert tok.decode(tok.encode(t)) == " ".join(expected)
         # bos/eos/pad around the ids are dropped by decode
-        assert tok.decode([tok.bos_id, *tok.encode_ids(t), tok.eos_id, tok.pad_id]) == " ".join(expected)
+        assert tok.decode([tok.bos_id, *tok.encode(t), tok.eos_id, tok.pad_id]) == " ".join(expected)
 
 
 @settings(FUZZ, max_examples=max(10, FUZZ.max_examples // 4))  # each example writes and reads a folder
@@ -347,6 +347,6 @@ def test_tokenizer_save_load_gives_identical_encodings(texts, kind, vocab_size, 
         back = type(tok).load(folder)
     assert back.get_params() == tok.get_params() and back.vocab_ == tok.vocab_ and back.merges_ == tok.merges_
     sample = pl.Series(texts + probes, dtype=pl.String)
-    assert back.encode_corpus(sample).to_list() == tok.encode_corpus(sample).to_list()
-    assert [back.decode(ids) for ids in tok.encode_corpus(sample).to_list()] == [
-        tok.decode(ids) for ids in tok.encode_corpus(sample).to_list()]
+    assert back.encode_batch(sample).to_list() == tok.encode_batch(sample).to_list()
+    assert [back.decode(ids) for ids in tok.encode_batch(sample).to_list()] == [
+        tok.decode(ids) for ids in tok.encode_batch(sample).to_list()]

@@ -179,7 +179,7 @@ def ewt_matrix(shared_data):
     words = [[w.lower() for w in s.words] for s in sentences]
     tokens = pl.Series("tokens", words)
     vocab = Vocabulary.count(tokens, min_count=3)
-    ids = vocab.encode(tokens)
+    ids = vocab.encode_batch(tokens, is_pretokenized=True)
     offsets = np.concatenate(([0], np.cumsum(ids.list.len().to_numpy())))
     return cooccurrence_matrix(ids.explode().to_numpy(), offsets, len(vocab), window=5)
 

@@ -18,7 +18,7 @@ import pytest
 import torch
 from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import InputError, ParameterError
-from lexiflow.models.lm import neural
+from lexiflow.models.lm import neural, registry
 from lexiflow.models.lm.distributed import fit_distributed
 from lexiflow.models.lm.ffnn import FFNN, FFNNLM, FFNNConfig
 from lexiflow.models.lm.rnn import RNN, RNNLM, RNNConfig
@@ -405,7 +405,7 @@ def test_save_load_round_trip(tmp_path, make):
     metrics = pl.read_parquet(tmp_path / "metrics.parquet")
     assert metrics.columns == list(neural.METRIC_COLUMNS)
     assert metrics.height == 2 and metrics["valid_ppl"].null_count() == 0
-    back = neural.load(tmp_path)
+    back = registry.load(tmp_path)  # dispatches on the config's kind
     assert type(back) is type(lm) and back.config == lm.config and back.train == lm.train
     ctx = [BOS, 5, 6]
     np.testing.assert_array_equal(back.log_probs(ctx), lm.log_probs(ctx))

@@ -113,7 +113,53 @@ def test_vectorised_scoring_equals_log_probs_lookups() -> None:
         np.testing.assert_allclose(got, expected, rtol=1e-12)
         assert len(got) == sum(len(s) + 1 for s in test)  # tokens and one </s> per sentence
         assert model.perplexity(test) == pytest.approx(math.exp(-np.mean(expected)), rel=1e-12)
-        np.testing.assert_array_equal(model.batch_log_probs([[BOS], [BOS, 5]])[1], model.log_probs([BOS, 5]))
+
+
+def reference_probs(model: NgramLM, context: list[int]) -> np.ndarray:
+    """p(. | context) one context at a time, in plain Python from the saved count tables (the
+    estimators as the NgramLM docstring writes them); context: <s> then ids the model knows."""
+    n, V = model.order, model.vocab_size_
+    kn = model.smoothing == "kneser_ney"
+    counts = {}  # order -> {context tuple: {word: count}} (continuation counts below the top order, KN)
+    for k in range(1, n + 1):
+        table, by_ctx = model.ngram_table(k), {}
+        column = "count" if k == n or not kn else "continuation"
+        for row in table.iter_rows(named=True):
+            ctx = tuple(row[f"w{i}"] for i in range(1, k))
+            by_ctx.setdefault(ctx, {})[row[f"w{k}"]] = row[column]
+        counts[k] = by_ctx
+    full = tuple([BOS] * (n - 1) + context[1:])[-(n - 1):] if n > 1 else ()
+    predictable = [w for w in range(V) if model.known_[w] and w not in (BOS, PAD)]
+    if model.smoothing == "add_k":
+        seen = counts[n].get(full, {})
+        den = sum(seen.values()) + model.k * len(predictable)
+        return np.array([(seen.get(w, 0) + model.k) / den if w in predictable else 0.0 for w in range(V)])
+    p = np.zeros(V)
+    for k in range(1, n + 1):
+        seen = counts[k].get(full[len(full) - (k - 1):] if k > 1 else ())
+        if seen is None:
+            break  # an unseen context: the shorter one's distribution stands
+        total = sum(seen.values())
+        d = model.discounts_[k]
+        discount = {w: min(c, d[min(c, 3) - 1]) if kn and k > 1 else 0.0 for w, c in seen.items()}
+        gamma = sum(discount.values()) if kn else 0.0
+        p = np.array([(seen.get(w, 0) - discount.get(w, 0.0) + gamma * p[w]) / total for w in range(V)])
+    return p
+
+
+@pytest.mark.parametrize("params", [dict(order=3), dict(order=4, discount=0.6), dict(order=3, smoothing="mle"),
+                                    dict(order=2, smoothing="add_k", k=0.5)])
+def test_batched_scorer_equals_per_context_scoring(params: dict) -> None:
+    train = _random_corpus(3)
+    model = NgramLM(**params).fit(train)
+    contexts = [[BOS]] + [[BOS, *s[:i].tolist()] for s in train[:12] for i in range(1, len(s) + 1)]
+    contexts += [[BOS, 7, 7, 7, 7], [BOS, 20, 4, 19]]  # likely unseen at the top order: backs off
+    batch = model.log_probs_batch(contexts)
+    assert batch.shape == (len(contexts), model.vocab_size_)
+    for ctx, row in zip(contexts, batch, strict=True):
+        np.testing.assert_allclose(np.exp(row), reference_probs(model, ctx), rtol=1e-12, atol=1e-15)
+        np.testing.assert_array_equal(row, model.log_probs(ctx))
+    assert model.log_probs_batch([]).shape == (0, model.vocab_size_)
 
 
 # ---------------------------------------------------------------- NLTK oracle

@@ -29,6 +29,7 @@ from lexiflow.deployments import serve
 from lexiflow.deployments.definitions import DEFAULT_CRON, DEPLOYMENTS, DeployConfig, _strict, pool_name
 from lexiflow.flows.pipeline import pipeline
 from lexiflow.flows.training import EMBEDDING_TRAINERS, LM_TRAINERS
+from lexiflow.loaders import load
 from lexiflow.storage import Catalog
 from lexiflow.tasks.params import EmbeddingMethod, LMKind
 
@@ -609,7 +610,7 @@ def test_a_plain_process_reads_the_latest_embeddings_with_duckdb(box, runs, tmp_
     assert found["imported"] == []
     catalog = Catalog(box.config.store)
     assert found["version"] == catalog.latest("embeddings")["version"]
-    kv = catalog.load("embeddings")
+    kv = load(catalog, "embeddings")
     assert found["rows"] == len(kv.index_to_key) and len(found["vector"]) == 20
     np.testing.assert_allclose(found["vector"], kv["the"], rtol=1e-6)
 
@@ -627,7 +628,7 @@ def test_train_lm_deployment_runs_on_the_gpu_pool(box, runs):
     assert lm["run"]["flow_run_id"] == run["id"]
     assert lm["inputs"]["tokens"]["version"] == catalog.latest("tokenized_corpus")["version"]
     assert lm["metrics"]["valid_perplexity"] > 1
-    assert catalog.load("lm").order == 2
+    assert load(catalog, "lm").order == 2
 
 
 @pytest.mark.slow

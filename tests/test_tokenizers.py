@@ -11,9 +11,11 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from lexiflow.models import tokenizers
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.text import WORD_CHARS, pretokenize
 from lexiflow.models.tokenizers import BPE, WordPiece
+from lexiflow.models.vocab import Vocabulary
 from tokenizers import Regex, Tokenizer, models, pre_tokenizers, trainers
 
 from tests.conftest import WIKITEXT_VALID
@@ -40,7 +42,7 @@ def test_bpe_separate_marker_slp3_by_hand():
     ]
     assert bpe.merge_counts_[:12] == [9, 9, 8, 8, 7, 7, 6, 5, 3, 3, 3, 2]
     assert bpe.vocab_[:15] == SPECIALS + ["</w>", *"deilnorstw"]
-    assert bpe.encode("newer lower") == ["newer</w>", "low", "er</w>"]
+    assert bpe.tokenize("newer lower") == ["newer</w>", "low", "er</w>"]
 
 
 def test_bpe_glued_marker_slp3_by_hand_and_hf_agrees():
@@ -57,8 +59,8 @@ def test_bpe_glued_marker_slp3_by_hand_and_hf_agrees():
 def test_bpe_marker_string_is_configurable():
     bpe = BPE(vocab_size=1000, marker="glued", end_of_word="_").fit(SLP3)
     assert bpe.merges_[0] == ("e", "r_")
-    assert bpe.encode("newer") == ["newer_"]
-    assert bpe.decode(bpe.encode_ids("newer low")) == "newer low"
+    assert bpe.tokenize("newer") == ["newer_"]
+    assert bpe.decode(bpe.encode("newer low")) == "newer low"
 
 
 UNDERSCORED = ["my_var is my_var and my_var", "my cat my dog", "__init__ snake_case _x y_ a_b_c"] * 3
@@ -71,11 +73,11 @@ def test_words_with_underscores_round_trip_with_the_default_marker(marker, vocab
     and, glued, the merge `y _` the same token as a word-final `y`."""
     bpe = BPE(vocab_size=vocab_size, marker=marker, min_frequency=1).fit(UNDERSCORED)
     for text in [*UNDERSCORED, "my_var", "my_", "_my", "y_ y", "a_b_c __init__"]:
-        assert bpe.decode(bpe.encode_ids(text)) == text
-    assert bpe.encode_ids("my_") != bpe.encode_ids("my")
+        assert bpe.decode(bpe.encode(text)) == text
+    assert bpe.encode("my_") != bpe.encode("my")
     if marker == "glued":  # and the exported tokenizer.json (end_of_word_suffix) agrees
         hf = Tokenizer.from_str(bpe.to_hf_json())
-        assert hf.encode("my_var y_ __init__").tokens == bpe.encode("my_var y_ __init__")
+        assert hf.encode("my_var y_ __init__").tokens == bpe.tokenize("my_var y_ __init__")
         assert hf.decode(hf.encode("my_var y_ __init__").ids) == "my_var y_ __init__"
 
 
@@ -87,8 +89,8 @@ def test_the_pipeline_uses_the_same_default_marker():
 
 def test_an_underscore_marker_keeps_its_documented_caveat():
     bpe = BPE(vocab_size=10, marker="glued", end_of_word="_").fit(UNDERSCORED)  # no merges
-    assert bpe.encode("my_var") == ["m", "y", "_", "v", "a", "r_"]
-    assert bpe.decode(bpe.encode_ids("my_var")) == "my var"  # an inner `_` reads as a word end
+    assert bpe.tokenize("my_var") == ["m", "y", "_", "v", "a", "r_"]
+    assert bpe.decode(bpe.encode("my_var")) == "my var"  # an inner `_` reads as a word end
 
 
 def test_wordpiece_score_by_hand_with_ties():
@@ -102,8 +104,8 @@ def test_wordpiece_score_by_hand_with_ties():
     assert wp.merges_ == [("##g", "##s"), ("##u", "##g"), ("##u", "##n")]
     assert wp.merge_scores_ == pytest.approx([1 / 20, 1 / 36, 1 / 21], rel=1e-15)
     assert wp.merge_counts_ == [5, 15, 16]
-    assert wp.encode("hugs bun") == ["h", "##ug", "##s", "b", "##un"]  # longest match first
-    assert wp.encode("hugz") == ["<unk>"]  # a word that cannot be covered is unknown as a whole
+    assert wp.tokenize("hugs bun") == ["h", "##ug", "##s", "b", "##un"]  # longest match first
+    assert wp.tokenize("hugz") == ["<unk>"]  # a word that cannot be covered is unknown as a whole
 
 
 def test_wordpiece_differs_from_hf_wordpiece_trainer():
@@ -202,7 +204,7 @@ def test_incremental_bpe_equals_full_recount(seed, marker):
     for w in words:
         ids = list(ours._cache[w])
         ours._cache.pop(w)
-        assert ours.encode_ids(w) == ids
+        assert ours.encode(w) == ids
 
 
 @pytest.mark.parametrize("seed", range(6))
@@ -234,7 +236,7 @@ def test_tokenizer_json_encodes_wikitext_identically(wiki_lines, make):
     # trained on a third of the file, so the rest has unseen words (and characters) to cover
     ours = make().fit(wiki_lines[: len(wiki_lines) // 3])
     hf = Tokenizer.from_str(ours.to_hf_json())
-    mine = ours.encode_corpus(pl.Series(wiki_lines)).to_list()
+    mine = ours.encode_batch(pl.Series(wiki_lines)).to_list()
     theirs = [e.ids for e in hf.encode_batch(wiki_lines)]
     assert sum(map(len, mine)) > 200_000
     assert mine == theirs
@@ -278,8 +280,8 @@ def test_decode_encode_is_normalize(text, marker):
     # every character seen in training (the UNK policy maps unseen ones to <unk>, which is lossy)
     tok = WordPiece(vocab_size=40) if marker == "wordpiece" else BPE(vocab_size=40, marker=marker)
     tok.fit(["low lower newest", text])
-    assert tok.decode(tok.encode_ids(text)) == tok.normalize(text)
-    assert tok.encode(text) == [tok.id_to_token(i) for i in tok.encode_ids(text)]
+    assert tok.decode(tok.encode(text)) == tok.normalize(text)
+    assert tok.tokenize(text) == [tok.id_to_token(i) for i in tok.encode(text)]
 
 
 def test_normalize_is_nfc_and_word_pretokenization():
@@ -304,27 +306,74 @@ def test_save_load_round_trips_exactly(tmp_path, wiki_lines, make):
     assert back.merge_counts_ == ours.merge_counts_ and back.merge_scores_ == ours.merge_scores_
     assert back.vocab_frame().equals(ours.vocab_frame()) and back.merges_frame().equals(ours.merges_frame())
     sample = pl.Series(wiki_lines[300:600])
-    assert back.encode_corpus(sample).to_list() == ours.encode_corpus(sample).to_list()
+    assert back.encode_batch(sample).to_list() == ours.encode_batch(sample).to_list()
     merges = pl.read_parquet(tmp_path / "merges.parquet")
     assert merges.columns == ["rank", "left", "right", "count", "score"]
     assert pl.read_parquet(tmp_path / "vocab.parquet").columns == ["id", "token", "count"]
 
 
-def test_encode_corpus_matches_per_text_encoding():
+def test_encode_batch_matches_per_text_encoding():
     texts = ["low lower", "", None, "newest newer low", "zzz"]
     bpe = BPE(vocab_size=60, marker="separate").fit(SLP3)
-    out = bpe.encode_corpus(pl.Series(texts))
+    out = bpe.encode_batch(pl.Series(texts))
     assert out.dtype == pl.List(pl.UInt32)
-    assert out.to_list() == [bpe.encode_ids(t or "") for t in texts]
+    assert out.to_list() == [bpe.encode(t or "") for t in texts]
     assert out[4].to_list() == [bpe.unk_id] * 3 + [bpe.token_to_id("</w>")]  # unseen characters -> <unk>
 
 
+def word_vocabulary(texts: list[str]) -> Vocabulary:
+    return Vocabulary.count(pl.Series("w", [pretokenize(t) for t in texts]))
+
+
+@pytest.mark.parametrize("kind", ["word", "bpe", "wordpiece"])
+def test_one_interface_for_the_three_tokenizer_kinds(tmp_path, wiki_lines, kind):
+    """encode(text) -> ids, decode, tokenize, token_to_id / id_to_token, the special ids, encode_batch
+    (texts or pre-tokenized words) and tokenizers.load: the same contract for every kind."""
+    train = wiki_lines[:200]
+    tok = {"word": lambda: word_vocabulary(train), "bpe": lambda: BPE(vocab_size=300, marker="separate").fit(train),
+           "wordpiece": lambda: WordPiece(vocab_size=300).fit(train)}[kind]()
+    assert (tok.unk_id, tok.bos_id, tok.eos_id, tok.pad_id) == (0, 1, 2, 3)
+    assert [tok.id_to_token(i) for i in range(4)] == SPECIALS
+    assert [tok.token_to_id(t) for t in SPECIALS] == [0, 1, 2, 3] and tok.token_to_id("no such token") is None
+    texts = [line for line in train[:60] if line.strip() and "<unk>" not in line]  # WikiText writes <unk> literally
+    for text in texts:
+        ids = tok.encode(text)
+        assert ids and all(type(i) is int and 0 <= i < len(tok) for i in ids)
+        assert tok.unk_id not in ids  # every word (word), every character (subwords) was seen in training
+        assert tok.decode(ids) == " ".join(pretokenize(text))  # the text as the tokenizer sees it
+        assert tok.decode([tok.bos_id, *ids, tok.eos_id, tok.pad_id]) == tok.decode(ids)
+        assert tok.tokenize(text) == [tok.id_to_token(i) for i in ids]
+        assert [tok.token_to_id(t) for t in tok.tokenize(text)] == ids
+    batch = tok.encode_batch(texts)
+    assert batch.dtype == pl.List(pl.UInt32) and batch.to_list() == [tok.encode(t) for t in texts]
+    assert tok.encode_batch(pl.Series(texts)).to_list() == batch.to_list()
+    words = [pretokenize(t) for t in texts] + [[]]
+    assert tok.encode_batch(words, is_pretokenized=True).to_list() == batch.to_list() + [[]]
+    unseen = "жжж"  # one word of a letter no training text has
+    assert tok.encode(unseen) == ([tok.unk_id] * 3 + [tok.token_to_id("</w>")] if kind == "bpe" else [tok.unk_id])
+    if kind == "word":  # the stage writes a word vocabulary's files itself
+        tok.frame.write_parquet(tmp_path / "vocab.parquet")
+        (tmp_path / "config.json").write_text(json.dumps({"kind": "word"}))
+    else:
+        tok.save(tmp_path)
+    back = tokenizers.load(tmp_path)
+    assert type(back) is type(tok) and len(back) == len(tok)
+    assert back.encode_batch(wiki_lines[200:400]).to_list() == tok.encode_batch(wiki_lines[200:400]).to_list()
+
+
+def test_loading_a_folder_that_is_no_tokenizer_names_it(tmp_path):
+    with pytest.raises(InputError, match="config.json: cannot read the tokenizer config"):
+        tokenizers.load(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"kind": "sentencepiece"}))
+    with pytest.raises(InputError, match="unknown tokenizer kind 'sentencepiece'; known: word, bpe, wordpiece"):
+        tokenizers.load(tmp_path)
+
+
 @pytest.mark.parametrize("make", [lambda: BPE(vocab_size=60, marker="glued"),
-                                  lambda: BPE(vocab_size=60, marker="separate"),
-                                  lambda: WordPiece(vocab_size=60)])
+                                  lambda: BPE(vocab_size=60, marker="separate"), lambda: WordPiece(vocab_size=60)])
 def test_an_empty_word_encodes_to_no_tokens(make):
     tok = make().fit(SLP3)
-    assert tok.encode_words(["", "low", ""]) == [[], tok.encode_ids("low"), []]
+    assert tok.encode_words(["", "low", ""]) == [[], tok.encode("low"), []]
 
 
 def test_vocab_counts_are_token_frequencies_of_the_segmented_corpus():
@@ -337,12 +386,12 @@ def test_special_tokens_and_unk():
     bpe = BPE(vocab_size=60, marker="separate").fit(SLP3)
     assert (bpe.unk_id, bpe.bos_id, bpe.eos_id, bpe.pad_id) == (0, 1, 2, 3)
     assert bpe.vocab_[:4] == SPECIALS
-    assert bpe.decode([1, *bpe.encode_ids("low"), 2, 3]) == "low"
+    assert bpe.decode([1, *bpe.encode("low"), 2, 3]) == "low"
     wp = WordPiece(vocab_size=60, unk_token="[UNK]").fit(SLP3)
     assert wp.vocab_[:4] == ["[UNK]", "<s>", "</s>", "<pad>"] and wp.unk_id == 0
-    assert wp.encode("low qq") == ["low", "[UNK]"]
+    assert wp.tokenize("low qq") == ["low", "[UNK]"]
     wp2 = WordPiece(vocab_size=60, special_tokens=("[PAD]", "[UNK]"), unk_token="[UNK]").fit(SLP3)
-    assert wp2.unk_id == 1 and wp2.encode("q") == ["[UNK]"]
+    assert wp2.unk_id == 1 and wp2.tokenize("q") == ["[UNK]"]
 
 
 def test_parameter_and_input_errors():
@@ -355,7 +404,7 @@ def test_parameter_and_input_errors():
     with pytest.raises(InputError, match="no words"):
         BPE().fit(["", "   "])
     with pytest.raises(ParameterError, match="not fitted"):
-        BPE().encode("x")
+        BPE().tokenize("x")
     with pytest.raises(ParameterError, match="separate"):
         BPE(vocab_size=60, marker="separate").fit(SLP3).to_hf_json()
 
@@ -365,6 +414,6 @@ def test_a_corpus_of_one_character_words_fits_without_merges():
     the glued marker, or WordPiece) the pair counting indexed an empty array and raised IndexError."""
     for tok in (BPE(vocab_size=10, marker="glued"), WordPiece(vocab_size=10)):
         tok.fit(["a b a", "0"])
-        assert tok.merges_ == [] and tok.decode(tok.encode_ids("b a 0")) == "b a 0"
+        assert tok.merges_ == [] and tok.decode(tok.encode("b a 0")) == "b a 0"
     bpe = BPE(vocab_size=10, marker="glued").fit(["a b a", "0"])
-    assert bpe.vocab_[4:] == ["0", "a", "b", "0</w>", "a</w>", "b</w>"] and bpe.encode("a b") == ["a</w>", "b</w>"]
+    assert bpe.vocab_[4:] == ["0", "a", "b", "0</w>", "a</w>", "b</w>"] and bpe.tokenize("a b") == ["a</w>", "b</w>"]

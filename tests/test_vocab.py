@@ -16,7 +16,7 @@ def test_min_count_and_max_size_prune_to_unk():
     assert Vocabulary.count(lists, min_count=2).tokens[4:] == ["x", "y"]
     vocab = Vocabulary.count(lists, max_size=1)
     assert vocab.tokens[4:] == ["x"]
-    assert vocab.encode(pl.Series("w", [["x", "y"], []])).to_list() == [[4, UNK_ID], []]
+    assert vocab.encode_batch(pl.Series("w", [["x", "y"], []]), is_pretokenized=True).to_list() == [[4, UNK_ID], []]
 
 
 def test_bad_parameters():

@@ -1,4 +1,6 @@
-"""Decoding for any language model exposed as a `log_probs(context) -> (V,)` callable.
+"""Decoding for any language model exposed as its batched scorer, `log_probs_batch(contexts) -> (B, V)`
+(`NgramLM.log_probs_batch`, `NeuralLM.log_probs_batch`): greedy and sampling score one context a
+step, beam search all its live hypotheses in one call a step.
 
 Strategies:
 - greedy: the argmax token at each step (lowest id on ties).
@@ -11,7 +13,7 @@ Strategies:
   top-k (the k most probable tokens, Fan et al. 2018) and top-p / nucleus (the smallest set of most
   probable tokens whose mass is >= p, Holtzman et al. 2020); the kept mass is renormalised.
 
-The context passed to `log_probs` is ``prompt_ids + generated`` (start the prompt with `<s>`).
+A context passed to the scorer is ``prompt_ids + generated`` (start the prompt with `<s>`).
 Every function returns the generated ids only (not the prompt), ending with `eos_id` when the model
 produced it; generation stops there or after `max_new_tokens`.
 """
@@ -24,8 +26,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from lexiflow.models.errors import ParameterError
 
-LogProbs = Callable[[Sequence[int]], np.ndarray]  # context ids -> (V,) natural-log probabilities
-BatchLogProbs = Callable[[Sequence[Sequence[int]]], np.ndarray]  # B contexts -> (B, V)
+LogProbsBatch = Callable[[Sequence[Sequence[int]]], np.ndarray]  # B contexts -> (B, V) natural-log probabilities
 STRATEGIES = ("greedy", "beam", "sample")
 
 _TIE = 1e-12  # relative slack when comparing a cumulative mass with p (probabilities come from exp(log p))
@@ -36,12 +37,18 @@ def _check_common(max_new_tokens: int) -> None:
         raise ParameterError(f"max_new_tokens={max_new_tokens!r}: must be an integer >= 0")
 
 
-def greedy(log_probs: LogProbs, prompt_ids: Sequence[int], max_new_tokens: int = 50, eos_id: int = 2) -> list[int]:
+def next_log_probs(log_probs_batch: LogProbsBatch, context: Sequence[int]) -> np.ndarray:
+    """(V,) the scorer's distribution after one context."""
+    return np.asarray(log_probs_batch([context]), dtype=np.float64)[0]
+
+
+def greedy(log_probs_batch: LogProbsBatch, prompt_ids: Sequence[int], max_new_tokens: int = 50,
+           eos_id: int = 2) -> list[int]:
     """Pick the most probable next token until `eos_id` or `max_new_tokens` (ties: lowest id)."""
     _check_common(max_new_tokens)
     context, out = [int(t) for t in prompt_ids], []
     for _ in range(max_new_tokens):
-        token = int(np.argmax(log_probs(context)))
+        token = int(np.argmax(next_log_probs(log_probs_batch, context)))
         out.append(token)
         context.append(token)
         if token == eos_id:
@@ -87,7 +94,7 @@ def filter_probs(
 
 
 def sample(
-    log_probs: LogProbs,
+    log_probs_batch: LogProbsBatch,
     prompt_ids: Sequence[int],
     max_new_tokens: int = 50,
     eos_id: int = 2,
@@ -96,14 +103,14 @@ def sample(
     top_p: float | None = None,
     seed: int | np.random.Generator = 0,
 ) -> list[int]:
-    """Ancestral sampling from `filter_probs(log_probs(context), temperature, top_k, top_p)`."""
+    """Ancestral sampling from `filter_probs(<the scorer's distribution>, temperature, top_k, top_p)`."""
     _check_common(max_new_tokens)
     if not isinstance(seed, np.random.Generator) and (not isinstance(seed, int | np.integer) or seed < 0):
         raise ParameterError(f"seed={seed!r}: must be an integer >= 0 or a numpy.random.Generator")
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     context, out = [int(t) for t in prompt_ids], []
     for _ in range(max_new_tokens):
-        probs = filter_probs(log_probs(context), temperature, top_k, top_p)
+        probs = filter_probs(next_log_probs(log_probs_batch, context), temperature, top_k, top_p)
         # inverse CDF: one uniform draw per step, so a seed gives the same tokens on every platform
         token = int(np.searchsorted(np.cumsum(probs), rng.random() * probs.sum(), side="right"))
         token = min(token, probs.size - 1)
@@ -117,19 +124,18 @@ def sample(
 
 
 def beam(
-    log_probs: LogProbs,
+    log_probs_batch: LogProbsBatch,
     prompt_ids: Sequence[int],
     max_new_tokens: int = 50,
     eos_id: int = 2,
     width: int = 4,
     alpha: float = 0.6,
-    batch_log_probs: BatchLogProbs | None = None,
 ) -> list[int]:
     """Beam search: keep the `width` best partial hypotheses by total log-probability; a candidate
     ending in `eos_id` that ranks within the best `width` candidates of its step is finished. At the end
     (no live hypothesis, or `max_new_tokens` reached) the best of the finished and still-live
-    hypotheses by ``log P(Y) / |Y| ** alpha`` wins. `batch_log_probs` (B contexts -> (B, V)) scores the
-    live hypotheses of a step in one call."""
+    hypotheses by ``log P(Y) / |Y| ** alpha`` wins. The live hypotheses of a step are scored in one
+    call of `log_probs_batch`."""
     _check_common(max_new_tokens)
     if not isinstance(width, int | np.integer) or width < 1:
         raise ParameterError(f"width={width!r}: the beam width must be an integer >= 1")
@@ -141,11 +147,7 @@ def beam(
     for _ in range(max_new_tokens):
         if not live:
             break
-        contexts = [prompt + toks for toks, _ in live]
-        if batch_log_probs is not None:
-            scores = np.asarray(batch_log_probs(contexts), dtype=np.float64)  # (B, V)
-        else:
-            scores = np.stack([np.asarray(log_probs(c), dtype=np.float64) for c in contexts])
+        scores = np.asarray(log_probs_batch([prompt + toks for toks, _ in live]), dtype=np.float64)  # (B, V)
         totals = scores + np.array([s for _, s in live])[:, None]  # (B, V)
         V = totals.shape[1]
         n_cand = min(2 * width, totals.size)  # width live + up to width finished per step
@@ -171,16 +173,17 @@ def beam(
     return candidates[int(np.argmax(scores))][0]
 
 
-def generate(log_probs: LogProbs, prompt_ids: Sequence[int], strategy: str = "greedy", **options) -> list[int]:
+def generate(log_probs_batch: LogProbsBatch, prompt_ids: Sequence[int], strategy: str = "greedy",
+             **options) -> list[int]:
     """One entry point: `strategy` in greedy / beam / sample, `options` those of the function
-    (max_new_tokens, eos_id; beam: width, alpha, batch_log_probs; sample: temperature, top_k, top_p, seed)."""
+    (max_new_tokens, eos_id; beam: width, alpha; sample: temperature, top_k, top_p, seed)."""
     functions = {"greedy": greedy, "beam": beam, "sample": sample}
     if strategy not in functions:
         raise ParameterError(f"strategy={strategy!r}: choose one of {', '.join(STRATEGIES)}")
     fn = functions[strategy]
-    allowed = set(inspect.signature(fn).parameters) - {"log_probs", "prompt_ids"}
+    allowed = set(inspect.signature(fn).parameters) - {"log_probs_batch", "prompt_ids"}
     unknown = sorted(set(options) - allowed)
     if unknown:
         raise ParameterError(f"generate(strategy={strategy!r}): unknown option(s) {', '.join(unknown)}; "
                              f"{strategy} takes {', '.join(sorted(allowed))}")
-    return fn(log_probs, prompt_ids, **options)
+    return fn(log_probs_batch, prompt_ids, **options)

@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from lexiflow.models.errors import ParameterError
-from lexiflow.models.lm.neural import NeuralLM, _from_dict, load
+from lexiflow.models.lm import registry
+from lexiflow.models.lm.neural import NeuralLM, from_dict
 from lexiflow.models.lm.train import TrainConfig
 
 logger = logging.getLogger("lexiflow.lm.distributed")
@@ -121,7 +122,7 @@ def fit_distributed(lm: NeuralLM, train_sentences: Sequence[np.ndarray],
             logger.info("%s", line.rstrip())
     if proc.returncode != 0:
         raise RuntimeError(f"distributed training ({world_size} ranks) exited {proc.returncode}:\n" + "\n".join(tail))
-    return load(workdir / "model", device)
+    return registry.load(workdir / "model", device)
 
 
 def worker(workdir: Path) -> None:
@@ -130,13 +131,9 @@ def worker(workdir: Path) -> None:
 
     _stop_with_launchers()
     job = json.loads((workdir / "job.json").read_text())
-    import lexiflow.models.lm.ffnn  # noqa: F401  (register the kinds)
-    import lexiflow.models.lm.rnn  # noqa: F401
-    import lexiflow.models.lm.transformer  # noqa: F401
-
-    kind_cls = NeuralLM._registry[job["kind"]]
-    config = _from_dict(kind_cls.config_class, job["config"], workdir / "job.json")
-    train = _from_dict(TrainConfig, job["train"], workdir / "job.json")
+    kind_cls = registry.neural_class(job["kind"], workdir / "job.json")
+    config = from_dict(kind_cls.config_class, job["config"], workdir / "job.json")
+    train = from_dict(TrainConfig, job["train"], workdir / "job.json")
     on_cuda = train.device.startswith("cuda") or (train.device == "auto" and torch.cuda.is_available())
     dist.init_process_group("nccl" if on_cuda else "gloo")
     rank = dist.get_rank()

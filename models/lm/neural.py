@@ -28,6 +28,7 @@ import torch.nn.functional as F
 from lexiflow.models.config import check
 from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.estimator import Estimator
 from lexiflow.models.heap import reuse_freed_memory
 from lexiflow.models.lm import train as training
 from lexiflow.models.lm.train import TrainConfig
@@ -108,17 +109,11 @@ def init_embeddings(embedding: nn.Embedding, pretrained: np.ndarray | None, free
     weight.requires_grad_(not freeze)
 
 
-class NeuralLM:
-    """Estimator base: subclasses set `kind`, `config_class` and `_build()`."""
+class NeuralLM(Estimator):
+    """Estimator base: subclasses set `kind`, `config_class` and `_build()` (the kinds: `models.lm.registry`)."""
 
     kind: ClassVar[str] = ""
     config_class: ClassVar[type]
-    _registry: ClassVar[dict[str, type[NeuralLM]]] = {}
-
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        super().__init_subclass__(**kwargs)
-        if cls.kind:
-            NeuralLM._registry[cls.kind] = cls
 
     def __init__(self, config: Any, train: TrainConfig | None = None, embeddings: np.ndarray | None = None) -> None:
         self.config = config
@@ -140,10 +135,6 @@ class NeuralLM:
     def _window(self) -> int:
         mc = self.module_.max_context if hasattr(self, "module_") else None
         return self.train.bptt if mc is None else min(self.train.bptt, mc)
-
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "module_"):
-            raise ParameterError(f"{type(self).__name__} is not fitted: call fit() or load() first")
 
     def fit(self, train_sentences: Sequence[np.ndarray], valid_sentences: Sequence[np.ndarray] | None = None, *,
             on_step: Callable[[int, float], None] | None = None) -> NeuralLM:
@@ -240,18 +231,17 @@ class NeuralLM:
 
     @classmethod
     def load(cls, path: str | Path, device: str = "cpu") -> NeuralLM:
-        """Read an `lm` artifact directory written by `save` (any neural kind when called on NeuralLM)."""
+        """Read an `lm` artifact directory written by `save` of this class (any kind: `models.lm.registry.load`)."""
         path = Path(path)
         if not (path / "config.json").exists():
             raise InputError(f"{path / 'config.json'} is missing: is {path} an lm artifact?")
         try:
             meta = json.loads((path / "config.json").read_text())
-            kind_cls = NeuralLM._registry.get(meta["kind"])
-            if kind_cls is None or (cls is not NeuralLM and kind_cls is not cls):
+            if meta["kind"] != cls.kind:
                 raise InputError(f"{path / 'config.json'} holds kind {meta['kind']!r}, not a {cls.__name__}")
-            config = _from_dict(kind_cls.config_class, meta["config"], path / "config.json")
-            train = _from_dict(TrainConfig, meta["train"], path / "config.json")
-            lm = kind_cls(config, train)
+            config = from_dict(cls.config_class, meta["config"], path / "config.json")
+            train = from_dict(TrainConfig, meta["train"], path / "config.json")
+            lm = cls(config, train)
             lm.module_ = lm._build()
             lm.module_.embedding.weight.requires_grad_(not config.freeze_embeddings)
             training.load_module_tensors(lm.module_, load_file(str(path / "model.safetensors")),
@@ -276,7 +266,8 @@ class NeuralLM:
         return f"{type(self).__name__}({self.config!r})"
 
 
-def _from_dict(klass: type, values: dict, where: Path) -> Any:
+def from_dict(klass: type, values: dict, where: Path) -> Any:
+    """A dataclass from a saved dict, refusing fields it does not know (a newer writer's)."""
     names = {f.name for f in fields(klass)}
     unknown = set(values) - names
     if unknown:
@@ -304,11 +295,3 @@ def plot_loss_curve(metrics: pl.DataFrame, out: Path, title: str = "LM") -> None
     fig.savefig(out)
     plt.close(fig)
 
-
-def load(path: str | Path, device: str = "cpu") -> NeuralLM:
-    """Load any neural `lm` artifact (FFNN, RNN or Transformer)."""
-    import lexiflow.models.lm.ffnn  # noqa: F401  (register the kinds)
-    import lexiflow.models.lm.rnn  # noqa: F401
-    import lexiflow.models.lm.transformer  # noqa: F401
-
-    return NeuralLM.load(path, device)

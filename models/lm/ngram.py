@@ -43,6 +43,7 @@ from typing import Annotated, Literal
 import numpy as np
 import polars as pl
 from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.estimator import Estimator
 from lexiflow.models.progress import Progress
 from pydantic import Field
 
@@ -64,7 +65,7 @@ def _find(keys: np.ndarray, query: np.ndarray) -> np.ndarray:
     return np.where(hit, pos_c, -1)
 
 
-class NgramLM:
+class NgramLM(Estimator):
     """An n-gram language model over token ids ``0..vocab_size-1``.
 
     Parameters
@@ -119,10 +120,6 @@ class NgramLM:
         self._check_params()
 
     # ------------------------------------------------------------------ parameters
-    def get_params(self) -> dict:
-        return {name: getattr(self, name) for name in (
-            "order", "smoothing", "discount", "k", "min_count", "vocab_size", "unk_id", "bos_id", "eos_id", "pad_id")}
-
     def _check_params(self) -> None:
         if not isinstance(self.order, int | np.integer) or self.order < 1:
             raise ParameterError(f"order={self.order!r}: must be an integer >= 1 (3 for a trigram model)")
@@ -299,7 +296,8 @@ class NgramLM:
         return ids
 
     def _probs(self, ctx_ids: list[np.ndarray], words: np.ndarray) -> np.ndarray:
-        """p(word | context) for P positions: ctx_ids per level (P,), words (P,) already mapped."""
+        """p(word | context) for P positions: ctx_ids per level (P,), words (P,) in [0, V) (a word the model
+        never predicts, e.g. one mapped to <unk> in training, gets 0)."""
         n, V = self.order, self.vocab_size_
         if self.smoothing == "add_k":
             c = ctx_ids[n - 1]
@@ -320,14 +318,6 @@ class NgramLM:
                 p = np.where(seen, (num + self._gamma[k][cs] * p) / np.where(seen, self._total[k][cs], 1.0), p)
         return p
 
-    def _dense(self, k: int, c: int) -> np.ndarray:
-        """Alpha numerators of order k for context id c, scattered over the vocabulary (V,)."""
-        V, keys = self.vocab_size_, self.ngram_keys_[k]
-        lo, hi = np.searchsorted(keys, [c * V, (c + 1) * V])
-        out = np.zeros(V)
-        out[keys[lo:hi] - c * V] = self._num[k][lo:hi]
-        return out
-
     def _prepare_context(self, context: Sequence[int]) -> np.ndarray:
         """The last order-1 ids of <s>-padded `context` (leading <s> ids optional), mapped."""
         ctx = np.asarray(context, dtype=np.int64).reshape(-1)
@@ -336,32 +326,51 @@ class NgramLM:
         padded = np.concatenate([np.full(self.order - 1, self.bos_id, dtype=np.int64), ctx])
         return padded[len(padded) - (self.order - 1):]
 
-    def log_probs(self, context: Sequence[int]) -> np.ndarray:
-        """Natural-log next-token distribution (V,) after `context` (ids, conventionally starting with
-        `<s>`; a context shorter than order-1 is sentence-initial). -inf where the probability is 0."""
+    def _dense(self, k: int, c: np.ndarray) -> np.ndarray:
+        """(B, V): the alpha numerators of order k for seen context ids `c` (B,), scattered over the
+        vocabulary (a context's k-grams are one sorted run of keys, c * V .. (c + 1) * V)."""
+        V, keys = self.vocab_size_, self.ngram_keys_[k]
+        lo = np.searchsorted(keys, c * V)
+        runs = np.searchsorted(keys, (c + 1) * V) - lo
+        idx = np.arange(int(runs.sum())) + np.repeat(lo - (np.cumsum(runs) - runs), runs)
+        out = np.zeros((len(c), V))
+        # row b's cell for key c_b * V + w is b * V + w: flat index = key + (b - c_b) * V
+        out.reshape(-1)[keys[idx] + np.repeat((np.arange(len(c)) - c) * V, runs)] = self._num[k][idx]
+        return out
+
+    def log_probs_batch(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
+        """(B, V) natural-log next-token distributions, one per context (ids, conventionally starting
+        with `<s>`; a context shorter than order-1 is sentence-initial). -inf where the probability is 0.
+        The estimators of `_probs` (perplexity's scorer), for whole distributions: each context's seen
+        k-grams are read as one run of sorted keys instead of V binary searches."""
         self._check_fitted()
-        n = self.order
-        ctx = self._prepare_context(context)
-        ids = [int(x[0]) for x in self._context_ids(ctx[None, :])]
+        n, V = self.order, self.vocab_size_
+        if not len(contexts):
+            return np.zeros((0, V))
+        ids = self._context_ids(np.stack([self._prepare_context(c) for c in contexts]))  # per level, (B,)
+        p = np.zeros((len(contexts), V))
         if self.smoothing == "add_k":
-            c = ids[n - 1]
-            num = (self._dense(n, c) if c >= 0 else np.zeros(self.vocab_size_)) + self.k
-            den = (self._total[n][c] if c >= 0 else 0.0) + self.k * self._predictable.sum()
-            p = np.where(self._predictable, num / den, 0.0)
+            seen = np.flatnonzero(ids[n - 1] >= 0)
+            c = ids[n - 1][seen]
+            p[seen] = self._dense(n, c)
+            p += self.k
+            p[seen] /= (self._total[n][c] + self.k * self._predictable.sum())[:, None]
+            p[np.flatnonzero(ids[n - 1] < 0)] /= self.k * self._predictable.sum()
+            p[:, ~self._predictable] = 0.0
         else:
-            p = np.zeros(self.vocab_size_)
             for k in range(1, n + 1):
-                c = ids[k - 1]
-                if c < 0:
-                    break  # every longer context is unseen too
-                g = self._gamma[k][c] if self.smoothing == "kneser_ney" else 0.0
-                p = (self._dense(k, c) + g * p) / self._total[k][c]
+                seen = np.flatnonzero(ids[k - 1] >= 0)  # an unseen context keeps the shorter one's distribution
+                c = ids[k - 1][seen]
+                num = self._dense(k, c)
+                if self.smoothing == "kneser_ney":
+                    num += self._gamma[k][c][:, None] * p[seen]
+                p[seen] = num / self._total[k][c][:, None]
         with np.errstate(divide="ignore"):
             return np.log(p)
 
-    def batch_log_probs(self, contexts: Sequence[Sequence[int]]) -> np.ndarray:
-        """`log_probs` for several contexts: (B, V)."""
-        return np.stack([self.log_probs(c) for c in contexts]) if len(contexts) else np.zeros((0, self.vocab_size_))
+    def log_probs(self, context: Sequence[int]) -> np.ndarray:
+        """(V,) `log_probs_batch` of one context."""
+        return self.log_probs_batch([context])[0]
 
     def token_log_probs(self, sentences: Sequence[np.ndarray]) -> np.ndarray:
         """Natural-log probability of every predicted position (each token, then </s>), concatenated."""
@@ -376,10 +385,6 @@ class NgramLM:
         """exp(-mean log p) over all predicted positions: sum(len(s) + 1) of them (tokens and </s>;
         out-of-vocabulary tokens are scored as <unk>; <s> padding is never scored)."""
         return float(np.exp(-self.token_log_probs(sentences).mean()))
-
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "ngram_keys_"):
-            raise ParameterError("this NgramLM is not fitted: call fit(sentences) or NgramLM.load(dir) first")
 
     # ------------------------------------------------------------------ tables and persistence
     def ngram_table(self, k: int) -> pl.DataFrame:
@@ -426,8 +431,7 @@ class NgramLM:
                              f"NgramLM.save") from e
         if config.get("format") != FORMAT or config.get("format_version") != FORMAT_VERSION:
             raise InputError(f"{path}: not a {FORMAT} v{FORMAT_VERSION} model config")
-        names = ("order", "smoothing", "discount", "k", "min_count", "vocab_size", "unk_id", "bos_id", "eos_id",
-                 "pad_id", "vocab_size_")
+        names = [*cls.param_names(), "vocab_size_"]
         if missing := [k for k in names if k not in config]:
             raise InputError(f"{path}: the n-gram config lacks {', '.join(missing)}; rebuild the model")
         model = cls(**{k: config[k] for k in names[:-1]})

@@ -1,7 +1,7 @@
 """What BPE and WordPiece share: normalization, pre-tokenization, word counting, special tokens,
 corpus encoding per word type, the Parquet/JSON save format and the Hugging Face export pieces.
 
-Text path (the same in `fit`, `encode`, `encode_corpus` and the exported `tokenizer.json`):
+Text path (the same in `fit`, `encode`, `encode_batch` and the exported `tokenizer.json`):
 
 1. normalize: Unicode NFC (ingestion already did it, and lowercasing if configured; NFC is
    idempotent, so doing it again here keeps single-string `encode` consistent with the pipeline).
@@ -29,6 +29,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.estimator import Estimator
 from lexiflow.models.progress import Progress
 from lexiflow.models.text import WORD_PATTERN
 from pydantic import Field
@@ -89,8 +90,9 @@ def count_words(texts: Iterable[str] | pl.Series, pattern: str) -> pl.DataFrame:
     return counts.with_columns(pl.col("count").cast(pl.Int64))
 
 
-class SubwordTokenizer:
-    """Base class: special tokens, text path, corpus encoding and persistence.
+class SubwordTokenizer(Estimator):
+    """Base class: special tokens, text path, corpus encoding and persistence (an `Estimator`:
+    `get_params` reads the subclass's `__init__`).
 
     Subclasses implement `fit`, `_encode_word(word) -> list[int]`, `_decode_tokens`, the HF model
     JSON and the state columns of `merges.parquet`.
@@ -159,14 +161,7 @@ class SubwordTokenizer:
     def pad_id(self) -> int | None:
         return self._role(3)
 
-    def get_params(self) -> dict[str, Any]:
-        raise NotImplementedError
-
     # ---- learned state helpers ---------------------------------------------------------------
-    def _check_fitted(self) -> None:
-        if not hasattr(self, "vocab_"):
-            raise ParameterError(f"{type(self).__name__} is not fitted: call fit(texts) or load(dir) first")
-
     def _set_vocab(self, tokens: list[str]) -> None:
         self.vocab_ = tokens
         self.token_to_id_ = {t: i for i, t in enumerate(tokens)}
@@ -176,6 +171,10 @@ class SubwordTokenizer:
     def vocab(self) -> dict[str, int]:
         self._check_fitted()
         return dict(self.token_to_id_)
+
+    def __len__(self) -> int:
+        self._check_fitted()
+        return len(self.vocab_)
 
     def id_to_token(self, i: int) -> str:
         return self.vocab_[i]
@@ -203,12 +202,14 @@ class SubwordTokenizer:
     def _encode_word(self, word: str) -> list[int]:
         raise NotImplementedError
 
-    def encode_ids(self, text: str) -> list[int]:
+    def encode(self, text: str) -> list[int]:
+        """Ids of one text: its words' ids in order."""
         self._check_fitted()
         return [i for w in self.pretokenize(text) for i in self._encode_word_cached(w)]
 
-    def encode(self, text: str) -> list[str]:
-        return [self.vocab_[i] for i in self.encode_ids(text)]
+    def tokenize(self, text: str) -> list[str]:
+        """The subword strings of `encode(text)`."""
+        return [self.vocab_[i] for i in self.encode(text)]
 
     def encode_words(self, words: Sequence[str]) -> list[list[int]]:
         """Ids of each (already pre-tokenized) word; an empty word has none (no characters, no word end)."""
@@ -225,23 +226,30 @@ class SubwordTokenizer:
     def _decode_tokens(self, tokens: list[str]) -> str:
         raise NotImplementedError
 
-    def encode_corpus(self, texts: pl.Series) -> pl.Series:
-        """One `list[u32]` of ids per text, encoding each distinct word once and mapping back.
+    def encode_batch(self, texts: pl.Series | Sequence[str] | Sequence[Sequence[str]], *,
+                     is_pretokenized: bool = False) -> pl.Series:
+        """One `list[u32]` of ids per text (a Series, for corpora; `.to_list()` gives lists of ints),
+        encoding each distinct word once and mapping back. `is_pretokenized`: each item is already a
+        list of words, taken as they are (no NFC, no pre-tokenization).
 
         Steps: split texts at spaces (polars), encode each distinct piece once (its words, each
         through the word cache), join every occurrence to its piece's index, gather the ids with
         numpy and cut them per text.
         """
         self._check_fitted()
+        if not isinstance(texts, pl.Series):
+            texts = pl.Series(texts, dtype=pl.List(pl.String) if is_pretokenized else pl.String)
         # Space-separated pieces first (exact, see count_words); each distinct piece is normalized,
         # pre-tokenized and encoded once, then every occurrence is mapped to its piece by a join.
-        lists = texts.cast(pl.String).fill_null("").str.split(" ")
+        lists = (texts.fill_null([]).list.eval(pl.element().fill_null("")) if is_pretokenized
+                 else texts.cast(pl.String).fill_null("").str.split(" "))
         words_per_text = lists.list.len().to_numpy().astype(np.int64)
-        flat = lists.explode().alias("piece")
+        flat = lists.explode().drop_nulls().alias("piece")  # an empty list explodes to one null
         types = flat.unique().sort().to_frame().with_row_index("type")
         type_of = (flat.to_frame().join(types, on="piece", how="left", maintain_order="left")["type"]
                    .to_numpy().astype(np.int64))
-        type_words = pretokenize_series(types["piece"], self._pattern).to_list()
+        type_words = ([[w] if w else [] for w in types["piece"]] if is_pretokenized
+                      else pretokenize_series(types["piece"], self._pattern).to_list())
         encoded = []
         with Progress("tokenizer encode pieces", total=len(type_words), unit="types") as progress:
             for words in type_words:

@@ -52,7 +52,7 @@ from lexiflow.models.tokenizers.base import (
 )
 from pydantic import Field
 
-_S = 1 << 24  # pair key = left * _S + right: an int key hashes faster than a tuple and sorts the same
+PAIR_BASE = 1 << 24  # pair key = left * PAIR_BASE + right: an int key hashes faster than a tuple and sorts the same
 
 
 def words_to_symbols(
@@ -84,7 +84,7 @@ def initial_pairs(words: list[list[int]], counts: np.ndarray) -> tuple[dict[int,
     flat = np.fromiter((i for w in words for i in w), dtype=np.int64, count=int(lens.sum()))
     word_of = np.repeat(np.arange(len(words), dtype=np.int64), lens)
     same = word_of[:-1] == word_of[1:]
-    keys = (flat[:-1] * _S + flat[1:])[same]
+    keys = (flat[:-1] * PAIR_BASE + flat[1:])[same]
     owner = word_of[:-1][same]
     if not len(keys):  # every word is one symbol (one-character words, glued marker): nothing to merge
         return {}, {}
@@ -124,7 +124,7 @@ def train_merges(
                 continue
             if c < min_frequency:
                 break
-            a, b = divmod(key, _S)
+            a, b = divmod(key, PAIR_BASE)
             s = strings[a] + strings[b]
             new = str_to_id.get(s)
             if new is None:  # a string can be formed twice (a+bc, ab+c): reuse its id, like HF
@@ -133,7 +133,7 @@ def train_merges(
                 str_to_id[s] = new
             merges.append((a, b, new, c))
             touched: set[int] = set()
-            new_s = new * _S
+            new_s = new * PAIR_BASE
             get, words_of = pair_count.get, pair_words.setdefault
             for i in pair_words.pop(key, ()):
                 w = words[i]
@@ -147,14 +147,14 @@ def train_merges(
                     if j + 1 < len(w) and w[j + 1] == b:
                         if j > 0:  # left neighbour p: (p, a) -> (p, new)
                             p = w[j - 1]
-                            pair_count[p * _S + a] -= cw
-                            k = p * _S + new
+                            pair_count[p * PAIR_BASE + a] -= cw
+                            k = p * PAIR_BASE + new
                             pair_count[k] = get(k, 0) + cw
                             words_of(k, []).append(i)
                             touched.add(k)
                         if j + 2 < len(w):  # right neighbour q: (b, q) -> (new, q)
                             q = w[j + 2]
-                            pair_count[b * _S + q] -= cw
+                            pair_count[b * PAIR_BASE + q] -= cw
                             k = new_s + q
                             pair_count[k] = get(k, 0) + cw
                             words_of(k, []).append(i)
@@ -197,11 +197,6 @@ class BPE(SubwordTokenizer):
         super().__init__(vocab_size, tuple(special_tokens), unk_token, pretokenizer, min_frequency)
         self.end_of_word = end_of_word
         self.marker = marker
-
-    def get_params(self) -> dict[str, Any]:
-        return {"vocab_size": self.vocab_size, "end_of_word": self.end_of_word, "marker": self.marker,
-                "special_tokens": list(self.special_tokens), "unk_token": self.unk_token,
-                "pretokenizer": self.pretokenizer, "min_frequency": self.min_frequency}
 
     def _check_params(self) -> None:
         super()._check_params()
@@ -253,7 +248,7 @@ class BPE(SubwordTokenizer):
         eow, t2i = self.end_of_word, self.token_to_id_
         self._ranks = {}
         for r, (a, b) in enumerate(self.merges_):
-            key = t2i[a] * _S + t2i[b]
+            key = t2i[a] * PAIR_BASE + t2i[b]
             if key not in self._ranks:
                 self._ranks[key] = (r, t2i[a + b])
         self._char_ids = {t: i for t, i in t2i.items() if len(t) == 1 and i >= len(self._specials)}
@@ -276,7 +271,7 @@ class BPE(SubwordTokenizer):
         while len(ids) > 1:
             best = None
             for j in range(len(ids) - 1):
-                m = ranks.get(ids[j] * _S + ids[j + 1])
+                m = ranks.get(ids[j] * PAIR_BASE + ids[j + 1])
                 if m is not None and (best is None or m[0] < best[0]):
                     best = m
                     a, b = ids[j], ids[j + 1]

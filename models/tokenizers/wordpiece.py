@@ -45,7 +45,7 @@ from lexiflow.models.tokenizers.base import (
     log,
     token_counts,
 )
-from lexiflow.models.tokenizers.bpe import _S, initial_pairs, words_to_symbols
+from lexiflow.models.tokenizers.bpe import PAIR_BASE, initial_pairs, words_to_symbols
 
 
 def train_wordpiece(
@@ -60,13 +60,13 @@ def train_wordpiece(
         np.int64).tolist()
     unit_pairs: dict[int, set[int]] = {}
     for k in pair_count:
-        a, b = divmod(k, _S)
+        a, b = divmod(k, PAIR_BASE)
         unit_pairs.setdefault(a, set()).add(k)
         unit_pairs.setdefault(b, set()).add(k)
     version: dict[int, int] = dict.fromkeys(pair_count, 0)
 
     def score(k: int) -> float:
-        a, b = divmod(k, _S)
+        a, b = divmod(k, PAIR_BASE)
         return pair_count[k] / (unit_count[a] * unit_count[b])
 
     heap = [(-score(k), k, 0) for k in pair_count]
@@ -82,7 +82,7 @@ def train_wordpiece(
             c = pair_count[key]
             if c < min_frequency:
                 continue  # too rare to merge; its count can only fall, so drop it for good
-            a, b = divmod(key, _S)
+            a, b = divmod(key, PAIR_BASE)
             right = strings[b]
             s = strings[a] + (right[n_prefix:] if right.startswith(prefix) else right)
             new = str_to_id.get(s)
@@ -92,7 +92,7 @@ def train_wordpiece(
                 str_to_id[s] = new
                 unit_count.append(0)
             merges.append((a, b, new, c, -negs))
-            new_s = new * _S
+            new_s = new * PAIR_BASE
             for i in pair_words.pop(key, ()):
                 w = words[i]
                 cw = counts[i]
@@ -108,8 +108,8 @@ def train_wordpiece(
                         unit_count[new] += cw
                         if j > 0:
                             p = w[j - 1]
-                            pair_count[p * _S + a] -= cw
-                            k = p * _S + new
+                            pair_count[p * PAIR_BASE + a] -= cw
+                            k = p * PAIR_BASE + new
                             if k not in pair_count:
                                 pair_count[k] = 0
                                 unit_pairs.setdefault(p, set()).add(k)
@@ -118,7 +118,7 @@ def train_wordpiece(
                             pair_words.setdefault(k, []).append(i)
                         if j + 2 < len(w):
                             q = w[j + 2]
-                            pair_count[b * _S + q] -= cw
+                            pair_count[b * PAIR_BASE + q] -= cw
                             k = new_s + q
                             if k not in pair_count:
                                 pair_count[k] = 0
@@ -137,7 +137,7 @@ def train_wordpiece(
                     del pair_count[k]
                     version.pop(k, None)
                     pair_words.pop(k, None)
-                    left, right_id = divmod(k, _S)
+                    left, right_id = divmod(k, PAIR_BASE)
                     unit_pairs[left].discard(k)
                     unit_pairs[right_id].discard(k)
                 else:
@@ -168,11 +168,6 @@ class WordPiece(SubwordTokenizer):
         super().__init__(vocab_size, tuple(special_tokens), unk_token, pretokenizer, min_frequency)
         self.prefix = prefix
         self.max_input_chars_per_word = max_input_chars_per_word
-
-    def get_params(self) -> dict[str, Any]:
-        return {"vocab_size": self.vocab_size, "prefix": self.prefix, "special_tokens": list(self.special_tokens),
-                "unk_token": self.unk_token, "pretokenizer": self.pretokenizer, "min_frequency": self.min_frequency,
-                "max_input_chars_per_word": self.max_input_chars_per_word}
 
     def _check_params(self) -> None:
         super()._check_params()

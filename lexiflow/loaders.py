@@ -1,23 +1,27 @@
 """Loaders: an artifact as the natural Python object, for downstream jobs.
 
-    from lexiflow.storage import Catalog
-    kv = Catalog("artifacts").load("embeddings")          # gensim KeyedVectors, the latest
-    docs = Catalog("artifacts").load("corpus", "3f2a...")  # polars DataFrame
+    from lexiflow.loaders import load
+    kv = load("artifacts", "embeddings")            # gensim KeyedVectors, the latest
+    docs = load(catalog, "corpus", "3f2a...")       # polars DataFrame (a Catalog or a store URL)
 
-`LOADERS` maps a kind to `loader(store, manifest) -> object`; a new kind is one line there.
-Layering: storage/ sits below models/, so this module imports nothing from models/ (nor gensim or
-scipy) at import time; each loader imports what it needs inside its body, and `Catalog.load`
-imports this module only when called. `import storage` stays light and models/-free.
+Layering: this module sits above `storage/` (bytes, schemas, versions, the catalog) and `models/`
+(each model's own `load(directory)`): `LOADERS` maps an artifact kind to `loader(store, manifest)`,
+and a new kind is one line there. Loaders import the models they need in their bodies, so loading
+a corpus never imports torch or gensim.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import polars as pl
-from lexiflow.storage.store import ArtifactStore
+from lexiflow.storage import ArtifactStore, Catalog, StoreError
+from lexiflow.storage.export import Extra
+from lexiflow.storage.formats import read_matrix, read_vectors
 
 Loader = Callable[[ArtifactStore, dict[str, Any]], Any]
 
@@ -52,30 +56,27 @@ class EvaluationReport:
     markdown: str
 
 
-def _ref(store: ArtifactStore, manifest: dict[str, Any]):
-    return store.ref(manifest["kind"], manifest["version"])
-
-
-def _table(name: str) -> Loader:
-    def load(store: ArtifactStore, manifest: dict[str, Any]) -> pl.DataFrame:
+def table(name: str) -> Loader:
+    def load_table(store: ArtifactStore, manifest: dict[str, Any]) -> pl.DataFrame:
         return store.read_parquet(manifest["kind"], manifest["version"], name)
 
-    load.__doc__ = f"`{name}` as a polars DataFrame."
-    return load
+    load_table.__doc__ = f"`{name}` as a polars DataFrame."
+    return load_table
+
+
+def local_folder(store: ArtifactStore, manifest: dict[str, Any]):
+    """The artifact's folder on the local disk (a temporary download for remote stores), for
+    models whose `load(dir)` reads a directory."""
+    return store.local_dir(manifest["kind"], manifest["version"])
 
 
 def load_tokenizer(store: ArtifactStore, manifest: dict[str, Any]):
-    """A word `models.vocab.Vocabulary`, or a `models.tokenizers` BPE / WordPiece; all of them
-    have `encode_corpus(texts)`."""
-    kind = store.read_json(manifest["kind"], manifest["version"], "config.json")["kind"]
-    if kind == "word":
-        from lexiflow.models.vocab import Vocabulary
-
-        return Vocabulary(store.read_parquet(manifest["kind"], manifest["version"], "vocab.parquet"))
-    from lexiflow.models.tokenizers import BPE, WordPiece
+    """A word `models.vocab.Vocabulary`, or a `models.tokenizers` BPE / WordPiece: one interface
+    (`encode`, `encode_batch`, `decode`, `tokenize`, `token_to_id`, the special ids)."""
+    from lexiflow.models import tokenizers
 
     with local_folder(store, manifest) as folder:
-        return {"bpe": BPE, "wordpiece": WordPiece}[kind].load(folder)
+        return tokenizers.load(folder)
 
 
 def load_report(store: ArtifactStore, manifest: dict[str, Any]) -> str:
@@ -84,9 +85,7 @@ def load_report(store: ArtifactStore, manifest: dict[str, Any]) -> str:
 
 
 def load_matrix(store: ArtifactStore, manifest: dict[str, Any]) -> MatrixArtifact:
-    from lexiflow.storage.formats import read_matrix
-
-    ref, names = _ref(store, manifest), {f["name"] for f in manifest["files"]}
+    ref, names = store.ref(manifest["kind"], manifest["version"]), {f["name"] for f in manifest["files"]}
     return MatrixArtifact(read_matrix(ref), store.read_parquet(ref.kind, ref.version, "vocab.parquet"),
                           read_matrix(ref, "termdoc.parquet") if "termdoc.parquet" in names else None)
 
@@ -94,9 +93,8 @@ def load_matrix(store: ArtifactStore, manifest: dict[str, Any]) -> MatrixArtifac
 def load_embeddings(store: ArtifactStore, manifest: dict[str, Any]):
     """gensim `KeyedVectors`, words in frequency order, with their training counts."""
     from lexiflow.models.vectors import keyed_vectors
-    from lexiflow.storage.formats import read_vectors
 
-    words, counts, vectors = read_vectors(_ref(store, manifest))
+    words, counts, vectors = read_vectors(store.ref(manifest["kind"], manifest["version"]))
     return keyed_vectors(words, vectors, counts)
 
 
@@ -107,23 +105,12 @@ def load_evaluation(store: ArtifactStore, manifest: dict[str, Any]) -> Evaluatio
                             store.read_text(kind, version, "report.md"))
 
 
-def local_folder(store: ArtifactStore, manifest: dict[str, Any]):
-    """The artifact's folder on the local disk (a temporary download for remote stores), for
-    models whose `load(dir)` reads a directory."""
-    return store.local_dir(manifest["kind"], manifest["version"])
-
-
 def load_lm(store: ArtifactStore, manifest: dict[str, Any]):
-    """A language model: the n-gram `NgramLM`, or the neural LM (a torch module in `.module_`)."""
-    model = manifest["metrics"].get("model")
+    """A language model: the n-gram `NgramLM`, or a neural LM (a torch module in `.module_`)."""
+    from lexiflow.models.lm import registry
+
     with local_folder(store, manifest) as folder:
-        if model == "ngram":
-            from lexiflow.models.lm.ngram import NgramLM
-
-            return NgramLM.load(folder)
-        from lexiflow.models.lm import neural
-
-        return neural.load(folder)
+        return registry.load(folder)
 
 
 def load_tagger(store: ArtifactStore, manifest: dict[str, Any]):
@@ -142,12 +129,25 @@ def load_encoder(store: ArtifactStore, manifest: dict[str, Any]):
         return MaskedLM.load(folder)
 
 
+def word_tokenizer_json(catalog: Catalog, manifest: dict[str, Any], dest: Path) -> list[Path]:
+    """`tokenizer.json` for a word-level tokenizer (subword tokenizers save their own)."""
+    config = catalog.store.read_json(manifest["kind"], manifest["version"], "config.json")
+    if config.get("kind") != "word":
+        return []
+    path = dest / "tokenizer.json"
+    path.write_text(load_tokenizer(catalog.store, manifest).to_hf_json(config["pattern"], catalog.lowercased(manifest)),
+                    encoding="utf-8")
+    return [path]
+
+
+EXPORT_EXTRAS: dict[str, Extra] = {"tokenizer": word_tokenizer_json}  # `lexiflow artifacts export`: derived files
+
 LOADERS: dict[str, Loader] = {
     "tagger": load_tagger,
-    "corpus": _table("documents.parquet"),
-    "tagged_corpus": _table("sentences.parquet"),
+    "corpus": table("documents.parquet"),
+    "tagged_corpus": table("sentences.parquet"),
     "tokenizer": load_tokenizer,
-    "tokenized_corpus": _table("tokens.parquet"),
+    "tokenized_corpus": table("tokens.parquet"),
     "cooccurrence": load_matrix,
     "ppmi": load_matrix,
     "embeddings": load_embeddings,
@@ -157,4 +157,17 @@ LOADERS: dict[str, Loader] = {
     "report": load_report,
 }
 
-__all__ = ["LOADERS", "EvaluationReport", "MatrixArtifact", "local_folder"]
+
+def load(catalog: Catalog | ArtifactStore | str | os.PathLike[str], kind: str, version: str | None = None) -> Any:
+    """The artifact `kind:version` (the latest of the kind when version is None) as a natural object:
+    polars DataFrames (corpus, tokenized_corpus), a tokenizer, scipy + polars (cooccurrence, ppmi),
+    gensim `KeyedVectors` (embeddings), a language model, a tagger, ... (`LOADERS`)."""
+    catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)
+    manifest = catalog.get(kind, version)
+    if manifest["kind"] not in LOADERS:
+        raise StoreError(f"no loader for {kind!r} artifacts (known: {', '.join(sorted(LOADERS))}); "
+                         f"read its files under {manifest['path']}")
+    return LOADERS[manifest["kind"]](catalog.store, manifest)
+
+
+__all__ = ["EXPORT_EXTRAS", "LOADERS", "EvaluationReport", "MatrixArtifact", "load", "local_folder"]

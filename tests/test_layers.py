@@ -1,0 +1,97 @@
+"""Layering rules, read from the code: no lexiflow module imports another one's private (`_name`)
+names, `storage/` imports nothing above it, and every language-model class is in the explicit
+registry (nothing registers itself as an import side effect)."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import importlib.util
+import inspect
+import pkgutil
+from pathlib import Path
+
+import lexiflow
+from lexiflow.models.lm import neural, registry
+from lexiflow.models.lm.ngram import NgramLM
+
+SUBPACKAGES = ("models", "storage", "tasks", "flows", "deployments")
+
+
+def lexiflow_modules() -> list[str]:
+    names = [info.name for info in pkgutil.iter_modules(lexiflow.__path__, "lexiflow.")]
+    for sub in SUBPACKAGES:
+        package = importlib.import_module(f"lexiflow.{sub}")
+        names.append(package.__name__)
+        names += [info.name for info in pkgutil.walk_packages(package.__path__, f"{package.__name__}.")]
+    return sorted(set(names))
+
+
+def module_source(name: str) -> tuple[Path, ast.Module]:
+    path = Path(importlib.util.find_spec(name).origin)
+    return path, ast.parse(path.read_text(encoding="utf-8"))
+
+
+def submodule(name: str) -> bool:
+    """Whether `package.name` is a module (found without importing it, nor any module but packages)."""
+    parent = importlib.util.find_spec(name.rpartition(".")[0])
+    return parent.submodule_search_locations is not None and importlib.util.find_spec(name) is not None
+
+
+def private_imports(name: str) -> list[str]:
+    """`from lexiflow.x import _y`, and `x._y` on a lexiflow module bound by an import, in module `name`."""
+    path, tree = module_source(name)
+    found, modules = [], {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            modules.update({a.asname or a.name: a.name for a in node.names if a.name.startswith("lexiflow.")})
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("lexiflow"):
+            for alias in node.names:
+                if alias.name.startswith("_"):
+                    found.append(f"{path.name}:{node.lineno} from {node.module} import {alias.name}")
+                elif submodule(f"{node.module}.{alias.name}"):
+                    modules[alias.asname or alias.name] = f"{node.module}.{alias.name}"
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and node.attr.startswith("_") and not node.attr.startswith("__")
+                and isinstance(node.value, ast.Name) and node.value.id in modules):
+            found.append(f"{path.name}:{node.lineno} {node.value.id}.{node.attr}")
+    return found
+
+
+def test_the_scan_finds_private_imports(tmp_path, monkeypatch):
+    """The check can fail: a module that imports a private name, both ways, is reported."""
+    (tmp_path / "lexiflow_probe.py").write_text(
+        "from lexiflow.models.lm.ngram import _find\nfrom lexiflow.models import evaluation\n"
+        "x = evaluation._private_thing\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert private_imports("lexiflow_probe") == [
+        "lexiflow_probe.py:1 from lexiflow.models.lm.ngram import _find",
+        "lexiflow_probe.py:3 evaluation._private_thing"]
+
+
+def test_no_module_imports_a_private_name_of_another():
+    modules = lexiflow_modules()
+    assert {"lexiflow.loaders", "lexiflow.storage.catalog", "lexiflow.models.lm.registry", "lexiflow.flows.cli"} <= \
+        set(modules)
+    assert [hit for name in modules for hit in private_imports(name)] == []
+
+
+def test_storage_imports_only_storage():
+    for name in (m for m in lexiflow_modules() if m.startswith("lexiflow.storage")):
+        path, tree = module_source(name)
+        for node in ast.walk(tree):
+            imported = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                        else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            above = [m for m in imported if m.startswith("lexiflow") and not m.startswith("lexiflow.storage")]
+            assert not above, f"{path.name}:{node.lineno} imports {above}: storage/ sits below models/ and loaders"
+
+
+def test_every_language_model_class_is_in_the_registry():
+    classes = {NgramLM}
+    for info in pkgutil.iter_modules(importlib.import_module("lexiflow.models.lm").__path__, "lexiflow.models.lm."):
+        module = importlib.import_module(info.name)
+        classes |= {c for _, c in inspect.getmembers(module, inspect.isclass)
+                    if issubclass(c, neural.NeuralLM) and c is not neural.NeuralLM}
+    assert classes == set(registry.KINDS.values())
+    assert all(registry.KINDS[c.kind] is c for c in classes if c is not NgramLM)  # the saved kind loads its class
+    assert "__init_subclass__" not in vars(neural.NeuralLM)  # no self-registration on import
