@@ -77,14 +77,14 @@ def train_config(lr: float, epochs: int, warmup: int = 100) -> TrainConfig:
                        device="cpu", log_every_s=60)
 
 
-def ours(kind: str, attention: str = "additive") -> Translator:
+def ours(kind: str, attention: str = "additive", epochs: int = EPOCHS) -> Translator:
     tok = TokenizerConfig("word", VOCAB)
     if kind == "rnn":
         return Translator("rnn", RNNSeq2SeqConfig(0, 0, emb_dim=H, hidden_dim=H, attention=attention, dropout=0.2),
-                          tok, train_config(2e-3, EPOCHS))
+                          tok, train_config(2e-3, epochs))
     return Translator("transformer", TransformerSeq2SeqConfig(0, 0, d_model=H, n_heads=4, d_ff=2 * H, encoder_layers=2,
                                                               decoder_layers=2, dropout=0.1, norm="pre"),
-                      tok, train_config(1e-3, EPOCHS, warmup=200))
+                      tok, train_config(1e-3, epochs, warmup=200))
 
 
 # ---------------------------------------------------------------------------------------------

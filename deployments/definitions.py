@@ -14,6 +14,7 @@ Prefect validates the flow's signature and our pydantic sections (`extra="forbid
                        unchanged sources give the same artifact versions, so nothing is recomputed
     train-embeddings   gpu pool: embeddings from artifacts in the store (the pipeline's hand-off)
     train-lm           gpu pool: a language model on the tokenized corpus
+    train-seq2seq      gpu pool: a translation model on the parallel corpus
 
 Add a deployment: one `DeploymentSpec(...)` line in `DEPLOYMENTS`.
 """
@@ -80,6 +81,9 @@ DEPLOYMENTS: list[DeploymentSpec] = [
                    tags=("training",)),
     DeploymentSpec("train-lm", "flows/training.py:train_lm", "gpu",
                    "Train a language model on the tokenized corpus in the store.", tags=("training",)),
+    DeploymentSpec("train-seq2seq", "flows/training.py:train_seq2seq", "gpu",
+                   "Train a translation model (RNN or Transformer encoder-decoder) on the parallel corpus.",
+                   tags=("training",)),
 ]
 
 

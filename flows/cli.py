@@ -314,6 +314,34 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_translate(args: argparse.Namespace) -> int:
+    """Translate a line per sentence (a file or standard input) with a trained seq2seq model; everything is
+    translated before the output is written, whole (`-o`) or to standard output."""
+    from lexiflow.models.errors import InputError, ParameterError
+
+    if args.beam < 1:
+        raise ParameterError(f"--beam={args.beam}: use 1 (greedy) or more")
+    if args.input == "-":
+        lines = sys.stdin.read().splitlines()
+    else:
+        source = Path(args.input)
+        if not source.is_file():
+            raise InputError(f"{source}: no such file" + (" (a folder)" if source.is_dir() else ""))
+        try:
+            lines = source.read_text(encoding="utf-8").splitlines()
+        except UnicodeDecodeError as exc:
+            line = source.read_bytes()[: exc.start].count(b"\n") + 1
+            raise InputError(f"{source}:{line}: invalid UTF-8; re-encode the file as UTF-8") from None
+    catalog = read_catalog(args.store)
+    translator = catalog.load("seq2seq", None if args.model == "latest" else args.model)
+    out = [t + "\n" for t in translator.translate(lines, beam_width=args.beam)]
+    if args.output is None:
+        sys.stdout.writelines(out)
+    else:
+        write_whole(Path(args.output), out)
+    return 0
+
+
 def cmd_export(args: argparse.Namespace) -> int:
     from lexiflow.loaders import EXPORT_EXTRAS
     from lexiflow.storage.export import export
@@ -398,6 +426,16 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, help="sampling seed (--strategy sample; default 0)")
     gen.add_argument("--store", default=DEFAULT_STORE, help=f"artifact store (default {DEFAULT_STORE})")
     gen.set_defaults(func=cmd_generate)
+
+    tr = sub.add_parser("translate", help="translate a line per sentence with a trained seq2seq model")
+    tr.add_argument("input", nargs="?", default="-", help="a UTF-8 text file, one sentence per line (default -: "
+                                                          "standard input)")
+    tr.add_argument("-o", "--output", help="output file, written whole once every line is translated (default: "
+                                           "standard output)")
+    tr.add_argument("--model", default="latest", metavar="VERSION", help="seq2seq artifact version (default: latest)")
+    tr.add_argument("--beam", type=int, default=5, help="beam width (1 = greedy; default 5)")
+    tr.add_argument("--store", default=DEFAULT_STORE, help=f"artifact store (default {DEFAULT_STORE})")
+    tr.set_defaults(func=cmd_translate)
 
     artifacts = sub.add_parser("artifacts", help="inspect the artifact store")
     art = artifacts.add_subparsers(dest="artifacts_command", required=True)

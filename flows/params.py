@@ -19,9 +19,11 @@ from lexiflow.tasks.params import (
     ParallelParams,
     Params,
     PPMIParams,
+    Seq2SeqParams,
     SVDParams,
     TaggerParams,
     TokenizerParams,
+    TranslationCorpusParams,
     VocabularyParams,
     Word2VecParams,
 )
@@ -36,11 +38,14 @@ class TrainingParams(Params):
                                        description="The FLOW/DEPLOYMENT that trains embeddings remotely.")
     lm_deployment: str = Field("train-lm/train-lm", pattern=r"^[^/]+/[^/]+$",
                                description="The FLOW/DEPLOYMENT that trains language models remotely.")
+    seq2seq_deployment: str = Field("train-seq2seq/train-seq2seq", pattern=r"^[^/]+/[^/]+$",
+                                    description="The FLOW/DEPLOYMENT that trains translation models remotely.")
     timeout_minutes: float = Field(240, gt=0, le=10_080, description="How long to wait for a remote training run.")
 
     def deployment(self, kind: str) -> str:
-        """The deployment that trains artifacts of `kind` (embeddings or lm) remotely."""
-        return {"embeddings": self.embeddings_deployment, "lm": self.lm_deployment}[kind]
+        """The deployment that trains artifacts of `kind` (embeddings, lm or seq2seq) remotely."""
+        return {"embeddings": self.embeddings_deployment, "lm": self.lm_deployment,
+                "seq2seq": self.seq2seq_deployment}[kind]
 
 
 class PipelineParams(Params):
@@ -77,6 +82,10 @@ class PipelineParams(Params):
                                                                    "co-occurrence shards run (threads, processes, a "
                                                                    "Dask cluster); results and versions do not "
                                                                    "depend on it.")
+    translation: TranslationCorpusParams = Field(TranslationCorpusParams(), description="Parallel (source, target) "
+                                                 "sources; when given, the translation stages run.")
+    seq2seq: Seq2SeqParams = Field(Seq2SeqParams(), description="Translation models (RNN encoder-decoder with "
+                                                                "attention, Transformer) and their training.")
 
     @model_validator(mode="after")
     def _combinations_work(self) -> PipelineParams:
@@ -108,6 +117,10 @@ class PipelineParams(Params):
                 if have != need:
                     problems.append(f"neural.pretrained={n.pretrained}: its vectors have {section}.dim={have} "
                                     f"dimensions, the {kind} LM needs neural.{name}={need}: make them equal")
+        s = self.seq2seq
+        if self.translation.sources and "transformer" in s.models and s.d_model % s.n_heads:
+            problems.append(f"seq2seq.n_heads={s.n_heads} does not divide seq2seq.d_model={s.d_model}: pick values "
+                            "with d_model % n_heads == 0")
         if problems:
             raise ParameterError("; ".join(problems))
         return self

@@ -2,6 +2,7 @@
 
 corpus → word vocabulary → tokenized corpus → co-occurrence → PPMI → embeddings → evaluation
                          ↘ (word or subword tokens) → language models ↗        → report
+parallel sources → parallel corpus → translation models (seq2seq) ↗
 
 Every task returns a small `ArtifactRef`; data travels through the artifact store only.
 """
@@ -12,7 +13,7 @@ import inspect
 from typing import Any
 
 from lexiflow.flows.params import PipelineParams, args_doc, flow_signature, validate
-from lexiflow.flows.training import EMBEDDING_TRAINERS, LM_TRAINERS, train
+from lexiflow.flows.training import EMBEDDING_TRAINERS, LM_TRAINERS, SEQ2SEQ_TRAINERS, train
 from lexiflow.models import ingest
 from lexiflow.storage import ArtifactRef, ArtifactStore
 from lexiflow.tasks.corpus import ingest_corpus, ingest_tagged
@@ -21,14 +22,16 @@ from lexiflow.tasks.matrices import compute_ppmi, count_cooccurrence
 from lexiflow.tasks.report import publish_report, write_report
 from lexiflow.tasks.stage import published_manifest
 from lexiflow.tasks.tagger import train_tagger
+from lexiflow.tasks.translation import ingest_parallel
 from lexiflow.tasks.vocabulary import encode_corpus, learn_subword, learn_vocabulary
 from prefect import flow, get_run_logger
 
 
 def build_all(**sections: Any) -> dict[str, ArtifactRef]:
     """Build every artifact from the corpus sources; unchanged stages are reused, not recomputed.
-    CoNLL-U sources also give a tagged corpus and an HMM tagger per tag set. Training stages run
-    here, or on the `gpu` work pool when `training.remote` is set."""
+    CoNLL-U sources also give a tagged corpus and an HMM tagger per tag set; parallel sources
+    (`translation.sources`) a parallel corpus and a translation model per `seq2seq.models` kind. Training
+    stages run here, or on the `gpu` work pool when `training.remote` is set."""
     p = validate(sections)  # deployed runs arrive as plain values: the checks across sections, up front
     store, corpus, embeddings, lm, neural, tagger, training = (
         p.store, p.corpus, p.embeddings, p.lm, p.neural, p.tagger, p.training)
@@ -71,14 +74,21 @@ def build_all(**sections: Any) -> dict[str, ArtifactRef]:
         taggers = {column: train_tagger(store, tagged=tagged, column=column, params=tagger)
                    for column in tagger.columns}
 
+    pairs, translators = None, {}
+    if p.translation.sources:  # parallel sources: a parallel corpus and a translation model per kind
+        pairs = ingest_parallel(store, params=p.translation)
+        translators = {kind: train(SEQ2SEQ_TRAINERS[kind], kind, store, {"pairs": pairs}, p.seq2seq, training)
+                       for kind in p.seq2seq.models}
+
     report = write_report(store, evaluations=list(evaluations.values()), lms=list(lms.values()) or None,
-                          taggers=list(taggers.values()) or None)
+                          taggers=list(taggers.values()) or None, translations=list(translators.values()) or None)
     publish_report(report)
     refs = {"corpus": docs, "tokenizer": words, "tokenized_corpus": word_ids, "cooccurrence": counts,
             **({"ppmi": pmi} if "svd" in vectors else {}),
             **{f"embeddings.{k}": v for k, v in vectors.items()},
             **{f"evaluation.{k}": v for k, v in evaluations.items()},
             **{f"lm.{k}": v for k, v in lms.items()}, **{f"tagger.{k}": v for k, v in taggers.items()},
+            **({"parallel_corpus": pairs} if pairs else {}), **{f"seq2seq.{k}": v for k, v in translators.items()},
             "report": report}
     get_run_logger().info("pipeline: %s", ", ".join(f"{name}={ref.version}" for name, ref in refs.items()))
     return refs

@@ -1,6 +1,6 @@
 """Training flows, deployed on the `gpu` work pool, and the hand-off that runs them there or here.
 
-`train-embeddings` and `train-lm` each run one training stage on artifacts already in the store.
+`train-embeddings`, `train-lm` and `train-seq2seq` each run one training stage on artifacts already in the store.
 The pipeline calls `train(...)`: with `training.remote` it starts the training deployment with
 `run_deployment` (a worker of the `gpu` pool picks it up), waits, and continues with the artifact
 that run published; otherwise it runs the same stage in its own process. Either way the artifact
@@ -9,7 +9,7 @@ known before the run starts (a hash of its inputs, parameters and code, see task
 pipeline looks it up in the store afterwards. The store must therefore be reachable from the GPU
 workers under the same name (a shared path or an object-store URL).
 
-A new trainer is one line in `EMBEDDING_TRAINERS` or `LM_TRAINERS` (plus, for a new parameter
+A new trainer is one line in `EMBEDDING_TRAINERS`, `LM_TRAINERS` or `SEQ2SEQ_TRAINERS` (plus, for a new parameter
 section, one parameter of the flow).
 """
 
@@ -31,10 +31,13 @@ from lexiflow.tasks.params import (
     LMKind,
     NeuralLMParams,
     NgramParams,
+    Seq2SeqKind,
+    Seq2SeqParams,
     SVDParams,
     Word2VecParams,
 )
 from lexiflow.tasks.stage import published_manifest
+from lexiflow.tasks.translation import train_seq2seq as seq2seq_stage
 from prefect import flow, get_run_logger
 from prefect.deployments import run_deployment
 from pydantic import BaseModel
@@ -68,6 +71,10 @@ LM_TRAINERS: dict[str, Trainer] = {
     kind: Trainer(lm_stage, {"tokens": "tokenized_corpus", "tokenizer": "tokenizer"},
                   "ngram" if kind == "ngram" else "neural", {"model": kind}, {"embeddings": "embeddings"})
     for kind in ("ngram", "ffnn", "rnn", "lstm", "gru", "transformer")
+}
+SEQ2SEQ_TRAINERS: dict[str, Trainer] = {
+    kind: Trainer(seq2seq_stage, {"pairs": "parallel_corpus"}, "seq2seq", {"model": kind})
+    for kind in ("rnn", "transformer")
 }
 
 
@@ -136,6 +143,23 @@ def train_lm(
             "inputs.embeddings is given but neural.pretrained=none: set neural.pretrained to the method of those "
             "embeddings, or leave inputs.embeddings out")
     return _run_here(trainer, store, inputs, {"ngram": ngram, "neural": neural}[trainer.section])
+
+
+@flow(name="train-seq2seq", log_prints=True)
+def train_seq2seq(
+    store: str = "artifacts",
+    method: Seq2SeqKind = "rnn",
+    inputs: dict[str, str] | None = None,
+    seq2seq: Seq2SeqParams = Seq2SeqParams(),
+) -> ArtifactRef:
+    """Train a translation model on a parallel corpus in the store (GPU pool).
+
+    Args:
+        store: Artifact store (a folder or an fsspec URL) shared with the workers.
+        method: Which model: rnn (encoder-decoder, with or without attention) or transformer.
+        inputs: Input artifact versions by argument name ({"pairs": <parallel_corpus version>}); missing: the latest.
+    """
+    return _run_here(SEQ2SEQ_TRAINERS[method], store, inputs or {}, seq2seq)
 
 
 def train(trainer: Trainer, method: str, store: str, inputs: dict[str, ArtifactRef], params: BaseModel,

@@ -142,6 +142,14 @@ def word_tokenizer_json(catalog: Catalog, manifest: dict[str, Any], dest: Path) 
 
 EXPORT_EXTRAS: dict[str, Extra] = {"tokenizer": word_tokenizer_json}  # `lexiflow artifacts export`: derived files
 
+def load_seq2seq(store: ArtifactStore, manifest: dict[str, Any]):
+    """A trained `Translator` (`.translate(sentences, beam_width=..., return_attention=False)`)."""
+    from lexiflow.models.seq2seq.translator import Translator
+
+    with local_folder(store, manifest) as folder:
+        return Translator.load(folder)
+
+
 LOADERS: dict[str, Loader] = {
     "tagger": load_tagger,
     "corpus": table("documents.parquet"),
@@ -154,6 +162,8 @@ LOADERS: dict[str, Loader] = {
     "evaluation": load_evaluation,
     "lm": load_lm,
     "encoder": load_encoder,
+    "parallel_corpus": table("pairs.parquet"),
+    "seq2seq": load_seq2seq,
     "report": load_report,
 }
 

@@ -25,6 +25,8 @@ TAGGED = pa.schema([("sent_id", pa.string()), ("source", pa.string()), ("split",
 VOCAB = pa.schema([("id", pa.uint32()), ("token", pa.string()), ("count", pa.uint64())])
 TOKENS = pa.schema([("doc_index", pa.uint32()), ("sentence", pa.uint32()), ("split", pa.string()),
                     ("ids", pa.list_(pa.uint32()))])
+PAIRS = pa.schema([("pair_id", pa.string()), ("source_file", pa.string()), ("split", pa.string()),
+                   ("source", pa.string()), ("target", pa.string())])  # the parallel corpus
 MATRIX = pa.schema([("row", pa.uint32()), ("col", pa.uint32()), ("value", pa.float64())])
 
 

@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 
 from lexiflow.models import ppmi, svd
 from lexiflow.models.config import parameters
+from lexiflow.models.device import Device
 from lexiflow.models.evaluation import DEFAULT_PROBES
 from lexiflow.models.glove import GloVeConfig
 from lexiflow.models.lm.ffnn import FFNNConfig
@@ -19,6 +20,9 @@ from lexiflow.models.lm.ngram import NgramLM
 from lexiflow.models.lm.rnn import RNNConfig
 from lexiflow.models.lm.train import TrainConfig
 from lexiflow.models.lm.transformer import TransformerConfig
+from lexiflow.models.seq2seq.rnn import RNNSeq2SeqConfig
+from lexiflow.models.seq2seq.transformer import TransformerSeq2SeqConfig
+from lexiflow.models.seq2seq.translator import TokenizerConfig
 from lexiflow.models.tokenizers import BPE, WordPiece
 from lexiflow.models.vocab import Vocabulary
 from lexiflow.models.word2vec import Word2VecConfig
@@ -142,3 +146,47 @@ class TaggerParams(Params):
     refine_states: bool = Field(True, description="Split each tag's HMM states by the other tag set during "
                                                   "training (UPOS by XPOS and vice versa); tagging returns plain "
                                                   "tags.")
+
+
+class TranslationCorpusParams(Params):
+    sources: list[str] = Field(
+        default=[], description="Parallel sources for the translation stages (empty: none run): .tsv files "
+                                "(source<TAB>target), JSONL/Parquet with source/target fields, or two line-aligned "
+                                "files <stem>.<source_lang> and <stem>.<target_lang>; files, directories or globs.")
+    source_lang: str = Field("src", min_length=1, pattern=r"^[\w-]+$", description="File suffix of the source side "
+                                                                                    "of aligned files (e.g. en).")
+    target_lang: str = Field("tgt", min_length=1, pattern=r"^[\w-]+$", description="File suffix of the target side.")
+    source_field: str = Field("source", min_length=1, description="JSONL field / Parquet column of the source.")
+    target_field: str = Field("target", min_length=1, description="JSONL field / Parquet column of the target.")
+    lowercase: bool = Field(False, description="Lowercase both sides.")
+    dedupe: bool = Field(True, description="Drop exact duplicate pairs.")
+    valid_fraction: float = Field(0.05, ge=0, lt=0.5, description="Share of source sentences in the valid split "
+                                                                  "(files named after a split keep theirs).")
+    test_fraction: float = Field(0.05, ge=0, lt=0.5, description="Share of source sentences in the test split.")
+    max_file_bytes: int = Field(4 << 30, ge=1, description="Largest decompressed file accepted, in bytes.")
+    bad_files: Literal["fail", "skip"] = Field(
+        "fail", description="A malformed pair (no tab, an empty side, invalid UTF-8, a missing field): stop with "
+                            "its file:line error, or skip it and count it in the manifest.")
+
+
+Seq2SeqKind = Literal["rnn", "transformer"]
+Seq2SeqParams = section(
+    "Seq2SeqParams", TokenizerConfig, RNNSeq2SeqConfig, TransformerSeq2SeqConfig,
+    doc="Translation models: tokens, the RNN and Transformer encoder-decoders, training and BLEU evaluation.",
+    models=(list[Seq2SeqKind], Field(["rnn"], description="Translation models to train, each its own seq2seq "
+                                                           "artifact: rnn, transformer.")),
+    # training: the loop's own parameters (TrainConfig) with a translator's defaults and meanings
+    epochs=(int, Field(1, ge=1, le=1000, description="Training epochs.")),
+    max_steps=(int | None, Field(None, ge=1, description="Stop after this many optimizer steps.")),
+    batch_size=(int, Field(64, ge=1, le=4096, description="Sentence pairs per batch.")),
+    lr=(float, Field(2e-3, gt=0, le=10, description="Peak learning rate (AdamW, warmup then cosine).")),
+    warmup_steps=(int, Field(100, ge=0, description="Linear warmup steps.")),
+    patience=(int | None, Field(None, ge=1, description="Early stopping: epochs without validation gain.")),
+    checkpoint_every=(int, Field(200, ge=0, description="Steps between checkpoints (0: epoch ends only).")),
+    device=(Device, "auto"),
+    seed=(int, Field(0, ge=0, description="Random seed.")),
+    beam_width=(int, Field(5, ge=1, le=256, description="Beam width of the BLEU evaluation (1 = greedy).")),
+    length_penalty=(float, Field(1.0, ge=0, le=5, description="Beam scores log P / length^alpha (1: the average "
+                                                              "log-probability, 0: none).")),
+    eval_sentences=(int | None, Field(None, ge=1, description="Score BLEU on at most this many valid/test "
+                                                              "sentences (None: all).")))

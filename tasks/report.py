@@ -4,6 +4,7 @@ Prefect UI as table, markdown and image artifacts."""
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 
@@ -14,6 +15,8 @@ from lexiflow.tasks.report_image import publish_chart, publish_image
 from lexiflow.tasks.stage import stage
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
+SEQ2SEQ_COLUMNS = ("model", "parameters", "train_pairs", "beam_width", "valid_bleu", "test_bleu", "valid_chrf",
+                   "test_chrf")
 LM_COLUMNS = ("model", "vocabulary_size", "train_tokens", "parameters", "valid_perplexity", "test_perplexity")
 FIGURE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+\.png)\)")
 
@@ -40,7 +43,7 @@ def _table(rows: list[dict], columns: tuple[str, ...]) -> list[str]:
 
 @stage("report")
 def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[ArtifactRef] | None = None,
-                 taggers: list[ArtifactRef] | None = None) -> None:
+                 taggers: list[ArtifactRef] | None = None, translations: list[ArtifactRef] | None = None) -> None:
     store = ArtifactStore(evaluations[0].store)
     lines = ["# lexiflow evaluation report", ""]
     manifests = [read_manifest(ref) for ref in evaluations]
@@ -70,8 +73,28 @@ def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[
         lines += ["", re.sub(r"(?m)^(#+) ", r"#\1 ", detail)]  # its headings, one level down
         column = read_manifest(ref)["metrics"]["column"]
         lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, f"tagger-{column}")]
+    if translations:
+        lines += _translation_section(out, translations)
     out.write_text("report.md", "\n".join(lines) + "\n")
-    out.metrics.update({"embeddings": len(evaluations), "lms": len(lms or []), "taggers": len(taggers or [])})
+    out.metrics.update({"embeddings": len(evaluations), "lms": len(lms or []), "taggers": len(taggers or []),
+                        "translations": len(translations or [])})
+
+
+def _translation_section(out: ArtifactWriter, translations: list[ArtifactRef]) -> list[str]:
+    """BLEU per model side by side, sample translations and attention heatmaps (source x target)."""
+    store = ArtifactStore(translations[0].store)
+    lines = ["", "## Translation", "", "Corpus BLEU (sacreBLEU-equal, 13a) and chrF; every translation of a source "
+             "sentence in the split is a reference. Validation tunes, test is reported once.", ""]
+    lines += _table([read_manifest(ref)["metrics"] for ref in translations], SEQ2SEQ_COLUMNS)
+    for ref in translations:
+        model = read_manifest(ref)["metrics"]["model"]
+        samples = json.loads(store.read_text(ref.kind, ref.version, "samples.json"))
+        lines += ["", f"### {model}: sample translations (validation)", "", "| source | translation | reference |",
+                  "|---|---|---|"]
+        lines += [f"| {s['source']} | {s['translation']} | {' / '.join(s['references'])} |".replace("\n", " ")
+                  for s in samples]
+        lines += [""] + [f"![{name}]({name})" for name in _copy_pngs(out, ref, f"seq2seq-{model}")]
+    return lines
 
 
 def publish_report(report: ArtifactRef) -> str:

@@ -180,3 +180,20 @@ def test_translator_bad_input():
         Translator().translate(["a"])
     with pytest.raises(ParameterError, match="attention='cosine'"):
         RNNSeq2Seq(RNNSeq2SeqConfig(10, 10, attention="cosine"))
+
+
+@pytest.mark.parametrize("kind, tokens", [
+    ("transformer", TokenizerConfig("bpe", 300, joint_vocabulary=True, min_count=2)),
+    ("rnn", TokenizerConfig("wordpiece", 300, joint_vocabulary=False, min_count=2)),
+])
+def test_subword_tokenizers_joint_or_separate_round_trip(pairs, tmp_path, kind, tokens):
+    src, tgt = pairs
+    config = (TransformerSeq2SeqConfig(0, 0, d_model=16, n_heads=2, d_ff=32, encoder_layers=1, decoder_layers=1)
+              if kind == "transformer" else RNNSeq2SeqConfig(0, 0, emb_dim=16, hidden_dim=16))
+    tr = Translator(kind, config, tokens, TrainConfig(epochs=1, batch_size=32, device="cpu")).fit(src, tgt)
+    assert (tr.src_codec_ is tr.tgt_codec_) == tokens.joint_vocabulary
+    assert tr.config.src_vocab_size == len(tr.src_codec_) <= 300
+    tr.save(tmp_path / "m")
+    back = Translator.load(tmp_path / "m", device="cpu")
+    assert back.translate(src[:10], beam_width=2) == tr.translate(src[:10], beam_width=2)
+    assert back.src_codec_.encode(["Run!"])[0].tolist() == tr.src_codec_.encode(["Run!"])[0].tolist()

@@ -24,11 +24,15 @@ beam reorders memory and state with one index_select on dim 0.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Annotated, Literal
 
 import torch
 import torch.nn.functional as F
-from lexiflow.models.attention import SCORES, make_score_attention
+from lexiflow.models.attention import make_score_attention
+from lexiflow.models.config import check
 from lexiflow.models.errors import ParameterError
+from lexiflow.models.seq2seq import Dropout
+from pydantic import Field
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -39,27 +43,26 @@ State = tuple[torch.Tensor, ...]
 
 @dataclass
 class RNNSeq2SeqConfig:
-    src_vocab_size: int
-    tgt_vocab_size: int
-    cell: str = "gru"  # "gru" | "lstm"
-    emb_dim: int = 256
-    hidden_dim: int = 256
-    num_layers: int = 1
-    bidirectional: bool = False  # encoder
-    attention: str = "additive"  # "none" | "dot" | "general" | "additive"
-    dropout: float = 0.2
+    """Annotated fields are pipeline parameters (the `seq2seq` section, models/config.py)."""
+
+    src_vocab_size: int = 0  # set from the tokenizers by Translator.fit
+    tgt_vocab_size: int = 0
+    cell: Annotated[Literal["gru", "lstm"], Field(description="RNN cell.")] = "gru"
+    emb_dim: Annotated[int, Field(ge=4, le=4096, description="RNN embedding size.")] = 256
+    hidden_dim: Annotated[int, Field(ge=4, le=8192, description="RNN hidden size.")] = 256
+    num_layers: Annotated[int, Field(ge=1, le=8, description="Stacked RNN layers (encoder and decoder).")] = 1
+    bidirectional: Annotated[bool, Field(description="Bidirectional RNN encoder.")] = False
+    attention: Annotated[Literal["none", "dot", "general", "additive"], Field(
+        description="RNN attention score: none (c = the final encoder state at every step), dot, general "
+                    "(bilinear) or additive (MLP, Bahdanau).")] = "additive"
+    dropout: Dropout = 0.2
     pad_id: int = 3
 
     def validate(self) -> None:
-        if self.cell not in CELLS:
-            raise ParameterError(f"cell={self.cell!r}: use 'gru' or 'lstm'")
-        if self.attention not in ("none", *SCORES):
-            raise ParameterError(f"attention={self.attention!r}: use 'none', 'dot', 'general' or 'additive'")
-        for name in ("src_vocab_size", "tgt_vocab_size", "emb_dim", "hidden_dim", "num_layers"):
+        check(self)
+        for name in ("src_vocab_size", "tgt_vocab_size"):
             if getattr(self, name) < 1:
                 raise ParameterError(f"{name}={getattr(self, name)}: use 1 or more")
-        if not 0.0 <= self.dropout < 1.0:
-            raise ParameterError(f"dropout={self.dropout}: use a value in [0, 1)")
 
 
 class RNNSeq2Seq(nn.Module):

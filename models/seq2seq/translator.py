@@ -17,22 +17,25 @@ Tokenizers: "word" (the project's word vocabulary; unknown words -> <unk>), "bpe
 decoded tokens with no space before . , ) and after ( (BLEU's 13a tokenisation splits them again).
 
 The `seq2seq` artifact is a directory: config.json (model kind and config, tokenizer and train configs),
-model.safetensors, metrics.parquet (per epoch), tokenizers (src/, tgt/ or joint/).
+model.safetensors, metrics.parquet (per epoch), the tokenizers' files prefixed `src-`/`tgt-` (or `joint-`).
 """
 
 from __future__ import annotations
 
 import json
 import re
+import shutil
+import tempfile
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import polars as pl
 import torch
 import torch.nn.functional as F
 from lexiflow.models.bleu import BLEUScore, corpus_bleu
+from lexiflow.models.config import check
 from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.lm.train import (
@@ -51,6 +54,7 @@ from lexiflow.models.seq2seq.transformer import TransformerSeq2Seq, TransformerS
 from lexiflow.models.text import pretokenize_expr
 from lexiflow.models.tokenizers import BPE, WordPiece
 from lexiflow.models.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocabulary
+from pydantic import Field
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -58,23 +62,23 @@ MODELS: dict[str, tuple[type, type]] = {
     "rnn": (RNNSeq2Seq, RNNSeq2SeqConfig),
     "transformer": (TransformerSeq2Seq, TransformerSeq2SeqConfig),
 }
-TOKENIZERS = ("word", "bpe", "wordpiece")
 _SUBWORD = {"bpe": BPE, "wordpiece": WordPiece}
 
 
 @dataclass
 class TokenizerConfig:
-    kind: str = "word"  # "word" | "bpe" | "wordpiece"
-    vocab_size: int = 8000  # per side (word: the most frequent words; subword: the learned vocabulary)
-    joint: bool = False  # one tokenizer learned on source and target text
-    min_count: int = 1  # word: rarer words become <unk>; subword: min_frequency
+    """Source and target tokens. Annotated fields are pipeline parameters (models/config.py)."""
+
+    tokenizer: Annotated[Literal["word", "bpe", "wordpiece"], Field(
+        description="Source and target tokens: words (rarer ones <unk>), BPE or WordPiece subwords.")] = "word"
+    vocab_size: Annotated[int, Field(ge=16, le=1_000_000, description="Vocabulary per side (or joint), specials "
+                                                                      "included.")] = 8000
+    joint_vocabulary: Annotated[bool, Field(description="One tokenizer learned on both sides.")] = False
+    min_count: Annotated[int, Field(ge=1, description="Rarer words become <unk> (word); subword training's "
+                                                      "minimum pair frequency.")] = 1
 
     def validate(self) -> None:
-        if self.kind not in TOKENIZERS:
-            raise ParameterError(f"tokenizer kind={self.kind!r}: use 'word', 'bpe' or 'wordpiece'")
-        if self.vocab_size < 8 or self.min_count < 1:
-            raise ParameterError(f"tokenizer vocab_size={self.vocab_size}, min_count={self.min_count}: use a "
-                                 "vocabulary of 8 or more and min_count >= 1")
+        check(self)
 
 
 class Codec:
@@ -86,10 +90,11 @@ class Codec:
     @classmethod
     def fit(cls, cfg: TokenizerConfig, texts: list[str]) -> Codec:
         series = pl.Series(texts, dtype=pl.String)
-        if cfg.kind == "word":
+        if cfg.tokenizer == "word":
             words = series.to_frame("t").select(pretokenize_expr(pl.col("t")))["t"]
             return cls("word", Vocabulary.count(words, min_count=cfg.min_count, max_size=cfg.vocab_size - 4))
-        return cls(cfg.kind, _SUBWORD[cfg.kind](vocab_size=cfg.vocab_size, min_frequency=cfg.min_count).fit(series))
+        subword = _SUBWORD[cfg.tokenizer](vocab_size=cfg.vocab_size, min_frequency=cfg.min_count)
+        return cls(cfg.tokenizer, subword.fit(series))
 
     def __len__(self) -> int:
         return len(self.impl) if self.kind == "word" else len(self.impl.vocab_)
@@ -105,18 +110,24 @@ class Codec:
         vocab = self.impl.tokens if self.kind == "word" else self.impl.vocab_
         return [vocab[i] for i in ids]
 
-    def save(self, path: Path) -> None:
-        path.mkdir(parents=True, exist_ok=True)
+    def save(self, path: Path, prefix: str) -> None:
+        """Files `<prefix>-<name>` in `path` (artifacts are flat folders)."""
         if self.kind == "word":
-            self.impl.frame.write_parquet(path / "vocab.parquet")
-        else:
-            self.impl.save(path)
+            self.impl.frame.write_parquet(path / f"{prefix}-vocab.parquet")
+            return
+        with tempfile.TemporaryDirectory() as tmp:
+            self.impl.save(tmp)
+            for f in Path(tmp).iterdir():
+                shutil.move(f, path / f"{prefix}-{f.name}")
 
     @classmethod
-    def load(cls, kind: str, path: Path) -> Codec:
+    def load(cls, kind: str, path: Path, prefix: str) -> Codec:
         if kind == "word":
-            return cls("word", Vocabulary(pl.read_parquet(path / "vocab.parquet")))
-        return cls(kind, _SUBWORD[kind].load(path))
+            return cls("word", Vocabulary(pl.read_parquet(path / f"{prefix}-vocab.parquet")))
+        with tempfile.TemporaryDirectory() as tmp:
+            for f in path.glob(f"{prefix}-*"):
+                shutil.copy(f, Path(tmp) / f.name[len(prefix) + 1:])
+            return cls(kind, _SUBWORD[kind].load(tmp))
 
 
 def detokenize(text: str) -> str:
@@ -218,7 +229,7 @@ class Translator:
         if kind not in MODELS:
             raise ParameterError(f"seq2seq model={kind!r}: use one of {', '.join(MODELS)}")
         self.kind = kind
-        self.config = config if config is not None else MODELS[kind][1](0, 0)
+        self.config = config if config is not None else MODELS[kind][1]()
         self.tokenizer = tokenizer or TokenizerConfig()
         self.train = train or TrainConfig()
         self.max_len_a, self.max_len_b = max_len_a, max_len_b
@@ -230,7 +241,7 @@ class Translator:
             raise InputError(f"fit: {len(src)} source and {len(tgt)} target sentences; give equally many, at least 1")
         self.tokenizer.validate()
         self.train.validate()
-        if self.tokenizer.joint:
+        if self.tokenizer.joint_vocabulary:
             joint = Codec.fit(self.tokenizer, list(src) + list(tgt))
             self.src_codec_ = self.tgt_codec_ = joint
         else:
@@ -315,11 +326,11 @@ class Translator:
         path = Path(path)
         path.mkdir(parents=True, exist_ok=True)
         save_file(module_tensors(self.module_), str(path / "model.safetensors"))
-        if self.tokenizer.joint:
-            self.src_codec_.save(path / "joint")
+        if self.tokenizer.joint_vocabulary:
+            self.src_codec_.save(path, "joint")
         else:
-            self.src_codec_.save(path / "src")
-            self.tgt_codec_.save(path / "tgt")
+            self.src_codec_.save(path, "src")
+            self.tgt_codec_.save(path, "tgt")
         cfg = {"kind": self.kind, "config": asdict(self.config), "tokenizer": asdict(self.tokenizer),
                "train": asdict(self.train), "max_len_a": self.max_len_a, "max_len_b": self.max_len_b}
         (path / "config.json").write_text(json.dumps(cfg, indent=1))
@@ -337,11 +348,11 @@ class Translator:
         config = config_cls(**{f.name: cfg["config"][f.name] for f in fields(config_cls) if f.name in cfg["config"]})
         tr = cls(kind, config, TokenizerConfig(**cfg["tokenizer"]), TrainConfig(**cfg["train"]),
                  max_len_a=cfg["max_len_a"], max_len_b=cfg["max_len_b"])
-        if tr.tokenizer.joint:
-            tr.src_codec_ = tr.tgt_codec_ = Codec.load(tr.tokenizer.kind, path / "joint")
+        if tr.tokenizer.joint_vocabulary:
+            tr.src_codec_ = tr.tgt_codec_ = Codec.load(tr.tokenizer.tokenizer, path, "joint")
         else:
-            tr.src_codec_ = Codec.load(tr.tokenizer.kind, path / "src")
-            tr.tgt_codec_ = Codec.load(tr.tokenizer.kind, path / "tgt")
+            tr.src_codec_ = Codec.load(tr.tokenizer.tokenizer, path, "src")
+            tr.tgt_codec_ = Codec.load(tr.tokenizer.tokenizer, path, "tgt")
         tr.bos_id_, tr.eos_id_, _ = _specials(tr.tgt_codec_)
         tr.module_ = MODELS[kind][0](config)
         load_module_tensors(tr.module_, load_file(str(path / "model.safetensors")), str(path / "model.safetensors"))
