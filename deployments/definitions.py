@@ -15,6 +15,8 @@ Prefect validates the flow's signature and our pydantic sections (`extra="forbid
     train-embeddings   gpu pool: embeddings from artifacts in the store (the pipeline's hand-off)
     train-lm           gpu pool: a language model on the tokenized corpus
     train-seq2seq      gpu pool: a translation model on the parallel corpus
+    pretrain           gpu pool: the BERT-style encoder (masked LM) on the corpus
+    finetune           gpu pool: the encoder fine-tuned on the tagged corpus (one task, one mode)
 
 Add a deployment: one `DeploymentSpec(...)` line in `DEPLOYMENTS`.
 """
@@ -83,6 +85,11 @@ DEPLOYMENTS: list[DeploymentSpec] = [
                    "Train a language model on the tokenized corpus in the store.", tags=("training",)),
     DeploymentSpec("train-seq2seq", "flows/training.py:train_seq2seq", "gpu",
                    "Train a translation model (RNN or Transformer encoder-decoder) on the parallel corpus.",
+                   tags=("training",)),
+    DeploymentSpec("pretrain", "flows/training.py:pretrain", "gpu",
+                   "Pretrain the BERT-style encoder (masked LM) on the corpus in the store.", tags=("training",)),
+    DeploymentSpec("finetune", "flows/training.py:finetune", "gpu",
+                   "Fine-tune the pretrained encoder on the tagged corpus (method <task>-<mode>).",
                    tags=("training",)),
 ]
 

@@ -3,6 +3,7 @@
 corpus → word vocabulary → tokenized corpus → co-occurrence → PPMI → embeddings → evaluation
                          ↘ (word or subword tokens) → language models ↗        → report
 parallel sources → parallel corpus → translation models (seq2seq) ↗
+corpus → encoder (masked LM) → fine-tuned classifiers (tagged corpus: UPOS, genre; each mode) ↗
 
 Every task returns a small `ArtifactRef`; data travels through the artifact store only.
 """
@@ -13,7 +14,14 @@ import inspect
 from typing import Any
 
 from lexiflow.flows.params import PipelineParams, args_doc, flow_signature, validate
-from lexiflow.flows.training import EMBEDDING_TRAINERS, LM_TRAINERS, SEQ2SEQ_TRAINERS, train
+from lexiflow.flows.training import (
+    EMBEDDING_TRAINERS,
+    FINETUNE_TRAINERS,
+    LM_TRAINERS,
+    PRETRAIN_TRAINERS,
+    SEQ2SEQ_TRAINERS,
+    train,
+)
 from lexiflow.models import ingest
 from lexiflow.storage import ArtifactRef, ArtifactStore
 from lexiflow.tasks.corpus import ingest_corpus, ingest_tagged
@@ -67,12 +75,19 @@ def build_all(**sections: Any) -> dict[str, ArtifactRef]:
                       "embeddings": None if kind == "ngram" else vectors.get(neural.pretrained)}
             lms[kind] = train(LM_TRAINERS[kind], kind, store, inputs, p.ngram if kind == "ngram" else neural, training)
 
-    taggers = {}
+    taggers, tagged = {}, None
     skipped = {s["source"] for s in published_manifest(docs)["metrics"].get("skipped", [])}
     if any(str(path) not in skipped for path in ingest.tagged_files(ingest.resolve_sources(corpus.sources))):
         tagged = ingest_tagged(store, params=corpus)
         taggers = {column: train_tagger(store, tagged=tagged, column=column, params=tagger)
                    for column in tagger.columns}
+
+    encoder, finetuned = None, {}
+    if p.finetune.tasks and tagged is not None:  # the encoder, then one classifier per task and mode
+        encoder = train(PRETRAIN_TRAINERS["encoder"], "encoder", store, {"corpus": docs}, p.pretrain, training)
+        finetuned = {f"{task}-{mode}": train(FINETUNE_TRAINERS[f"{task}-{mode}"], f"{task}-{mode}", store,
+                                             {"encoder": encoder, "tagged": tagged}, p.finetune, training)
+                     for task in p.finetune.tasks for mode in p.finetune.modes}
 
     pairs, translators = None, {}
     if p.translation.sources:  # parallel sources: a parallel corpus and a translation model per kind
@@ -81,7 +96,8 @@ def build_all(**sections: Any) -> dict[str, ArtifactRef]:
                        for kind in p.seq2seq.models}
 
     report = write_report(store, evaluations=list(evaluations.values()), lms=list(lms.values()) or None,
-                          taggers=list(taggers.values()) or None, translations=list(translators.values()) or None)
+                          taggers=list(taggers.values()) or None, translations=list(translators.values()) or None,
+                          finetuned=list(finetuned.values()) or None)
     publish_report(report)
     refs = {"corpus": docs, "tokenizer": words, "tokenized_corpus": word_ids, "cooccurrence": counts,
             **({"ppmi": pmi} if "svd" in vectors else {}),
@@ -89,6 +105,7 @@ def build_all(**sections: Any) -> dict[str, ArtifactRef]:
             **{f"evaluation.{k}": v for k, v in evaluations.items()},
             **{f"lm.{k}": v for k, v in lms.items()}, **{f"tagger.{k}": v for k, v in taggers.items()},
             **({"parallel_corpus": pairs} if pairs else {}), **{f"seq2seq.{k}": v for k, v in translators.items()},
+            **({"encoder": encoder} if encoder else {}), **{f"finetuned.{k}": v for k, v in finetuned.items()},
             "report": report}
     get_run_logger().info("pipeline: %s", ", ".join(f"{name}={ref.version}" for name, ref in refs.items()))
     return refs

@@ -9,7 +9,9 @@ known before the run starts (a hash of its inputs, parameters and code, see task
 pipeline looks it up in the store afterwards. The store must therefore be reachable from the GPU
 workers under the same name (a shared path or an object-store URL).
 
-A new trainer is one line in `EMBEDDING_TRAINERS`, `LM_TRAINERS` or `SEQ2SEQ_TRAINERS` (plus, for a new parameter
+`pretrain` and `finetune` do the same for the BERT-style encoder and its fine-tuned classifiers.
+A new trainer is one line in `EMBEDDING_TRAINERS`, `LM_TRAINERS`, `SEQ2SEQ_TRAINERS`, `PRETRAIN_TRAINERS` or
+`FINETUNE_TRAINERS` (plus, for a new parameter
 section, one parameter of the flow).
 """
 
@@ -18,7 +20,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from lexiflow.flows.params import TrainingParams, artifact_ref
 from lexiflow.models.errors import ParameterError
@@ -27,15 +29,21 @@ from lexiflow.tasks.embeddings import glove_embeddings, svd_embeddings, word2vec
 from lexiflow.tasks.lm import train_lm as lm_stage
 from lexiflow.tasks.params import (
     EmbeddingMethod,
+    FineTuneMode,
+    FineTuneParams,
+    FineTuneTask,
     GloVeParams,
     LMKind,
     NeuralLMParams,
     NgramParams,
+    PretrainParams,
     Seq2SeqKind,
     Seq2SeqParams,
     SVDParams,
     Word2VecParams,
 )
+from lexiflow.tasks.pretraining import finetune as finetune_stage
+from lexiflow.tasks.pretraining import pretrain as pretrain_stage
 from lexiflow.tasks.stage import published_manifest
 from lexiflow.tasks.translation import train_seq2seq as seq2seq_stage
 from prefect import flow, get_run_logger
@@ -75,6 +83,13 @@ LM_TRAINERS: dict[str, Trainer] = {
 SEQ2SEQ_TRAINERS: dict[str, Trainer] = {
     kind: Trainer(seq2seq_stage, {"pairs": "parallel_corpus"}, "seq2seq", {"model": kind})
     for kind in ("rnn", "transformer")
+}
+
+PRETRAIN_TRAINERS: dict[str, Trainer] = {"encoder": Trainer(pretrain_stage, {"corpus": "corpus"}, "pretrain")}
+FINETUNE_TRAINERS: dict[str, Trainer] = {  # method "<task>-<mode>", e.g. "upos-lora"
+    f"{task}-{mode}": Trainer(finetune_stage, {"encoder": "encoder", "tagged": "tagged_corpus"}, "finetune",
+                              {"task": task, "mode": mode})
+    for task in get_args(FineTuneTask) for mode in get_args(FineTuneMode)
 }
 
 
@@ -160,6 +175,47 @@ def train_seq2seq(
         inputs: Input artifact versions by argument name ({"pairs": <parallel_corpus version>}); missing: the latest.
     """
     return _run_here(SEQ2SEQ_TRAINERS[method], store, inputs or {}, seq2seq)
+
+
+def _run_method(trainers: dict[str, Trainer], method: str, store: str, inputs: dict[str, str] | None,
+                params: BaseModel) -> ArtifactRef:
+    if method not in trainers:  # a free-text method (deployments with many choices): checked here
+        raise ParameterError(f"method={method!r}: use one of {', '.join(trainers)}")
+    return _run_here(trainers[method], store, inputs or {}, params)
+
+
+@flow(name="pretrain", log_prints=True)
+def pretrain(
+    store: str = "artifacts",
+    method: str = "encoder",
+    inputs: dict[str, str] | None = None,
+    pretrain: PretrainParams = PretrainParams(),
+) -> ArtifactRef:
+    """Pretrain the BERT-style encoder (masked LM) on the corpus in the store (GPU pool).
+
+    Args:
+        store: Artifact store (a folder or an fsspec URL) shared with the workers.
+        method: encoder (the only pretraining model).
+        inputs: Input artifact versions by argument name ({"corpus": <version>}); missing: the latest.
+    """
+    return _run_method(PRETRAIN_TRAINERS, method, store, inputs, pretrain)
+
+
+@flow(name="finetune", log_prints=True)
+def finetune(
+    store: str = "artifacts",
+    method: str = "upos-full",
+    inputs: dict[str, str] | None = None,
+    finetune: FineTuneParams = FineTuneParams(),
+) -> ArtifactRef:
+    """Fine-tune the pretrained encoder on the tagged corpus in the store (GPU pool).
+
+    Args:
+        store: Artifact store (a folder or an fsspec URL) shared with the workers.
+        method: <task>-<mode>: task upos or genre, mode scratch, frozen, full, adapters or lora.
+        inputs: Input artifact versions by argument name ({"encoder": ..., "tagged": ...}); missing: the latest.
+    """
+    return _run_method(FINETUNE_TRAINERS, method, store, inputs, finetune)
 
 
 def train(trainer: Trainer, method: str, store: str, inputs: dict[str, ArtifactRef], params: BaseModel,

@@ -21,6 +21,8 @@ from __future__ import annotations
 import json
 import logging
 import math
+import shutil
+import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -289,8 +291,9 @@ class MaskedLM:
     """`MaskedLM(EncoderConfig(V), TrainConfig(...)).fit(train_sentences, valid_sentences)`; sentences are
     WordPiece id arrays without [CLS]/[SEP] (tokenizer built with special_tokens=BERT_SPECIALS)."""
 
-    def __init__(self, config: EncoderConfig, train: TrainConfig | None = None) -> None:
+    def __init__(self, config: EncoderConfig, train: TrainConfig | None = None, tokenizer=None) -> None:
         self.config, self.train_config = config, train or TrainConfig()
+        self.tokenizer = tokenizer  # the WordPiece the ids come from, saved alongside when given
         self.model: EncoderModel | None = None
         self.history: list[dict] = []
         self.metrics: dict = {}
@@ -327,6 +330,11 @@ class MaskedLM:
         save_file(module_tensors(self.model), str(path / "encoder.safetensors"))
         (path / "config.json").write_text(json.dumps({"model": asdict(self.config), "train": asdict(self.train_config),
                                                       "metrics": self.metrics}, indent=2))
+        if self.tokenizer is not None:  # artifacts are flat folders: the tokenizer's files as tokenizer-<name>
+            with tempfile.TemporaryDirectory() as tmp:
+                self.tokenizer.save(tmp)
+                for f in Path(tmp).iterdir():
+                    shutil.move(f, path / f"tokenizer-{f.name}")
 
     @classmethod
     def load(cls, path: str | Path) -> MaskedLM:
@@ -340,4 +348,11 @@ class MaskedLM:
         load_module_tensors(self.model, load_file(str(path / "encoder.safetensors")), str(path / "encoder.safetensors"))
         self.model.eval()
         self.metrics = meta.get("metrics", {})
+        if (path / "tokenizer-config.json").exists():
+            from lexiflow.models.tokenizers.wordpiece import WordPiece
+
+            with tempfile.TemporaryDirectory() as tmp:
+                for f in path.glob("tokenizer-*"):
+                    shutil.copy(f, Path(tmp) / f.name.removeprefix("tokenizer-"))
+                self.tokenizer = WordPiece.load(tmp)
         return self

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -53,8 +53,7 @@ GENRES = ("answers", "email", "newsgroup", "reviews", "weblog")  # EWT sent_id p
 class FineTuneConfig:
     """How a pretrained body is adapted to a task. Annotated fields are pipeline parameters."""
 
-    mode: Annotated[Literal["full", "frozen", "adapters", "lora"], Field(description="What trains besides the head.")] \
-        = "full"
+    mode: Literal["full", "frozen", "adapters", "lora"] = "full"  # what trains besides the head (pipeline: each)
     lora_rank: Annotated[int, Field(ge=1, le=256, description="LoRA rank r.")] = 4
     lora_alpha: Annotated[float, Field(gt=0, description="LoRA scale α (updates weigh α / r).")] = 8.0
     adapter_size: Annotated[int, Field(ge=1, le=4096, description="Adapter bottleneck width.")] = 16
@@ -62,6 +61,8 @@ class FineTuneConfig:
 
     def validate(self) -> None:
         check(self)
+        if self.mode not in MODES:
+            raise ParameterError(f"FineTuneConfig.mode={self.mode!r}: use one of {', '.join(MODES)}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -213,37 +214,44 @@ class Example:
     n_words: int = 0  # words of the sentence (truncated ones count as errors)
 
 
-def ewt_examples(path: str | Path, tokenizer, task: Literal["upos", "genre"], labels: Sequence[str],
-                 max_len: int, lowercase: bool = True) -> list[Example]:
-    """Examples of a CoNLL-U file: UPOS per word (label at its first sub-token) or the genre (sent_id prefix).
-    An unknown tag or genre is an InputError naming the file and line."""
+def examples(sentences: Iterable[tuple[list[str], list[str], str]], tokenizer, task: Literal["upos", "genre"],
+             labels: Sequence[str], max_len: int, where: str = "sentences", lowercase: bool = True) -> list[Example]:
+    """Examples from (words, UPOS tags, sent_id) triples: UPOS per word (label at its first sub-token) or the
+    genre (the sent_id prefix). An unknown tag or genre is an InputError naming `where` and the sentence."""
     index = {t: i for i, t in enumerate(labels)}
     out = []
-    for sent in read_conllu(path):
-        words = [w.lower() for w in sent.words] if lowercase else sent.words
-        pieces = tokenizer.encode_words(words)
+    for n, (words, upos, sent_id) in enumerate(sentences, start=1):
+        pieces = tokenizer.encode_words([w.lower() for w in words] if lowercase else list(words))
         ids, tags = [CLS_ID], [IGNORE]
-        for word_ids, tag in zip(pieces, sent.upos, strict=True):
+        for word_ids, tag in zip(pieces, upos, strict=True):
             word_ids = word_ids or [tokenizer.unk_id]
             if len(ids) + len(word_ids) > max_len - 1:
                 break
             if task == "upos" and tag not in index:
-                raise InputError(f"{path}:{sent.line}: UPOS tag {tag!r} is not one of the {len(labels)} labels")
+                raise InputError(f"{where}: sentence {n} ({sent_id}): UPOS tag {tag!r} is not one of the "
+                                 f"{len(labels)} labels")
             ids += word_ids
             tags += [index.get(tag, IGNORE)] + [IGNORE] * (len(word_ids) - 1)
         ids.append(SEP_ID)
         tags.append(IGNORE)
         if task == "upos":
-            out.append(Example(ids, tags, len(sent.words)))
-        else:
-            genre = sent.sent_id.split("-", 1)[0]
-            if genre not in index:
-                raise InputError(f"{path}:{sent.line}: sent_id {sent.sent_id!r} does not start with a genre "
-                                 f"({', '.join(labels)})")
-            out.append(Example(ids, index[genre], len(sent.words)))
+            out.append(Example(ids, tags, len(words)))
+            continue
+        genre = sent_id.split("-", 1)[0]
+        if genre not in index:
+            raise InputError(f"{where}: sentence {n}: sent_id {sent_id!r} does not start with a genre "
+                             f"({', '.join(labels)})")
+        out.append(Example(ids, index[genre], len(words)))
     if not out:
-        raise InputError(f"{path}: no sentences")
+        raise InputError(f"{where}: no sentences")
     return out
+
+
+def ewt_examples(path: str | Path, tokenizer, task: Literal["upos", "genre"], labels: Sequence[str],
+                 max_len: int, lowercase: bool = True) -> list[Example]:
+    """`examples` of a CoNLL-U file."""
+    return examples(((s.words, s.upos, s.sent_id) for s in read_conllu(path)), tokenizer, task, labels, max_len,
+                    str(path), lowercase)
 
 
 UPOS_TAGS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN", "PUNCT",
