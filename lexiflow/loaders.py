@@ -150,6 +150,24 @@ def load_seq2seq(store: ArtifactStore, manifest: dict[str, Any]):
         return Translator.load(folder)
 
 
+def load_finetuned(store: ArtifactStore, manifest: dict[str, Any]):
+    """A fine-tuned classifier (`models.finetune.Classifier`, LoRA merged), with `.labels` and `.tokenizer` (its
+    encoder's WordPiece) set."""
+    from lexiflow.models.encoder import EncoderModel
+    from lexiflow.models.finetune import Classifier
+    from lexiflow.models.lm.train import load_module_tensors
+    from safetensors.torch import load_file
+
+    config = store.read_json(manifest["kind"], manifest["version"], "config.json")
+    encoder = load(Catalog(store), "encoder", config["encoder"])
+    model = Classifier(EncoderModel(encoder.config), "token" if config["task"] == "upos" else "sequence",
+                       len(config["labels"]))
+    with store.local_copy(manifest["kind"], manifest["version"], "classifier.safetensors") as path:
+        load_module_tensors(model, load_file(str(path)), "classifier.safetensors")
+    model.labels, model.tokenizer = config["labels"], encoder.tokenizer
+    return model.eval()
+
+
 LOADERS: dict[str, Loader] = {
     "tagger": load_tagger,
     "corpus": table("documents.parquet"),
@@ -162,6 +180,7 @@ LOADERS: dict[str, Loader] = {
     "evaluation": load_evaluation,
     "lm": load_lm,
     "encoder": load_encoder,
+    "finetuned": load_finetuned,
     "parallel_corpus": table("pairs.parquet"),
     "seq2seq": load_seq2seq,
     "report": load_report,

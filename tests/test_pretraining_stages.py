@@ -3,6 +3,7 @@
 from pathlib import Path
 
 import pytest
+import torch
 from lexiflow.loaders import load
 from lexiflow.models.conllu import format_sentence, read_conllu
 from lexiflow.models.errors import InputError
@@ -48,6 +49,10 @@ def test_pretrain_then_finetune_publish_artifacts_and_the_report_table(store):
     lora, scratch = (read_manifest(r)["metrics"] for r in refs)
     assert lora["evaluated_on"] == "test" and 0 <= lora["accuracy"] <= 1
     assert lora["trainable_share"] < 0.5 and scratch["trainable"] == scratch["total"]
+    tagger = load(store, "finetuned", refs[0].version)  # LoRA merged into plain Linear layers
+    assert tagger.labels[0] == "ADJ" and not any(type(m).__name__ == "LoRALinear" for m in tagger.modules())
+    ids = torch.tensor([[1] + [i for w in tagger.tokenizer.encode_words(["the", "dog"]) for i in w] + [2]])
+    assert tagger(ids).shape[-1] == 17
     table = "\n".join(_finetune_section(refs))
     assert "| upos | lora |" in table and "| genre | scratch |" in table
     assert f"{metrics['masked_lm_accuracy']:.4f}"[:4] in table
