@@ -65,7 +65,7 @@ def run(quick: bool = False) -> list[Row]:
                                        len(train_ids), n_tokens, time.perf_counter() - t0)
     # The CPU budget (a shared 2-core machine under ~15 load): ~1M masked-LM tokens, ~0.25M LM tokens, and
     # 150 fine-tuning steps of 32 sentences (~40 % of an epoch of EWT train) per configuration.
-    epochs, mlm_steps, lm_steps, ft_steps = 1, (40 if quick else 200), (40 if quick else 120), (20 if quick else 150)
+    epochs, mlm_steps, lm_steps, ft_steps = 1, (40 if quick else 800), (40 if quick else 300), (20 if quick else 300)
     pre_cfg = TrainConfig(epochs=epochs, max_steps=mlm_steps, batch_size=64, lr=2e-3, warmup_steps=40,
                           clip_grad_norm=1.0, checkpoint_every=0, weight_decay=0.01, log_every_s=30)
     mlm = MaskedLM(EncoderConfig(vocab_size=tok.vocab_size, d_ff=512, **size), pre_cfg)
