@@ -16,6 +16,8 @@ Prefect validates the flow's signature and our pydantic sections (`extra="forbid
     train-lm           gpu pool: a language model on the tokenized corpus
     train-seq2seq      gpu pool: a translation model on the parallel corpus
     train-tagger       gpu pool: a neural tagger (BiLSTM, BiLSTM+ELMo) or the ELMo biLM
+    pretrain           gpu pool: the BERT-style encoder (masked LM) on the corpus
+    finetune           gpu pool: the encoder fine-tuned on the tagged corpus (one task, one mode)
 
 Add a deployment: one `DeploymentSpec(...)` line in `DEPLOYMENTS`.
 """
@@ -89,6 +91,11 @@ DEPLOYMENTS: list[DeploymentSpec] = [
     DeploymentSpec("train-tagger", "flows/training.py:train_tagger_flow", "gpu",
                    "Train a neural part-of-speech tagger (BiLSTM, BiLSTM+ELMo) or the ELMo biLM from artifacts in "
                    "the store.", tags=("training",)),
+    DeploymentSpec("pretrain", "flows/training.py:pretrain", "gpu",
+                   "Pretrain the BERT-style encoder (masked LM) on the corpus in the store.", tags=("training",)),
+    DeploymentSpec("finetune", "flows/training.py:finetune", "gpu",
+                   "Fine-tune the pretrained encoder on the tagged corpus (method <task>-<mode>).",
+                   tags=("training",)),
 ]
 
 

@@ -13,6 +13,7 @@ from lexiflow.tasks.params import (
     ElmoParams,
     EmbeddingMethods,
     EvaluationParams,
+    FineTuneParams,
     GloVeParams,
     LMKind,
     LSIParams,
@@ -21,6 +22,7 @@ from lexiflow.tasks.params import (
     ParallelParams,
     Params,
     PPMIParams,
+    PretrainParams,
     Seq2SeqParams,
     SVDParams,
     TaggerParams,
@@ -45,13 +47,19 @@ class TrainingParams(Params):
     tagger_deployment: str = Field("train-tagger/train-tagger", pattern=r"^[^/]+/[^/]+$",
                                    description="The FLOW/DEPLOYMENT that trains neural taggers and the ELMo biLM "
                                                "remotely.")
+    pretrain_deployment: str = Field("pretrain/pretrain", pattern=r"^[^/]+/[^/]+$",
+                                     description="The FLOW/DEPLOYMENT that pretrains the encoder remotely.")
+    finetune_deployment: str = Field("finetune/finetune", pattern=r"^[^/]+/[^/]+$",
+                                     description="The FLOW/DEPLOYMENT that fine-tunes the encoder remotely.")
     timeout_minutes: float = Field(240, gt=0, le=10_080, description="How long to wait for a remote training run.")
 
     def deployment(self, kind: str) -> str:
-        """The deployment that trains artifacts of `kind` (embeddings, lm, seq2seq, tagger or elmo) remotely."""
+        """The deployment that trains artifacts of `kind` (embeddings, lm, seq2seq, tagger, elmo, encoder,
+        finetuned) remotely."""
         return {"embeddings": self.embeddings_deployment, "lm": self.lm_deployment,
                 "seq2seq": self.seq2seq_deployment, "tagger": self.tagger_deployment,
-                "elmo": self.tagger_deployment}[kind]
+                "elmo": self.tagger_deployment, "encoder": self.pretrain_deployment,
+                "finetuned": self.finetune_deployment}[kind]
 
 
 class PipelineParams(Params):
@@ -96,6 +104,12 @@ class PipelineParams(Params):
                                                  "sources; when given, the translation stages run.")
     seq2seq: Seq2SeqParams = Field(Seq2SeqParams(), description="Translation models (RNN encoder-decoder with "
                                                                 "attention, Transformer) and their training.")
+    pretrain: PretrainParams = Field(PretrainParams(), description="The BERT-style encoder and its masked-LM "
+                                                                   "pretraining on the corpus (runs when "
+                                                                   "finetune.tasks is not empty).")
+    finetune: FineTuneParams = Field(FineTuneParams(), description="Fine-tuning the encoder on the tagged corpus: "
+                                                                   "tasks (upos, genre) and modes (scratch, frozen, "
+                                                                   "full, adapters, lora).")
 
     @model_validator(mode="after")
     def _combinations_work(self) -> PipelineParams:
@@ -127,6 +141,10 @@ class PipelineParams(Params):
                 if have != need:
                     problems.append(f"neural.pretrained={n.pretrained}: its vectors have {section}.dim={have} "
                                     f"dimensions, the {kind} LM needs neural.{name}={need}: make them equal")
+        t = self.pretrain
+        if self.finetune.tasks and t.d_model % t.n_heads:
+            problems.append(f"pretrain.n_heads={t.n_heads} does not divide pretrain.d_model={t.d_model}: pick values "
+                            "with d_model % n_heads == 0")
         s = self.seq2seq
         if self.translation.sources and "transformer" in s.models and s.d_model % s.n_heads:
             problems.append(f"seq2seq.n_heads={s.n_heads} does not divide seq2seq.d_model={s.d_model}: pick values "

@@ -3,6 +3,7 @@
 corpus → word vocabulary → tokenized corpus → co-occurrence → PPMI → embeddings → evaluation
                          ↘ (word or subword tokens) → language models ↗        → report
 parallel sources → parallel corpus → translation models (seq2seq) ↗
+corpus → encoder (masked LM) → fine-tuned classifiers (tagged corpus: UPOS, genre; each mode) ↗
 
 Every task returns a small `ArtifactRef`; data travels through the artifact store only.
 """
@@ -13,7 +14,15 @@ import inspect
 from typing import Any
 
 from lexiflow.flows.params import PipelineParams, args_doc, flow_signature, validate
-from lexiflow.flows.training import EMBEDDING_TRAINERS, LM_TRAINERS, SEQ2SEQ_TRAINERS, TAGGER_TRAINERS, train
+from lexiflow.flows.training import (
+    EMBEDDING_TRAINERS,
+    FINETUNE_TRAINERS,
+    LM_TRAINERS,
+    PRETRAIN_TRAINERS,
+    SEQ2SEQ_TRAINERS,
+    TAGGER_TRAINERS,
+    train,
+)
 from lexiflow.models import ingest
 from lexiflow.storage import ArtifactRef, ArtifactStore
 from lexiflow.tasks.corpus import ingest_corpus, ingest_tagged
@@ -83,6 +92,13 @@ def build_all(**sections: Any) -> dict[str, ArtifactRef]:
                                 {"tagged": tagged, "elmo": bilm if kind == "bilstm+elmo" else None}, tagger, training)
                 taggers[column if kind == "hmm" else f"{kind}.{column}"] = ref
 
+    encoder, finetuned = None, {}
+    if p.finetune.tasks and tagged is not None:  # the encoder, then one classifier per task and mode
+        encoder = train(PRETRAIN_TRAINERS["encoder"], "encoder", store, {"corpus": docs}, p.pretrain, training)
+        finetuned = {f"{task}-{mode}": train(FINETUNE_TRAINERS[f"{task}-{mode}"], f"{task}-{mode}", store,
+                                             {"encoder": encoder, "tagged": tagged}, p.finetune, training)
+                     for task in p.finetune.tasks for mode in p.finetune.modes}
+
     pairs, translators = None, {}
     if p.translation.sources:  # parallel sources: a parallel corpus and a translation model per kind
         pairs = ingest_parallel(store, params=p.translation)
@@ -90,7 +106,8 @@ def build_all(**sections: Any) -> dict[str, ArtifactRef]:
                        for kind in p.seq2seq.models}
 
     report = write_report(store, evaluations=list(evaluations.values()), lms=list(lms.values()) or None,
-                          taggers=list(taggers.values()) or None, translations=list(translators.values()) or None)
+                          taggers=list(taggers.values()) or None, translations=list(translators.values()) or None,
+                          finetuned=list(finetuned.values()) or None)
     publish_report(report)
     refs = {"corpus": docs, "tokenizer": words, "tokenized_corpus": word_ids, "cooccurrence": counts,
             **({"ppmi": pmi} if "svd" in vectors else {}), **subword,
@@ -100,6 +117,7 @@ def build_all(**sections: Any) -> dict[str, ArtifactRef]:
             **{f"lm.{k}": v for k, v in lms.items()}, **{f"tagger.{k}": v for k, v in taggers.items()},
             **({"parallel_corpus": pairs} if pairs else {}), **{f"seq2seq.{k}": v for k, v in translators.items()},
             **({"elmo": bilm} if bilm is not None else {}),
+            **({"encoder": encoder} if encoder else {}), **{f"finetuned.{k}": v for k, v in finetuned.items()},
             "report": report}
     publish_lineage(refs)  # on this run, reused artifacts included
     get_run_logger().info("pipeline: %s", ", ".join(f"{name}={ref.version}" for name, ref in refs.items()))

@@ -10,8 +10,9 @@ known before the run starts (a hash of its inputs, parameters and code, see task
 pipeline looks it up in the store afterwards. The store must therefore be reachable from the GPU
 workers under the same name (a shared path or an object-store URL).
 
-A new trainer is one line in `EMBEDDING_TRAINERS`, `LM_TRAINERS`, `SEQ2SEQ_TRAINERS` or `TAGGER_TRAINERS`
-(plus, for a new parameter section, one parameter of the flow).
+`pretrain` and `finetune` do the same for the BERT-style encoder and its fine-tuned classifiers.
+A new trainer is one line in `EMBEDDING_TRAINERS`, `LM_TRAINERS`, `SEQ2SEQ_TRAINERS`, `TAGGER_TRAINERS`,
+`PRETRAIN_TRAINERS` or `FINETUNE_TRAINERS` (plus, for a new parameter section, one parameter of the flow).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import logging
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from lexiflow.flows.params import TrainingParams, artifact_ref
 from lexiflow.models.device import gpu_warning
@@ -33,17 +34,23 @@ from lexiflow.tasks.lm import train_lm as lm_stage
 from lexiflow.tasks.params import (
     ElmoParams,
     EmbeddingMethod,
+    FineTuneMode,
+    FineTuneParams,
+    FineTuneTask,
     GloVeParams,
     LMKind,
     LSIParams,
     NeuralLMParams,
     NgramParams,
+    PretrainParams,
     Seq2SeqKind,
     Seq2SeqParams,
     SVDParams,
     TaggerParams,
     Word2VecParams,
 )
+from lexiflow.tasks.pretraining import finetune as finetune_stage
+from lexiflow.tasks.pretraining import pretrain as pretrain_stage
 from lexiflow.tasks.stage import published_manifest
 from lexiflow.tasks.tagger import train_tagger
 from lexiflow.tasks.translation import train_seq2seq as seq2seq_stage
@@ -100,6 +107,12 @@ TAGGER_TRAINERS: dict[str, Trainer] = {
     **{f"{kind}:{column}": Trainer(train_tagger, {"tagged": "tagged_corpus"}, "tagger",
                                    {"column": column, "kind": kind}, {"elmo": "elmo"})
        for kind in ("bilstm", "bilstm+elmo") for column in ("upos", "xpos")},
+}
+PRETRAIN_TRAINERS: dict[str, Trainer] = {"encoder": Trainer(pretrain_stage, {"corpus": "corpus"}, "pretrain")}
+FINETUNE_TRAINERS: dict[str, Trainer] = {  # method "<task>-<mode>", e.g. "upos-lora"
+    f"{task}-{mode}": Trainer(finetune_stage, {"encoder": "encoder", "tagged": "tagged_corpus"}, "finetune",
+                              {"task": task, "mode": mode})
+    for task in get_args(FineTuneTask) for mode in get_args(FineTuneMode)
 }
 
 
@@ -228,6 +241,47 @@ def train_tagger_flow(
     if method.startswith("bilstm+elmo") and "elmo" not in inputs:
         inputs["elmo"] = "latest"  # an optional input of the trainer, required by this kind
     return _run_here(trainer, store, inputs, {"tagger": tagger, "elmo": elmo}[trainer.section])
+
+
+def _run_method(trainers: dict[str, Trainer], method: str, store: str, inputs: dict[str, str] | None,
+                params: BaseModel) -> ArtifactRef:
+    if method not in trainers:  # a free-text method (deployments with many choices): checked here
+        raise ParameterError(f"method={method!r}: use one of {', '.join(trainers)}")
+    return _run_here(trainers[method], store, inputs or {}, params)
+
+
+@flow(name="pretrain", log_prints=True)
+def pretrain(
+    store: str = "artifacts",
+    method: str = "encoder",
+    inputs: dict[str, str] | None = None,
+    pretrain: PretrainParams = PretrainParams(),
+) -> ArtifactRef:
+    """Pretrain the BERT-style encoder (masked LM) on the corpus in the store (GPU pool).
+
+    Args:
+        store: Artifact store (a folder or an fsspec URL) shared with the workers.
+        method: encoder (the only pretraining model).
+        inputs: Input artifact versions by argument name ({"corpus": <version>}); missing: the latest.
+    """
+    return _run_method(PRETRAIN_TRAINERS, method, store, inputs, pretrain)
+
+
+@flow(name="finetune", log_prints=True)
+def finetune(
+    store: str = "artifacts",
+    method: str = "upos-full",
+    inputs: dict[str, str] | None = None,
+    finetune: FineTuneParams = FineTuneParams(),
+) -> ArtifactRef:
+    """Fine-tune the pretrained encoder on the tagged corpus in the store (GPU pool).
+
+    Args:
+        store: Artifact store (a folder or an fsspec URL) shared with the workers.
+        method: <task>-<mode>: task upos or genre, mode scratch, frozen, full, adapters or lora.
+        inputs: Input artifact versions by argument name ({"encoder": ..., "tagged": ...}); missing: the latest.
+    """
+    return _run_method(FINETUNE_TRAINERS, method, store, inputs, finetune)
 
 
 def train(trainer: Trainer, method: str, store: str, inputs: dict[str, ArtifactRef], params: BaseModel,

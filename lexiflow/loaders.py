@@ -142,6 +142,14 @@ def load_seq2seq(store: ArtifactStore, manifest: dict[str, Any]):
         return Translator.load(folder)
 
 
+def load_encoder(store: ArtifactStore, manifest: dict[str, Any]):
+    """The MLM-pretrained encoder (`MaskedLM`: `.model` the torch module, `.config`, `.metrics`)."""
+    from lexiflow.models.encoder import MaskedLM
+
+    with local_folder(store, manifest) as folder:
+        return MaskedLM.load(folder)
+
+
 def word_tokenizer_json(catalog: Catalog, manifest: dict[str, Any], dest: Path) -> list[Path]:
     """`tokenizer.json` for a word-level tokenizer (subword tokenizers save their own)."""
     config = catalog.store.read_json(manifest["kind"], manifest["version"], "config.json")
@@ -155,6 +163,24 @@ def word_tokenizer_json(catalog: Catalog, manifest: dict[str, Any], dest: Path) 
 
 EXPORT_EXTRAS: dict[str, Extra] = {"tokenizer": word_tokenizer_json}  # `lexiflow artifacts export`: derived files
 
+def load_finetuned(store: ArtifactStore, manifest: dict[str, Any]):
+    """A fine-tuned classifier (`models.finetune.Classifier`, LoRA merged), with `.labels` and `.tokenizer` (its
+    encoder's WordPiece) set."""
+    from lexiflow.models.encoder import EncoderModel
+    from lexiflow.models.finetune import Classifier
+    from lexiflow.models.lm.train import load_module_tensors
+    from safetensors.torch import load_file
+
+    config = store.read_json(manifest["kind"], manifest["version"], "config.json")
+    encoder = load(Catalog(store), "encoder", config["encoder"])
+    model = Classifier(EncoderModel(encoder.config), "token" if config["task"] == "upos" else "sequence",
+                       len(config["labels"]))
+    with store.local_copy(manifest["kind"], manifest["version"], "classifier.safetensors") as path:
+        load_module_tensors(model, load_file(str(path)), "classifier.safetensors")
+    model.labels, model.tokenizer = config["labels"], encoder.tokenizer
+    return model.eval()
+
+
 LOADERS: dict[str, Loader] = {
     "tagger": load_tagger,
     "elmo": load_elmo,
@@ -167,6 +193,8 @@ LOADERS: dict[str, Loader] = {
     "embeddings": load_embeddings,
     "evaluation": load_evaluation,
     "lm": load_lm,
+    "encoder": load_encoder,
+    "finetuned": load_finetuned,
     "parallel_corpus": table("pairs.parquet"),
     "seq2seq": load_seq2seq,
     "report": load_report,

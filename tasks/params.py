@@ -13,8 +13,10 @@ from typing import Annotated, Any, Literal
 from lexiflow.models import lsi, ppmi, svd
 from lexiflow.models.config import parameters
 from lexiflow.models.device import Device
+from lexiflow.models.encoder import EncoderConfig
 from lexiflow.models.evaluation import DEFAULT_PROBES
 from lexiflow.models.extrinsic import ClassifierConfig
+from lexiflow.models.finetune import FineTuneConfig
 from lexiflow.models.glove import GloVeConfig
 from lexiflow.models.ingest import IngestOptions
 from lexiflow.models.lm.ffnn import FFNNConfig
@@ -226,3 +228,38 @@ Seq2SeqParams = section(
                                                               "log-probability, 0: none).")),
     eval_sentences=(int | None, Field(None, ge=1, description="Score BLEU on at most this many valid/test "
                                                               "sentences (None: all).")))
+
+
+def _schedule(batch: str, **defaults: Any) -> dict[str, tuple[Any, Any]]:
+    """The training loop's parameters (TrainConfig) with a stage's own defaults and batch unit."""
+    d = {"epochs": 1, "batch_size": 32, "lr": 1e-3, "warmup_steps": 100} | defaults
+    return dict(
+        epochs=(int, Field(d["epochs"], ge=1, le=1000, description="Training epochs.")),
+        max_steps=(int | None, Field(None, ge=1, description="Stop after this many optimizer steps.")),
+        batch_size=(int, Field(d["batch_size"], ge=1, le=4096, description=f"{batch} per batch.")),
+        lr=(float, Field(d["lr"], gt=0, le=10, description="Peak learning rate (AdamW, warmup then cosine).")),
+        warmup_steps=(int, Field(d["warmup_steps"], ge=0, description="Linear warmup steps.")),
+        patience=(int | None, Field(None, ge=1, description="Early stopping: epochs without validation gain.")),
+        checkpoint_every=(int, Field(200, ge=0, description="Steps between checkpoints (0: epoch ends only).")),
+        device=(Device, "auto"),
+        seed=(int, Field(0, ge=0, description="Random seed.")))
+
+
+PretrainParams = section(
+    "PretrainParams", EncoderConfig, WordPiece,
+    doc="The BERT-style encoder: its WordPiece vocabulary, architecture, masked-LM pretraining (docs/pretraining.md).",
+    pppl_sentences=(int, Field(200, ge=0, description="Held-out sentences scored for the pseudo-perplexity "
+                                                      "(one forward pass per token).")),
+    **_schedule("Sentences", epochs=2, batch_size=64, lr=2e-3))
+FineTuneTask = Literal["upos", "genre"]
+FineTuneMode = Literal["scratch", "frozen", "full", "adapters", "lora"]
+FineTuneParams = section(
+    "FineTuneParams", FineTuneConfig,
+    doc="Fine-tuning the pretrained encoder on the tagged corpus (CoNLL-U sources), one artifact per task and mode.",
+    tasks=(list[FineTuneTask], Field([], description="Tasks (empty: no pretraining or fine-tuning runs): upos "
+                                                     "(tagging, head on every first sub-token), genre (the sent_id "
+                                                     "prefix, as EWT's: head on [CLS]).")),
+    modes=(list[FineTuneMode], Field(["scratch", "frozen", "full", "adapters", "lora"], min_length=1, description=(
+        "scratch (the same encoder randomly initialised, all trained), frozen (head only), full, adapters "
+        "(Houlsby), lora (attention projections, merged after training)."))),
+    **_schedule("Sentences"))

@@ -19,13 +19,15 @@ from prefect.artifacts import create_markdown_artifact, create_table_artifact
 
 SEQ2SEQ_COLUMNS = ("model", "parameters", "train_pairs", "beam_width", "valid_bleu", "test_bleu", "valid_chrf",
                    "test_chrf")
+FINETUNE_COLUMNS = ("task", "mode", "accuracy", "dev_accuracy", "trainable", "total", "trainable_%", "evaluated_on")
 LM_COLUMNS = ("model", "tokenizer", "device", "vocabulary_size", "train_tokens", "parameters", "valid_perplexity",
               "valid_word_perplexity", "test_perplexity", "test_word_perplexity")
 # The figure that sums up an artifact of each kind, in the lineage table.
 KEY_METRIC = {"corpus": "tokens", "tagged_corpus": "sentences", "tokenizer": "vocabulary_size",
               "tokenized_corpus": "unk_rate", "cooccurrence": "nonzeros", "ppmi": "nonzeros", "embeddings": "dim",
               "evaluation": "ws353_spearman", "lm": "valid_perplexity", "tagger": "accuracy", "report": "embeddings",
-              "parallel_corpus": "pairs", "seq2seq": "test_bleu", "elmo": "valid_loss"}
+              "parallel_corpus": "pairs", "seq2seq": "test_bleu", "elmo": "valid_loss",
+              "encoder": "mlm_accuracy", "finetuned": "accuracy"}
 TAGGER_COLUMNS = ("column", "model", "evaluated_on", "accuracy", "known_accuracy", "unknown_accuracy", "tokens",
                   "unknown_tokens", "elmo_weights", "elmo_gamma")
 FIGURE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+\.png)\)")
@@ -95,7 +97,8 @@ def _table(rows: list[dict], columns: tuple[str, ...]) -> list[str]:
 
 @stage("report")
 def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[ArtifactRef] | None = None,
-                 taggers: list[ArtifactRef] | None = None, translations: list[ArtifactRef] | None = None) -> None:
+                 taggers: list[ArtifactRef] | None = None, translations: list[ArtifactRef] | None = None,
+                 finetuned: list[ArtifactRef] | None = None) -> None:
     store = ArtifactStore(evaluations[0].store)
     lines = ["# lexiflow evaluation report", ""]
     manifests = [read_manifest(ref) for ref in evaluations]
@@ -148,12 +151,27 @@ def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[
         lines += [f"![{name}]({name})" for name in _copy_pngs(out, ref, prefix)]
     if translations:
         lines += _translation_section(out, translations)
+    if finetuned:
+        lines += _finetune_section(finetuned)
     lines += ["", "## Lineage", "", "Every artifact behind this report, inputs first.", ""]
     lines += _table(lineage_rows([*evaluations, *(lms or []), *(taggers or []), *(translations or [])]),
                     ("artifact", "tag", "key metric", "made from"))
     out.write_text("report.md", "\n".join(lines) + "\n")
     out.metrics.update({"embeddings": len(evaluations), "lms": len(lms or []), "taggers": len(taggers or []),
-                        "translations": len(translations or [])})
+                        "translations": len(translations or []), "finetuned": len(finetuned or [])})
+
+
+def _finetune_section(finetuned: list[ArtifactRef]) -> list[str]:
+    """Per task: from scratch, frozen, full, adapters, LoRA side by side, with the encoder's MLM accuracy."""
+    rows = [read_manifest(ref)["metrics"] for ref in finetuned]
+    for row in rows:
+        row["trainable_%"] = 100 * row["trainable_share"] if row.get("trainable_share") is not None else None
+    mlm = rows[0].get("encoder_masked_lm_accuracy")
+    lines = ["", "## Pretraining and fine-tuning", "", f"The BERT-style encoder's held-out masked-LM accuracy: "
+             f"{evaluation.format_cell(mlm)}. Each task fine-tuned on the tagged corpus' train split, stopped on "
+             "valid, scored on test (word accuracy for upos, sentence accuracy for genre); scratch is the same "
+             "encoder randomly initialised.", ""]
+    return lines + _table(sorted(rows, key=lambda r: r["task"]), FINETUNE_COLUMNS)
 
 
 def _translation_section(out: ArtifactWriter, translations: list[ArtifactRef]) -> list[str]:

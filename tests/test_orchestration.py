@@ -28,7 +28,13 @@ import pytest
 from lexiflow.deployments import serve
 from lexiflow.deployments.definitions import DEFAULT_CRON, DEPLOYMENTS, DeployConfig, _strict, pool_name
 from lexiflow.flows.pipeline import pipeline
-from lexiflow.flows.training import EMBEDDING_TRAINERS, LM_TRAINERS, SEQ2SEQ_TRAINERS
+from lexiflow.flows.training import (
+    EMBEDDING_TRAINERS,
+    FINETUNE_TRAINERS,
+    LM_TRAINERS,
+    PRETRAIN_TRAINERS,
+    SEQ2SEQ_TRAINERS,
+)
 from lexiflow.loaders import load
 from lexiflow.storage import Catalog
 from lexiflow.tasks.params import EmbeddingMethod, LMKind, Seq2SeqKind
@@ -47,10 +53,10 @@ def test_deployments_registry_pools_and_schedule():
     config = DeployConfig(store="/data/store", sources=["/corpus/*.txt"])
     by_name = {spec.name: spec for spec in DEPLOYMENTS}
     assert set(by_name) == {"pipeline", "corpus-rebuild", "train-embeddings", "train-lm", "train-seq2seq",
-                            "train-tagger"}
+                            "train-tagger", "pretrain", "finetune"}
     assert {name: pool_name(spec, config) for name, spec in by_name.items()} == {
         "pipeline": "cpu", "corpus-rebuild": "cpu", "train-embeddings": "gpu", "train-lm": "gpu",
-        "train-seq2seq": "gpu", "train-tagger": "gpu"}
+        "train-seq2seq": "gpu", "train-tagger": "gpu", "pretrain": "gpu", "finetune": "gpu"}
     assert by_name["corpus-rebuild"].cron(config) == DEFAULT_CRON == "0 3 * * 1"
     assert by_name["pipeline"].cron(config) is None
     assert by_name["corpus-rebuild"].parameters(config) == {
@@ -59,6 +65,9 @@ def test_deployments_registry_pools_and_schedule():
     assert set(EMBEDDING_TRAINERS) == set(get_args(EmbeddingMethod)) == {"svd", "lsi", "sgns", "cbow", "glove"}
     assert set(LM_TRAINERS) == set(get_args(LMKind)) == {"ngram", "ffnn", "rnn", "lstm", "gru", "transformer"}
     assert set(SEQ2SEQ_TRAINERS) == set(get_args(Seq2SeqKind)) == {"rnn", "transformer"}
+    assert set(PRETRAIN_TRAINERS) == {"encoder"}
+    assert set(FINETUNE_TRAINERS) == {f"{t}-{m}" for t in ("upos", "genre")
+                                      for m in ("scratch", "frozen", "full", "adapters", "lora")}
 
 
 def test_strict_schema_rejects_unknown_names_at_every_level():

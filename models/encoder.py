@@ -1,0 +1,358 @@
+"""A BERT-style Transformer encoder and its masked-LM pretraining (Devlin et al. 2019; notes 000, 002, 004).
+
+    input:    [CLS] sentence A [SEP] (sentence B [SEP])       WordPiece ids, specials BERT_SPECIALS
+    x       = E[token] + P[position] + S[segment]             learned positions, segment 0 for A, 1 for B
+    h       = Encoder(x, padding mask)                        models/transformer_blocks.py, unmasked attention
+    MLM     = softmax(LN(GELU(W h_i)) E^T + b) at the chosen positions (models/mlm.py; output tied to E)
+    NSP     = softmax(W_nsp tanh(W_p h_[CLS])) IsNext / NotNext (optional, off by default)
+
+NSP is off by default: RoBERTa's ablations (Liu et al. 2019, in the notes) find it does not help, and with
+short single-sentence inputs (EWT, WikiText lines) the budget is better spent on masked tokens.
+Training goes through the one loop (`models.lm.train.Trainer`): checkpoints and resume, device, bf16
+autocast on CUDA, progress with rate and ETA, early stopping on the held-out masked-LM loss. Masks are drawn
+per batch from a generator seeded by (seed, epoch, batch), so every epoch sees new masks (dynamic masking)
+and a resumed run draws the masks an uninterrupted run would. Held-out figures: masked-LM accuracy and loss
+on fixed masks, and the pseudo-perplexity (Salazar et al. 2020) exp(-1/N Σ_i log P(w_i | w_\\i)), each token
+masked on its own.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Annotated, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from lexiflow.models.config import check
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.lm.train import (
+    IGNORE,
+    TrainConfig,
+    Trainer,
+    TrainTask,
+    autocast,
+    load_module_tensors,
+    module_tensors,
+)
+from lexiflow.models.mlm import mask_tokens
+from lexiflow.models.transformer_blocks import BlockConfig, Embeddings, Encoder
+from pydantic import Field
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+logger = logging.getLogger("lexiflow.encoder")
+
+# WordPiece special tokens at ids 0..4: the tokenizers' roles (unk 0, bos 1, eos 2, pad 3) are BERT's
+# [UNK], [CLS], [SEP], [PAD]; [MASK] is 4. A decoder-only LM trained with the same tokenizer reads
+# [CLS] as <s> and [SEP] as </s>.
+BERT_SPECIALS = ("[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]")
+UNK_ID, CLS_ID, SEP_ID, PAD_ID, MASK_ID = range(5)
+
+
+@dataclass
+class EncoderConfig:
+    """The encoder and its pretraining objective. Annotated fields are pipeline parameters."""
+
+    vocab_size: int
+    d_model: Annotated[int, Field(ge=8, le=4096, description="Encoder width.")] = 128
+    n_layers: Annotated[int, Field(ge=1, le=48, description="Encoder layers.")] = 2
+    n_heads: Annotated[int, Field(ge=1, le=64, description="Encoder attention heads (divide d_model).")] = 4
+    d_ff: Annotated[int, Field(ge=8, le=16384, description="Encoder feed-forward width.")] = 512
+    max_len: Annotated[int, Field(ge=8, le=4096, description="Encoder context (WordPiece tokens).")] = 128
+    dropout: Annotated[float, Field(ge=0, lt=1, description="Encoder dropout.")] = 0.1
+    norm: Annotated[Literal["pre", "post"], Field(description="LayerNorm placement (BERT: post).")] = "pre"
+    mask_probability: Annotated[float, Field(gt=0, lt=1, description="MLM: share of tokens chosen.")] = 0.15
+    nsp: Annotated[bool, Field(description="Also train next-sentence prediction (off: RoBERTa).")] = False
+    specials: tuple[int, ...] = field(default=(UNK_ID, CLS_ID, SEP_ID, PAD_ID, MASK_ID))
+
+    def validate(self) -> None:
+        check(self)
+        if self.d_model % self.n_heads:
+            raise ParameterError(f"EncoderConfig.d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
+        if self.vocab_size <= len(self.specials):
+            raise ParameterError(f"EncoderConfig.vocab_size={self.vocab_size}: needs more than the "
+                                 f"{len(self.specials)} special tokens")
+
+    def blocks(self) -> BlockConfig:
+        return BlockConfig(self.d_model, self.n_heads, self.d_ff, self.dropout, self.norm, "gelu")
+
+
+class EncoderModel(nn.Module):
+    """forward(ids (B, T), segments (B, T) or None) -> hidden states (B, T, D); [PAD] keys are masked."""
+
+    def __init__(self, config: EncoderConfig) -> None:
+        super().__init__()
+        config.validate()
+        self.config = c = config
+        self.embed = Embeddings(c.vocab_size, c.d_model, c.max_len, "learned", c.dropout)
+        self.segment = nn.Embedding(2, c.d_model)
+        nn.init.normal_(self.segment.weight, std=0.02)
+        self.encoder = Encoder(c.blocks(), c.n_layers)
+        self.mlm_dense = nn.Sequential(nn.Linear(c.d_model, c.d_model), nn.GELU(), nn.LayerNorm(c.d_model))
+        self.mlm_bias = nn.Parameter(torch.zeros(c.vocab_size))
+        if c.nsp:
+            self.pooler = nn.Sequential(nn.Linear(c.d_model, c.d_model), nn.Tanh())
+            self.nsp_head = nn.Linear(c.d_model, 2)
+
+    def forward(self, ids: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
+        x = self.embed(ids)
+        if segments is not None:
+            x = x + self.segment(segments)
+        else:
+            x = x + self.segment.weight[0]
+        return self.encoder(x, ids != PAD_ID)
+
+    def mlm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """(..., D) -> (..., V), the output matrix tied to the token embedding."""
+        return self.mlm_dense(hidden) @ self.embed.token.weight.t() + self.mlm_bias
+
+    def nsp_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.nsp_head(self.pooler(hidden[:, 0]))
+
+
+# ---------------------------------------------------------------------------------------------
+# data
+
+
+def with_specials(sentence: np.ndarray, max_len: int, second: np.ndarray | None = None) -> tuple[list[int], list[int]]:
+    """([CLS] a [SEP] (b [SEP]) ids, segment ids), a and b cut so the whole fits in max_len."""
+    a = [int(i) for i in sentence]
+    b = [] if second is None else [int(i) for i in second]
+    budget = max_len - 2 - (1 if second is not None else 0)
+    while len(a) + len(b) > budget:  # trim the longer one, as BERT does
+        (a if len(a) >= len(b) else b).pop()
+    ids = [CLS_ID, *a, SEP_ID] + ([*b, SEP_ID] if second is not None else [])
+    return ids, [0] * (len(a) + 2) + [1] * (len(ids) - len(a) - 2)
+
+
+def pad_rows(rows: Sequence[Sequence[int]], value: int) -> torch.Tensor:
+    t = max(len(r) for r in rows)
+    out = torch.full((len(rows), t), value, dtype=torch.long)
+    for i, r in enumerate(rows):
+        out[i, : len(r)] = torch.as_tensor(r, dtype=torch.long)
+    return out
+
+
+def length_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator, pool: int = 50) -> list[np.ndarray]:
+    """Shuffled batches of similar lengths (little padding): sort within pools of `pool` batches."""
+    order = rng.permutation(len(lengths))
+    batches = []
+    for p in range(0, len(order), batch_size * pool):
+        chunk = order[p:p + batch_size * pool]
+        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
+        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+def check_sentences(sentences: Sequence[np.ndarray], vocab_size: int, what: str) -> list[np.ndarray]:
+    out = [np.asarray(s, dtype=np.int64) for s in sentences if len(s)]
+    if not out:
+        raise InputError(f"{what} is empty: give at least one non-empty sentence of token ids")
+    hi = max(int(s.max()) for s in out)
+    lo = min(int(s.min()) for s in out)
+    if lo < 0 or hi >= vocab_size:
+        raise InputError(f"{what} holds token id {lo if lo < 0 else hi} outside [0, {vocab_size}): encode with "
+                         "the WordPiece vocabulary the encoder was configured for")
+    return out
+
+
+class MLMTask(TrainTask):
+    """Masked-LM (+ NSP) loss on length-bucketed batches of single sentences (or sentence pairs with NSP)."""
+
+    def __init__(self, train: list[np.ndarray], valid: list[np.ndarray] | None, config: EncoderConfig,
+                 cfg: TrainConfig) -> None:
+        self.train, self.valid, self.config, self.cfg = train, valid, config, cfg
+        self.lengths = np.array([min(len(s) + 2, config.max_len) for s in train])
+        n_batches = max(1, -(-len(train) // cfg.batch_size))
+        self.tokens_per_step = float(self.lengths.sum()) * (2 if config.nsp else 1) / n_batches
+
+    def epoch_batches(self, epoch: int) -> list[tuple[int, int, np.ndarray]]:
+        rng = np.random.default_rng([self.cfg.seed, epoch])
+        return [(epoch, b, idx) for b, idx in enumerate(length_batches(self.lengths, self.cfg.batch_size, rng))]
+
+    def inputs(self, sentences: list[np.ndarray], idx: np.ndarray, seed: Sequence[int]):
+        """ids, segments, MLM inputs and labels, NSP labels (None without NSP) of one batch."""
+        c = self.config
+        nsp = None
+        if c.nsp:  # B is the next sentence of the corpus half the time, a random one otherwise
+            rng = np.random.default_rng(list(seed))
+            is_next = rng.random(len(idx)) < 0.5
+            nxt = [int(i) + 1 if ok and int(i) + 1 < len(sentences) else int(rng.integers(len(sentences)))
+                   for i, ok in zip(idx, is_next, strict=True)]
+            pairs = [with_specials(sentences[int(i)], c.max_len, sentences[j]) for i, j in zip(idx, nxt, strict=True)]
+            nsp = torch.tensor([int(ok and int(i) + 1 < len(sentences)) for i, ok in zip(idx, is_next, strict=True)])
+        else:
+            pairs = [with_specials(sentences[int(i)], c.max_len) for i in idx]
+        ids = pad_rows([p[0] for p in pairs], PAD_ID)
+        segments = pad_rows([p[1] for p in pairs], 0)
+        g = torch.Generator().manual_seed(int(np.random.default_rng(list(seed)).integers(2**62)))
+        inputs, labels = mask_tokens(ids, mask_id=MASK_ID, vocab_size=c.vocab_size, special_ids=c.specials,
+                                     probability=c.mask_probability, generator=g)
+        return inputs, segments, labels, nsp
+
+    def batch_loss(self, fwd, inputs, segments, labels, nsp, device) -> tuple[torch.Tensor, int]:
+        model = getattr(fwd, "module", fwd)  # DDP / compiled wrappers
+        hidden = fwd(inputs.to(device), segments.to(device))
+        labels = labels.to(device)
+        chosen = labels != IGNORE
+        nll = F.cross_entropy(model.mlm_logits(hidden[chosen]).float(), labels[chosen], reduction="sum")
+        n = int(chosen.sum())
+        if nsp is not None:  # NSP counts as one more predicted token per pair
+            nll = nll + F.cross_entropy(model.nsp_logits(hidden).float(), nsp.to(device), reduction="sum")
+            n += len(nsp)
+        return nll, n
+
+    def loss(self, fwd, batch, state, device):
+        epoch, b, idx = batch
+        inputs, segments, labels, nsp = self.inputs(self.train, idx, (self.cfg.seed, epoch, b))
+        nll, n = self.batch_loss(fwd, inputs, segments, labels, nsp, device)
+        return nll, n, int((inputs != PAD_ID).sum()), None
+
+    def valid_batches(self):
+        """The held-out batches with fixed masks (the same every epoch and every run)."""
+        step = self.cfg.eval_batch_size * 8
+        for b, start in enumerate(range(0, len(self.valid), step)):
+            idx = np.arange(start, min(start + step, len(self.valid)))
+            yield self.inputs(self.valid, idx, (self.cfg.seed, 2**31, b))  # 2**31: an epoch no training reaches
+
+    @torch.no_grad()
+    def evaluate(self, module, device, precision):
+        if not self.valid:
+            return None
+        was = module.training
+        module.eval()
+        total, count = 0.0, 0
+        for inputs, segments, labels, nsp in self.valid_batches():
+            with autocast(device, precision):
+                nll, n = self.batch_loss(module, inputs, segments, labels, nsp, device)
+            total, count = total + float(nll), count + n
+        module.train(was)
+        return total, count
+
+
+# ---------------------------------------------------------------------------------------------
+# held-out figures
+
+
+@torch.no_grad()
+def masked_lm_scores(model: EncoderModel, task: MLMTask, device: torch.device) -> dict[str, float]:
+    """Accuracy and mean NLL of the MLM at the chosen positions of the held-out sentences (fixed masks)."""
+    model.eval()
+    correct = total = 0
+    nll = 0.0
+    for inputs, segments, labels, _ in task.valid_batches():
+        hidden = model(inputs.to(device), segments.to(device))
+        labels = labels.to(device)
+        chosen = labels != IGNORE
+        logits = model.mlm_logits(hidden[chosen]).float()
+        correct += int((logits.argmax(-1) == labels[chosen]).sum())
+        nll += float(F.cross_entropy(logits, labels[chosen], reduction="sum"))
+        total += int(chosen.sum())
+    return {"masked_lm_accuracy": correct / max(total, 1), "masked_lm_loss": nll / max(total, 1),
+            "masked_tokens": total}
+
+
+@torch.no_grad()
+def pseudo_perplexity(model: EncoderModel, sentences: Sequence[np.ndarray], device: torch.device,
+                      batch_tokens: int = 4096) -> float:
+    """exp(-1/N Σ_i log P(w_i | sentence with w_i alone masked)) over every token of `sentences`
+    (Salazar et al. 2020): one copy of the sentence per token, batched."""
+    model.eval()
+    c = model.config
+    nll, n = 0.0, 0
+    for s in sentences:
+        ids, _ = with_specials(s, c.max_len)
+        t = len(ids)
+        positions = torch.arange(1, t - 1)
+        for start in range(0, len(positions), max(1, batch_tokens // t)):
+            pos = positions[start:start + max(1, batch_tokens // t)]
+            batch = torch.tensor(ids).repeat(len(pos), 1)
+            batch[torch.arange(len(pos)), pos] = MASK_ID
+            hidden = model(batch.to(device))
+            logits = model.mlm_logits(hidden[torch.arange(len(pos)), pos.to(device)]).float()
+            nll += float(F.cross_entropy(logits, torch.tensor(ids)[pos].to(device), reduction="sum"))
+            n += len(pos)
+    return math.exp(nll / max(n, 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# the estimator
+
+
+class MaskedLM:
+    """`MaskedLM(EncoderConfig(V), TrainConfig(...)).fit(train_sentences, valid_sentences)`; sentences are
+    WordPiece id arrays without [CLS]/[SEP] (tokenizer built with special_tokens=BERT_SPECIALS)."""
+
+    def __init__(self, config: EncoderConfig, train: TrainConfig | None = None, tokenizer=None) -> None:
+        self.config, self.train_config = config, train or TrainConfig()
+        self.tokenizer = tokenizer  # the WordPiece the ids come from, saved alongside when given
+        self.model: EncoderModel | None = None
+        self.history: list[dict] = []
+        self.metrics: dict = {}
+
+    def fit(self, train_sentences: Sequence[np.ndarray], valid_sentences: Sequence[np.ndarray] | None = None,
+            *, pppl_sentences: int = 200, on_step=None) -> MaskedLM:
+        c, cfg = self.config, self.train_config
+        c.validate()
+        cfg.validate()  # all checks before any work
+        train = check_sentences(train_sentences, c.vocab_size, "pretraining sentences")
+        valid = check_sentences(valid_sentences, c.vocab_size, "held-out sentences") if valid_sentences else None
+        torch.manual_seed(cfg.seed)
+        self.model = EncoderModel(c)
+        task = MLMTask(train, valid, c, cfg)
+        trainer = Trainer(self.model, task, cfg, name="mlm.pretrain", on_step=on_step)
+        self.history = trainer.run()
+        self.metrics = {"parameters": self.n_parameters, "epochs": len(self.history),
+                        "tokens_per_s": self.history[-1]["tokens_per_s"] if self.history else None}
+        if valid:
+            self.metrics |= masked_lm_scores(self.model, task, trainer.device)
+            self.metrics["pseudo_perplexity"] = pseudo_perplexity(self.model, valid[:pppl_sentences], trainer.device)
+        self.model.to("cpu").eval()
+        return self
+
+    @property
+    def n_parameters(self) -> int:
+        return sum(p.numel() for p in self.model.parameters()) if self.model is not None else 0
+
+    def save(self, path: str | Path) -> None:
+        if self.model is None:
+            raise ParameterError("MaskedLM.save: fit or load the model first")
+        path = Path(path)
+        path.mkdir(parents=True, exist_ok=True)
+        save_file(module_tensors(self.model), str(path / "encoder.safetensors"))
+        (path / "config.json").write_text(json.dumps({"model": asdict(self.config), "train": asdict(self.train_config),
+                                                      "metrics": self.metrics}, indent=2))
+        if self.tokenizer is not None:  # artifacts are flat folders: the tokenizer's files as tokenizer-<name>
+            with tempfile.TemporaryDirectory() as tmp:
+                self.tokenizer.save(tmp)
+                for f in Path(tmp).iterdir():
+                    shutil.move(f, path / f"tokenizer-{f.name}")
+
+    @classmethod
+    def load(cls, path: str | Path) -> MaskedLM:
+        path = Path(path)
+        if not (path / "config.json").exists():
+            raise InputError(f"{path}: no config.json; not a saved encoder (MaskedLM.save writes one)")
+        meta = json.loads((path / "config.json").read_text())
+        model_cfg = meta["model"] | {"specials": tuple(meta["model"]["specials"])}
+        self = cls(EncoderConfig(**model_cfg), TrainConfig(**meta["train"]))
+        self.model = EncoderModel(self.config)
+        load_module_tensors(self.model, load_file(str(path / "encoder.safetensors")), str(path / "encoder.safetensors"))
+        self.model.eval()
+        self.metrics = meta.get("metrics", {})
+        if (path / "tokenizer-config.json").exists():
+            from lexiflow.models.tokenizers.wordpiece import WordPiece
+
+            with tempfile.TemporaryDirectory() as tmp:
+                for f in path.glob("tokenizer-*"):
+                    shutil.copy(f, Path(tmp) / f.name.removeprefix("tokenizer-"))
+                self.tokenizer = WordPiece.load(tmp)
+        return self

@@ -1,0 +1,340 @@
+"""Fine-tuning a pretrained Transformer (notes 001 "Fine-tuning", 002 "How to use BERT?"): task heads, and the
+four ways to adapt the body.
+
+Heads (one Linear layer on the last layer's states):
+    token classification     logits_i = W h_i on every token; a word's label is read at its first sub-token
+    sequence classification  logits = W h_[CLS] (encoder), W h_last (decoder-only LM: the last real token,
+                             the only one that has seen the whole sentence)
+
+Modes (what trains besides the head):
+    full      every weight (Devlin et al. 2019)
+    frozen    nothing: the body gives features only
+    adapters  Houlsby et al. (2019) bottlenecks h <- h + W_up f(W_down h) after each attention output projection
+              and each feed-forward block (with the LayerNorms, as Houlsby trains them); W_up starts at zero, so
+              the adapted model starts as the pretrained one
+    lora      Hu et al. (2022) on the attention projections (W^Q, W^K, W^V, W^O; the LM's fused QKV):
+              h = x W^T + (α / r) x A^T B^T, A (r, d_in) random, B (d_out, r) zero; `merge_lora` folds
+              W' = W + (α / r) B A into plain Linear layers for inference (same outputs, no extra cost)
+
+Bodies: `EncoderModel` (models/encoder.py) and the GPT-style `Transformer` LM (models/lm/transformer.py); both
+read WordPiece ids with BERT_SPECIALS (the LM reads [CLS] as <s> and [SEP] as </s>). Training goes through
+the one loop (`models.lm.train.Trainer`): checkpoints, device, bf16 on CUDA, progress, early stopping on the
+dev loss.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Annotated, Literal
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from lexiflow.models.config import check
+from lexiflow.models.conllu import read_conllu
+from lexiflow.models.encoder import CLS_ID, PAD_ID, SEP_ID, EncoderModel, length_batches, pad_rows
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.lm.train import IGNORE, TrainConfig, Trainer, TrainTask, autocast
+from lexiflow.models.lm.transformer import Transformer
+from pydantic import Field
+from torch import nn
+
+logger = logging.getLogger("lexiflow.finetune")
+
+MODES = ("full", "frozen", "adapters", "lora")
+GENRES = ("answers", "email", "newsgroup", "reviews", "weblog")  # EWT sent_id prefixes
+
+
+@dataclass
+class FineTuneConfig:
+    """How a pretrained body is adapted to a task. Annotated fields are pipeline parameters."""
+
+    mode: Literal["full", "frozen", "adapters", "lora"] = "full"  # what trains besides the head (pipeline: each)
+    lora_rank: Annotated[int, Field(ge=1, le=256, description="LoRA rank r.")] = 4
+    lora_alpha: Annotated[float, Field(gt=0, description="LoRA scale α (updates weigh α / r).")] = 8.0
+    adapter_size: Annotated[int, Field(ge=1, le=4096, description="Adapter bottleneck width.")] = 16
+    head_dropout: Annotated[float, Field(ge=0, lt=1, description="Dropout before the task head.")] = 0.1
+
+    def validate(self) -> None:
+        check(self)
+        if self.mode not in MODES:
+            raise ParameterError(f"FineTuneConfig.mode={self.mode!r}: use one of {', '.join(MODES)}")
+
+
+# ---------------------------------------------------------------------------------------------
+# adapters and LoRA
+
+
+class Adapter(nn.Module):
+    """Houlsby bottleneck: x + W_up GELU(W_down x); W_up = 0 at init, so it starts as the identity."""
+
+    def __init__(self, d: int, bottleneck: int) -> None:
+        super().__init__()
+        self.down, self.up = nn.Linear(d, bottleneck), nn.Linear(bottleneck, d)
+        nn.init.normal_(self.down.weight, std=0.02)
+        nn.init.zeros_(self.down.bias)
+        nn.init.zeros_(self.up.weight)
+        nn.init.zeros_(self.up.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.up(F.gelu(self.down(x)))
+
+
+class LoRALinear(nn.Module):
+    """base(x) + (α / r) (x Aᵀ) Bᵀ with the base Linear frozen; B = 0 at init (the base model exactly)."""
+
+    def __init__(self, base: nn.Linear, rank: int, alpha: float) -> None:
+        super().__init__()
+        self.base, self.scale = base, alpha / rank
+        self.A = nn.Parameter(torch.empty(rank, base.in_features))
+        self.B = nn.Parameter(torch.zeros(base.out_features, rank))
+        nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))  # as nn.Linear's weight (Hu et al.'s reference code)
+        base.weight.requires_grad_(False)
+        if base.bias is not None:
+            base.bias.requires_grad_(False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base(x) + (x @ self.A.t() @ self.B.t()) * self.scale
+
+    def merged(self) -> nn.Linear:
+        """A plain Linear with W' = W + (α / r) B A."""
+        out = nn.Linear(self.base.in_features, self.base.out_features, bias=self.base.bias is not None)
+        with torch.no_grad():
+            out.weight.copy_(self.base.weight + self.scale * self.B @ self.A)
+            if self.base.bias is not None:
+                out.bias.copy_(self.base.bias)
+        return out.to(self.base.weight.device)
+
+
+def _projections(body: nn.Module) -> list[tuple[nn.Module, str]]:
+    """(parent, attribute) of each attention projection (LoRA's targets)."""
+    if isinstance(body, EncoderModel):
+        return [(layer.attn, name) for layer in body.encoder.layers
+                for name in ("q_proj", "k_proj", "v_proj", "out_proj")]
+    return [(block.attn, name) for block in body.blocks for name in ("qkv", "proj")]
+
+
+def _adapter_sites(body: nn.Module) -> list[tuple[nn.Module, str]]:
+    """(parent, attribute) of the modules an adapter follows: each attention output projection and FFN."""
+    if isinstance(body, EncoderModel):
+        return [site for layer in body.encoder.layers for site in ((layer.attn, "out_proj"), (layer, "ffn"))]
+    return [site for block in body.blocks for site in ((block.attn, "proj"), (block, "ffn"))]
+
+
+def merge_lora(module: nn.Module) -> nn.Module:
+    """Replace every LoRALinear in `module` by its merged Linear (in place); returns the module."""
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, LoRALinear):
+                setattr(parent, name, child.merged())
+    return module
+
+
+# ---------------------------------------------------------------------------------------------
+# the model: body + head
+
+
+def body_width(body: nn.Module) -> int:
+    return body.config.d_model
+
+
+class Classifier(nn.Module):
+    """forward(ids (B, T)) -> logits (B, T, C) for `task="token"`, (B, C) for `task="sequence"`."""
+
+    def __init__(self, body: nn.Module, task: Literal["token", "sequence"], n_labels: int,
+                 head_dropout: float = 0.1) -> None:
+        super().__init__()
+        if not isinstance(body, (EncoderModel, Transformer)):
+            raise ParameterError(f"fine-tuning body {type(body).__name__}: use an EncoderModel or a Transformer LM")
+        if task not in ("token", "sequence"):
+            raise ParameterError(f"task={task!r}: use 'token' or 'sequence'")
+        self.body, self.task = body, task
+        self.drop = nn.Dropout(head_dropout)
+        self.head = nn.Linear(body_width(body), n_labels)
+
+    def hidden(self, ids: torch.Tensor) -> torch.Tensor:
+        if isinstance(self.body, EncoderModel):
+            return self.body(ids)
+        b = self.body  # the LM's forward up to its last LayerNorm (causal: right padding changes nothing)
+        pos = b.pos.weight[: ids.shape[1]] if b.config.positional == "learned" else b.pe[: ids.shape[1]]
+        h = b.drop(b.embedding(ids) * b.emb_scale + pos)
+        for block in b.blocks:
+            h = block(h)
+        return b.ln_f(h)
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        h = self.hidden(ids)
+        if self.task == "token":
+            return self.head(self.drop(h))
+        if isinstance(self.body, EncoderModel):
+            pooled = h[:, 0]  # h_[CLS]
+        else:
+            last = (ids != PAD_ID).sum(1) - 1  # the last real token ([SEP])
+            pooled = h[torch.arange(len(ids), device=ids.device), last]
+        return self.head(self.drop(pooled))
+
+
+def prepare(model: Classifier, config: FineTuneConfig) -> dict[str, int]:
+    """Set `model` up for `config.mode` (adds adapters / LoRA, freezes the body as the mode says);
+    returns {"trainable": ..., "total": ...} parameter counts."""
+    config.validate()
+    body, mode = model.body, config.mode
+    if mode != "full":
+        body.requires_grad_(False)
+    if mode == "adapters":
+        d = body_width(body)
+        for parent, name in _adapter_sites(body):
+            setattr(parent, name, nn.Sequential(getattr(parent, name), Adapter(d, config.adapter_size)))
+        for m in body.modules():
+            if isinstance(m, (Adapter, nn.LayerNorm)):
+                m.requires_grad_(True)
+    elif mode == "lora":
+        for parent, name in _projections(body):
+            setattr(parent, name, LoRALinear(getattr(parent, name), config.lora_rank, config.lora_alpha))
+    return parameter_counts(model)
+
+
+def parameter_counts(model: nn.Module) -> dict[str, int]:
+    params = {id(p): p for p in model.parameters()}.values()
+    return {"trainable": sum(p.numel() for p in params if p.requires_grad), "total": sum(p.numel() for p in params)}
+
+
+# ---------------------------------------------------------------------------------------------
+# data: EWT sentences as WordPiece examples
+
+
+@dataclass
+class Example:
+    ids: list[int]  # [CLS] sub-tokens [SEP]
+    labels: list[int] | int  # token task: per id (IGNORE off first sub-tokens); sequence task: the class
+    n_words: int = 0  # words of the sentence (truncated ones count as errors)
+
+
+def examples(sentences: Iterable[tuple[list[str], list[str], str]], tokenizer, task: Literal["upos", "genre"],
+             labels: Sequence[str], max_len: int, where: str = "sentences", lowercase: bool = True) -> list[Example]:
+    """Examples from (words, UPOS tags, sent_id) triples: UPOS per word (label at its first sub-token) or the
+    genre (the sent_id prefix). An unknown tag or genre is an InputError naming `where` and the sentence."""
+    index = {t: i for i, t in enumerate(labels)}
+    out = []
+    for n, (words, upos, sent_id) in enumerate(sentences, start=1):
+        pieces = tokenizer.encode_words([w.lower() for w in words] if lowercase else list(words))
+        ids, tags = [CLS_ID], [IGNORE]
+        for word_ids, tag in zip(pieces, upos, strict=True):
+            word_ids = word_ids or [tokenizer.unk_id]
+            if len(ids) + len(word_ids) > max_len - 1:
+                break
+            if task == "upos" and tag not in index:
+                raise InputError(f"{where}: sentence {n} ({sent_id}): UPOS tag {tag!r} is not one of the "
+                                 f"{len(labels)} labels")
+            ids += word_ids
+            tags += [index.get(tag, IGNORE)] + [IGNORE] * (len(word_ids) - 1)
+        ids.append(SEP_ID)
+        tags.append(IGNORE)
+        if task == "upos":
+            out.append(Example(ids, tags, len(words)))
+            continue
+        genre = sent_id.split("-", 1)[0]
+        if genre not in index:
+            raise InputError(f"{where}: sentence {n}: sent_id {sent_id!r} does not start with a genre "
+                             f"({', '.join(labels)})")
+        out.append(Example(ids, index[genre], len(words)))
+    if not out:
+        raise InputError(f"{where}: no sentences")
+    return out
+
+
+def ewt_examples(path: str | Path, tokenizer, task: Literal["upos", "genre"], labels: Sequence[str],
+                 max_len: int, lowercase: bool = True) -> list[Example]:
+    """`examples` of a CoNLL-U file."""
+    return examples(((s.words, s.upos, s.sent_id) for s in read_conllu(path)), tokenizer, task, labels, max_len,
+                    str(path), lowercase)
+
+
+UPOS_TAGS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN", "PUNCT",
+             "SCONJ", "SYM", "VERB", "X")
+
+
+class ClassifyTask(TrainTask):
+    """Cross-entropy of the head on length-bucketed batches; the dev loss drives early stopping."""
+
+    def __init__(self, train: list[Example], dev: list[Example] | None, cfg: TrainConfig) -> None:
+        self.train, self.dev, self.cfg = train, dev, cfg
+        self.lengths = np.array([len(e.ids) for e in train])
+        self.tokens_per_step = float(self.lengths.sum()) / max(1, -(-len(train) // cfg.batch_size))
+
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        return length_batches(self.lengths, self.cfg.batch_size, np.random.default_rng([self.cfg.seed, epoch]))
+
+    @staticmethod
+    def tensors(examples: list[Example], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = pad_rows([e.ids for e in examples], PAD_ID).to(device)
+        if isinstance(examples[0].labels, int):
+            return ids, torch.tensor([e.labels for e in examples], device=device)
+        return ids, pad_rows([e.labels for e in examples], IGNORE).to(device)
+
+    @staticmethod
+    def nll(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, int]:
+        flat = logits.float().reshape(-1, logits.shape[-1])
+        return F.cross_entropy(flat, y.reshape(-1), ignore_index=IGNORE, reduction="sum"), int((y != IGNORE).sum())
+
+    def loss(self, fwd, batch, state, device):
+        ids, y = self.tensors([self.train[i] for i in batch], device)
+        nll, n = self.nll(fwd(ids), y)
+        return nll, n, int((ids != PAD_ID).sum()), None
+
+    @torch.no_grad()
+    def evaluate(self, module, device, precision):
+        if not self.dev:
+            return None
+        was = module.training
+        module.eval()
+        total, count = 0.0, 0
+        for i in range(0, len(self.dev), 64):
+            ids, y = self.tensors(self.dev[i:i + 64], device)
+            with autocast(device, precision):
+                nll, n = self.nll(module(ids), y)
+            total, count = total + float(nll), count + n
+        module.train(was)
+        return total, count
+
+
+@torch.no_grad()
+def accuracy(model: Classifier, examples: list[Example], device: torch.device | str = "cpu") -> float:
+    """Word accuracy (token task: the first sub-token's label; words cut by max_len count as wrong) or
+    sentence accuracy (sequence task)."""
+    model.eval()
+    correct = total = 0
+    for i in range(0, len(examples), 64):
+        batch = examples[i:i + 64]
+        ids, y = ClassifyTask.tensors(batch, torch.device(device))
+        pred = model(ids).argmax(-1)
+        if model.task == "token":
+            correct += int(((pred == y) & (y != IGNORE)).sum())
+            total += sum(e.n_words for e in batch)
+        else:
+            correct += int((pred == y).sum())
+            total += len(batch)
+    return correct / max(total, 1)
+
+
+def finetune(model: Classifier, config: FineTuneConfig, train: list[Example], dev: list[Example] | None,
+             cfg: TrainConfig) -> dict:
+    """Prepare `model` for the mode, train it through the one loop, merge LoRA; returns the metrics (trainable
+    and total parameters, dev accuracy, training tokens/s)."""
+    counts = prepare(model, config)
+    logger.info("fine-tuning (%s): %d of %d parameters trainable (%.2f %%)", config.mode, counts["trainable"],
+                counts["total"], 100 * counts["trainable"] / counts["total"])
+    trainer = Trainer(model, ClassifyTask(train, dev, cfg), cfg, name=f"finetune.{config.mode}")
+    history = trainer.run()
+    if config.mode == "lora":
+        merge_lora(model)
+    model.eval()
+    out = {**counts, "trainable_share": counts["trainable"] / counts["total"], "epochs": len(history),
+           "tokens_per_s": float(np.mean([h["tokens_per_s"] for h in history])) if history else None}
+    if dev:
+        out["dev_accuracy"] = accuracy(model, dev, trainer.device)
+    return out

@@ -1,0 +1,88 @@
+"""The BERT-style encoder and its MLM pretraining (models/encoder.py) on tiny models."""
+
+import numpy as np
+import pytest
+import torch
+from lexiflow.models.encoder import CLS_ID, PAD_ID, SEP_ID, EncoderConfig, EncoderModel, MaskedLM, with_specials
+from lexiflow.models.errors import InputError
+from lexiflow.models.lm.train import StopTraining, TrainConfig
+
+
+def tiny(**kw):
+    return EncoderConfig(vocab_size=30, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_len=16, dropout=0.0, **kw)
+
+
+def test_padding_never_changes_a_sentences_outputs():
+    torch.manual_seed(0)
+    model = EncoderModel(tiny()).eval()
+    a = torch.tensor([[CLS_ID, 7, 8, 9, SEP_ID]])
+    batch = torch.tensor([[CLS_ID, 7, 8, 9, SEP_ID, PAD_ID, PAD_ID], [CLS_ID, 5, 6, 7, 8, 9, SEP_ID]])
+    with torch.no_grad():
+        alone, padded = model(a), model(batch)
+    torch.testing.assert_close(padded[0, :5], alone[0], atol=1e-6, rtol=1e-5)
+
+
+def test_with_specials_builds_cls_sep_and_segments():
+    ids, seg = with_specials(np.array([7, 8]), 16, np.array([9]))
+    assert ids == [CLS_ID, 7, 8, SEP_ID, 9, SEP_ID] and seg == [0, 0, 0, 0, 1, 1]
+    ids, seg = with_specials(np.arange(5, 25), 8)  # cut to fit max_len
+    assert len(ids) == 8 and ids[0] == CLS_ID and ids[-1] == SEP_ID and seg == [0] * 8
+
+
+def corpus(n, seed):
+    """Sentences of a 'language' that counts up (mod 25) from a random start: a masked token is predictable from
+    either neighbour, so the encoder can recover it and a unigram guess cannot."""
+    rng = np.random.default_rng(seed)
+    return [(rng.integers(25) + np.arange(8)) % 25 + 5 for _ in range(n)]
+
+
+def test_mlm_learns_to_recover_masked_tokens_and_saves(tmp_path):
+    cfg = TrainConfig(epochs=30, batch_size=32, lr=3e-3, warmup_steps=10, checkpoint_every=0, log_every_s=1e9,
+                      clip_grad_norm=1.0)
+    mlm = MaskedLM(tiny(mask_probability=0.15), cfg).fit(corpus(256, 0), corpus(64, 1), pppl_sentences=16)
+    assert mlm.metrics["masked_lm_accuracy"] > 0.4  # chance: 1/25
+    assert mlm.metrics["pseudo_perplexity"] < 12  # uniform: 25
+    mlm.save(tmp_path)
+    again = MaskedLM.load(tmp_path)
+    ids = torch.tensor([[CLS_ID, 5, 6, 7, 8, 9, 10, 11, 12, SEP_ID]])
+    with torch.no_grad():
+        torch.testing.assert_close(again.model(ids), mlm.model(ids))
+    assert again.metrics["masked_lm_accuracy"] == mlm.metrics["masked_lm_accuracy"]
+
+
+def test_resumed_pretraining_equals_uninterrupted(tmp_path):
+    def run(ckpt, stop_at=None):
+        def on_step(step, loss):
+            if step == stop_at:
+                raise StopTraining
+        cfg = TrainConfig(epochs=2, batch_size=16, checkpoint_every=3, checkpoint_dir=str(ckpt), log_every_s=1e9)
+        return MaskedLM(tiny(nsp=True), cfg).fit(corpus(64, 0), corpus(16, 1), pppl_sentences=2, on_step=on_step)
+
+    whole = run(tmp_path / "a")
+    with pytest.raises(StopTraining):
+        run(tmp_path / "b", stop_at=5)
+    resumed = run(tmp_path / "b")
+    for (k, v), w in zip(whole.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
+        torch.testing.assert_close(v, w, msg=k)
+    assert whole.metrics["masked_lm_accuracy"] == resumed.metrics["masked_lm_accuracy"]
+
+
+def test_ids_outside_the_vocabulary_fail_before_training():
+    with pytest.raises(InputError, match="outside"):
+        MaskedLM(tiny()).fit([np.array([5, 99])])
+
+
+def test_encoder_artifact_loads_through_the_loaders(tmp_path):
+    from lexiflow.loaders import load
+    from lexiflow.storage.store import ArtifactStore
+
+    mlm = MaskedLM(tiny(), TrainConfig(epochs=1, batch_size=16, checkpoint_every=0, log_every_s=1e9))
+    mlm.fit(corpus(32, 0), corpus(8, 1), pppl_sentences=2)
+    store = ArtifactStore(str(tmp_path))
+    with store.writer("encoder", "0123456789abcdef") as out:
+        mlm.save(out.folder)
+        out.metrics.update(mlm.metrics)
+    loaded = load(store, "encoder")
+    ids = torch.tensor([[CLS_ID, 5, 6, 7, SEP_ID]])
+    with torch.no_grad():
+        torch.testing.assert_close(loaded.model(ids), mlm.model(ids))

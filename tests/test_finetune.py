@@ -1,0 +1,156 @@
+"""Fine-tuning (models/finetune.py): heads, modes, LoRA merging, adapters, gradients, EWT examples."""
+
+from pathlib import Path
+
+import pytest
+import torch
+from lexiflow.models.encoder import BERT_SPECIALS, CLS_ID, PAD_ID, SEP_ID, EncoderConfig, EncoderModel
+from lexiflow.models.finetune import (
+    GENRES,
+    IGNORE,
+    UPOS_TAGS,
+    Adapter,
+    Classifier,
+    FineTuneConfig,
+    LoRALinear,
+    accuracy,
+    ewt_examples,
+    finetune,
+    merge_lora,
+    prepare,
+)
+from lexiflow.models.lm.train import TrainConfig
+from lexiflow.models.lm.transformer import Transformer, TransformerConfig
+from lexiflow.models.tokenizers.wordpiece import WordPiece
+
+EWT = Path(__file__).resolve().parents[2] / "shared/data/ud-english-ewt"
+if not EWT.exists():
+    EWT = Path("/work/shared/data/ud-english-ewt")
+
+
+def body(kind):
+    torch.manual_seed(0)
+    if kind == "encoder":
+        return EncoderModel(EncoderConfig(vocab_size=40, d_model=16, n_layers=2, n_heads=2, d_ff=32, max_len=16,
+                                          dropout=0.0))
+    return Transformer(TransformerConfig(vocab_size=40, d_model=16, n_layers=2, n_heads=2, max_len=16, dropout=0.0))
+
+
+BODIES = ["encoder", "decoder"]
+SENTENCE = torch.tensor([[CLS_ID, 7, 8, 9, SEP_ID]])
+BATCH = torch.tensor([[CLS_ID, 7, 8, 9, SEP_ID, PAD_ID, PAD_ID], [CLS_ID, 5, 6, 7, 8, 9, SEP_ID]])
+
+
+@pytest.mark.parametrize("kind", BODIES)
+@pytest.mark.parametrize("task", ["token", "sequence"])
+def test_padding_never_changes_a_sentences_outputs(kind, task):
+    model = Classifier(body(kind), task, 5).eval()
+    with torch.no_grad():
+        alone, padded = model(SENTENCE), model(BATCH)
+    if task == "token":
+        torch.testing.assert_close(padded[0, :5], alone[0], atol=1e-5, rtol=1e-5)
+    else:
+        torch.testing.assert_close(padded[0], alone[0], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", BODIES)
+def test_lora_starts_as_the_base_model_and_merging_changes_nothing(kind):
+    model = Classifier(body(kind), "token", 5).eval()
+    with torch.no_grad():
+        base = model(BATCH)
+        counts = prepare(model, FineTuneConfig(mode="lora", lora_rank=2, lora_alpha=4))
+        torch.testing.assert_close(model(BATCH), base)  # B = 0
+        loras = [m for m in model.modules() if isinstance(m, LoRALinear)]
+        assert len(loras) == (8 if kind == "encoder" else 4)
+        for m in loras:
+            m.B.normal_(std=0.5)
+        unmerged = model(BATCH)
+        assert not torch.allclose(unmerged, base, atol=1e-3)
+        merge_lora(model)
+        assert not any(isinstance(m, LoRALinear) for m in model.modules())
+        torch.testing.assert_close(model(BATCH), unmerged, atol=1e-5, rtol=1e-4)
+    # trainable: A and B of each projection (r (d_in + d_out)) and the head
+    lora = 2 * 2 * (16 + 16) * 4 if kind == "encoder" else 2 * 2 * ((16 + 48) + (16 + 16))  # layers r (d_in + d_out)
+    assert counts["trainable"] == lora + 16 * 5 + 5
+
+
+@pytest.mark.parametrize("kind", BODIES)
+def test_adapters_start_as_the_identity(kind):
+    model = Classifier(body(kind), "sequence", 5).eval()
+    with torch.no_grad():
+        base = model(BATCH)
+        prepare(model, FineTuneConfig(mode="adapters", adapter_size=4))
+        assert sum(isinstance(m, Adapter) for m in model.modules()) == 4  # 2 per layer
+        torch.testing.assert_close(model(BATCH), base)
+        x = torch.randn(3, 16)
+        for m in model.modules():
+            if isinstance(m, Adapter):
+                torch.testing.assert_close(m(x), x)
+
+
+@pytest.mark.parametrize("kind", BODIES)
+@pytest.mark.parametrize("mode", ["full", "frozen", "adapters", "lora"])
+def test_only_the_intended_parameters_receive_gradients(kind, mode):
+    model = Classifier(body(kind), "token", 5)
+    prepare(model, FineTuneConfig(mode=mode, adapter_size=4, lora_rank=2))
+    if mode in ("adapters", "lora"):  # nudge the zero-initialised halves so every trainable weight gets a gradient
+        with torch.no_grad():
+            for m in model.modules():
+                if isinstance(m, Adapter):
+                    m.up.weight.normal_(std=0.1)
+                if isinstance(m, LoRALinear):
+                    m.B.normal_(std=0.1)
+    model(BATCH).sum().backward()
+    got = {n for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    names = {n for n, _ in model.named_parameters()}
+    head = {"head.weight", "head.bias"}
+    if mode == "full":
+        unused = {n for n in names if "mlm" in n or n.endswith("lm_head.weight")} | {"body.segment.weight"}
+        assert got >= names - unused - {n for n in names if "embed.pos" in n or "embed.token" in n or
+                                        "embedding" in n} and head <= got
+    elif mode == "frozen":
+        assert got == head
+    elif mode == "adapters":
+        expected = {n for n in names if ".up." in n or ".down." in n or "norm" in n or "ln" in n} | head
+        expected -= {n for n in names if "mlm" in n}  # the MLM head's LayerNorm is not on the path
+        assert got == expected
+    else:
+        assert got == {n for n in names if n.endswith(".A") or n.endswith(".B")} | head
+    assert all(p.grad is None for n, p in model.named_parameters() if not p.requires_grad)
+
+
+def test_ewt_examples_label_the_first_sub_token(tmp_path):
+    conllu = tmp_path / "x.conllu"
+    row = "{}\t{}\t_\tADV\tRB\t_\t_\t_\t_\t_\n"
+    conllu.write_text("# sent_id = reviews-1\n" + row.format(1, "unhappily") + row.format(2, "so") + "\n")
+    tok = WordPiece(vocab_size=25, special_tokens=BERT_SPECIALS, min_frequency=1).fit(["unhappily happily so un"])
+    [upos] = ewt_examples(conllu, tok, "upos", UPOS_TAGS, max_len=32)
+    pieces = tok.encode_words(["unhappily", "so"])
+    assert len(pieces[0]) > 1  # split into sub-tokens
+    assert upos.ids == [CLS_ID, *pieces[0], *pieces[1], SEP_ID]
+    adv = UPOS_TAGS.index("ADV")
+    assert upos.labels == [IGNORE, adv] + [IGNORE] * (len(pieces[0]) - 1) + [adv, IGNORE]
+    [genre] = ewt_examples(conllu, tok, "genre", GENRES, max_len=32)
+    assert genre.labels == GENRES.index("reviews")
+
+
+@pytest.mark.slow
+def test_fine_tuning_learns_upos_on_ewt():
+    """A tiny encoder trained from scratch on 600 EWT sentences tags held-out ones well above the majority tag."""
+    dev = EWT / "en_ewt-ud-dev.conllu"
+    tok = WordPiece(vocab_size=800, special_tokens=BERT_SPECIALS).fit(_texts(dev))
+    examples = ewt_examples(dev, tok, "upos", UPOS_TAGS, max_len=64)
+    train, held = examples[:600], examples[600:800]
+    model = Classifier(EncoderModel(EncoderConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=1, n_heads=2,
+                                                  d_ff=64, max_len=64)), "token", len(UPOS_TAGS))
+    metrics = finetune(model, FineTuneConfig(mode="full"), train, held,
+                       TrainConfig(epochs=8, batch_size=16, lr=5e-3, warmup_steps=10, log_every_s=1e9,
+                                   checkpoint_every=0, clip_grad_norm=1.0))
+    assert metrics["trainable"] == metrics["total"]
+    assert accuracy(model, held) > 0.4  # NOUN, the majority tag, is ~17 %
+
+
+def _texts(path):
+    from lexiflow.models.conllu import read_conllu
+
+    return [" ".join(w.lower() for w in s.words) for s in read_conllu(path)]
