@@ -107,12 +107,15 @@ def prefect_api(home: Path) -> Iterator[str]:
     """Run against the server `flows/server.py` chooses (the user's, `lexiflow serve`'s, or a temporary
     one tied to this process), in this process and in the processes it starts."""
     from lexiflow.flows import server
-    from prefect.settings import PREFECT_API_URL, temporary_settings
+    from prefect.settings import PREFECT_API_URL, get_current_settings, temporary_settings
 
     api_url = server.choose(home, say=lambda line: print(line, file=sys.stderr, flush=True))
     before = os.environ.get("PREFECT_API_URL")
     os.environ["PREFECT_API_URL"] = api_url  # process-pool shards inherit it
     try:
+        if api_url == get_current_settings().api.url:
+            yield api_url  # already this process's server: a second settings context would start a second
+            return  # set of Prefect's event/log workers, which the first context's shutdown then waits on
         with temporary_settings(updates={PREFECT_API_URL: api_url}):
             yield api_url
     finally:
