@@ -119,10 +119,22 @@ def prefect_api(home: Path) -> Iterator[str]:
         with temporary_settings(updates={PREFECT_API_URL: api_url}):
             yield api_url
     finally:
+        flush_prefect_workers()
         if before is None:
             os.environ.pop("PREFECT_API_URL", None)
         else:
             os.environ["PREFECT_API_URL"] = before
+
+
+def flush_prefect_workers(timeout: float = 30.0) -> None:
+    """Send the run's queued logs and events while its server is up, and stop those workers: a worker
+    left bound to a server that goes away (a `lexiflow serve` stopped later) would make a later drain in
+    this process (Prefect's, at exit or in a test harness) wait for it forever."""
+    from prefect.events.worker import EventsWorker
+    from prefect.logging.handlers import APILogWorker
+
+    for worker in (APILogWorker, EventsWorker):
+        worker.drain_all(timeout=timeout)
 
 
 def headline(kind: str, metrics: dict[str, Any]) -> str | None:

@@ -667,6 +667,8 @@ def _chromium(url: str, *mode: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.slow
 def test_ui_renders_the_deployment_and_the_evaluation_table(box, runs):
+    from lexiflow.tasks.report import for_people
+
     OUTPUT.mkdir(parents=True, exist_ok=True)
     ui = box.state["ui_url"]
     deployment_page = f"{ui}/deployments/deployment/{box.deployment_id('corpus-rebuild')}"
@@ -683,7 +685,7 @@ def test_ui_renders_the_deployment_and_the_evaluation_table(box, runs):
     (OUTPUT / "evaluation-table.html").write_text(dom)
     report = Catalog(box.config.store).latest("evaluation")
     assert "ws353_spearman" in dom and f"evaluation:{report['version']}" in dom
-    assert f"{report['metrics']['ws353_spearman']}" in dom
+    assert f"{for_people(report['metrics']['ws353_spearman'])}" in dom  # as the table rounds it for people
     _chromium(artifact_page, f"--screenshot={OUTPUT / 'evaluation-table.png'}")
 
     charts = box.api.post("/artifacts/filter", json={"artifacts": {
