@@ -209,8 +209,10 @@ def pick(catalog, spec: str) -> dict[str, Any]:
 
     from lexiflow.models.errors import ParameterError
     from lexiflow.storage.formats import DISTINGUISHED_BY
+    from lexiflow.storage.store import validate_kind
 
     kind, _, which = spec.partition(":")
+    validate_kind(kind)  # a hostile name is refused as such, before it is read as a tag
     if not which or re.fullmatch(r"[0-9a-f]{16}", which):
         return catalog.get(kind, which or None)
     if kind not in DISTINGUISHED_BY:

@@ -58,17 +58,18 @@ def test_fit_returns_self_learns_state_ending_in_underscore_and_keeps_the_parame
 
 
 def test_saved_configs_hold_the_parameters_the_hand_kept_lists_wrote(tmp_path):
-    """Artifacts stay as they were: the same keys, in the same order, with the same values."""
+    """Artifacts stay as they were: the same keys, in the same order, with the same values (plus the
+    subword tokenizers' `lowercase`, which issue 26 added to make exports encode as lexiflow does)."""
     bpe = ESTIMATORS["bpe"]().fit(TEXTS)
     bpe.save(tmp_path / "bpe")
     assert json.loads((tmp_path / "bpe" / "config.json").read_text())["params"] == {
         "vocab_size": 30, "end_of_word": "</w>", "marker": "glued", "special_tokens": ["<unk>", "<s>", "</s>", "<pad>"],
-        "unk_token": "<unk>", "pretokenizer": "word", "min_frequency": 2}
+        "unk_token": "<unk>", "pretokenizer": "word", "min_frequency": 2, "lowercase": False}
     wp = ESTIMATORS["wordpiece"]().fit(TEXTS)
     wp.save(tmp_path / "wp")
     assert list(json.loads((tmp_path / "wp" / "config.json").read_text())["params"]) == [
         "vocab_size", "prefix", "special_tokens", "unk_token", "pretokenizer", "min_frequency",
-        "max_input_chars_per_word"]
+        "lowercase", "max_input_chars_per_word"]
     ngram = FITS["ngram"](ESTIMATORS["ngram"]())
     ngram.save(tmp_path / "ngram")
     assert json.loads((tmp_path / "ngram" / "config.json").read_text()) == {
