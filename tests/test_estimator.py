@@ -77,7 +77,7 @@ def test_saved_configs_hold_the_parameters_the_hand_kept_lists_wrote(tmp_path):
         "min_count": 2, "vocab_size": 12, "unk_id": 0, "bos_id": 1, "eos_id": 2, "pad_id": 3, "vocab_size_": 12}
     assert NgramLM.load(tmp_path / "ngram").get_params() == ngram.get_params()
     assert list(Word2Vec().get_params()) == ["sg", "dim", "window", "negative", "sample", "epochs", "ns_exponent",
-                                             "seed", "workers", "min_count"]
+                                             "seed", "workers", "min_count", "vectors"]  # issue 25: u, v or u+v
 
 
 def test_an_estimator_names_every_parameter():
