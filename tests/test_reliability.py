@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from lexiflow.storage import ArtifactStore, Catalog
+from lexiflow.tasks.corpus import ingest_corpus
+from prefect import flow
 
 from benchmarks.chaos import (
     SMALL_RUN,
@@ -186,7 +188,6 @@ def test_flaky_storage_pipeline_completes_through_retries(api, tmp_path):
 
 
 def test_bad_input_is_not_retried_and_transient_errors_are(api, tmp_path, monkeypatch):
-    from lexiflow.flows.pipeline import ingest_flow
     from lexiflow.models import ingest
     from lexiflow.models.errors import InputError
     from lexiflow.storage.faults import flaky_url
@@ -202,6 +203,11 @@ def test_bad_input_is_not_retried_and_transient_errors_are(api, tmp_path, monkey
         return real_build(*args, **kwargs)
 
     monkeypatch.setattr(ingest, "build_corpus", build)
+
+    @flow
+    def ingest_flow(store, corpus):  # the corpus stage alone, in a flow
+        return ingest_corpus(store, params=corpus)
+
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"fine\nnot \xff utf-8\n")
     url = flaky_url(str(tmp_path / "store"), fail=0.0)
