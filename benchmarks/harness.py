@@ -16,6 +16,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -134,3 +135,23 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+class Interleaved:
+    """A reference trainer stepped once after each of our optimizer steps (pass it as `on_step`): both
+    train in one process and thread, and each side's clock counts only its own steps, so load on the
+    machine falls on both alike. `inside` is the reference's time within our loop (subtract it from ours)."""
+
+    def __init__(self, reference) -> None:
+        self.reference, self.inside = reference, 0.0
+
+    def __call__(self, step: int, loss: float) -> None:
+        t0 = time.perf_counter()
+        if not self.reference.done:
+            self.reference.step()
+        self.inside += time.perf_counter() - t0
+
+    def finish(self) -> None:
+        """The reference's steps left once ours are done (it may have a few more batches)."""
+        while not self.reference.done:
+            self.reference.step()

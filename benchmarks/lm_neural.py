@@ -46,7 +46,7 @@ from lexiflow.models.lm.train import TrainConfig
 from lexiflow.models.lm.transformer import TransformerConfig, TransformerLM, count_parameters
 from torch import nn
 
-from benchmarks.harness import SHARED_DATA, Row
+from benchmarks.harness import SHARED_DATA, Interleaved, Row
 
 NAME = "lm_neural"
 WIKI = SHARED_DATA / "wikitext-2" / "wiki.valid.tokens"
@@ -166,21 +166,13 @@ def lstm_race(train: list[np.ndarray], test: list[np.ndarray], vocab: int, epoch
     our optimizer steps (`on_step`) the reference takes one. Each side's clock counts only its own steps,
     so any load on the machine falls on both alike. Ours: loop seconds (metrics) minus the reference's."""
     ref = ReferenceTrainer(train, vocab, epochs)
-    inside = 0.0
-
-    def ref_step(step: int, loss: float) -> None:
-        nonlocal inside
-        t0 = time.perf_counter()
-        if not ref.done:
-            ref.step()
-        inside += time.perf_counter() - t0
-
-    ours = our_lstm(vocab, epochs).fit(train, on_step=ref_step)
-    while not ref.done:  # ours has ~1% more windows (its <s> tokens); this does not run in practice
-        ref.step()
+    race = Interleaved(ref)
+    ours = our_lstm(vocab, epochs).fit(train, on_step=race)
+    race.finish()  # ours has ~1% more windows (its <s> tokens); this does not run in practice
     m = ours.metrics_
     our_tokens = float(m["tokens_per_s"].dot(m["seconds"]))
-    return {"ours": {"ppl": ours.perplexity(test, carry=True), "tps": our_tokens / (float(m["seconds"].sum()) - inside),
+    our_seconds = float(m["seconds"].sum()) - race.inside
+    return {"ours": {"ppl": ours.perplexity(test, carry=True), "tps": our_tokens / our_seconds,
                      "params": ours.n_parameters},
             "reference": {"ppl": ref.perplexity(test), "tps": ref.tokens / ref.seconds,
                           "params": sum(p.numel() for p in ref.model.parameters())}}

@@ -47,7 +47,7 @@ from lexiflow.models.seq2seq.translator import (
 )
 from torch import nn
 
-from benchmarks.harness import SHARED_DATA, Row
+from benchmarks.harness import SHARED_DATA, Interleaved, Row
 
 NAME = "seq2seq"
 DATA = SHARED_DATA / "tatoeba-eng-fra"
@@ -223,23 +223,14 @@ def race(data) -> dict:
     task = Seq2SeqTask([s_ids[i] for i in keep], [t_ids[i] for i in keep], None, train_config(2e-3, EPOCHS),
                        bos_id=1, eos_id=2, pad_id=3)
     ref = ReferenceTrainer(task, len(sc), len(tc), EPOCHS)
-    inside = 0.0
-
-    def ref_step(step: int, loss: float) -> None:
-        nonlocal inside
-        t0 = time.perf_counter()
-        if not ref.done:
-            ref.step()
-        inside += time.perf_counter() - t0
-
-    tr = ours("rnn").fit(src, tgt, on_step=ref_step)
-    while not ref.done:
-        ref.step()
+    interleaved = Interleaved(ref)
+    tr = ours("rnn").fit(src, tgt, on_step=interleaved)
+    interleaved.finish()
     ref_hyps = {s: ref.translate(sc.encode(data[s][0]), tc, 1, 2, 3) for s in ("valid", "test")}
     ref_bleu = {s: {n: corpus_bleu(ref_hyps[s], r).score for n, r in zip(("single", "multi"),
                                                                          references(*data[s]), strict=True)}
                 for s in ("valid", "test")}
-    return {"ours": tr, "ours_tps": _tps(tr, inside), "ref_hyps": ref_hyps, "ref_bleu": ref_bleu,
+    return {"ours": tr, "ours_tps": _tps(tr, interleaved.inside), "ref_hyps": ref_hyps, "ref_bleu": ref_bleu,
             "ref_tps": ref.tokens / ref.seconds,
             "params": (count_parameters(tr.module_),
                        count_parameters(ref.enc) + count_parameters(ref.dec))}
