@@ -15,6 +15,9 @@ manifest, then:
   keeps the winner's manifest.
 A crash leaves at most a staging folder (local), or data files without a manifest (object
 stores: invisible to readers, overwritten by the next publish), which `clean_staging()` removes.
+Files other machines must reach while the artifact is built (shard parts of a Dask cluster) go to
+the writer's shared folder, `<root>/.staging/<kind>-<version>-<random>-shards/` on every store
+(`ArtifactWriter.shared`), removed when the writer ends and by `clean_staging()` after a crash.
 
 Builds of one version on one machine take turns (`build_lock`): a second run waits for the first,
 then finds the artifact published instead of computing it again beside it (sharing its checkpoint
@@ -58,6 +61,7 @@ from pydantic import BaseModel, ConfigDict
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 STAGING = ".staging"
+SHARED_SUFFIX = "-shards"  # a writer's shared folder in the store's staging area (ArtifactWriter.shared)
 SCRATCH = ".scratch"
 KIND_PATTERN = re.compile(r"^[a-z][a-z0-9_]{0,63}$")
 VERSION_PATTERN = re.compile(r"^[0-9a-f]{16}$")
@@ -413,8 +417,9 @@ class ArtifactStore:
     ) -> Iterator[ArtifactWriter]:
         """Stage an artifact; publish it on normal exit, discard everything on an exception."""
         validate_kind(kind), validate_version(version)
-        with self._staging_folder(kind, version) as staging:
-            out = ArtifactWriter(staging, self._scratch(kind, version), staging.with_name(staging.name + "-work"))
+        with self._staging_folder(kind, version) as (staging, shared):
+            out = ArtifactWriter(staging, self._scratch(kind, version), staging.with_name(staging.name + "-work"),
+                                 shared)
             self._restore_scratch(kind, version, out.scratch)
             try:
                 yield out
@@ -438,25 +443,40 @@ class ArtifactStore:
                 raise
 
     @contextmanager
-    def _staging_folder(self, kind: str, version: str) -> Iterator[Path]:
+    def _staging_folder(self, kind: str, version: str) -> Iterator[tuple[Path, str]]:
         """A new staging folder, and a lock file beside it held while this writer lives: `gc` removes
         the folders whose lock is free (killed writers; an OS lock goes with its process). Local stores
-        stage in `<root>/.staging/`, object stores in the temp folder, named after the store."""
+        stage in `<root>/.staging/`, object stores in the temp folder, named after the store.
+        Also yields the writer's shared folder (`ArtifactWriter.shared`): `<store>/.staging/<name>-shards`,
+        a path or URL every machine that reaches the store reaches too; removed with the rest."""
+        name = f"{kind}-{version}-{os.urandom(6).hex()}"
         if self.is_local:
             parent, prefix = Path(self.root) / STAGING, ""
         else:
             parent, prefix = Path(tempfile.gettempdir()), f"lexiflow-{self._store_id()}-"
         parent.mkdir(parents=True, exist_ok=True)
-        staging = parent / f"{prefix}{kind}-{version}-{os.urandom(6).hex()}"
+        staging = parent / f"{prefix}{name}"
+        shared = f"{self.root}/{STAGING}/{name}{SHARED_SUFFIX}"
         with staging.with_name(staging.name + ".lock").open("w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # taken before the folder exists: gc never sees it unlocked
             staging.mkdir()
             try:
-                yield staging
+                yield staging, shared if self.is_local else self.fs.unstrip_protocol(shared)
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
                 shutil.rmtree(staging.with_name(staging.name + "-work"), ignore_errors=True)
+                self._remove_shared(shared)
                 Path(lock.name).unlink(missing_ok=True)
+
+    def _remove_shared(self, path: str) -> None:
+        """Best effort (gc removes what stays: `leftovers`)."""
+        if self.is_local:
+            shutil.rmtree(path, ignore_errors=True)
+            return
+        with suppress(OSError):
+            self.fs.invalidate_cache(path)
+            if self.fs.exists(path):
+                self.fs.rm(path, recursive=True)
 
 
     @contextmanager
@@ -625,12 +645,14 @@ class ArtifactStore:
 
     def leftovers(self, older_than: float = 0.0) -> list[str]:
         """What killed or crashed writers left, as paths (local) or URLs (object stores):
-        - staging folders, their work folders and lock files: in `<root>/.staging/` (local stores) or,
-          for object stores, in this machine's temp folder (`lexiflow-<store id>-<kind>-<version>-...`).
+        - staging folders, their work and shared (`-shards`) folders and lock files: in `<root>/.staging/`
+          (local stores) or, for object stores, in this machine's temp folder (`lexiflow-<store id>-<kind>-
+          <version>-...`).
           A live writer holds its lock file (an OS lock, released when its process dies): those whose
           lock is free go at once, those whose lock is held never; an entry without a lock file (a
           writer from before locks) goes once `older_than` seconds old;
-        - object stores: saved scratch state (`.scratch`), anything in `.staging`, and artifact folders
+        - object stores: saved scratch state (`.scratch`), anything in `.staging` (writers' shared folders,
+          except those of writers alive on this machine), and artifact folders
           without a manifest (an upload that never reached its commit point), once `older_than` seconds
           old (age = newest file: an upload at work on another machine looks like a crashed one, and
           holds no lock here).
@@ -643,7 +665,7 @@ class ArtifactStore:
             for entry in sorted(folder.iterdir()):
                 if not entry.name.startswith(prefix):
                     continue
-                base = entry.name.removesuffix(".lock").removesuffix("-work")
+                base = entry.name.removesuffix(".lock").removesuffix("-work").removesuffix(SHARED_SUFFIX)
                 alive = _held(folder / f"{base}.lock")
                 if alive is False or (alive is None and now - _newest_mtime(entry) >= older_than):
                     found.append(str(entry))
@@ -657,6 +679,9 @@ class ArtifactStore:
             if not self.fs.exists(folder):
                 continue
             for entry in self.fs.ls(folder, detail=True):
+                writer = entry["name"].rsplit("/", 1)[-1].removesuffix(SHARED_SUFFIX)
+                if _held(Path(tempfile.gettempdir()) / f"lexiflow-{self._store_id()}-{writer}.lock"):
+                    continue  # the shared folder of a writer alive on this machine
                 newest = max((_mtime(info) for info in self.fs.find(entry["name"], detail=True).values()),
                              default=_mtime(entry))
                 if now - newest >= older_than:
@@ -750,12 +775,15 @@ class ArtifactStore:
 class ArtifactWriter:
     """Files and metrics of an artifact being staged. Paths are local, whatever the store."""
 
-    def __init__(self, folder: Path, scratch: Path, work: Path) -> None:
+    def __init__(self, folder: Path, scratch: Path, work: Path, shared: str | None = None) -> None:
         self.folder = folder
         self.scratch = scratch  # resumable state, kept until the artifact is published
         # This writer's own files of this attempt (shard results, a job for DDP ranks): unlike the
         # scratch folder, no other writer of the same version shares it. Removed when the writer ends.
         self.work = work
+        # The same, for files other machines read or write (shard parts on a cluster): a folder in the
+        # store's staging area, as a path (local stores) or URL (object stores: open it with fsspec).
+        self.shared = shared if shared is not None else str(work) + SHARED_SUFFIX
         self.metrics: dict[str, Any] = {}
         self.progress: Callable[[float | None], None] | None = None  # set by the caller, fed by the builder
 

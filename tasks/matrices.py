@@ -13,7 +13,7 @@ from lexiflow.storage.formats import VOCAB, corpus_sources, count_rows, read_mat
 from lexiflow.tasks.parallel import (
     SHARD_TASK,
     deliver,
-    map_shards,
+    reduce_shards,
     row_ranges,
     sum_matrices,
 )
@@ -45,6 +45,13 @@ def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, keep_prob: np
     return deliver(counts, part, "pairs"), deliver(termdoc, part, "docs"), len(ids), len(kept), corpus_tokens
 
 
+def add_cooccurrence_counts(results: list[tuple]) -> tuple:
+    """Shards' exact counts added up, in any order: per-distance pair counts, term–document counts
+    (as wide as the widest: a shard's matrix ends at its last document), numbers of tokens."""
+    pairs, docs, *numbers = zip(*results, strict=True)
+    return sum_matrices(list(pairs)), sum_matrices(list(docs)), *(sum(n) for n in numbers)
+
+
 @stage("cooccurrence")
 def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef,
                        params: CooccurrenceParams, parallel: ParallelParams | None = None) -> None:
@@ -61,23 +68,21 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
     keep_prob = cooccurrence.keep_probabilities(word_counts, params.subsample)
     calls = [{"tokens": tokens, "start": a, "stop": b, "keep_prob": keep_prob, "window": params.window,
               "seed": params.seed} for a, b in ranges]
-    pairs, docs, n_tokens, n_kept, n_corpus = zip(*map_shards(cooccurrence_shard, calls, parallel, "cooccurrence",
-                                                              out), strict=True)
-    matrix = cooccurrence.weigh(sum_matrices(list(pairs)), vocabulary.height, params.weighting)
+    pairs, termdoc, n_tokens, n_kept, n_corpus = reduce_shards(cooccurrence_shard, calls, add_cooccurrence_counts,
+                                                               parallel, "cooccurrence", out)
+    matrix = cooccurrence.weigh(pairs, vocabulary.height, params.weighting)
     if not matrix.nnz:  # an empty result is no artifact: every later stage would fail on it, less clearly
-        raise InputError(f"no two words co-occur in the train split of {corpus_sources(tokens)} ({sum(n_tokens)} "
-                         f"tokens of vocabulary words, {sum(n_kept)} after subsampling): nothing for embeddings "
+        raise InputError(f"no two words co-occur in the train split of {corpus_sources(tokens)} ({n_tokens} "
+                         f"tokens of vocabulary words, {n_kept} after subsampling): nothing for embeddings "
                          "to learn from; give more text with words, or lower vocabulary.min_count or "
                          "cooccurrence.subsample")
     write_matrix(out, "matrix.parquet", matrix)
-    n_docs = max(d.shape[1] for d in docs)
-    termdoc = sum_matrices(list(docs), shape=(vocabulary.height, n_docs))
-    write_matrix(out, "termdoc.parquet", termdoc)
+    write_matrix(out, "termdoc.parquet", termdoc.tocsr())
     out.write_parquet("vocab.parquet", vocabulary, VOCAB)
-    out.metrics.update({"nonzeros": int(matrix.nnz), "tokens": sum(n_tokens), "tokens_after_subsampling": sum(n_kept),
-                        "corpus_tokens": sum(n_corpus),
+    out.metrics.update({"nonzeros": int(matrix.nnz), "tokens": n_tokens, "tokens_after_subsampling": n_kept,
+                        "corpus_tokens": n_corpus,
                         "total_weight": float(matrix.sum()), "vocabulary_size": vocabulary.height,
-                        "documents": n_docs})
+                        "documents": termdoc.shape[1]})
 
 
 @stage("ppmi")

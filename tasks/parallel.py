@@ -2,39 +2,59 @@
 
 A sharded stage cuts its input into shards (byte ranges of files, row ranges of a table), runs
 one shard task per shard on the runner that `ParallelParams.runner` names, and merges the results
-in shard order (counts add, rows concatenate), so the artifact is the same whatever the runner or
+(counts add, rows concatenate in shard order), so the artifact is the same whatever the runner or
 shard size, and so is its version (`parallel` is not versioned, tasks/stage.py).
 
 - `local`, or a single shard: the shard functions are called here, one after the other: no pool,
   no extra task runs (the small default corpus pays nothing).
 - `threads`: Prefect's `ThreadPoolTaskRunner`; results stay in memory, except for merges that
   stream (`map_shards(lazy=True)`: corpus, encoding), whose shards write Parquet parts as below.
-- `processes`: Prefect's `ProcessPoolTaskRunner`; `dask`: `prefect_dask.DaskTaskRunner` on the
-  cluster at `dask_address`, or a `LocalCluster` of `workers` single-threaded worker processes.
-  Results travel as Parquet parts written to the writer's work folder (`<store>/.staging/...-work`,
-  so workers on other machines need the store on a shared filesystem) and only their paths and
-  small counts come back, never pickled tables.
+- `processes`: Prefect's `ProcessPoolTaskRunner`; results travel as Parquet parts in the writer's
+  local work folder (one machine).
+- `dask`: `prefect_dask.DaskTaskRunner` on the cluster at `dask_address`, or a `LocalCluster` of
+  `workers` single-threaded worker processes. Results travel as Parquet parts in the writer's shared
+  folder in the store's staging area (`ArtifactWriter.shared`: a path, or an s3://... URL read and
+  written through fsspec), so workers share nothing with the driver but the store URL; only the
+  parts' paths and small counts come back, never pickled tables.
+
+Count merges (`reduce_shards`) run on the runner as a tree: each pair of finished results is merged
+by a merge task (reading two parts, writing one), so the driver receives one merged result.
+
+A failing shard fails the stage with a one-line `ShardError` naming the stage, the shard, the worker
+and its exception, at once (not after the shards before it), and cancels the stage's other tasks:
+Prefect retries transient I/O errors twice, other errors not at all. On Dask, a probe first loads
+each task (shard, merge) with its first call on a worker, so a worker that cannot import them fails
+the stage with the worker's ImportError (Dask itself would drop a worker that cannot load a task's
+message, then wait for another forever); a cluster left with no worker for `NO_WORKER_SECONDS`
+fails it too.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import queue
 import shutil
-from collections.abc import Sequence
-from contextlib import nullcontext
+import time
+from collections.abc import Callable, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import fsspec
 import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
+from lexiflow.models.errors import LexiflowError
 from lexiflow.models.progress import Progress
 from lexiflow.storage import ArtifactWriter
+from lexiflow.storage.store import storage_options_for
 from lexiflow.tasks.params import ParallelParams
 from lexiflow.tasks.stage import retry_transient_only
+from prefect import task
 from prefect.cache_policies import NO_CACHE
 from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
 
@@ -42,6 +62,13 @@ from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTa
 # artifact); transient I/O errors retried like the stages'.
 SHARD_TASK: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False, "retries": 2,
                               "retry_delay_seconds": [1, 2], "retry_condition_fn": retry_transient_only}
+# A Dask cluster with no worker for this long fails the stage (workers that died, or never came).
+NO_WORKER_SECONDS = 120.0
+_POLL_SECONDS = 2.0  # how often a wait for shard results looks at the cluster
+
+
+class ShardError(LexiflowError):
+    """A shard (or merge) task failed or cannot run: the stage fails with this one line."""
 
 
 def task_runner(params: ParallelParams) -> TaskRunner:
@@ -70,36 +97,210 @@ def map_shards(fn: Any, calls: Sequence[dict[str, Any]], params: ParallelParams,
     """fn(**call, part=...) for every call, results in call order with every `Part` read back:
     inline for one call or the local runner, else as task runs on the runner (`fn` is a Prefect task
     that passes its large results through `deliver(result, part)`). Parts live in the writer's own
-    work folder while the shards run (a concurrent build of the same version has its own) and are
+    folders while the shards run (a concurrent build of the same version has its own) and are
     removed once read.
 
     `lazy`: tables come back as LazyFrames over their parts, read when the caller collects them (a
     merge that streams holds one shard's table at a time); the threads runner writes parts too, and
     the parts stay until the writer ends."""
-    inline = len(calls) <= 1 or params.runner == "local"
-    folder = None if inline or (params.runner == "threads" and not lazy) else out.work / "shards"
-    if folder is not None:  # results cross a process boundary: each shard writes Parquet parts
-        folder.mkdir(parents=True)
-    calls = [{**call, "part": None if folder is None else str(folder / f"{i:06d}")} for i, call in enumerate(calls)]
-    results = []
-    with (Progress(f"{name} shards", total=len(calls), unit="shards", callback=out.progress) as bar,
-          nullcontext() if inline else task_runner(params) as runner):
-        outcomes = (fn.fn(**call) for call in calls) if inline else \
-            (future.result() for future in [runner.submit(fn, parameters=call) for call in calls])
-        for outcome in outcomes:
-            results.append(_received(outcome, lazy))
+    if len(calls) <= 1 or params.runner == "local":
+        with Progress(f"{name} shards", total=len(calls), unit="shards", callback=out.progress) as bar:
+            return [_counted(fn.fn(**call, part=None), bar) for call in calls]
+    folder = _parts_folder(params, out, parts=lazy)
+    results: dict[int, Any] = {}
+    with Progress(f"{name} shards", total=len(calls), unit="shards", callback=out.progress) as bar, \
+            _Pool(params, name, folder) as pool:
+        for i, call in enumerate(calls):
+            pool.submit(fn, call, i, _label(i, len(calls), call))
+        for i, result in pool.completed():
+            results[i] = _received(result, lazy, out.work / "received")
             bar.update()
     if folder is not None and not lazy:
-        shutil.rmtree(folder, ignore_errors=True)
-    return results
+        _remove(folder)
+    return [results[i] for i in range(len(calls))]
+
+
+def reduce_shards(fn: Any, calls: Sequence[dict[str, Any]], combine: Callable[[list[Any]], Any],
+                  params: ParallelParams, name: str, out: ArtifactWriter) -> Any:
+    """`combine` of every fn(**call, part=...) result, read back. `combine(results)` merges a list of
+    shard results into one of the same shape (a tuple of tables, sparse matrices and numbers), exactly
+    and in any order (counts add). Inline (local runner, one call): `combine` of all results, here.
+    On a pool: a tree on the workers, each pair of finished results merged by a merge task that reads
+    their parts and writes one, so only the last merged result comes to this process."""
+    if len(calls) <= 1 or params.runner == "local":
+        results = map_shards(fn, calls, params, name, out)
+        return results[0] if len(results) == 1 else combine(results)
+    folder = _parts_folder(params, out, parts=False)
+    with Progress(f"{name} shards and merges", total=2 * len(calls) - 1, unit="tasks",
+                  callback=out.progress) as bar, _Pool(params, name, folder) as pool:
+        for i, call in enumerate(calls):
+            pool.submit(fn, call, i, _label(i, len(calls), call))
+        ready, merges = [], 0
+        for _, result in pool.completed():
+            bar.update()
+            ready.append(result)
+            if len(ready) == 2:  # any two: the merge is exact in any order
+                merges += 1
+                pool.submit(merge_task, {"combine": combine, "results": ready}, f"m{merges:06d}",
+                            f"merge {merges}/{len(calls) - 1}")
+                ready = []
+    (final,) = ready
+    result = _received(final)
+    if folder is not None:
+        _remove(folder)
+    return result
+
+
+@task(name="merge", **SHARD_TASK)
+def merge_task(combine: Callable[[list[Any]], Any], results: list[Any], part: str | None) -> Any:
+    """One node of a tree merge: `combine` of shard (or merged) results, delivered as parts; the parts
+    read are removed (best effort: the writer's folder goes at its end anyway)."""
+    merged = combine([_received(result) for result in results])
+    delivered = tuple(deliver(item, part, str(j)) if isinstance(item, pl.DataFrame | sp.spmatrix) else item
+                      for j, item in enumerate(merged if isinstance(merged, tuple) else (merged,)))
+    for path in _part_paths(results):
+        with suppress(OSError):
+            _fs(path)[0].rm(_fs(path)[1])
+    return delivered if isinstance(merged, tuple) else delivered[0]
+
+
+def _parts_folder(params: ParallelParams, out: ArtifactWriter, parts: bool) -> str | None:
+    """Where shards deliver their results: the store's staging area for Dask (workers anywhere), the
+    local work folder for processes (or threads when `parts`), none (memory) for threads."""
+    if params.runner == "threads" and not parts:
+        return None
+    folder = out.shared if params.runner == "dask" else str(out.work / "shards")
+    fs, path = _fs(folder)
+    fs.makedirs(path, exist_ok=True)  # a no-op on object stores
+    return folder
+
+
+def _label(i: int, n: int, call: dict[str, Any]) -> str:
+    """`shard i/n (what it reads)`, for errors."""
+    if "start" in call and "stop" in call:
+        what = f"rows {call['start']}-{call['stop']}"
+    elif "shard" in call:
+        what = ", ".join(f"{Path(r.path).name}" + (f" bytes {r.start}-{r.stop}" if r.stop is not None else "")
+                         for r in call["shard"][:2]) + (", ..." if len(call["shard"]) > 2 else "")
+    else:
+        what = ""
+    return f"shard {i + 1}/{n}" + (f" ({what})" if what else "")
+
+
+class _Pool:
+    """Task runs on the runner `params` name, results yielded as they finish (`completed`), each failure
+    raised at once as a `ShardError`, and a Dask cluster watched while the tasks wait."""
+
+    def __init__(self, params: ParallelParams, name: str, folder: str | None) -> None:
+        self.runner, self.name, self.folder = task_runner(params), name, folder
+        self.dask = params.runner == "dask"
+        self.done: queue.Queue = queue.Queue()
+        self.futures: dict[Any, tuple[Any, str]] = {}  # key -> (future, label)
+        self.probed: set[str] = set()  # task names whose first call a worker has loaded
+
+    def __enter__(self) -> _Pool:
+        self.runner.__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        if exc_info[0] is not None:  # a failed stage: its other tasks would only load a cluster that stays up
+            for future, _ in self.futures.values():
+                with suppress(Exception):
+                    future.wrapped_future.cancel()
+        self.runner.__exit__(*exc_info)
+
+    def submit(self, fn: Any, call: dict[str, Any], key: Any, label: str) -> None:
+        call = {**call, "part": None if self.folder is None else f"{self.folder}/{key:06d}"
+                if isinstance(key, int) else f"{self.folder}/{key}"}
+        if self.dask and fn.name not in self.probed:
+            self._probe(fn, call, label)
+        future = self.runner.submit(fn, parameters=call)
+        self.futures[key] = (future, label)
+        future.add_done_callback(lambda _, key=key: self.done.put(key))
+
+    def completed(self) -> Any:
+        """(key, result) of each task as it finishes, while any is submitted and not yet yielded."""
+        no_worker_since = None
+        while self.futures:
+            try:
+                key = self.done.get(timeout=_POLL_SECONDS)
+            except queue.Empty:
+                no_worker_since = self._watch(no_worker_since)
+                continue
+            future, label = self.futures.pop(key)
+            try:
+                result = future.result()
+            except Exception as exc:
+                raise ShardError(f"{self.name} {label} failed{self._where(future)}: {_one_line(exc)}") from exc
+            yield key, result
+
+    def _probe(self, fn: Any, call: dict[str, Any], label: str) -> None:
+        """Load the task and its call on a worker, as the task's own message would be (a failure there
+        makes Dask drop the worker, not fail the task): an unimportable module fails the stage now."""
+        import cloudpickle
+        from prefect.context import serialize_context
+
+        self.probed.add(fn.name)
+        client = self.runner.client
+        # What the task's message carries (task, call, the calling flow's and stage's context), loaded by a
+        # function every worker has: a failure is this probe's, not the worker's.
+        payload = cloudpickle.dumps((fn, call, serialize_context()))
+        probe = client.submit(cloudpickle.loads, payload, pure=False)
+        no_worker_since = None
+        while True:
+            try:
+                probe.result(timeout=_POLL_SECONDS)
+                return
+            except TimeoutError:
+                no_worker_since = self._watch(no_worker_since)
+            except Exception as exc:
+                raise ShardError(f"{self.name} {label} cannot start on the Dask workers: {_one_line(exc)} (every "
+                                 "worker needs the same lexiflow and dependencies as this process)") from exc
+
+    def _watch(self, since: float | None) -> float | None:
+        """While tasks wait: fail when the Dask cluster has had no worker for NO_WORKER_SECONDS."""
+        if not self.dask or self.runner.client.nthreads():
+            return None
+        since = since or time.monotonic()
+        if time.monotonic() - since >= NO_WORKER_SECONDS:
+            waiting = ", ".join(label for _, label in list(self.futures.values())[:3]) or "the probe"
+            raise ShardError(f"{self.name}: the Dask cluster at {self.runner.client.scheduler.address} has had no "
+                             f"worker for {NO_WORKER_SECONDS:.0f} s while {waiting} waited (its workers died or "
+                             "left: see their logs); start workers, then run again")
+        return since
+
+    def _where(self, future: Any) -> str:
+        """` on worker tcp://...` for a Dask task (the worker holding its final state)."""
+        if not self.dask:
+            return ""
+        with suppress(Exception):
+            workers = self.runner.client.who_has([future.wrapped_future])
+            return f" on worker {next(iter(workers.values()))[0]}"
+        return ""
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return type(exc).__name__ + (f": {text[0]}" if text else "")
+
+
+def _counted(result: Any, bar: Progress) -> Any:
+    bar.update()
+    return result
 
 
 # ---- shard results: in memory, or a Parquet part (tables; sparse matrices as row, col, value) ----
 @dataclass(frozen=True)
 class Part:
-    """A shard result written to a Parquet file (what crosses the process boundary instead)."""
+    """A shard result written to a Parquet file (what crosses the process boundary instead): a local
+    path, or a URL of the store's staging area."""
 
     path: str
+
+
+def _fs(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
+    """The filesystem of a part's path or URL (an object store's options as the store has them)."""
+    return fsspec.core.url_to_fs(path, **storage_options_for(path))
 
 
 def deliver(result: pl.DataFrame | sp.spmatrix, part: str | None, name: str = "") -> Any:
@@ -108,33 +309,62 @@ def deliver(result: pl.DataFrame | sp.spmatrix, part: str | None, name: str = ""
     if part is None:
         return result
     path = f"{part}{'-' + name if name else ''}.parquet"
-    if isinstance(result, pl.DataFrame):
-        result.write_parquet(path, compression="lz4")  # a temporary part: fast over small
-    else:
-        coo = sp.coo_matrix(result)
-        table = pa.table({"row": coo.row.astype(np.int64), "col": coo.col.astype(np.int64), "value": coo.data})
-        pq.write_table(table.replace_schema_metadata({"shape": json.dumps(list(coo.shape))}), path)
+    fs, target = _fs(path)
+    with fs.open(target, "wb") as f:
+        if isinstance(result, pl.DataFrame):
+            result.write_parquet(f, compression="lz4")  # a temporary part: fast over small
+        else:
+            coo = sp.coo_matrix(result)
+            table = pa.table({"row": coo.row.astype(np.int64), "col": coo.col.astype(np.int64), "value": coo.data})
+            pq.write_table(table.replace_schema_metadata({"shape": json.dumps(list(coo.shape))}), f)
     return Part(path)
 
 
-def _received(result: Any, lazy: bool = False) -> Any:
-    """A shard's result with its `Part`s (also inside a tuple) read back (tables as LazyFrames with `lazy`)."""
+def _received(result: Any, lazy: bool = False, downloads: Path | None = None) -> Any:
+    """A shard's result with its `Part`s (also inside a tuple) read back (tables as LazyFrames with
+    `lazy`: a part on an object store is first downloaded into `downloads`, a local folder)."""
     if isinstance(result, tuple):
-        return tuple(_received(item, lazy) for item in result)
+        return tuple(_received(item, lazy, downloads) for item in result)
     if not isinstance(result, Part):
         return result
-    metadata = pq.read_schema(result.path).metadata or {}
-    if b"shape" not in metadata:
-        return pl.scan_parquet(result.path) if lazy else pl.read_parquet(result.path)
-    table = pq.read_table(result.path)
+    fs, path = _fs(result.path)
+    if lazy and downloads is not None and not isinstance(fs, fsspec.implementations.local.LocalFileSystem):
+        downloads.mkdir(parents=True, exist_ok=True)
+        local = downloads / path.rsplit("/", 1)[-1]
+        fs.get_file(path, str(local))
+        fs, path = _fs(str(local))
+    with fs.open(path, "rb") as f:
+        metadata = pq.read_schema(f).metadata or {}
+        if b"shape" not in metadata:
+            if lazy:
+                return pl.scan_parquet(path)
+            f.seek(0)
+            return pl.read_parquet(f)
+        f.seek(0)
+        table = pq.read_table(f)
     shape = tuple(json.loads(metadata[b"shape"]))
     return sp.csr_matrix((table["value"].to_numpy(), (table["row"].to_numpy(), table["col"].to_numpy())), shape=shape)
 
 
+def _part_paths(results: Any) -> list[str]:
+    if isinstance(results, list | tuple):
+        return [path for item in results for path in _part_paths(item)]
+    return [results.path] if isinstance(results, Part) else []
+
+
+def _remove(folder: str) -> None:
+    fs, path = _fs(folder)
+    with suppress(OSError):
+        if isinstance(fs, fsspec.implementations.local.LocalFileSystem):
+            shutil.rmtree(path, ignore_errors=True)
+        elif fs.exists(path):
+            fs.rm(path, recursive=True)
+
+
 def sum_matrices(matrices: list[sp.spmatrix], shape: tuple[int, int] | None = None) -> sp.csr_matrix:
-    """Sum of shard matrices (exact for integer counts, in any order), of `shape` (default: the
-    first's; smaller ones are padded). CSR additions: linear merges of sorted rows, no re-sort."""
-    shape = shape or matrices[0].shape
+    """Sum of shard matrices (exact for integer counts, in any order), of `shape` (default: the largest
+    of theirs; smaller ones are padded). CSR additions: linear merges of sorted rows, no re-sort."""
+    shape = shape or tuple(max(m.shape[axis] for m in matrices) for axis in (0, 1))
     total = None
     for matrix in matrices:
         matrix = matrix.tocsr()

@@ -26,6 +26,7 @@ from lexiflow.tasks.parallel import (
     SHARD_TASK,
     deliver,
     map_shards,
+    reduce_shards,
     row_ranges,
 )
 from lexiflow.tasks.params import ParallelParams, TokenizerParams, VocabularyParams
@@ -55,6 +56,11 @@ def count_words_shard(corpus: ArtifactRef, start: int, stop: int, part: str | No
     return deliver(vocab.token_counts(words), part), int(words.list.len().sum())
 
 
+def add_word_counts(results: list[tuple[pl.DataFrame, int]]) -> tuple[pl.DataFrame, int]:
+    """Shards' (word counts, number of words) added up (in any order: the vocabulary sorts them)."""
+    return vocab.merge_counts([counts for counts, _ in results]), sum(n for _, n in results)
+
+
 @stage("tokenizer")
 def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: VocabularyParams,
                      parallel: ParallelParams | None = None) -> None:
@@ -63,20 +69,18 @@ def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: Vocabular
     require_train_split(corpus)
     parallel = parallel or ParallelParams()
     ranges = row_ranges(count_rows(corpus, "documents.parquet"), parallel.shard_rows)
-    results = map_shards(count_words_shard, [{"corpus": corpus, "start": a, "stop": b} for a, b in ranges],
-                         parallel, "tokenizer", out)
-    counts = [c for c, _ in results]
-    vocabulary = vocab.Vocabulary.from_counts(counts[0] if len(counts) == 1 else vocab.merge_counts(counts),
-                                              params.min_count, params.max_size)
+    counts, n_words = reduce_shards(count_words_shard, [{"corpus": corpus, "start": a, "stop": b} for a, b in ranges],
+                                    add_word_counts, parallel, "tokenizer", out)
+    vocabulary = vocab.Vocabulary.from_counts(counts, params.min_count, params.max_size)
     if len(vocabulary) <= len(vocab.SPECIALS):  # an empty vocabulary is no artifact: nothing could use it
         raise InputError(f"no word occurs {params.min_count} times or more (vocabulary.min_count) in the train "
-                         f"split of {corpus_sources(corpus)} ({sum(n for _, n in results)} words): give more text, "
+                         f"split of {corpus_sources(corpus)} ({n_words} words): give more text, "
                          "or lower vocabulary.min_count")
     out.write_parquet("vocab.parquet", vocabulary.frame, VOCAB)
     out.write_json("config.json", {"kind": "word", "special_tokens": list(vocab.SPECIALS),
                                    "pattern": text.WORD_PATTERN, "params": params.model_dump()})
     out.metrics.update({"kind": "word", "vocabulary_size": len(vocabulary),
-                        "train_tokens": sum(n for _, n in results), "covered_tokens": int(vocabulary.counts.sum())})
+                        "train_tokens": n_words, "covered_tokens": int(vocabulary.counts.sum())})
 
 
 @stage("tokenizer")

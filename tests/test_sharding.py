@@ -283,7 +283,7 @@ def test_a_concurrent_build_of_the_same_version_leaves_this_builds_shard_parts(t
                     others.append(parallel.map_shards(shard, calls, processes, "other", other))
                     other.write_text("a.txt", "the other run")
             result = fn(**parameters)
-            return type("Future", (), {"result": lambda self: result})()
+            return type("Future", (), {"result": lambda self: result, "add_done_callback": lambda self, f: f(self)})()
 
     monkeypatch.setattr(parallel, "task_runner", lambda params: Runner())
     with ArtifactStore(tmp_path).writer("corpus", version) as out:

@@ -1,0 +1,209 @@
+"""Sharded stages on a Dask cluster of worker processes that share nothing with this process but the
+store URL (each has its own local directory and temp folder): with the store on S3 (moto on loopback)
+they publish what one process publishes, shard parts crossing through the store's staging area; a
+shard that fails, or cannot even be loaded on a worker, or a cluster without workers, fails the stage
+with one line naming the stage, the shard and the worker's exception, instead of hanging; and
+`lexiflow run` with the Dask runner works end to end, or fails with that one line."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from pathlib import Path
+
+import polars as pl
+import pytest
+from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster, WorkerPlugin
+from lexiflow.flows.cli import main
+from lexiflow.storage import ArtifactStore, Catalog
+from lexiflow.tasks import parallel
+from lexiflow.tasks.parallel import SHARD_TASK, ShardError, deliver, map_shards, reduce_shards
+from lexiflow.tasks.params import ParallelParams
+from prefect import task
+from prefect.testing.utilities import prefect_test_harness
+
+from tests.test_sharding import assert_same_artifacts, files, sources  # noqa: F401 - fixtures
+from tests.test_sharding_dask import counts_flow
+
+pytestmark = pytest.mark.prefect
+
+
+@pytest.fixture(scope="module", autouse=True)
+def prefect_server():
+    with prefect_test_harness(server_startup_timeout=120):
+        yield
+
+
+@pytest.fixture(scope="module")
+def cluster(moto_s3, tmp_path_factory):
+    """2 single-threaded worker processes, each with its own local directory and TMPDIR (neither is
+    this process's), S3 credentials from the standard variables as a remote worker would have them."""
+    env = {"AWS_ACCESS_KEY_ID": moto_s3.options["key"], "AWS_SECRET_ACCESS_KEY": moto_s3.options["secret"],
+           "AWS_ENDPOINT_URL": moto_s3.endpoint, "AWS_DEFAULT_REGION": "eu-west-1", "OMP_NUM_THREADS": "1"}
+    workers = {}
+    for i in range(2):
+        home = tmp_path_factory.mktemp(f"worker{i}")
+        (home / "tmp").mkdir()
+        workers[i] = {"cls": Nanny, "options": {"nthreads": 1, "local_directory": str(home),
+                                                "env": {**env, "TMPDIR": str(home / "tmp")}}}
+    with SpecCluster(workers=workers, scheduler={"cls": Scheduler, "options": {"dashboard_address": None}}) as spec:
+        yield spec
+
+
+def on(cluster) -> ParallelParams:
+    return ParallelParams(runner="dask", dask_address=cluster.scheduler_address, shard_bytes=5000, shard_rows=150)
+
+
+@pytest.mark.slow
+def test_a_cluster_sharing_only_the_store_publishes_what_one_process_does(tmp_path, sources, moto_s3, cluster,  # noqa: F811
+                                                                          monkeypatch):
+    received = []
+    original = parallel._received
+
+    def spy(result, *args, **kwargs):
+        received.extend(parallel._part_paths(result))
+        return original(result, *args, **kwargs)
+
+    monkeypatch.setattr(parallel, "_received", spy)
+    local = counts_flow(str(tmp_path / "local"), sources, ParallelParams(runner="local"))
+    url = moto_s3.new_url()
+    on_s3 = counts_flow(url, sources, on(cluster))
+    assert_same_artifacts(local, on_s3)
+    # Every part this process read came through the store's staging area, and none is left there.
+    assert received and all(path.startswith(f"{url}/.staging/") for path in received)
+    store = ArtifactStore(url)
+    store.refresh()
+    assert not store.fs.exists(f"{store.root}/.staging") or not store.fs.find(f"{store.root}/.staging")
+    # The workers ran in their own temp folders, never this process's.
+    with Client(cluster.scheduler_address) as client:  # closed: prefect_dask would take a global client's cluster
+        temp_folders = set(client.run(tempfile.gettempdir).values())
+    assert len(temp_folders) == 2 and tempfile.gettempdir() not in temp_folders
+
+
+def test_a_killed_writers_shared_parts_are_garbage_collected(tmp_path, moto_s3):
+    """A writer killed mid-build leaves its shared folder in the store; `gc` removes it (S3: once old
+    enough, as every object-store leftover; --older-than 0 here)."""
+    import subprocess
+    import textwrap
+
+    for url in (str(tmp_path / "store"), moto_s3.new_url()):
+        code = textwrap.dedent(f"""
+            import os, signal, fsspec
+            from lexiflow.storage.store import ArtifactStore, register_storage_options, storage_options_for
+            register_storage_options("s3://{moto_s3.bucket}", {moto_s3.options!r})
+            with ArtifactStore({url!r}).writer("corpus", "ab" * 8) as out:
+                fs, path = fsspec.core.url_to_fs(out.shared, **storage_options_for(out.shared))
+                fs.makedirs(path, exist_ok=True)
+                fs.pipe_file(path + "/000000.parquet", b"part")
+                print(out.shared, flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
+        """)
+        child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                               cwd=Path(__file__).resolve().parents[1])
+        shared = child.stdout.strip()
+        assert child.returncode == -9 and shared.endswith("-shards"), child.stderr
+        store = ArtifactStore(url)
+        assert any(entry.rstrip("/").endswith(shared.rsplit("/", 1)[-1]) for entry in store.leftovers())
+        assert main(["artifacts", "gc", "--older-than", "0", "--store", url]) == 0
+        store.refresh()
+        assert not store.fs.exists(store.fs._strip_protocol(shared))
+
+
+# ---- failures: explicit states, never timing ----
+@task(name="counting-shard", **SHARD_TASK)
+def count_rows_shard(start: int, stop: int, broken: int, marks: str, part: str | None):
+    """Counts of the values start..stop-1; shard `broken` raises (OSError: transient, so retried)."""
+    (Path(marks) / f"{start}-{len(list(Path(marks).iterdir()))}").touch()  # one file per attempt
+    if start == broken:
+        raise OSError(f"rows {start}-{stop}: the disk went away") if broken == 0 else \
+            ValueError(f"rows {start}-{stop} hold no numbers")
+    return deliver(pl.DataFrame({"token": [str(i % 3) for i in range(start, stop)]}).group_by("token").len(), part)
+
+
+def test_a_failing_shard_fails_the_stage_naming_the_shard_worker_and_exception(tmp_path, cluster):
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    calls = [{"start": a, "stop": a + 10, "broken": 10, "marks": str(marks)} for a in (0, 10, 20)]
+    with ArtifactStore(tmp_path / "store").writer("corpus", "ab" * 8) as out, pytest.raises(ShardError) as failed:
+        reduce_shards(count_rows_shard, calls, lambda rs: rs[0], on(cluster), "counting", out)
+    message = str(failed.value)
+    assert message.startswith("counting shard 2/3 (rows 10-20) failed on worker tcp://")
+    assert message.endswith("ValueError: rows 10-20 hold no numbers") and "\n" not in message
+    assert len(list(marks.glob("10-*"))) == 1  # bad input is not retried
+
+    # A transient error is retried twice, then fails the stage the same way.
+    (marks := tmp_path / "retries").mkdir()
+    calls = [{**call, "broken": 0, "marks": str(marks)} for call in calls]
+    with ArtifactStore(tmp_path / "store").writer("corpus", "cd" * 8) as out, pytest.raises(ShardError) as failed:
+        map_shards(count_rows_shard, calls, on(cluster), "counting", out)
+    assert "shard 1/3 (rows 0-10) failed" in str(failed.value) and "OSError: rows 0-10: the disk went away" in \
+        str(failed.value)
+    assert len(list(marks.glob("0-*"))) == 3
+
+
+class Unimportable(WorkerPlugin):
+    """Makes `module` fail to import on every worker (as a missing or broken install does)."""
+
+    def __init__(self, module: str) -> None:
+        self.module = module
+
+    def setup(self, worker) -> None:
+        self.saved = sys.modules.get(self.module)
+        sys.modules[self.module] = None
+
+    def teardown(self, worker) -> None:
+        if self.saved is None:
+            sys.modules.pop(self.module, None)
+        else:
+            sys.modules[self.module] = self.saved
+
+
+def test_a_shard_task_that_cannot_start_on_the_workers_fails_the_run_in_one_line(tmp_path, cluster, capsys):
+    """The issue's failure: the workers cannot import the stage's module. Dask alone would drop each worker
+    that fails to load the task and wait for another forever; the CLI run ends with one line instead."""
+    with Client(cluster.scheduler_address) as client:
+        client.register_plugin(Unimportable("lexiflow.tasks.vocabulary"), name="unimportable")
+        try:
+            code = main(["run", "--store", str(tmp_path / "store"), "--corpus", "builtin:lee",
+                         "--set", "parallel.runner=dask", "--set", f"parallel.dask_address={cluster.scheduler_address}",
+                         "--set", "parallel.shard_rows=100", "--set", "lm=[]", "--set", 'embeddings=["svd"]'])
+        finally:
+            client.unregister_worker_plugin("unimportable")
+        assert len(client.nthreads()) == 2  # the workers are still there
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert code == 2
+    assert error.startswith("error: tokenizer shard 1/3 (rows 0-100) cannot start on the Dask workers: "
+                            "ModuleNotFoundError: import of lexiflow.tasks.vocabulary halted")
+
+
+def test_a_cluster_without_workers_fails_the_stage(tmp_path, monkeypatch):
+    monkeypatch.setattr(parallel, "NO_WORKER_SECONDS", 1.0)
+    monkeypatch.setattr(parallel, "_POLL_SECONDS", 0.2)
+    calls = [{"start": a, "stop": a + 10, "broken": -1, "marks": str(tmp_path)} for a in (0, 10)]
+    with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as empty, \
+            ArtifactStore(tmp_path / "store").writer("corpus", "ab" * 8) as out, pytest.raises(ShardError) as failed:
+        map_shards(count_rows_shard, calls, ParallelParams(runner="dask", dask_address=empty.scheduler_address),
+                   "counting", out)
+    assert str(failed.value).startswith(f"counting: the Dask cluster at {empty.scheduler_address} has had no worker "
+                                        "for 1 s while the probe waited")
+
+
+@pytest.mark.slow
+def test_cli_run_on_a_local_dask_cluster_of_two_workers_publishes_what_one_process_does(tmp_path, monkeypatch):
+    runners = []
+    monkeypatch.setattr(parallel, "task_runner", lambda params, make=parallel.task_runner: runners.append(
+        make(params)) or runners[-1])
+    small = ["--corpus", "builtin:lee", "--set", "lm=[]", "--set", 'embeddings=["svd"]', "--set", "svd.dim=10",
+             "--set", "evaluation.projection_words=0"]
+    assert main(["run", "--store", str(tmp_path / "local"), *small, "--set", "parallel.runner=local"]) == 0
+    assert main(["run", "--store", str(tmp_path / "dask"), *small, "--set", "parallel.runner=dask",
+                 "--set", "parallel.workers=2", "--set", "parallel.shard_rows=100"]) == 0
+    # word counts, encoding and co-occurrence ran on a LocalCluster of 2 workers each (ingestion: one shard)
+    assert [type(r).__name__ for r in runners] == ["DaskTaskRunner"] * 3
+    assert all(r.cluster_kwargs["n_workers"] == 2 for r in runners)
+    local, dask = ArtifactStore(tmp_path / "local"), ArtifactStore(tmp_path / "dask")
+    refs = {store: {m["kind"]: store.ref(m["kind"], m["version"]) for m in Catalog(store).list()
+                    if m["kind"] in ("corpus", "tokenizer", "tokenized_corpus", "cooccurrence", "ppmi")}
+            for store in (local, dask)}
+    assert len(refs[local]) == 5
+    assert_same_artifacts(refs[local], refs[dask])
