@@ -798,7 +798,8 @@ class ArtifactWriter:
         if schema is not None:
             table = table.select(schema.names).cast(schema)
         path = self.path(name)
-        pq.write_table(table, path, row_group_size=row_group_size, **PARQUET_OPTIONS)
+        # Contiguous columns: pages are cut by content, not by how the table was built (parquet_parts too)
+        pq.write_table(table.combine_chunks(), path, row_group_size=row_group_size, **PARQUET_OPTIONS)
         return path
 
     @contextmanager
@@ -809,7 +810,7 @@ class ArtifactWriter:
         pending: list[pa.Table] = []
         with pq.ParquetWriter(self.path(name), schema, **PARQUET_OPTIONS) as writer:
             def flush(all_rows: bool) -> None:
-                held = pa.concat_tables(pending)
+                held = pa.concat_tables(pending).combine_chunks()  # pages cut as write_parquet's: the same bytes
                 rows = held.num_rows if all_rows else held.num_rows - held.num_rows % row_group_size
                 if rows:
                     writer.write_table(held.slice(0, rows), row_group_size=row_group_size)

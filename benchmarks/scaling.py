@@ -1,0 +1,249 @@
+"""The corpus rebuild at size: ingest -> vocabulary -> encoding -> co-occurrence -> PPMI -> SVD, on one
+process and on warm Dask LocalClusters of 1 and 2 worker processes (one thread each), side by side
+in one run, at three corpus sizes (0.25, 0.5 and 1 GB of text; `--quick`: 8, 16 and 32 MB).
+
+The text is real: WikiText-2 valid lines, UD English-EWT sentences and the enwiki excerpt's documents
+(gensim), each document three random lines of that pool, so documents are distinct (dedupe keeps
+them) and the line order varies. Shards have a fixed size (`SHARDS`), so a larger corpus makes more
+shards, not larger ones: a worker's peak memory should not grow with the corpus.
+
+Each stage is built as the pipeline builds it (a Prefect flow run; its artifact deleted first), and
+reports wall seconds, throughput (MB of text/s for ingestion, tokens/s for the rest) and peak RSS:
+of the single process (the flow's process), or the largest of the Dask workers (VmHWM, reset before
+each stage). PPMI and SVD run on one node in both (vocabulary-bound). Every artifact of a Dask run
+is checked equal (version and bytes) to the single-process one. The last rows split a shard's cost
+(Prefect task run, Parquet part, merge) on the 2-worker cluster (docs/scaling.md).
+
+Sizes: window 5 (harmonic), vocabulary min count 5 and at most 30 000 words, SVD 100 dimensions; the
+full run aims at ~20 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import polars as pl
+from lexiflow.models.ingest import IngestOptions, build_corpus, resolve_sources
+from lexiflow.storage import ArtifactRef, ArtifactStore
+from lexiflow.tasks import parallel
+from lexiflow.tasks.corpus import ingest_corpus
+from lexiflow.tasks.embeddings import svd_embeddings
+from lexiflow.tasks.matrices import compute_ppmi, count_cooccurrence
+from lexiflow.tasks.params import (
+    CooccurrenceParams,
+    CorpusParams,
+    ParallelParams,
+    PPMIParams,
+    SVDParams,
+    VocabularyParams,
+)
+from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
+from prefect import task
+from prefect.testing.utilities import prefect_test_harness
+
+from benchmarks.corpora import WIKITEXT_VALID
+from benchmarks.harness import SHARED_DATA, Row
+from benchmarks.sharding import _run_stage, cluster
+
+GB = 1e9
+SIZES = {False: (0.25 * GB, 0.5 * GB, 1.0 * GB), True: (8e6, 16e6, 32e6)}
+SHARDS = {False: {"shard_bytes": 32 << 20, "shard_rows": 250_000}, True: {"shard_bytes": 1 << 20, "shard_rows": 8_000}}
+VOCABULARY = VocabularyParams(min_count=5, max_size=30_000)
+WINDOW = CooccurrenceParams(window=5)
+SVD = SVDParams(dim=100)
+
+
+def line_pool() -> list[str]:
+    """Real lines: WikiText-2 valid, EWT sentences (# text), the enwiki excerpt's documents."""
+    lines = [line.strip() for line in WIKITEXT_VALID.read_text(encoding="utf-8").splitlines()
+             if line.strip() and not line.strip().startswith("=")]
+    ewt = SHARED_DATA / "ud-english-ewt" / "en_ewt-ud-train.conllu"
+    lines += [line[len("# text = "):] for line in ewt.read_text(encoding="utf-8").splitlines()
+              if line.startswith("# text = ")]
+    enwiki = build_corpus(resolve_sources(["builtin:enwiki"]), IngestOptions(lowercase=False, split_sentences=False))
+    lines += [text.replace("\n", " ") for text in enwiki.documents["text"]]
+    return lines
+
+
+def corpus_text(path: Path, target_bytes: float, pool: list[str], seed: int = 0) -> Path:
+    """Documents of three random pool lines each (varied order, distinct documents) up to `target_bytes`."""
+    rng, pool_array, written = np.random.default_rng(seed), np.array(pool, dtype=object), 0
+    with path.open("w", encoding="utf-8") as f:
+        while written < target_bytes:
+            picks = pool_array[rng.integers(0, len(pool), size=(1000, 3))]
+            block = "".join(f"{a} {b} {c}\n" for a, b, c in picks)
+            f.write(block)
+            written += len(block.encode())
+    return path
+
+
+def _reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := current RSS (Linux)
+
+
+def _peak_gb() -> float:
+    status = Path("/proc/self/status").read_text().splitlines()
+    return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1e6
+
+
+class Peak:
+    """Peak RSS over a block: this process's (`driver`), and the largest of a Dask cluster's workers'."""
+
+    def __init__(self, dask: Any = None) -> None:
+        self.client, self.workers = None, float("nan")
+        if dask is not None:
+            from distributed import Client
+
+            self.client = Client(dask.scheduler_address, set_as_default=False)  # not prefect_dask's
+
+    def __enter__(self) -> Peak:
+        _reset_peak()
+        if self.client:
+            self.client.run(_reset_peak)
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.driver = _peak_gb()
+        if self.client:
+            self.workers = max(self.client.run(_peak_gb).values())
+            self.client.close()
+
+
+def timed(stage: Any, store: str, arguments: dict[str, Any]) -> tuple[float, ArtifactRef]:
+    """Seconds to build one stage's artifact (in a flow run, as the pipeline does)."""
+    start = time.perf_counter()
+    ref = _run_stage(stage, store, arguments)
+    return time.perf_counter() - start, ref
+
+
+def chain(store: str, source: Path, parallel_params: ParallelParams, dask: Any = None) -> dict[str, Any]:
+    """Every stage of the rebuild: {stage: (seconds, (driver, worker) peak GB, ref)}."""
+    results, refs = {}, {}
+    steps = [
+        ("corpus", ingest_corpus, lambda: {"params": CorpusParams(sources=[str(source)])}, True),
+        ("tokenizer", learn_vocabulary, lambda: {"corpus": refs["corpus"], "params": VOCABULARY}, True),
+        ("tokenized_corpus", encode_corpus, lambda: {"corpus": refs["corpus"], "tokenizer": refs["tokenizer"]}, True),
+        ("cooccurrence", count_cooccurrence, lambda: {"tokens": refs["tokenized_corpus"],
+                                                     "tokenizer": refs["tokenizer"], "params": WINDOW}, True),
+        ("ppmi", compute_ppmi, lambda: {"cooccurrence": refs["cooccurrence"], "params": PPMIParams()}, False),
+        ("embeddings", svd_embeddings, lambda: {"ppmi": refs["ppmi"], "params": SVD}, False),
+    ]
+    for name, stage, arguments, sharded in steps:
+        with Peak(dask if sharded else None) as peak:
+            seconds, ref = timed(stage, store, {**arguments(), **({"parallel": parallel_params} if sharded else {})})
+        refs[name] = ref
+        results[name] = (seconds, (peak.driver, peak.workers), ref)
+    return results
+
+
+def work_done(store: str, refs: dict[str, Any]) -> dict[str, tuple[float, str]]:
+    """What each stage's throughput counts: MB of text for ingestion, tokens for the rest."""
+    artifacts = ArtifactStore(store)
+    metric = {name: artifacts.manifest(ref.kind, ref.version)["metrics"] for name, (_, _, ref) in refs.items()}
+    tokens = metric["tokenized_corpus"]["tokens"]
+    return {"corpus": (float("nan"), "MB/s"),  # the text's size: the caller's
+            "tokenizer": (metric["tokenizer"]["train_tokens"], "tokens/s"),
+            "tokenized_corpus": (tokens, "tokens/s"), "cooccurrence": (metric["cooccurrence"]["tokens"], "tokens/s"),
+            "ppmi": (tokens, "tokens/s"), "embeddings": (tokens, "tokens/s")}
+
+
+def same(a: ArtifactRef, b: ArtifactRef) -> bool:
+    left, right = ArtifactStore(a.store), ArtifactStore(b.store)
+    return a.version == b.version and left.manifest(a.kind, a.version)["files"] == \
+        right.manifest(b.kind, b.version)["files"]
+
+
+@task(**parallel.SHARD_TASK)
+def _no_op(part: str | None) -> int:
+    return 0
+
+
+def breakdown(dask: Any, store: str, tokens: ArtifactRef, tokenizer: ArtifactRef, rows: int) -> list[Row]:
+    """A shard's costs on the warm cluster: a no-op Prefect task run; one co-occurrence shard's result
+    written and read as Parquet parts; one merge of two such results."""
+    from lexiflow.tasks.matrices import add_cooccurrence_counts, cooccurrence_shard
+
+    params = ParallelParams(runner="dask", dask_address=dask.scheduler_address)
+    with ArtifactStore(store).writer("corpus", "ab" * 8) as out:
+        n = 32
+        start = time.perf_counter()
+        parallel.map_shards(_no_op, [{} for _ in range(n)], params, "no-op", out)
+        per_task = (time.perf_counter() - start) / n
+        vocabulary = ArtifactStore(store).read_parquet("tokenizer", tokenizer.version, "vocab.parquet")
+        keep = np.ones(vocabulary.height)
+        call = {"tokens": tokens, "start": 0, "stop": rows, "keep_prob": keep, "window": WINDOW.window, "seed": 0}
+        start = time.perf_counter()
+        result = cooccurrence_shard.fn(**call, part=None)
+        compute = time.perf_counter() - start
+        folder = out.work / "parts"
+        folder.mkdir(parents=True)
+        start = time.perf_counter()
+        parts = (parallel.deliver(result[0], str(folder / "a"), "pairs"), parallel.deliver(result[1], str(folder / "a"),
+                                                                                            "docs"), *result[2:])
+        write = time.perf_counter() - start
+        start = time.perf_counter()
+        back = parallel._received(parts)
+        read = time.perf_counter() - start
+        start = time.perf_counter()
+        add_cooccurrence_counts([back, back])
+        merge = time.perf_counter() - start
+        size = sum(Path(p.path).stat().st_size for p in parts[:2]) / 1e6
+    case = f"one co-occurrence shard of {rows} sentences ({result[2] / 1e6:.2f}M tokens)"
+    return [Row("scaling", "Prefect task run on a warm 2-worker Dask cluster (no-op shard, 32 in a row)",
+                "seconds per task", per_task, None, "", False),
+            Row("scaling", case + ": counting", "seconds", compute, None, "", False),
+            Row("scaling", case + f": result written as Parquet parts ({size:.0f} MB)", "seconds", write, compute,
+                "counting", False),
+            Row("scaling", case + ": parts read back", "seconds", read, compute, "counting", False),
+            Row("scaling", case + ": merge of two such results", "seconds", merge, compute, "counting", False)]
+
+
+def run(quick: bool = False) -> list[Row]:
+    rows: list[Row] = []
+    sizes, shards = SIZES[quick], SHARDS[quick]
+    with tempfile.TemporaryDirectory() as tmp, prefect_test_harness(server_startup_timeout=120), \
+            cluster(1) as one, cluster(2) as two:
+        pool = line_pool()
+        for size in sizes:
+            label = f"{size / GB:.2f} GB" if size >= 0.1 * GB else f"{size / 1e6:.0f} MB"
+            source = corpus_text(Path(tmp) / f"corpus-{size:.0f}.txt", size, pool)
+            runs = {"single process": chain(str(Path(tmp) / f"single-{size:.0f}"), source,
+                                            ParallelParams(runner="local"))}
+            clusters = [(2, two)] if size != sizes[-1] else [(1, one), (2, two)]
+            for workers, dask in clusters:
+                params = ParallelParams(runner="dask", dask_address=dask.scheduler_address, **shards)
+                runs[f"{workers} Dask worker{'s' * (workers > 1)}"] = chain(
+                    str(Path(tmp) / f"dask{workers}-{size:.0f}"), source, params, dask)
+            single = runs["single process"]
+            work = work_done(single["corpus"][2].store, single)
+            megabytes = source.stat().st_size / 1e6
+            for name, result in runs.items():
+                differ = [stage for stage in single if not same(result[stage][2], single[stage][2])]
+                assert not differ, f"{name}: {differ} differ from the single process's"
+                for stage, (seconds, peak, _) in result.items():
+                    amount, unit = work[stage]
+                    amount = megabytes if stage == "corpus" else amount
+                    base = single[stage][0]
+                    rows.append(Row("scaling", f"{label} text, {stage}, {name}", unit, amount / seconds,
+                                    amount / base, "single process", True, "", None,
+                                    f"{seconds:.1f} s vs {base:.1f} s single; peak RSS: flow process {peak[0]:.2f} GB"
+                                    + (f", largest worker {peak[1]:.2f} GB" if peak[1] == peak[1] else "")
+                                    + "; identical artifact"))
+                total = sum(seconds for seconds, _, _ in result.values())
+                rows.append(Row("scaling", f"{label} text, whole rebuild, {name}", "MB/s", megabytes / total,
+                                megabytes / sum(s for s, _, _ in single.values()), "single process", True, "", None,
+                                f"{total:.1f} s; shards: {json.dumps(shards)}"))
+        largest = runs["single process"]
+        n_rows = shards["shard_rows"]
+        rows += breakdown(two, str(Path(tmp) / "breakdown"), largest["tokenized_corpus"][2], largest["tokenizer"][2],
+                          n_rows)
+    return rows
+
+
+if __name__ == "__main__":
+    print(pl.DataFrame([vars(r) for r in run(quick=True)]))
