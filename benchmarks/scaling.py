@@ -174,7 +174,7 @@ def breakdown(dask: Any, store: str, tokens: ArtifactRef, tokenizer: ArtifactRef
         start = time.perf_counter()
         parallel.map_shards(_no_op, [{} for _ in range(n)], params, "no-op", out)
         per_task = (time.perf_counter() - start) / n
-        vocabulary = ArtifactStore(store).read_parquet("tokenizer", tokenizer.version, "vocab.parquet")
+        vocabulary = ArtifactStore(tokenizer.store).read_parquet("tokenizer", tokenizer.version, "vocab.parquet")
         keep = np.ones(vocabulary.height)
         call = {"tokens": tokens, "start": 0, "stop": rows, "keep_prob": keep, "window": WINDOW.window, "seed": 0}
         start = time.perf_counter()

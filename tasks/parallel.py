@@ -17,8 +17,9 @@ shard size, and so is its version (`parallel` is not versioned, tasks/stage.py).
   written through fsspec), so workers share nothing with the driver but the store URL; only the
   parts' paths and small counts come back, never pickled tables.
 
-Count merges (`reduce_shards`) run on the runner as a tree: each pair of finished results is merged
-by a merge task (reading two parts, writing one), so the driver receives one merged result.
+Count merges (`reduce_shards`) run on the runner as a balanced tree built as results finish: two
+results of the same level are merged by a merge task (reading two parts, writing one), so the driver
+receives one merged result.
 
 A failing shard fails the stage with a one-line `ShardError` naming the stage, the shard, the worker
 and its exception, at once (not after the shards before it), and cancels the stage's other tasks:
@@ -135,16 +136,24 @@ def reduce_shards(fn: Any, calls: Sequence[dict[str, Any]], combine: Callable[[l
                   callback=out.progress) as bar, _Pool(params, name, folder) as pool:
         for i, call in enumerate(calls):
             pool.submit(fn, call, i, _label(i, len(calls), call))
-        ready, merges = [], 0
-        for _, result in pool.completed():
+        # A balanced tree, built as results come (in any order: the merge is exact in any order): two results
+        # of the same level (shards: 0, a merge: one more than its inputs') merge, so each count is read and
+        # written about log2(n) times, not n times as in a chain onto one growing total.
+        levels: dict[Any, int] = dict.fromkeys(range(len(calls)), 0)
+        ready: list[tuple[int, Any]] = []
+        merges = 0
+        for key, result in pool.completed():
             bar.update()
-            ready.append(result)
-            if len(ready) == 2:  # any two: the merge is exact in any order
+            ready = sorted([*ready, (levels.pop(key), result)], key=lambda item: item[0])
+            pairs = [j for j in range(len(ready) - 1) if ready[j][0] == ready[j + 1][0]]
+            if pairs or (len(ready) > 1 and not pool.futures):  # else: nothing more comes, the two lowest
+                j = pairs[0] if pairs else 0
+                (low, first), (high, second) = ready.pop(j), ready.pop(j)
                 merges += 1
-                pool.submit(merge_task, {"combine": combine, "results": ready}, f"m{merges:06d}",
+                levels[key := f"m{merges:06d}"] = max(low, high) + 1
+                pool.submit(merge_task, {"combine": combine, "results": [first, second]}, key,
                             f"merge {merges}/{len(calls) - 1}")
-                ready = []
-    (final,) = ready
+    ((_, final),) = ready
     result = _received(final)
     if folder is not None:
         _remove(folder)
