@@ -15,7 +15,7 @@ is checked equal (version and bytes) to the single-process one. The last rows sp
 (Prefect task run, Parquet part, merge) on the 2-worker cluster (docs/scaling.md).
 
 Sizes: window 5 (harmonic), vocabulary min count 5 and at most 30 000 words, SVD 100 dimensions; the
-full run aims at ~20 minutes on 2 cores.
+full run should take ~25-30 minutes on 2 quiet cores (docs/scaling.md); the quick one ~3.5 minutes.
 """
 
 from __future__ import annotations
