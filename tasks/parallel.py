@@ -167,9 +167,9 @@ def merge_task(combine: Callable[[list[Any]], Any], results: list[Any], part: st
     merged = combine([_received(result) for result in results])
     delivered = tuple(deliver(item, part, str(j)) if isinstance(item, pl.DataFrame | sp.spmatrix) else item
                       for j, item in enumerate(merged if isinstance(merged, tuple) else (merged,)))
-    for path in _part_paths(results):
+    for fs, path in map(_fs, _part_paths(results)):
         with suppress(OSError):
-            _fs(path)[0].rm(_fs(path)[1])
+            fs.rm(path)
     return delivered if isinstance(merged, tuple) else delivered[0]
 
 
