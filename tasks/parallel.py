@@ -17,9 +17,9 @@ shard size, and so is its version (`parallel` is not versioned, tasks/stage.py).
   written through fsspec), so workers share nothing with the driver but the store URL; only the
   parts' paths and small counts come back, never pickled tables.
 
-Count merges (`reduce_shards`) run on the runner as a balanced tree built as results finish: two
-results of the same level are merged by a merge task (reading two parts, writing one), so the driver
-receives one merged result.
+Count merges (`reduce_shards`) run on the runner as a balanced tree built as results finish: four
+results of the same level are merged by a merge task (reading their parts, writing one), so the
+driver receives one merged result.
 
 A failing shard fails the stage with a one-line `ShardError` naming the stage, the shard, the worker
 and its exception, at once (not after the shards before it), and cancels the stage's other tasks:
@@ -66,6 +66,9 @@ SHARD_TASK: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False,
 # A Dask cluster with no worker for this long fails the stage (workers that died, or never came).
 NO_WORKER_SECONDS = 120.0
 _POLL_SECONDS = 2.0  # how often a wait for shard results looks at the cluster
+# Results one merge task adds up: fewer task runs (each costs ~0.1-0.5 s of Prefect bookkeeping) than
+# pairs, still a shallow tree (log4 n levels) whose top merges hold little more than the total.
+MERGE_FAN_IN = 4
 
 
 class ShardError(LexiflowError):
@@ -126,38 +129,48 @@ def reduce_shards(fn: Any, calls: Sequence[dict[str, Any]], combine: Callable[[l
     """`combine` of every fn(**call, part=...) result, read back. `combine(results)` merges a list of
     shard results into one of the same shape (a tuple of tables, sparse matrices and numbers), exactly
     and in any order (counts add). Inline (local runner, one call): `combine` of all results, here.
-    On a pool: a tree on the workers, each pair of finished results merged by a merge task that reads
-    their parts and writes one, so only the last merged result comes to this process."""
+    On a pool: a tree on the workers, groups of finished results merged by merge tasks that read their
+    parts and write one, so only the last merged result comes to this process."""
     if len(calls) <= 1 or params.runner == "local":
         results = map_shards(fn, calls, params, name, out)
         return results[0] if len(results) == 1 else combine(results)
     folder = _parts_folder(params, out, parts=False)
-    with Progress(f"{name} shards and merges", total=2 * len(calls) - 1, unit="tasks",
+    with Progress(f"{name} shards", total=len(calls), unit="shards",
                   callback=out.progress) as bar, _Pool(params, name, folder) as pool:
         for i, call in enumerate(calls):
             pool.submit(fn, call, i, _label(i, len(calls), call))
-        # A balanced tree, built as results come (in any order: the merge is exact in any order): two results
-        # of the same level (shards: 0, a merge: one more than its inputs') merge, so each count is read and
-        # written about log2(n) times, not n times as in a chain onto one growing total.
+        # A balanced tree, built as results come (in any order: the merge is exact in any order): MERGE_FAN_IN
+        # results of the same level (shards: 0, a merge: one more than its inputs') merge, so each count is
+        # read and written about log(n) times, not n times as in a chain onto one growing total; once nothing
+        # else can come, the lowest ones merge.
         levels: dict[Any, int] = dict.fromkeys(range(len(calls)), 0)
         ready: list[tuple[int, Any]] = []
         merges = 0
         for key, result in pool.completed():
-            bar.update()
+            if isinstance(key, int):  # a shard (merges are not counted: their number depends on the order)
+                bar.update()
             ready = sorted([*ready, (levels.pop(key), result)], key=lambda item: item[0])
-            pairs = [j for j in range(len(ready) - 1) if ready[j][0] == ready[j + 1][0]]
-            if pairs or (len(ready) > 1 and not pool.futures):  # else: nothing more comes, the two lowest
-                j = pairs[0] if pairs else 0
-                (low, first), (high, second) = ready.pop(j), ready.pop(j)
+            level = _full_level(ready)
+            if level is not None or (len(ready) > 1 and not pool.futures):
+                group = [item for item in ready if item[0] == level][:MERGE_FAN_IN] if level is not None \
+                    else ready[:MERGE_FAN_IN]
+                ready = [item for item in ready if not any(item is g for g in group)]
                 merges += 1
-                levels[key := f"m{merges:06d}"] = max(low, high) + 1
-                pool.submit(merge_task, {"combine": combine, "results": [first, second]}, key,
-                            f"merge {merges}/{len(calls) - 1}")
+                levels[key := f"m{merges:06d}"] = max(lvl for lvl, _ in group) + 1
+                pool.submit(merge_task, {"combine": combine, "results": [r for _, r in group]}, key, f"merge {merges}")
     ((_, final),) = ready
     result = _received(final)
     if folder is not None:
         _remove(folder)
     return result
+
+
+def _full_level(ready: list[tuple[int, Any]]) -> int | None:
+    """A level holding MERGE_FAN_IN ready results, if any."""
+    counts: dict[int, int] = {}
+    for level, _ in ready:
+        counts[level] = counts.get(level, 0) + 1
+    return next((level for level, n in counts.items() if n >= MERGE_FAN_IN), None)
 
 
 @task(name="merge", **SHARD_TASK)
