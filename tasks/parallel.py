@@ -86,7 +86,7 @@ def task_runner(params: ParallelParams) -> TaskRunner:
             return DaskTaskRunner(address=params.dask_address)
         # One thread per worker process: polars/numpy inside a shard are the parallelism.
         return DaskTaskRunner(cluster_kwargs={"n_workers": params.workers, "threads_per_worker": 1,
-                                              "dashboard_address": None})
+                                              "dashboard_address": ":0"})  # a free port: no clash
     return ThreadPoolTaskRunner(max_workers=params.workers)
 
 
