@@ -48,6 +48,7 @@ from lexiflow.models.config import check
 from lexiflow.models.device import Device, resolve_device
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.progress import Progress
+from lexiflow.models.threads import DEFAULT_THREADS, Threads, limit_threads
 from pydantic import Field
 from safetensors.torch import load_file, save_file
 
@@ -88,6 +89,7 @@ class TrainConfig:
     checkpoint_every: Annotated[int, Field(ge=0, description="Steps between checkpoints (0: epoch ends only).")] = 200
     eval_batch_size: int = 10
     seed: Annotated[int, Field(ge=0, description="Random seed.")] = 0
+    threads: Threads = DEFAULT_THREADS
     log_every_s: float = 5.0
     sparse_grads: bool = True  # plain SGD in one process: the input embedding's gradient holds only the rows used
 
@@ -609,6 +611,10 @@ class Trainer:
         return row
 
     def run(self) -> list[dict]:
+        with limit_threads(self.cfg.threads, "TrainConfig.threads"):
+            return self._run()
+
+    def _run(self) -> list[dict]:
         pos = self.pos
         while not pos.done and pos.epoch < self.cfg.epochs and pos.step < self.total_steps:
             if pos.batch == 0:
