@@ -16,9 +16,9 @@ concatenated) -> dropout -> one linear + softmax layer per tag column.
 - Training items are `(word, tag)` or `(word, tag, other)`: the third element (the other tag column,
   XPOS for a UPOS tagger) trains a second output head with weight `aux_weight` (multi-task, one joint
   model); `tag_many(..., head=1)` returns that column.
-- Trained with `models.batch_train` (the project's training loop over whole sentences: AdamW, schedule,
-  clipping, checkpoints/resume, CUDA with bf16 autocast, progress with rate and ETA), early stopping on
-  dev accuracy of the first head.
+- Trained with the project's one training loop (`models.lm.train.Trainer` on a `SentenceTask`: AdamW,
+  schedule, clipping, checkpoints/resume, CUDA with bf16 autocast, progress with rate and ETA), early
+  stopping on dev accuracy of the first head (the loop's `valid_loss` is the dev error rate).
 - Sequences are packed: padding never reaches a real position, so a sentence's tags do not depend on
   the other sentences of its batch.
 """
@@ -37,12 +37,18 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lexiflow.models import text
-from lexiflow.models.batch_train import TrainConfig, train_sentences
 from lexiflow.models.char_encoder import CharCNN, CharVocab
 from lexiflow.models.device import resolve_device
 from lexiflow.models.elmo import BiLM, ScalarMix, run_lstm
 from lexiflow.models.errors import InputError, ParameterError
-from lexiflow.models.lm.train import find_checkpoint, load_module_tensors, module_tensors
+from lexiflow.models.lm.train import (
+    SentenceTask,
+    TrainConfig,
+    Trainer,
+    find_checkpoint,
+    load_module_tensors,
+    module_tensors,
+)
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -93,6 +99,12 @@ class TaggerConfig:
             if not ok:
                 raise ParameterError(f"TaggerConfig.{name}={getattr(self, name)!r} is invalid: {fix}")
         self.train.validate()
+
+
+def dev_accuracy(history: list[dict]) -> float | None:
+    """The best epoch's dev accuracy: the loop's `valid_loss` is the dev error rate (None without dev)."""
+    errors = [r["valid_loss"] for r in history if r["valid_loss"] is not None]
+    return 1.0 - min(errors) if errors else None
 
 
 def config_from_dict(d: dict) -> TaggerConfig:
@@ -229,15 +241,14 @@ class BiLSTMTagger:
         dev_words = [[t[0] for t in s] for s in dev_items] if dev_items else None
         dev_gold = [t[1] for s in dev_items for t in s] if dev_items else None
 
-        def score() -> float:
+        def dev_errors() -> tuple[float, int]:  # the loop stops early on the error rate: on dev accuracy
             pred = [t for s in self.tag_many(dev_words) for t in s]
-            return float(np.mean(np.asarray(pred, dtype=object) == np.asarray(dev_gold, dtype=object)))
+            return float(np.sum(np.asarray(pred, dtype=object) != np.asarray(dev_gold, dtype=object))), len(dev_gold)
 
-        self.history_ = train_sentences(module, [len(s) for s in words_of], batch_loss, cfg.train,
-                                        score=score if dev_items else None, name="tagger.train",
-                                        on_step=on_step)
-        scores = [r["dev_score"] for r in self.history_ if r["dev_score"] is not None]
-        self.dev_accuracy_ = max(scores) if scores else None
+        task = SentenceTask([len(s) for s in words_of], batch_loss, cfg.train, dev_errors if dev_items else None,
+                            "tagger.train")
+        self.history_ = Trainer(module, task, cfg.train, name="tagger.train", on_step=on_step).run()
+        self.dev_accuracy_ = dev_accuracy(self.history_)
         return self
 
     def _prepare(self, train: list[list[tuple[str, ...]]], vectors, bilm: BiLM | None) -> None:
@@ -283,8 +294,7 @@ class BiLSTMTagger:
         load_module_tensors(tagger.module_, load_file(str(weights)), str(weights))
         tagger.module_.eval()
         tagger.history_ = json.loads((path / "trainer.json").read_text())["history"]
-        scores = [r["dev_score"] for r in tagger.history_ if r["dev_score"] is not None]
-        tagger.dev_accuracy_ = max(scores) if scores else None
+        tagger.dev_accuracy_ = dev_accuracy(tagger.history_)
         return tagger
 
     def _elmo_layers(self, sentences: list[list[str]], batch_size: int = 64) -> list[np.ndarray]:

@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from lexiflow.models.batch_train import StopTraining, TrainConfig, epoch_batches
 from lexiflow.models.elmo import BiLM, BiLMConfig, ScalarMix, reverse_padded
 from lexiflow.models.errors import InputError, ParameterError
-from lexiflow.models.lm.train import module_tensors
+from lexiflow.models.lm.train import StopTraining, TrainConfig, length_batches, module_tensors
 from lexiflow.models.neural_tagger import BiLSTMTagger, TaggerConfig
 
 WORDS = [f"w{c}" for c in "abcdefghijkl"]  # letters: digits share one embedding (as 0)
@@ -170,7 +169,7 @@ def test_resumed_training_ends_where_an_uninterrupted_run_does(tmp_path):
     # The best epoch so far, read from the checkpoint of the stopped run: epoch 1, as its dev score says.
     early = BiLSTMTagger.from_checkpoint(cfg(str(tmp_path)), TRAIN)
     def scores_of(history):
-        return [(r["epoch"], r["train_loss"], r["dev_score"]) for r in history]  # not the timings
+        return [(r["epoch"], r["train_loss"], r["valid_loss"]) for r in history]  # not the timings
 
     assert scores_of(early.history_) == scores_of(whole.history_[:1])
     gold = [t for s in dev for _, t, _ in s]
@@ -182,13 +181,13 @@ def test_resumed_training_ends_where_an_uninterrupted_run_does(tmp_path):
     assert scores_of(resumed.history_) == scores_of(whole.history_)
 
 
-def test_epoch_batches_visit_every_sentence_once_in_a_seeded_order():
+def test_length_batches_visit_every_sentence_once_in_a_seeded_order():
     lengths = np.arange(100) % 7 + 1
-    b = epoch_batches(lengths, 8, seed=0, epoch=3)
+    b = length_batches(lengths, 8, seed=0, epoch=3)
     assert sorted(np.concatenate(b).tolist()) == list(range(100))
     assert all(len(x) <= 8 for x in b)
-    assert [x.tolist() for x in b] == [x.tolist() for x in epoch_batches(lengths, 8, 0, 3)]
-    assert [x.tolist() for x in b] != [x.tolist() for x in epoch_batches(lengths, 8, 0, 4)]
+    assert [x.tolist() for x in b] == [x.tolist() for x in length_batches(lengths, 8, 0, 3)]
+    assert [x.tolist() for x in b] != [x.tolist() for x in length_batches(lengths, 8, 0, 4)]
 
 
 def test_pretrained_vectors_initialise_and_freeze_the_word_embeddings():
