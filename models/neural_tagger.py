@@ -32,12 +32,14 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from lexiflow.models import text
-from lexiflow.models.char_encoder import CharCNN, CharVocab
+from lexiflow.models.char_encoder import CharBiLSTM, CharCNN, CharVocab
+from lexiflow.models.config import check
 from lexiflow.models.device import resolve_device
 from lexiflow.models.elmo import BiLM, ScalarMix, run_lstm
 from lexiflow.models.errors import InputError, ParameterError
@@ -49,6 +51,7 @@ from lexiflow.models.lm.train import (
     load_module_tensors,
     module_tensors,
 )
+from pydantic import Field
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -68,12 +71,17 @@ class TaggerConfig:
     lowercase_words: bool = True
     freeze_embeddings: bool = False  # pretrained vectors only
     pretrained_max_words: int = 200_000  # pretrained words added to the vocabulary (most frequent first)
-    word_dropout_alpha: float = 0.25  # p(<unk>) = α / (α + count)
+    word_dropout_alpha: Annotated[float, Field(ge=0, le=100, description="BiLSTM: a training word seen c times is "
+                                               "read as <unk> with probability α / (α + c) (0: off).")] = 0.25
+    char_encoder: Annotated[Literal["cnn", "lstm"], Field(description="BiLSTM: the spelling encoder: a char CNN "
+                                                                      "(max-pooled convolutions) or a char BiLSTM "
+                                                                      "(its last states).")] = "cnn"
     char_dim: int = 32
-    char_filters: int = 64
-    char_kernels: tuple[int, ...] = (2, 3, 4)
-    hidden_dim: int = 150  # per direction
-    num_layers: int = 2
+    char_filters: int = 64  # cnn: filters per width
+    char_kernels: tuple[int, ...] = (2, 3, 4)  # cnn: widths
+    char_hidden: int = 64  # lstm: size per direction
+    hidden_dim: Annotated[int, Field(ge=4, le=4096, description="BiLSTM: LSTM size per direction.")] = 150
+    num_layers: Annotated[int, Field(ge=1, le=8, description="BiLSTM: stacked bidirectional layers.")] = 2
     bidirectional: bool = True  # False: a left-to-right LSTM (the baseline the notes contrast)
     dropout: float = 0.33
     aux_weight: float = 1.0  # loss weight of the second tag column, when items carry one (0: ignore it)
@@ -85,6 +93,7 @@ class TaggerConfig:
                                                                     warmup_steps=100, min_lr_ratio=0.05))
 
     def validate(self) -> None:
+        check(self)
         checks = [
             ("word_dim", self.word_dim >= 1, "use 1 or more"), ("hidden_dim", self.hidden_dim >= 1, "use 1 or more"),
             ("num_layers", self.num_layers >= 1, "use 1 or more"),
@@ -93,6 +102,7 @@ class TaggerConfig:
             ("word_dropout_alpha", self.word_dropout_alpha >= 0, "use 0 (off) or more"),
             ("aux_weight", self.aux_weight >= 0, "use 0 (no second head) or more"),
             ("char_kernels", len(self.char_kernels) > 0 and min(self.char_kernels) >= 1, "use widths >= 1"),
+            ("char_hidden", self.char_hidden >= 1, "use 1 or more"),
             ("tag_batch_size", self.tag_batch_size >= 1, "use 1 or more"),
         ]
         for name, ok, fix in checks:
@@ -117,7 +127,8 @@ class TaggerModule(nn.Module):
         super().__init__()
         self.config = config
         self.embedding = nn.Embedding(n_words, config.word_dim, padding_idx=PAD)
-        self.chars = CharCNN(n_chars, config.char_dim, config.char_filters, config.char_kernels)
+        self.chars = CharCNN(n_chars, config.char_dim, config.char_filters, config.char_kernels) \
+            if config.char_encoder == "cnn" else CharBiLSTM(n_chars, config.char_dim, config.char_hidden)
         in_dim = config.word_dim + self.chars.out_dim
         self.bilm = bilm
         if bilm is not None:

@@ -23,6 +23,7 @@ from lexiflow.models.lm.ngram import NgramLM
 from lexiflow.models.lm.rnn import RNNConfig
 from lexiflow.models.lm.train import TrainConfig
 from lexiflow.models.lm.transformer import TransformerConfig
+from lexiflow.models.neural_tagger import TaggerConfig
 from lexiflow.models.seq2seq.rnn import RNNSeq2SeqConfig
 from lexiflow.models.seq2seq.transformer import TransformerSeq2SeqConfig
 from lexiflow.models.seq2seq.translator import TokenizerConfig
@@ -182,12 +183,10 @@ class TaggerSettings(Params):
     refine_states: bool = Field(True, description="Split each tag's HMM states by the other tag set during "
                                                   "training (UPOS by XPOS and vice versa); tagging returns plain "
                                                   "tags.")
-    hidden_dim: int = Field(150, ge=4, le=4096, description="BiLSTM: LSTM size per direction.")
-    num_layers: int = Field(2, ge=1, le=8, description="BiLSTM: stacked bidirectional layers.")
 
 
-# The BiLSTM's training loop (early stopping on dev accuracy); the HMM reads none of these.
-TaggerParams = section("TaggerParams", base=TaggerSettings, **training(
+# The BiLSTM's model (TaggerConfig) and training loop (early stopping on dev accuracy); the HMM reads none.
+TaggerParams = section("TaggerParams", TaggerConfig, base=TaggerSettings, **training(
     "Sentences", names=("epochs", "batch_size", "lr", "patience", "device", "seed", "threads"), epochs=10,
     batch_size=32, lr=2e-3, patience=3))
 

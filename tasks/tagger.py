@@ -21,8 +21,8 @@ from lexiflow.tasks.stage import stage
 
 OTHER = {"upos": "xpos", "xpos": "upos"}
 HMM_FIELDS = ("order", "method", "beam_width", "refine_states")
-NEURAL_FIELDS = ("refine_states", "hidden_dim", "num_layers", "epochs", "batch_size", "lr", "patience", "device",
-                 "seed")
+NEURAL_FIELDS = ("refine_states", "hidden_dim", "num_layers", "char_encoder", "word_dropout_alpha", "epochs",
+                 "batch_size", "lr", "patience", "device", "seed")
 TITLES = {"hmm": "HMM tagger", "bilstm": "BiLSTM tagger", "bilstm+elmo": "BiLSTM+ELMo tagger"}
 
 
@@ -37,9 +37,8 @@ def tagger_parameters(arguments: dict) -> dict:
 def neural_config(params: TaggerParams, kind: str, scratch: str) -> neural_tagger.TaggerConfig:
     schedule = from_section(train.TrainConfig, params, clip_grad_norm=5.0, warmup_steps=100, min_lr_ratio=0.05,
                             checkpoint_dir=scratch, checkpoint_every=200)
-    return neural_tagger.TaggerConfig(hidden_dim=params.hidden_dim, num_layers=params.num_layers,
-                                      aux_weight=1.0 if params.refine_states else 0.0, elmo=kind == "bilstm+elmo",
-                                      train=schedule)
+    return from_section(neural_tagger.TaggerConfig, params, aux_weight=1.0 if params.refine_states else 0.0,
+                        elmo=kind == "bilstm+elmo", train=schedule)
 
 
 def tagged_split(table: pl.DataFrame, split: str, column: str, refine: bool) -> list[list[tuple]]:

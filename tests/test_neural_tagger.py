@@ -51,6 +51,11 @@ def tagger() -> BiLSTMTagger:
 
 
 @pytest.fixture(scope="module")
+def char_lstm_tagger() -> BiLSTMTagger:
+    return BiLSTMTagger(tiny(char_encoder="lstm", char_hidden=5)).fit(TRAIN)
+
+
+@pytest.fixture(scope="module")
 def elmo_tagger() -> BiLSTMTagger:
     bilm = tiny_bilm(WORD_SENTS)
     return BiLSTMTagger(tiny(elmo=True)).fit(TRAIN, bilm=bilm)
@@ -115,7 +120,7 @@ def test_reverse_padded_reverses_each_row_within_its_length():
     assert reverse_padded(x, torch.tensor([3, 2])).tolist() == [[3, 2, 1, 0], [5, 4, 0, 0]]
 
 
-@pytest.mark.parametrize("which", ["tagger", "elmo_tagger"])
+@pytest.mark.parametrize("which", ["tagger", "char_lstm_tagger", "elmo_tagger"])
 def test_padding_never_changes_a_sentences_tags(which, request):
     t = request.getfixturevalue(which)
     short = ["wd", "wb", "we"]
@@ -123,12 +128,16 @@ def test_padding_never_changes_a_sentences_tags(which, request):
     with torch.no_grad():
         batched = t.module_(t.batch([WORDS, short, WORDS[::-1] + WORDS]))[0][1, :3]
     torch.testing.assert_close(alone, batched, atol=1e-5, rtol=1e-5)
+    chars = t.chars.encode(["wd", "wordy", "w"])  # a word's char vector ignores the other words' padding
+    with torch.no_grad():
+        torch.testing.assert_close(t.module_.chars(chars)[:1], t.module_.chars(t.chars.encode(["wd"])),
+                                   atol=1e-6, rtol=1e-6)
     sents = [s for s in WORD_SENTS[:20]]
     one_by_one = [t.tag(s) for s in sents]
     assert t.tag_many(sents) == one_by_one  # tag_batch_size 3: batches of mixed lengths
 
 
-@pytest.mark.parametrize("which", ["tagger", "elmo_tagger"])
+@pytest.mark.parametrize("which", ["tagger", "char_lstm_tagger", "elmo_tagger"])
 def test_saved_and_reloaded_tagger_tags_identically(which, request, tmp_path):
     t = request.getfixturevalue(which)
     t.save(tmp_path / "m")
