@@ -5,6 +5,7 @@ Each model trains on EWT train with early stopping on EWT dev (the only tuning),
 benchmarks tagger` evaluates the saved models on test once. Train them one by one in the background:
 
     OMP_NUM_THREADS=1 python -m benchmarks._tagger_models bilstm   # BiLSTM, UPOS + XPOS heads (joint)
+    OMP_NUM_THREADS=1 python -m benchmarks._tagger_models bilstm-hmm   # variants (VARIANTS), compared on dev
     OMP_NUM_THREADS=1 python -m benchmarks._tagger_models bilm     # biLM on EWT train + WikiText-2 valid
     OMP_NUM_THREADS=1 python -m benchmarks._tagger_models elmo     # BiLSTM + ELMo (needs bilm)
     python -m benchmarks._tagger_models finish bilstm   # out of time: save the best epoch so far (checkpoint)
@@ -68,8 +69,13 @@ def bilm_corpus(limit: int | None = None) -> list[list[str]]:
     return sents
 
 
+# BiLSTM variants compared on dev (the name is the cache folder; `bilstm` is TaggerConfig's defaults).
+VARIANTS = {"bilstm": {}, "elmo": {}, "bilstm-hmm": {"hmm_features": True}, "bilstm-charlstm": {"char_encoder": "lstm"}}
+
+
 def tagger_config(folder: Path, limit: int | None, elmo: bool) -> TaggerConfig:
-    cfg = TaggerConfig(elmo=elmo,
+    variant = VARIANTS[folder.name.removeprefix("quick-")]
+    cfg = TaggerConfig(elmo=elmo, **variant,
                        train=TrainConfig(**{**TAGGER_TRAIN.__dict__, "checkpoint_dir": str(folder / "scratch")}))
     if elmo:
         cfg.train.epochs = ELMO_EPOCHS

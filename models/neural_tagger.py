@@ -11,6 +11,10 @@ concatenated) -> dropout -> one linear + softmax layer per tag column.
   KeyedVectors; their words join the vocabulary, so a word unseen in training but in the vectors keeps
   its vector) and are frozen or fine-tuned (`freeze_embeddings`). Words are looked up lowercased
   (`lowercase_words`); case stays visible to the char CNN.
+- HMM features (`hmm_features`, stacking): the tag the project's HMM tagger predicts for each word joins
+  the input as a one-hot. The training sentences' HMM tags come from HMMs trained on the other
+  `hmm_folds` folds (jackknifing), so the BiLSTM learns how far to trust the HMM as it errs on unseen
+  text; at tagging time the HMM trained on every training sentence predicts (saved beside the model).
 - Word dropout: a training word seen c times is replaced by `<unk>` with probability α / (α + c)
   (Kiperwasser & Goldberg 2016), so the `<unk>` embedding is trained on rare-word contexts.
 - Training items are `(word, tag)` or `(word, tag, other)`: the third element (the other tag column,
@@ -43,6 +47,7 @@ from lexiflow.models.config import check
 from lexiflow.models.device import resolve_device
 from lexiflow.models.elmo import BiLM, ScalarMix, run_lstm
 from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.hmm import HMMTagger
 from lexiflow.models.lm.train import (
     SentenceTask,
     TrainConfig,
@@ -80,6 +85,11 @@ class TaggerConfig:
     char_filters: int = 64  # cnn: filters per width
     char_kernels: tuple[int, ...] = (2, 3, 4)  # cnn: widths
     char_hidden: int = 64  # lstm: size per direction
+    hmm_features: Annotated[bool, Field(description="BiLSTM: add the tag an HMM tagger predicts for each word as an "
+                                                    "input (stacking; on the training set the HMMs of the other "
+                                                    "`hmm_folds` folds predict, so training sees the HMM's "
+                                                    "errors as tagging will).")] = False
+    hmm_folds: int = 5
     hidden_dim: Annotated[int, Field(ge=4, le=4096, description="BiLSTM: LSTM size per direction.")] = 150
     num_layers: Annotated[int, Field(ge=1, le=8, description="BiLSTM: stacked bidirectional layers.")] = 2
     bidirectional: bool = True  # False: a left-to-right LSTM (the baseline the notes contrast)
@@ -103,12 +113,19 @@ class TaggerConfig:
             ("aux_weight", self.aux_weight >= 0, "use 0 (no second head) or more"),
             ("char_kernels", len(self.char_kernels) > 0 and min(self.char_kernels) >= 1, "use widths >= 1"),
             ("char_hidden", self.char_hidden >= 1, "use 1 or more"),
+            ("hmm_folds", self.hmm_folds >= 2, "use 2 or more folds"),
             ("tag_batch_size", self.tag_batch_size >= 1, "use 1 or more"),
         ]
         for name, ok, fix in checks:
             if not ok:
                 raise ParameterError(f"TaggerConfig.{name}={getattr(self, name)!r} is invalid: {fix}")
         self.train.validate()
+
+
+def _hmm_of(train: list[list[tuple[str, ...]]]) -> HMMTagger:
+    """The HMM of the stacked features: the default trigram HMM (states refined by the second column when
+    the items carry one), uncalibrated, so the folds' and the full model's tags are alike."""
+    return HMMTagger(order=3).fit([[t[:3] for t in s] for s in train])
 
 
 def dev_accuracy(history: list[dict]) -> float | None:
@@ -129,7 +146,7 @@ class TaggerModule(nn.Module):
         self.embedding = nn.Embedding(n_words, config.word_dim, padding_idx=PAD)
         self.chars = CharCNN(n_chars, config.char_dim, config.char_filters, config.char_kernels) \
             if config.char_encoder == "cnn" else CharBiLSTM(n_chars, config.char_dim, config.char_hidden)
-        in_dim = config.word_dim + self.chars.out_dim
+        in_dim = config.word_dim + self.chars.out_dim + (n_tags[0] if config.hmm_features else 0)
         self.bilm = bilm
         if bilm is not None:
             bilm.requires_grad_(False)  # frozen: only the mix is the tagger's
@@ -152,6 +169,8 @@ class TaggerModule(nn.Module):
     def forward(self, batch: dict) -> list[torch.Tensor]:
         """Per head (B, T, K) tag scores."""
         x = [self.embedding(batch["words"]), self.chars(batch["chars"])[batch["inverse"]]]
+        if "hmm" in batch:  # the HMM's tag as a one-hot (padding: all zeros)
+            x.append(F.one_hot(batch["hmm"] + 1, self.heads[0].out_features + 1)[..., 1:].to(x[0].dtype))
         if self.bilm is not None:
             layers = batch.get("elmo")  # precomputed (training: the biLM is frozen, its layers never change)
             if layers is None:
@@ -175,6 +194,7 @@ class BiLSTMTagger:
         self.tags: list[list[str]] = []
         self.chars: CharVocab | None = None
         self.bilm: BiLM | None = None
+        self.hmm_: HMMTagger | None = None  # with hmm_features: the HMM trained on every training sentence
         self.module_: TaggerModule | None = None
         self.history_: list[dict] = []
         self.dev_accuracy_: float | None = None
@@ -193,8 +213,10 @@ class BiLSTMTagger:
         return word in self.known
 
     def batch(self, sentences: Sequence[Sequence[str]], device: torch.device | str = "cpu",
-              word_dropout: bool = False, elmo: Sequence[np.ndarray] | None = None) -> dict:
-        """Padded tensors for the module; `elmo`: the sentences' biLM layers, when computed already."""
+              word_dropout: bool = False, elmo: Sequence[np.ndarray] | None = None,
+              hmm: Sequence[np.ndarray] | None = None) -> dict:
+        """Padded tensors for the module; `elmo`: the sentences' biLM layers, `hmm`: the HMM's tag ids
+        (the jackknifed ones in training), when computed already."""
         lengths = torch.tensor([len(s) for s in sentences])
         words = torch.full((len(sentences), int(lengths.max())), PAD, dtype=torch.long)
         inverse = torch.zeros_like(words)
@@ -209,6 +231,12 @@ class BiLSTMTagger:
             words = words.masked_fill(drop & (words != PAD), UNK)
         batch = {"words": words.to(device), "chars": self.chars.encode(list(forms)).to(device),
                  "inverse": inverse.to(device), "lengths": lengths}
+        if self.config.hmm_features:
+            ids = hmm if hmm is not None else self._hmm_tag_ids(self.hmm_, sentences)
+            padded = torch.full(words.shape, -1, dtype=torch.long)
+            for i, a in enumerate(ids):
+                padded[i, : len(a)] = torch.from_numpy(a)
+            batch["hmm"] = padded.to(device)
         if elmo is not None:
             layers = np.zeros((elmo[0].shape[0], len(sentences), words.shape[1], elmo[0].shape[2]), dtype=np.float32)
             for i, a in enumerate(elmo):
@@ -237,10 +265,12 @@ class BiLSTMTagger:
         weights = [1.0, cfg.aux_weight]
 
         elmo = self._elmo_layers(words_of) if bilm is not None else None
+        hmm = self._jackknifed_hmm_tags(train) if cfg.hmm_features else None
 
         def batch_loss(idx: np.ndarray, device: torch.device) -> tuple[torch.Tensor, int]:
             logits = module(self.batch([words_of[i] for i in idx], device, word_dropout=True,
-                                       elmo=[elmo[i] for i in idx] if elmo is not None else None))
+                                       elmo=[elmo[i] for i in idx] if elmo is not None else None,
+                                       hmm=[hmm[i] for i in idx] if hmm is not None else None))
             total = 0.0
             for h, lg in enumerate(logits):
                 y = torch.nn.utils.rnn.pad_sequence([targets[h][i] for i in idx], batch_first=True,
@@ -261,6 +291,26 @@ class BiLSTMTagger:
         self.history_ = Trainer(module, task, cfg.train, name="tagger.train", on_step=on_step).run()
         self.dev_accuracy_ = dev_accuracy(self.history_)
         return self
+
+    def _hmm_tag_ids(self, hmm: HMMTagger, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """The HMM's tags of the sentences as ids of the first tag column (-1: a tag it never saw here)."""
+        index = {t: i for i, t in enumerate(self.tags[0])}
+        return [np.array([index.get(t, -1) for t in tags], dtype=np.int64) for tags in hmm.tag_many(sentences)]
+
+    def _jackknifed_hmm_tags(self, train: list[list[tuple[str, ...]]]) -> list[np.ndarray]:
+        """Each training sentence tagged by an HMM trained on the other folds (its test-time error rate);
+        `hmm_` is then trained on them all, for tagging."""
+        k = self.config.hmm_folds
+        words = [[t[0] for t in s] for s in train]
+        out: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(train)
+        for fold in range(k):
+            held = range(fold, len(train), k)
+            rest = [s for i, s in enumerate(train) if i % k != fold]
+            for i, ids in zip(held, self._hmm_tag_ids(_hmm_of(rest), [words[i] for i in held]), strict=True):
+                out[i] = ids
+            logger.info("HMM features: fold %d of %d tagged", fold + 1, k)
+        self.hmm_ = _hmm_of(train)
+        return out
 
     def _prepare(self, train: list[list[tuple[str, ...]]], vectors, bilm: BiLM | None) -> None:
         """Vocabularies, tag sets and the untrained module (deterministic in the training sentences)."""
@@ -299,7 +349,9 @@ class BiLSTMTagger:
         if path is None:
             raise InputError(f"{config.train.checkpoint_dir}: no training checkpoint; train with checkpoint_dir set")
         tagger = cls(config)
-        tagger._prepare(_check_tagged(sentences, "sentences"), None, bilm)
+        train = _check_tagged(sentences, "sentences")
+        tagger._prepare(train, None, bilm)
+        tagger.hmm_ = _hmm_of(train) if config.hmm_features else None
         best = path / "best.safetensors"
         weights = best if best.exists() else path / "model.safetensors"
         load_module_tensors(tagger.module_, load_file(str(weights)), str(weights))
@@ -379,6 +431,8 @@ class BiLSTMTagger:
                  "dev_accuracy": self.dev_accuracy_, "bilm": self.bilm.state() if self.bilm is not None else None}
         (d / "config.json").write_text(json.dumps(state, indent=1))
         save_file(module_tensors(self.module_), str(d / "model.safetensors"))
+        if self.hmm_ is not None:
+            self.hmm_.save(d / "hmm")
 
     @classmethod
     def load(cls, directory: str | Path) -> BiLSTMTagger:
@@ -394,6 +448,7 @@ class BiLSTMTagger:
         tagger.chars = CharVocab(state["chars"], state["max_chars"])
         tagger.history_, tagger.dev_accuracy_ = state["history"], state["dev_accuracy"]
         tagger.bilm = BiLM.from_state(state["bilm"]) if state["bilm"] else None
+        tagger.hmm_ = HMMTagger.load(d / "hmm") if tagger.config.hmm_features else None
         tagger.module_ = TaggerModule(tagger.config, len(tagger.words), len(tagger.chars),
                                       [len(t) for t in tagger.tags],
                                       tagger.bilm.module_ if tagger.bilm is not None else None)

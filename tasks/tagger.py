@@ -21,8 +21,8 @@ from lexiflow.tasks.stage import stage
 
 OTHER = {"upos": "xpos", "xpos": "upos"}
 HMM_FIELDS = ("order", "method", "beam_width", "refine_states")
-NEURAL_FIELDS = ("refine_states", "hidden_dim", "num_layers", "char_encoder", "word_dropout_alpha", "epochs",
-                 "batch_size", "lr", "patience", "device", "seed")
+NEURAL_FIELDS = ("refine_states", "hidden_dim", "num_layers", "char_encoder", "word_dropout_alpha", "hmm_features",
+                 "epochs", "batch_size", "lr", "patience", "device", "seed")
 TITLES = {"hmm": "HMM tagger", "bilstm": "BiLSTM tagger", "bilstm+elmo": "BiLSTM+ELMo tagger"}
 
 

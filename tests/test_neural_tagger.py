@@ -56,6 +56,11 @@ def char_lstm_tagger() -> BiLSTMTagger:
 
 
 @pytest.fixture(scope="module")
+def hmm_tagger() -> BiLSTMTagger:
+    return BiLSTMTagger(tiny(hmm_features=True, hmm_folds=3)).fit(TRAIN)
+
+
+@pytest.fixture(scope="module")
 def elmo_tagger() -> BiLSTMTagger:
     bilm = tiny_bilm(WORD_SENTS)
     return BiLSTMTagger(tiny(elmo=True)).fit(TRAIN, bilm=bilm)
@@ -120,7 +125,7 @@ def test_reverse_padded_reverses_each_row_within_its_length():
     assert reverse_padded(x, torch.tensor([3, 2])).tolist() == [[3, 2, 1, 0], [5, 4, 0, 0]]
 
 
-@pytest.mark.parametrize("which", ["tagger", "char_lstm_tagger", "elmo_tagger"])
+@pytest.mark.parametrize("which", ["tagger", "char_lstm_tagger", "hmm_tagger", "elmo_tagger"])
 def test_padding_never_changes_a_sentences_tags(which, request):
     t = request.getfixturevalue(which)
     short = ["wd", "wb", "we"]
@@ -137,7 +142,7 @@ def test_padding_never_changes_a_sentences_tags(which, request):
     assert t.tag_many(sents) == one_by_one  # tag_batch_size 3: batches of mixed lengths
 
 
-@pytest.mark.parametrize("which", ["tagger", "char_lstm_tagger", "elmo_tagger"])
+@pytest.mark.parametrize("which", ["tagger", "char_lstm_tagger", "hmm_tagger", "elmo_tagger"])
 def test_saved_and_reloaded_tagger_tags_identically(which, request, tmp_path):
     t = request.getfixturevalue(which)
     t.save(tmp_path / "m")
@@ -232,3 +237,21 @@ def test_precomputed_elmo_layers_give_the_live_biLMs_scores(elmo_tagger):
         live = t.module_(t.batch(sents))[0]
         cached = t.module_(t.batch(sents, elmo=pre))[0]
     torch.testing.assert_close(live, cached)
+
+
+def test_hmm_features_on_the_training_set_come_from_the_other_folds():
+    """Every word occurs once, its tag drawn at random: the HMM trained on all sentences knows each
+    word's tag (it tags its own training set perfectly), the HMMs of the other folds never saw the word
+    and can only guess. The features the BiLSTM trains on must be those guesses (jackknifed)."""
+    rng = np.random.default_rng(0)
+    train = [[(f"u{i}x{j}", str(rng.choice(["A", "B"]))) for j in range(5)] for i in range(60)]
+    tagger = BiLSTMTagger(tiny(hmm_features=True, hmm_folds=3, aux_weight=0.0))
+    tagger._prepare(train, None, None)
+    jackknifed = tagger._jackknifed_hmm_tags(train)
+    gold = [[tagger.tags[0].index(t) for _, t in s] for s in train]
+    full = tagger._hmm_tag_ids(tagger.hmm_, [[w for w, _ in s] for s in train])
+    assert all(f.tolist() == g for f, g in zip(full, gold, strict=True))
+    agree = np.mean([a == b for j, g in zip(jackknifed, gold, strict=True) for a, b in zip(j.tolist(), g, strict=True)])
+    assert 0.3 < agree < 0.7  # guesses on unseen words, not the memorised tags
+    batch = tagger.batch([["u0x0", "u0x1"]])
+    assert batch["hmm"].tolist() == [full[0][:2].tolist()]  # tagging time: the full HMM's tags
