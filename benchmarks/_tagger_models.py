@@ -112,6 +112,11 @@ def train_bilm(folder: Path, limit: int | None = None) -> BiLM:
     return bilm
 
 
+def trained(name: str, limit: int | None = None) -> bool:
+    """Whether the model `name` is saved in the cache (quick runs: the scratch cache, trained on demand)."""
+    return bool(limit) or (CACHE / name / ("bilm.json" if name == "bilm" else "config.json")).exists()
+
+
 def _training(folder: Path) -> bool:
     """Whether a training of this model checkpointed in the last 20 minutes (one is running in the background)."""
     stamp = folder / "scratch" / "checkpoint" / "trainer.json"
