@@ -20,7 +20,7 @@ from benchmarks.harness import Row
 from benchmarks.seq2seq import BATCH, VOCAB, H, load, ours, references
 
 NAME = "seq2seq_budget"
-EPOCHS = 16
+EPOCHS = 6
 
 
 def run(quick: bool = False) -> list[Row]:
