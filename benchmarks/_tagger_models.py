@@ -70,8 +70,9 @@ def bilm_corpus(limit: int | None = None) -> list[list[str]]:
     return sents
 
 
-# BiLSTM variants compared on dev (the name is the cache folder; `bilstm` is TaggerConfig's defaults).
-VARIANTS = {"bilstm": {}, "elmo": {}, "bilstm-hmm": {"hmm_features": True}, "bilstm-charlstm": {"char_encoder": "lstm"}}
+# BiLSTM variants compared on dev (the name is the cache folder).
+VARIANTS = {"bilstm": {"hmm_features": False}, "elmo": {"hmm_features": False}, "bilstm-hmm": {"hmm_features": True},
+            "bilstm-charlstm": {"hmm_features": False, "char_encoder": "lstm"}}
 
 
 def tagger_config(folder: Path, limit: int | None, elmo: bool) -> TaggerConfig:

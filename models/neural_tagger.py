@@ -88,7 +88,7 @@ class TaggerConfig:
     hmm_features: Annotated[bool, Field(description="BiLSTM: add the tag an HMM tagger predicts for each word as an "
                                                     "input (stacking; on the training set the HMMs of the other "
                                                     "`hmm_folds` folds predict, so training sees the HMM's "
-                                                    "errors as tagging will).")] = False
+                                                    "errors as tagging will).")] = True
     hmm_folds: int = 5
     hidden_dim: Annotated[int, Field(ge=4, le=4096, description="BiLSTM: LSTM size per direction.")] = 150
     num_layers: Annotated[int, Field(ge=1, le=8, description="BiLSTM: stacked bidirectional layers.")] = 2
@@ -300,8 +300,11 @@ class BiLSTMTagger:
     def _jackknifed_hmm_tags(self, train: list[list[tuple[str, ...]]]) -> list[np.ndarray]:
         """Each training sentence tagged by an HMM trained on the other folds (its test-time error rate);
         `hmm_` is then trained on them all, for tagging."""
-        k = self.config.hmm_folds
+        k = min(self.config.hmm_folds, len(train))
         words = [[t[0] for t in s] for s in train]
+        if k < 2:  # one sentence: no other fold to tag it
+            self.hmm_ = _hmm_of(train)
+            return self._hmm_tag_ids(self.hmm_, words)
         out: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(train)
         for fold in range(k):
             held = range(fold, len(train), k)
@@ -432,7 +435,7 @@ class BiLSTMTagger:
         (d / "config.json").write_text(json.dumps(state, indent=1))
         save_file(module_tensors(self.module_), str(d / "model.safetensors"))
         if self.hmm_ is not None:
-            self.hmm_.save(d / "hmm")
+            self.hmm_.save(d, prefix="hmm-")
 
     @classmethod
     def load(cls, directory: str | Path) -> BiLSTMTagger:
@@ -448,7 +451,7 @@ class BiLSTMTagger:
         tagger.chars = CharVocab(state["chars"], state["max_chars"])
         tagger.history_, tagger.dev_accuracy_ = state["history"], state["dev_accuracy"]
         tagger.bilm = BiLM.from_state(state["bilm"]) if state["bilm"] else None
-        tagger.hmm_ = HMMTagger.load(d / "hmm") if tagger.config.hmm_features else None
+        tagger.hmm_ = HMMTagger.load(d, prefix="hmm-") if tagger.config.hmm_features else None
         tagger.module_ = TaggerModule(tagger.config, len(tagger.words), len(tagger.chars),
                                       [len(t) for t in tagger.tags],
                                       tagger.bilm.module_ if tagger.bilm is not None else None)

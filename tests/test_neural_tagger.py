@@ -32,7 +32,8 @@ def train_cfg(**kw) -> TrainConfig:
 def tiny(**kw) -> TaggerConfig:
     train = kw.pop("train", train_cfg())
     return TaggerConfig(**{"word_dim": 8, "char_dim": 4, "char_filters": 4, "char_kernels": (2,), "hidden_dim": 12,
-                           "num_layers": 2, "dropout": 0.1, "tag_batch_size": 3, "train": train, **kw})
+                           "num_layers": 2, "dropout": 0.1, "tag_batch_size": 3, "hmm_features": False, "train": train,
+                           **kw})
 
 
 def tiny_bilm(sentences, **kw) -> BiLM:

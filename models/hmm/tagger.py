@@ -566,15 +566,16 @@ class HMMTagger(Estimator):
 
     # ------------------------------------------------------------------ persistence
 
-    def save(self, directory: str | Path) -> None:
-        """Counts and coefficients as Parquet plus config.json (`persistence`)."""
+    def save(self, directory: str | Path, prefix: str = "") -> None:
+        """Counts and coefficients as Parquet plus config.json (`persistence`), file names starting with
+        `prefix` (another model's files may share the folder: an artifact's files are flat)."""
         self._check_fitted()
-        persistence.save(self, directory)
+        persistence.save(self, directory, prefix)
 
     @classmethod
-    def load(cls, directory: str | Path) -> HMMTagger:
+    def load(cls, directory: str | Path, prefix: str = "") -> HMMTagger:
         """Rebuild a tagger written by `save` (exactly: same tables, same tags)."""
-        saved = persistence.read(directory)
+        saved = persistence.read(directory, prefix)
         self = cls(**saved["config"]["params"])
         for name, value in saved["state"].items():
             setattr(self, name, value)
