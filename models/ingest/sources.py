@@ -57,7 +57,8 @@ class IngestOptions:
 
 
 def resolve_sources(sources: list[str]) -> list[Path]:
-    """Expand built-ins, directories and globs into a sorted, de-duplicated list of files."""
+    """Expand built-ins, directories and globs into a sorted, de-duplicated list of files (without the
+    multistream index of a dump among them: it says where the dump's streams start, it is not text)."""
     if not sources:
         raise ParameterError("corpus.sources is empty: name at least one file, directory, glob or builtin:enwiki")
     files: list[Path] = []
