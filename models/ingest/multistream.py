@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import bz2
 import logging
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 from lexiflow.models.errors import InputError, shown
 from lexiflow.models.ingest.readers import XML_FEED, _check_expansion, one_line, open_source, wiki_chunks, wiki_pages
@@ -75,48 +77,62 @@ def plan_streams(path: Path, file: int, shard_bytes: int) -> list[Streams] | Non
 def read_index(dump: Path, index: Path, size: int) -> list[tuple[int, int, int]]:
     """(offset, pages, first line) of each page stream the index lists, checked against the dump: lines
     of the form `offset:page_id:title`, offsets in order, each the start of a bz2 stream of the dump
-    after its header stream. A bad line is refused with its line number."""
-    streams: list[list[int]] = []
+    after its header stream. A bad line is refused with its line number. The lines are checked a
+    decompressed block at a time by a regular expression and numpy (English Wikipedia's index has
+    ~24 M lines: a Python loop over them takes minutes)."""
 
     def bad(line_no: int, what: str) -> InputError:
         return InputError(f"{shown(index)}:{line_no}: {what}; take the dump and its index from the same dump "
                           "(or remove the index to read the dump in one shard)")
 
-    with open_source(index) as raw, open_source(dump) as data:
-        lines = _index_lines(index, raw)
-        for line_no, line in enumerate(lines, start=1):
-            offset, page_id, _title = (line.split(b":", 2) + [b"", b""])[:3]
-            if not (offset.isdigit() and page_id.isdigit()):
-                raise bad(line_no, f"expected offset:page_id:title, not {one_line(line.decode(errors='replace'))!r}")
-            at = int(offset)
-            if streams and at == streams[-1][0]:
-                streams[-1][1] += 1
-                continue
-            if streams and at < streams[-1][0]:
-                raise bad(line_no, f"offset {at} comes before the previous one ({streams[-1][0]})")
-            if not 0 < at < size:
-                raise bad(line_no, f"offset {at} is not inside the page streams of {shown(dump)} ({size} bytes)")
+    offsets, lines = [], 0
+    for block in _index_blocks(index):
+        found = _INDEX_LINE.findall(block)
+        if len(found) != block.count(b"\n"):
+            line_no, line = next((i, line) for i, line in enumerate(block.split(b"\n"), start=lines + 1)
+                                 if not _INDEX_LINE.fullmatch(line + b"\n"))
+            raise bad(line_no, f"expected offset:page_id:title, not {one_line(line.decode(errors='replace'))!r}")
+        offsets.append(np.array(found, dtype=np.bytes_).astype(np.int64))
+        lines += len(found)
+    if not lines:
+        raise InputError(f"{shown(index)}: lists no page; take the dump and its index from the same dump")
+    every = np.concatenate(offsets)
+    if (back := np.flatnonzero(np.diff(every) < 0)).size:
+        raise bad(int(back[0]) + 2, f"offset {every[back[0] + 1]} comes before the previous one ({every[back[0]]})")
+    if (outside := np.flatnonzero((every <= 0) | (every >= size))).size:
+        raise bad(int(outside[0]) + 1, f"offset {every[outside[0]]} is not inside the page streams of {shown(dump)} "
+                                       f"({size} bytes)")
+    starts, first_rows, pages = np.unique(every, return_index=True, return_counts=True)
+    with open_source(dump) as data:
+        if data.read(3) != b"BZh":
+            raise InputError(f"{shown(dump)}: not a bz2 file; a multistream dump starts with its header stream")
+        for at, row in zip(starts.tolist(), first_rows.tolist(), strict=True):
             data.seek(at)
             head = data.read(10)
             if not (head[:3] == b"BZh" and head[3:4] in b"123456789" and head[4:] == STREAM_MAGIC):
-                raise bad(line_no, f"no bz2 stream starts at byte {at} of {shown(dump)}")
-            streams.append([at, 1, line_no])
-        data.seek(0)
-        if data.read(3) != b"BZh":
-            raise InputError(f"{shown(dump)}: not a bz2 file; a multistream dump starts with its header stream")
-    if not streams:
-        raise InputError(f"{shown(index)}: lists no page; take the dump and its index from the same dump")
-    return [(at, pages, line) for at, pages, line in streams]
+                raise bad(row + 1, f"no bz2 stream starts at byte {at} of {shown(dump)}")
+    return list(zip(starts.tolist(), pages.tolist(), (first_rows + 1).tolist(), strict=True))
 
 
-def _index_lines(index: Path, raw) -> Iterator[bytes]:
-    try:
-        with bz2.BZ2File(raw) as f:
-            for line in f:
-                yield line.rstrip(b"\r\n")
-    except (OSError, EOFError, ValueError) as exc:
-        raise InputError(f"{shown(index)}: cannot read ({one_line(exc)}); the index is damaged or not bz2 data, "
-                         "download it again") from None
+_INDEX_LINE = re.compile(rb"^(\d+):\d+:[^\n]*\n", re.M)
+
+
+def _index_blocks(index: Path) -> Iterator[bytes]:
+    """The index decompressed, in blocks of whole lines (a last line without a newline gets one)."""
+    with open_source(index) as raw:
+        try:
+            with bz2.BZ2File(raw) as f:
+                rest = b""
+                while block := f.read(16 << 20):
+                    block = rest + block
+                    cut = block.rfind(b"\n") + 1
+                    rest = block[cut:]
+                    yield block[:cut]
+                if rest:
+                    yield rest + b"\n"
+        except (OSError, EOFError, ValueError) as exc:
+            raise InputError(f"{shown(index)}: cannot read ({one_line(exc)}); the index is damaged or not bz2 "
+                             "data, download it again") from None
 
 
 def streams_chunks(part: Streams, limit: int, chunk_bytes: int | None) -> Iterator[pl.Series]:
