@@ -64,7 +64,9 @@ def test_compressed_text_streams_in_chunks_of_whole_lines_giving_the_whole_readi
     longest = max(map(len, WIKITEXT_VALID.read_bytes().split(b"\n")))
     sizes = chunk_sizes(path, options, 64 << 10)
     assert len(sizes) > 10 and max(sizes) <= (64 << 10) + longest  # a chunk passes the size by a line at most
-    chunks = pl.concat(list(read_chunks(path, options, 64 << 10)))
+    read: list[int] = []  # the progress bar is told the compressed bytes read, block by block
+    chunks = pl.concat(list(read_chunks(path, options, 64 << 10, read.append)))
+    assert len(read) > 5 and sum(read) == path.stat().st_size
     plain = read_file(WIKITEXT_VALID, options)[0]  # the uncompressed file, read whole: an independent reference
     assert chunks.to_list() == plain
     streamed = build_corpus([path], options, chunk_bytes=64 << 10)

@@ -49,12 +49,14 @@ def read_bytes(path: Path, compression: str | None, limit: int) -> bytes:
     return b"".join(file_blocks(path, compression, limit))
 
 
-def file_blocks(path: Path, compression: str | None, limit: int, block: int | None = 16 << 20) -> Iterator[bytes]:
+def file_blocks(path: Path, compression: str | None, limit: int, block: int | None = 16 << 20,
+                read: Callable[[int], None] | None = None) -> Iterator[bytes]:
     """The file's bytes, decompressed, in blocks of at most `block` bytes (None: a plain file in one
     block, a compressed one in blocks of 16 MiB). A plain file's size is checked before it is read; a
     compressed file is refused as soon as it passes `limit` bytes or MAX_EXPANSION times the
     compressed bytes read so far, a truncated or corrupt one when its damage is reached (after the
-    blocks before it)."""
+    blocks before it). `read(n)`: told the file's bytes read (compressed) as each block comes."""
+    read = read or (lambda n: None)
     with open_source(path) as raw:
         if compression is None:
             # Other OSErrors here are I/O trouble, raised as they are (transient: the stage retries).
@@ -64,6 +66,7 @@ def file_blocks(path: Path, compression: str | None, limit: int, block: int | No
             total = 0  # up to size + 1: a file growing meanwhile still ends where it ends
             while part := raw.read(min(block or size + 1, size + 1 - total)):
                 total += len(part)
+                read(len(part))
                 yield part
             if not total:
                 yield b""
@@ -71,10 +74,12 @@ def file_blocks(path: Path, compression: str | None, limit: int, block: int | No
         try:
             opened = gzip.GzipFile(fileobj=raw, mode="rb") if compression == "gz" else bz2.BZ2File(raw, mode="rb")
             with opened as f:
-                total = 0
+                total = done = 0
                 while part := f.read(min(block or 16 << 20, limit + 1 - total)):
                     total += len(part)
                     _check_expansion(path, total, raw.tell(), limit)
+                    read(raw.tell() - done)
+                    done = raw.tell()
                     yield part
         except (OSError, EOFError, ValueError) as exc:  # truncated or corrupt archives
             raise InputError(f"{shown(path)}: cannot read ({one_line(exc)}); the file is damaged or not "
@@ -400,12 +405,14 @@ def read_documents(path: Path, options: IngestOptions) -> tuple[pl.Series, pl.Da
     return text_series([" ".join(s.words) for s in sents]), tagged
 
 
-def read_chunks(path: Path, options: IngestOptions, chunk_bytes: int | None = None) -> Iterator[pl.Series]:
+def read_chunks(path: Path, options: IngestOptions, chunk_bytes: int | None = None,
+                read: Callable[[int], None] | None = None) -> Iterator[pl.Series]:
     """Raw document texts of one file, in order, in chunks of about `chunk_bytes` bytes of text (None:
     one chunk): whole documents (lines, JSON lines, wiki pages, Parquet rows), a chunk passing
     `chunk_bytes` by at most one document. Plain-text lines, JSONL, MediaWiki XML and Parquet stream,
     compressed or not: memory holds a chunk (and a read block), not the file. CoNLL-U, paragraph and
-    file units, and UTF-16/32 text are read whole (within `max_file_bytes`)."""
+    file units, and UTF-16/32 text are read whole (within `max_file_bytes`). `read(n)`: told the bytes
+    of the file read so far, block by block, for progress (not for Parquet or CoNLL-U)."""
     fmt, compression = format_of(path)
     limit = options.max_file_bytes
     if fmt == "conllu":
@@ -415,7 +422,7 @@ def read_chunks(path: Path, options: IngestOptions, chunk_bytes: int | None = No
         yield from parquet_chunks(path, compression, options.text_field, limit, chunk_bytes)
         return
     block = None if chunk_bytes is None else min(16 << 20, max(chunk_bytes, 1 << 16))
-    head, blocks = _peek(file_blocks(path, compression, limit, block), BINARY_SNIFF)
+    head, blocks = _peek(file_blocks(path, compression, limit, block, read), BINARY_SNIFF)
     if fmt == "text" and head[:512].lstrip().startswith(b"<mediawiki"):
         fmt = "wiki"  # dumps are often named *.xml-p<range>.bz2
     if fmt == "wiki":

@@ -179,12 +179,14 @@ def _line_start(f, pos: int) -> int:
     return f.tell()
 
 
-def _range_chunks(part: FileRange | Streams, options: IngestOptions, chunk_bytes: int) -> Iterator[pl.Series]:
-    """A part's raw documents, in chunks of about `chunk_bytes` (a byte range: one chunk)."""
+def _range_chunks(part: FileRange | Streams, options: IngestOptions, chunk_bytes: int,
+                  read: Callable[[int], None]) -> Iterator[pl.Series]:
+    """A part's raw documents, in chunks of about `chunk_bytes` (a byte range: one chunk); `read(n)`
+    is told the bytes of a whole file read as it streams."""
     if isinstance(part, Streams):
         return streams_chunks(part, options.max_file_bytes, chunk_bytes)
     if part.stop is None:
-        return read_chunks(Path(part.path), options, chunk_bytes)
+        return read_chunks(Path(part.path), options, chunk_bytes, read)
     return iter([_range_texts(part, options)])
 
 
@@ -236,8 +238,14 @@ def ingest_shard(shard: list[FileRange | Streams], options: IngestOptions, progr
         for part in shard:
             texts.setdefault(part.file, 0)
             path = Path(part.path)
+            reported = [0]  # of the part's bytes, told to the progress bar as a large file streams
+
+            def read(n: int, reported: list[int] = reported) -> None:
+                reported[0] += n
+                bar.update(n)
+
             try:
-                for docs in _range_chunks(part, options, chunk_bytes):
+                for docs in _range_chunks(part, options, chunk_bytes, read):
                     texts[part.file] += len(docs)
                     if not len(docs):
                         continue
@@ -252,7 +260,7 @@ def ingest_shard(shard: list[FileRange | Streams], options: IngestOptions, progr
                 errors[part.file] = (int(isinstance(exc, _ParseError)), part.start, str(exc))
                 if options.bad_files != "skip":
                     break
-            bar.update(part.size)
+            bar.update(part.size - reported[0])
     if raw:
         clean_batch()
     if len(batches) > 1 and spill is not None:
