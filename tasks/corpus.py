@@ -52,8 +52,8 @@ def tagged_parameters(arguments: dict) -> dict:
 
 
 @task(name="corpus-shard", **SHARD_TASK)
-def corpus_shard(shard: list[ingest.FileRange], options: ingest.IngestOptions, chunk_bytes: int, part: str | None
-                 ) -> tuple[Any, dict[int, int], dict[int, tuple[int, int, str]]]:
+def corpus_shard(shard: list[ingest.FileRange | ingest.Streams], options: ingest.IngestOptions, chunk_bytes: int,
+                 part: str | None) -> tuple[Any, dict[int, int], dict[int, tuple[int, int, str]]]:
     """Read and clean one shard of the sources (documents delivered in memory or as a part; a shard
     that streams in several batches, a large compressed file, delivers each batch as a part of its own)."""
     batch = itertools.count()

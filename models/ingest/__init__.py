@@ -68,7 +68,8 @@ fingerprints), `readers` (one file's raw documents, per format, whole or in chun
 (shards, cleaning, the merge: the corpus and the tagged corpus).
 """
 
-from lexiflow.models.ingest.readers import read_file
+from lexiflow.models.ingest.multistream import Streams
+from lexiflow.models.ingest.readers import read_chunks, read_file
 from lexiflow.models.ingest.sharding import (
     DOCUMENT_COLUMNS,
     Corpus,
@@ -93,5 +94,6 @@ from lexiflow.models.ingest.sources import (
 from lexiflow.models.ingest.stats import CorpusCounts
 
 __all__ = ["BUILTIN", "DOCUMENT_COLUMNS", "SPLITS", "Corpus", "CorpusCounts", "FileRange", "IngestOptions",
-           "ShardResult", "build_corpus", "build_tagged", "fingerprint", "ingest_shard", "iter_files", "merge_shards",
-           "no_train_split", "plan_shards", "read_file", "resolve_sources", "tagged_files"]
+           "ShardResult", "Streams", "build_corpus", "build_tagged", "fingerprint", "ingest_shard", "iter_files",
+           "merge_shards", "no_train_split", "plan_shards", "read_chunks", "read_file", "resolve_sources",
+           "tagged_files"]
