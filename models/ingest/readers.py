@@ -46,7 +46,7 @@ EXPANSION_FLOOR = 16 << 20
 def read_bytes(path: Path, compression: str | None, limit: int) -> bytes:
     """The file's bytes, decompressed: a plain file's size is checked before it is read, a compressed
     file's decompressed bytes (total, and per compressed byte) while it streams."""
-    return b"".join(file_blocks(path, compression, limit))
+    return b"".join(file_blocks(path, compression, limit, None))  # a plain file in one read: no copy
 
 
 def file_blocks(path: Path, compression: str | None, limit: int, block: int | None = 16 << 20,
