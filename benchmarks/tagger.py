@@ -113,7 +113,7 @@ def run(quick: bool = False) -> list[Row]:
         _, tnt_one = _timed(lambda ws, peer=tnt: [peer.tag(w) for w in ws], words)
         for method in ("viterbi_pruned", "viterbi", "greedy", "beam"):
             _, s = _timed(lambda ws, m=method, t=ours: [t.tag(w, method=m, beam_width=3) for w in ws], words)
-            target = method == "viterbi_pruned"
+            target = method in ("viterbi", "viterbi_pruned")  # exact Viterbi is tag()'s default
             rows.append(Row("tagger", case, f"{method}{' 3' if method == 'beam' else ''} tokens/s, one sentence per "
                             "call (1 core, CPU time)", n_tok / s, n_tok / tnt_one, "nltk TnT tag()",
                             target=">= 5e4" if target else "", met=n_tok / s >= 5e4 if target else None))
