@@ -73,3 +73,22 @@ class CharCNN(nn.Module):
             h = torch.tanh(conv(x))[:, :, : chars.shape[1]]  # (N, F, C)
             outs.append(h.masked_fill(~mask[:, None, :], -2.0).amax(dim=2))  # tanh > -2: a pad never wins
         return torch.cat(outs, dim=1)
+
+
+class CharBiLSTM(nn.Module):
+    """(N, C) char ids -> (N, 2 * hidden): the last states of a forward and a backward LSTM over the
+    word's characters (Plank et al. 2016; Lample et al. 2016): the forward one ends on the suffix, the
+    backward one on the prefix. Packed, so padding never changes a word's vector."""
+
+    def __init__(self, n_chars: int, char_dim: int = 32, hidden: int = 64) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(n_chars, char_dim, padding_idx=PAD)
+        self.lstm = nn.LSTM(char_dim, hidden, batch_first=True, bidirectional=True)
+        self.out_dim = 2 * hidden
+
+    def forward(self, chars: torch.Tensor) -> torch.Tensor:
+        lengths = (chars != PAD).sum(dim=1).clamp(min=1).cpu()
+        packed = nn.utils.rnn.pack_padded_sequence(self.embedding(chars), lengths, batch_first=True,
+                                                   enforce_sorted=False)
+        _, (h, _) = self.lstm(packed)  # h: (2, N, hidden), the last state of each direction
+        return torch.cat([h[0], h[1]], dim=1)

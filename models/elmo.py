@@ -9,7 +9,7 @@ layer 0 = [x_t; x_t] (the token representation, doubled to the width of the othe
 
 A task model mixes them with its own weights (`ScalarMix`):  ELMo_t = γ · Σ_j softmax(s)_j h_t^j,
 the biLM frozen; s (one scalar per layer) and γ are learned by the task. Trained with
-`models.batch_train` (the project's training loop over whole sentences), early stopping on dev loss.
+`models.lm.train.Trainer` (the project's one training loop, whole-sentence batches), early stopping on dev loss.
 
 Saved as `bilm.json` (config, vocabularies) + `model.safetensors`.
 """
@@ -26,10 +26,9 @@ from pathlib import Path
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lexiflow.models.batch_train import TrainConfig, train_sentences
 from lexiflow.models.char_encoder import CharCNN, CharVocab
 from lexiflow.models.errors import InputError, ParameterError
-from lexiflow.models.lm.train import load_module_tensors, module_tensors
+from lexiflow.models.lm.train import SentenceTask, TrainConfig, Trainer, load_module_tensors, module_tensors
 from safetensors.torch import load_file, save_file
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
@@ -231,11 +230,12 @@ class BiLM:
         def batch_loss(idx: np.ndarray, device: torch.device) -> tuple[torch.Tensor, int]:
             return module.loss(self.batch([sents[i] for i in idx], device))
 
-        def score() -> float:
-            return -self.perplexity_loss(dev_s)
+        def dev_loss() -> tuple[float, int]:
+            return self.perplexity_loss(dev_s), 1  # the mean NLL (both directions) per predicted token
 
-        self.history_ = train_sentences(module, [len(s) + 2 for s in sents], batch_loss, cfg.train,
-                                        score=score if dev_s else None, name="elmo.train")
+        task = SentenceTask([len(s) + 2 for s in sents], batch_loss, cfg.train, dev_loss if dev_s else None,
+                            "elmo.train")
+        self.history_ = Trainer(module, task, cfg.train, name="elmo.train").run()
         return self
 
     @torch.no_grad()

@@ -39,6 +39,7 @@ from lexiflow.models.lm.train import (
     Trainer,
     TrainTask,
     autocast,
+    length_batches,
     load_module_tensors,
     module_tensors,
 )
@@ -141,17 +142,6 @@ def pad_rows(rows: Sequence[Sequence[int]], value: int) -> torch.Tensor:
     return out
 
 
-def length_batches(lengths: np.ndarray, batch_size: int, rng: np.random.Generator, pool: int = 50) -> list[np.ndarray]:
-    """Shuffled batches of similar lengths (little padding): sort within pools of `pool` batches."""
-    order = rng.permutation(len(lengths))
-    batches = []
-    for p in range(0, len(order), batch_size * pool):
-        chunk = order[p:p + batch_size * pool]
-        chunk = chunk[np.argsort(lengths[chunk], kind="stable")]
-        batches += [chunk[i:i + batch_size] for i in range(0, len(chunk), batch_size)]
-    return [batches[i] for i in rng.permutation(len(batches))]
-
-
 def check_sentences(sentences: Sequence[np.ndarray], vocab_size: int, what: str) -> list[np.ndarray]:
     out = [np.asarray(s, dtype=np.int64) for s in sentences if len(s)]
     if not out:
@@ -175,8 +165,8 @@ class MLMTask(TrainTask):
         self.tokens_per_step = float(self.lengths.sum()) * (2 if config.nsp else 1) / n_batches
 
     def epoch_batches(self, epoch: int) -> list[tuple[int, int, np.ndarray]]:
-        rng = np.random.default_rng([self.cfg.seed, epoch])
-        return [(epoch, b, idx) for b, idx in enumerate(length_batches(self.lengths, self.cfg.batch_size, rng))]
+        return [(epoch, b, idx) for b, idx in enumerate(length_batches(self.lengths, self.cfg.batch_size, self.cfg.seed,
+                                                                        epoch))]
 
     def inputs(self, sentences: list[np.ndarray], idx: np.ndarray, seed: Sequence[int]):
         """ids, segments, MLM inputs and labels, NSP labels (None without NSP) of one batch."""

@@ -36,9 +36,9 @@ import torch
 import torch.nn.functional as F
 from lexiflow.models.config import check
 from lexiflow.models.conllu import read_conllu
-from lexiflow.models.encoder import CLS_ID, PAD_ID, SEP_ID, EncoderModel, length_batches, pad_rows
+from lexiflow.models.encoder import CLS_ID, PAD_ID, SEP_ID, EncoderModel, pad_rows
 from lexiflow.models.errors import InputError, ParameterError
-from lexiflow.models.lm.train import IGNORE, TrainConfig, Trainer, TrainTask, autocast
+from lexiflow.models.lm.train import IGNORE, TrainConfig, Trainer, TrainTask, autocast, length_batches
 from lexiflow.models.lm.transformer import Transformer
 from pydantic import Field
 from torch import nn
@@ -267,7 +267,7 @@ class ClassifyTask(TrainTask):
         self.tokens_per_step = float(self.lengths.sum()) / max(1, -(-len(train) // cfg.batch_size))
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        return length_batches(self.lengths, self.cfg.batch_size, np.random.default_rng([self.cfg.seed, epoch]))
+        return length_batches(self.lengths, self.cfg.batch_size, self.cfg.seed, epoch)
 
     @staticmethod
     def tensors(examples: list[Example], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:

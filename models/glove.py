@@ -67,7 +67,7 @@ from lexiflow.models.device import Device, resolve_device
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.estimator import Estimator
 from lexiflow.models.progress import Progress
-from lexiflow.models.threads import limit_threads
+from lexiflow.models.threads import DEFAULT_THREADS, Threads, limit_threads
 from lexiflow.models.vectors import reweight_spectrum
 from pydantic import Field
 
@@ -108,9 +108,7 @@ class GloVeConfig:
                                                                     "over relatedness).")] = 1.5
     device: Device = "auto"
     seed: Annotated[int, Field(ge=0, description="Random seed.")] = 0
-    threads: Annotated[int, Field(ge=1, le=256, description="CPU threads (torch, BLAS) of the fit: 1 per worker; "
-                                                            "more only where the worker has the cores to "
-                                                            "itself.")] = 1
+    threads: Threads = DEFAULT_THREADS
 
     def validate(self) -> None:
         check(self)

@@ -11,14 +11,18 @@ concatenated) -> dropout -> one linear + softmax layer per tag column.
   KeyedVectors; their words join the vocabulary, so a word unseen in training but in the vectors keeps
   its vector) and are frozen or fine-tuned (`freeze_embeddings`). Words are looked up lowercased
   (`lowercase_words`); case stays visible to the char CNN.
+- HMM features (`hmm_features`, stacking): the tag the project's HMM tagger predicts for each word joins
+  the input as a one-hot. The training sentences' HMM tags come from HMMs trained on the other
+  `hmm_folds` folds (jackknifing), so the BiLSTM learns how far to trust the HMM as it errs on unseen
+  text; at tagging time the HMM trained on every training sentence predicts (saved beside the model).
 - Word dropout: a training word seen c times is replaced by `<unk>` with probability α / (α + c)
   (Kiperwasser & Goldberg 2016), so the `<unk>` embedding is trained on rare-word contexts.
 - Training items are `(word, tag)` or `(word, tag, other)`: the third element (the other tag column,
   XPOS for a UPOS tagger) trains a second output head with weight `aux_weight` (multi-task, one joint
   model); `tag_many(..., head=1)` returns that column.
-- Trained with `models.batch_train` (the project's training loop over whole sentences: AdamW, schedule,
-  clipping, checkpoints/resume, CUDA with bf16 autocast, progress with rate and ETA), early stopping on
-  dev accuracy of the first head.
+- Trained with the project's one training loop (`models.lm.train.Trainer` on a `SentenceTask`: AdamW,
+  schedule, clipping, checkpoints/resume, CUDA with bf16 autocast, progress with rate and ETA), early
+  stopping on dev accuracy of the first head (the loop's `valid_loss` is the dev error rate).
 - Sequences are packed: padding never reaches a real position, so a sentence's tags do not depend on
   the other sentences of its batch.
 """
@@ -32,17 +36,27 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from lexiflow.models import text
-from lexiflow.models.batch_train import TrainConfig, train_sentences
-from lexiflow.models.char_encoder import CharCNN, CharVocab
+from lexiflow.models.char_encoder import CharBiLSTM, CharCNN, CharVocab
+from lexiflow.models.config import check
 from lexiflow.models.device import resolve_device
 from lexiflow.models.elmo import BiLM, ScalarMix, run_lstm
 from lexiflow.models.errors import InputError, ParameterError
-from lexiflow.models.lm.train import find_checkpoint, load_module_tensors, module_tensors
+from lexiflow.models.hmm import HMMTagger
+from lexiflow.models.lm.train import (
+    SentenceTask,
+    TrainConfig,
+    Trainer,
+    find_checkpoint,
+    load_module_tensors,
+    module_tensors,
+)
+from pydantic import Field
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -62,12 +76,22 @@ class TaggerConfig:
     lowercase_words: bool = True
     freeze_embeddings: bool = False  # pretrained vectors only
     pretrained_max_words: int = 200_000  # pretrained words added to the vocabulary (most frequent first)
-    word_dropout_alpha: float = 0.25  # p(<unk>) = α / (α + count)
+    word_dropout_alpha: Annotated[float, Field(ge=0, le=100, description="BiLSTM: a training word seen c times is "
+                                               "read as <unk> with probability α / (α + c) (0: off).")] = 0.25
+    char_encoder: Annotated[Literal["cnn", "lstm"], Field(description="BiLSTM: the spelling encoder: a char CNN "
+                                                                      "(max-pooled convolutions) or a char BiLSTM "
+                                                                      "(its last states).")] = "cnn"
     char_dim: int = 32
-    char_filters: int = 64
-    char_kernels: tuple[int, ...] = (2, 3, 4)
-    hidden_dim: int = 150  # per direction
-    num_layers: int = 2
+    char_filters: int = 64  # cnn: filters per width
+    char_kernels: tuple[int, ...] = (2, 3, 4)  # cnn: widths
+    char_hidden: int = 64  # lstm: size per direction
+    hmm_features: Annotated[bool, Field(description="BiLSTM: add the tag an HMM tagger predicts for each word as an "
+                                                    "input (stacking; on the training set the HMMs of the other "
+                                                    "`hmm_folds` folds predict, so training sees the HMM's "
+                                                    "errors as tagging will).")] = True
+    hmm_folds: int = 5
+    hidden_dim: Annotated[int, Field(ge=4, le=4096, description="BiLSTM: LSTM size per direction.")] = 150
+    num_layers: Annotated[int, Field(ge=1, le=8, description="BiLSTM: stacked bidirectional layers.")] = 2
     bidirectional: bool = True  # False: a left-to-right LSTM (the baseline the notes contrast)
     dropout: float = 0.33
     aux_weight: float = 1.0  # loss weight of the second tag column, when items carry one (0: ignore it)
@@ -79,6 +103,7 @@ class TaggerConfig:
                                                                     warmup_steps=100, min_lr_ratio=0.05))
 
     def validate(self) -> None:
+        check(self)
         checks = [
             ("word_dim", self.word_dim >= 1, "use 1 or more"), ("hidden_dim", self.hidden_dim >= 1, "use 1 or more"),
             ("num_layers", self.num_layers >= 1, "use 1 or more"),
@@ -87,12 +112,26 @@ class TaggerConfig:
             ("word_dropout_alpha", self.word_dropout_alpha >= 0, "use 0 (off) or more"),
             ("aux_weight", self.aux_weight >= 0, "use 0 (no second head) or more"),
             ("char_kernels", len(self.char_kernels) > 0 and min(self.char_kernels) >= 1, "use widths >= 1"),
+            ("char_hidden", self.char_hidden >= 1, "use 1 or more"),
+            ("hmm_folds", self.hmm_folds >= 2, "use 2 or more folds"),
             ("tag_batch_size", self.tag_batch_size >= 1, "use 1 or more"),
         ]
         for name, ok, fix in checks:
             if not ok:
                 raise ParameterError(f"TaggerConfig.{name}={getattr(self, name)!r} is invalid: {fix}")
         self.train.validate()
+
+
+def _hmm_of(train: list[list[tuple[str, ...]]]) -> HMMTagger:
+    """The HMM of the stacked features: the default trigram HMM (states refined by the second column when
+    the items carry one), uncalibrated, so the folds' and the full model's tags are alike."""
+    return HMMTagger(order=3).fit([[t[:3] for t in s] for s in train])
+
+
+def dev_accuracy(history: list[dict]) -> float | None:
+    """The best epoch's dev accuracy: the loop's `valid_loss` is the dev error rate (None without dev)."""
+    errors = [r["valid_loss"] for r in history if r["valid_loss"] is not None]
+    return 1.0 - min(errors) if errors else None
 
 
 def config_from_dict(d: dict) -> TaggerConfig:
@@ -105,8 +144,9 @@ class TaggerModule(nn.Module):
         super().__init__()
         self.config = config
         self.embedding = nn.Embedding(n_words, config.word_dim, padding_idx=PAD)
-        self.chars = CharCNN(n_chars, config.char_dim, config.char_filters, config.char_kernels)
-        in_dim = config.word_dim + self.chars.out_dim
+        self.chars = CharCNN(n_chars, config.char_dim, config.char_filters, config.char_kernels) \
+            if config.char_encoder == "cnn" else CharBiLSTM(n_chars, config.char_dim, config.char_hidden)
+        in_dim = config.word_dim + self.chars.out_dim + (n_tags[0] if config.hmm_features else 0)
         self.bilm = bilm
         if bilm is not None:
             bilm.requires_grad_(False)  # frozen: only the mix is the tagger's
@@ -129,6 +169,8 @@ class TaggerModule(nn.Module):
     def forward(self, batch: dict) -> list[torch.Tensor]:
         """Per head (B, T, K) tag scores."""
         x = [self.embedding(batch["words"]), self.chars(batch["chars"])[batch["inverse"]]]
+        if "hmm" in batch:  # the HMM's tag as a one-hot (padding: all zeros)
+            x.append(F.one_hot(batch["hmm"] + 1, self.heads[0].out_features + 1)[..., 1:].to(x[0].dtype))
         if self.bilm is not None:
             layers = batch.get("elmo")  # precomputed (training: the biLM is frozen, its layers never change)
             if layers is None:
@@ -152,6 +194,7 @@ class BiLSTMTagger:
         self.tags: list[list[str]] = []
         self.chars: CharVocab | None = None
         self.bilm: BiLM | None = None
+        self.hmm_: HMMTagger | None = None  # with hmm_features: the HMM trained on every training sentence
         self.module_: TaggerModule | None = None
         self.history_: list[dict] = []
         self.dev_accuracy_: float | None = None
@@ -170,8 +213,10 @@ class BiLSTMTagger:
         return word in self.known
 
     def batch(self, sentences: Sequence[Sequence[str]], device: torch.device | str = "cpu",
-              word_dropout: bool = False, elmo: Sequence[np.ndarray] | None = None) -> dict:
-        """Padded tensors for the module; `elmo`: the sentences' biLM layers, when computed already."""
+              word_dropout: bool = False, elmo: Sequence[np.ndarray] | None = None,
+              hmm: Sequence[np.ndarray] | None = None) -> dict:
+        """Padded tensors for the module; `elmo`: the sentences' biLM layers, `hmm`: the HMM's tag ids
+        (the jackknifed ones in training), when computed already."""
         lengths = torch.tensor([len(s) for s in sentences])
         words = torch.full((len(sentences), int(lengths.max())), PAD, dtype=torch.long)
         inverse = torch.zeros_like(words)
@@ -186,6 +231,12 @@ class BiLSTMTagger:
             words = words.masked_fill(drop & (words != PAD), UNK)
         batch = {"words": words.to(device), "chars": self.chars.encode(list(forms)).to(device),
                  "inverse": inverse.to(device), "lengths": lengths}
+        if self.config.hmm_features:
+            ids = hmm if hmm is not None else self._hmm_tag_ids(self.hmm_, sentences)
+            padded = torch.full(words.shape, -1, dtype=torch.long)
+            for i, a in enumerate(ids):
+                padded[i, : len(a)] = torch.from_numpy(a)
+            batch["hmm"] = padded.to(device)
         if elmo is not None:
             layers = np.zeros((elmo[0].shape[0], len(sentences), words.shape[1], elmo[0].shape[2]), dtype=np.float32)
             for i, a in enumerate(elmo):
@@ -214,10 +265,12 @@ class BiLSTMTagger:
         weights = [1.0, cfg.aux_weight]
 
         elmo = self._elmo_layers(words_of) if bilm is not None else None
+        hmm = self._jackknifed_hmm_tags(train) if cfg.hmm_features else None
 
         def batch_loss(idx: np.ndarray, device: torch.device) -> tuple[torch.Tensor, int]:
             logits = module(self.batch([words_of[i] for i in idx], device, word_dropout=True,
-                                       elmo=[elmo[i] for i in idx] if elmo is not None else None))
+                                       elmo=[elmo[i] for i in idx] if elmo is not None else None,
+                                       hmm=[hmm[i] for i in idx] if hmm is not None else None))
             total = 0.0
             for h, lg in enumerate(logits):
                 y = torch.nn.utils.rnn.pad_sequence([targets[h][i] for i in idx], batch_first=True,
@@ -229,16 +282,38 @@ class BiLSTMTagger:
         dev_words = [[t[0] for t in s] for s in dev_items] if dev_items else None
         dev_gold = [t[1] for s in dev_items for t in s] if dev_items else None
 
-        def score() -> float:
+        def dev_errors() -> tuple[float, int]:  # the loop stops early on the error rate: on dev accuracy
             pred = [t for s in self.tag_many(dev_words) for t in s]
-            return float(np.mean(np.asarray(pred, dtype=object) == np.asarray(dev_gold, dtype=object)))
+            return float(np.sum(np.asarray(pred, dtype=object) != np.asarray(dev_gold, dtype=object))), len(dev_gold)
 
-        self.history_ = train_sentences(module, [len(s) for s in words_of], batch_loss, cfg.train,
-                                        score=score if dev_items else None, name="tagger.train",
-                                        on_step=on_step)
-        scores = [r["dev_score"] for r in self.history_ if r["dev_score"] is not None]
-        self.dev_accuracy_ = max(scores) if scores else None
+        task = SentenceTask([len(s) for s in words_of], batch_loss, cfg.train, dev_errors if dev_items else None,
+                            "tagger.train")
+        self.history_ = Trainer(module, task, cfg.train, name="tagger.train", on_step=on_step).run()
+        self.dev_accuracy_ = dev_accuracy(self.history_)
         return self
+
+    def _hmm_tag_ids(self, hmm: HMMTagger, sentences: Sequence[Sequence[str]]) -> list[np.ndarray]:
+        """The HMM's tags of the sentences as ids of the first tag column (-1: a tag it never saw here)."""
+        index = {t: i for i, t in enumerate(self.tags[0])}
+        return [np.array([index.get(t, -1) for t in tags], dtype=np.int64) for tags in hmm.tag_many(sentences)]
+
+    def _jackknifed_hmm_tags(self, train: list[list[tuple[str, ...]]]) -> list[np.ndarray]:
+        """Each training sentence tagged by an HMM trained on the other folds (its test-time error rate);
+        `hmm_` is then trained on them all, for tagging."""
+        k = min(self.config.hmm_folds, len(train))
+        words = [[t[0] for t in s] for s in train]
+        if k < 2:  # one sentence: no other fold to tag it
+            self.hmm_ = _hmm_of(train)
+            return self._hmm_tag_ids(self.hmm_, words)
+        out: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * len(train)
+        for fold in range(k):
+            held = range(fold, len(train), k)
+            rest = [s for i, s in enumerate(train) if i % k != fold]
+            for i, ids in zip(held, self._hmm_tag_ids(_hmm_of(rest), [words[i] for i in held]), strict=True):
+                out[i] = ids
+            logger.info("HMM features: fold %d of %d tagged", fold + 1, k)
+        self.hmm_ = _hmm_of(train)
+        return out
 
     def _prepare(self, train: list[list[tuple[str, ...]]], vectors, bilm: BiLM | None) -> None:
         """Vocabularies, tag sets and the untrained module (deterministic in the training sentences)."""
@@ -277,14 +352,15 @@ class BiLSTMTagger:
         if path is None:
             raise InputError(f"{config.train.checkpoint_dir}: no training checkpoint; train with checkpoint_dir set")
         tagger = cls(config)
-        tagger._prepare(_check_tagged(sentences, "sentences"), None, bilm)
+        train = _check_tagged(sentences, "sentences")
+        tagger._prepare(train, None, bilm)
+        tagger.hmm_ = _hmm_of(train) if config.hmm_features else None
         best = path / "best.safetensors"
         weights = best if best.exists() else path / "model.safetensors"
         load_module_tensors(tagger.module_, load_file(str(weights)), str(weights))
         tagger.module_.eval()
         tagger.history_ = json.loads((path / "trainer.json").read_text())["history"]
-        scores = [r["dev_score"] for r in tagger.history_ if r["dev_score"] is not None]
-        tagger.dev_accuracy_ = max(scores) if scores else None
+        tagger.dev_accuracy_ = dev_accuracy(tagger.history_)
         return tagger
 
     def _elmo_layers(self, sentences: list[list[str]], batch_size: int = 64) -> list[np.ndarray]:
@@ -358,6 +434,8 @@ class BiLSTMTagger:
                  "dev_accuracy": self.dev_accuracy_, "bilm": self.bilm.state() if self.bilm is not None else None}
         (d / "config.json").write_text(json.dumps(state, indent=1))
         save_file(module_tensors(self.module_), str(d / "model.safetensors"))
+        if self.hmm_ is not None:
+            self.hmm_.save(d, prefix="hmm-")
 
     @classmethod
     def load(cls, directory: str | Path) -> BiLSTMTagger:
@@ -373,6 +451,7 @@ class BiLSTMTagger:
         tagger.chars = CharVocab(state["chars"], state["max_chars"])
         tagger.history_, tagger.dev_accuracy_ = state["history"], state["dev_accuracy"]
         tagger.bilm = BiLM.from_state(state["bilm"]) if state["bilm"] else None
+        tagger.hmm_ = HMMTagger.load(d, prefix="hmm-") if tagger.config.hmm_features else None
         tagger.module_ = TaggerModule(tagger.config, len(tagger.words), len(tagger.chars),
                                       [len(t) for t in tagger.tags],
                                       tagger.bilm.module_ if tagger.bilm is not None else None)

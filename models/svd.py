@@ -19,7 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 from lexiflow.models.errors import ParameterError
 from lexiflow.models.progress import Progress
-from lexiflow.models.threads import limit_threads
+from lexiflow.models.threads import DEFAULT_THREADS, Threads, limit_threads
 from pydantic import Field
 from sklearn.utils.extmath import randomized_svd
 
@@ -33,8 +33,7 @@ def svd_vectors(
     add_context: Annotated[bool, Field(description="Add the context vectors V·S^power.")] = False,
     n_iter: Annotated[int, Field(ge=1, le=50, description="Power iterations of the randomized SVD.")] = 5,
     seed: Annotated[int, Field(ge=0, description="Random seed.")] = 0,
-    threads: Annotated[int, Field(ge=1, le=256, description="BLAS threads of the SVD: 1 per worker; more only "
-                                                            "where the worker has the cores to itself.")] = 1,
+    threads: Threads = DEFAULT_THREADS,
     progress: Callable[[float | None], None] | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Return (word vectors float32 [rows × dim], singular values [dim]); `threads`: BLAS threads."""

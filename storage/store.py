@@ -813,7 +813,9 @@ class ArtifactWriter:
                 held = pa.concat_tables(pending).combine_chunks()  # pages cut as write_parquet's: the same bytes
                 rows = held.num_rows if all_rows else held.num_rows - held.num_rows % row_group_size
                 if rows:
-                    writer.write_table(held.slice(0, rows), row_group_size=row_group_size)
+                    # One chunk per write: Parquet's dictionary fallback follows the chunks, and the bytes
+                    # must be those of `write_parquet` of the same rows in one chunk, however they came in parts.
+                    writer.write_table(held.slice(0, rows).combine_chunks(), row_group_size=row_group_size)
                     pending[:] = [held.slice(rows)]
 
             def write(part: Any) -> None:

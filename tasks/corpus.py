@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import functools
+import itertools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import polars as pl
 from lexiflow.models import ingest
 from lexiflow.models.config import from_section
 from lexiflow.storage import ArtifactWriter
@@ -49,11 +52,26 @@ def tagged_parameters(arguments: dict) -> dict:
 
 
 @task(name="corpus-shard", **SHARD_TASK)
-def corpus_shard(shard: list[ingest.FileRange], options: ingest.IngestOptions, part: str | None
-                 ) -> tuple[Any, dict[int, int], dict[int, tuple[int, int, str]]]:
-    """Read and clean one shard of the sources (documents delivered in memory or as a part)."""
-    result = ingest.ingest_shard(shard, options)
-    return deliver(result.documents, part), result.texts, result.errors
+def corpus_shard(shard: list[ingest.FileRange | ingest.Streams], options: ingest.IngestOptions, chunk_bytes: int,
+                 part: str | None) -> tuple[Any, dict[int, int], dict[int, tuple[int, int, str]]]:
+    """Read and clean one shard of the sources (documents delivered in memory or as a part; a shard
+    that streams in several batches, a large compressed file, delivers each batch as a part of its own)."""
+    batch = itertools.count()
+    spill = None if part is None else (lambda docs: deliver(docs, part, f"{next(batch):05d}"))
+    result = ingest.ingest_shard(shard, options, chunk_bytes=chunk_bytes, spill=spill)
+    documents = result.documents if isinstance(result.documents, tuple) else deliver(result.documents, part)
+    return documents, result.texts, result.errors
+
+
+def spill_to(folder: Path) -> Callable[[pl.DataFrame], pl.LazyFrame]:
+    """Where the single-shard path puts a shard's cleaned batches once it has several: Parquet parts."""
+    batch = itertools.count()
+
+    def spill(docs: pl.DataFrame) -> pl.LazyFrame:
+        folder.mkdir(parents=True, exist_ok=True)
+        return pl.scan_parquet(deliver(docs, str(folder / "batch"), f"{next(batch):05d}").path)
+
+    return spill
 
 
 @stage("corpus", fingerprint=sources_fingerprint)
@@ -63,14 +81,20 @@ def ingest_corpus(out: ArtifactWriter, params: CorpusParams, parallel: ParallelP
     parallel = parallel or ParallelParams()
     files, opts = ingest.resolve_sources(params.sources), options(params)
     shards = ingest.plan_shards(files, opts, parallel.shard_bytes)
-    if len(shards) == 1:  # the common small case: byte-level progress, nothing to merge
-        corpus = ingest.build_corpus(files, opts, out.progress)
-        out.write_parquet("documents.parquet", corpus.documents, DOCUMENTS, row_group_size=SHARDED_ROW_GROUP)
-    else:  # the merge streams: one shard's documents in memory at a time (docs/scaling.md)
-        results = map_shards(corpus_shard, [{"shard": shard, "options": opts} for shard in shards], parallel,
-                             "corpus", out, lazy=True)
+    if len(shards) == 1:  # the common small case: byte-level progress, no pool (a large file spills its batches)
+        results = [ingest.ingest_shard(shards[0], opts, out.progress, parallel.shard_bytes,
+                                       spill_to(out.work / "batches"))]
+    else:
+        results = [ingest.ShardResult(*result) for result in map_shards(
+            corpus_shard, [{"shard": shard, "options": opts, "chunk_bytes": parallel.shard_bytes} for shard in shards],
+            parallel, "corpus", out, lazy=True)]
+    if len(results) == 1 and isinstance(results[0].documents, pl.DataFrame):  # in memory already: nothing to merge
+        corpus = ingest.merge_shards(files, results, opts)
+        out.write_parquet("documents.parquet", corpus.documents.rechunk(), DOCUMENTS,  # bytes: see parquet_parts
+                          row_group_size=SHARDED_ROW_GROUP)
+    else:  # the merge streams: one batch of documents in memory at a time (docs/scaling.md)
         with out.parquet_parts("documents.parquet", DOCUMENTS, SHARDED_ROW_GROUP) as write:
-            corpus = ingest.merge_shards(files, [ingest.ShardResult(*result) for result in results], opts, write)
+            corpus = ingest.merge_shards(files, results, opts, write)
     out.metrics.update(corpus.stats)
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import polars as pl
 from lexiflow.models import elmo as bilm_module
 from lexiflow.models import text
+from lexiflow.models.config import from_section
 from lexiflow.models.errors import InputError
 from lexiflow.models.lm import train
 from lexiflow.storage import ArtifactRef, ArtifactWriter
@@ -16,9 +17,8 @@ from lexiflow.tasks.stage import stage
 
 
 def bilm_config(params: ElmoParams, lowercase: bool, scratch: str) -> bilm_module.BiLMConfig:
-    schedule = train.TrainConfig(epochs=params.epochs, batch_size=params.batch_size, lr=params.lr, clip_grad_norm=5.0,
-                                 patience=1, warmup_steps=100, device=params.device, seed=params.seed,
-                                 checkpoint_dir=scratch, checkpoint_every=200)
+    schedule = from_section(train.TrainConfig, params, clip_grad_norm=5.0, patience=1, warmup_steps=100,
+                            checkpoint_dir=scratch, checkpoint_every=200)
     return bilm_module.BiLMConfig(token_input=params.token_input, dim=params.dim, hidden_dim=params.hidden_dim,
                                   num_layers=params.num_layers, max_vocab=params.max_vocab, lowercase=lowercase,
                                   train=schedule)

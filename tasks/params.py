@@ -8,11 +8,10 @@ written out below hold what belongs to the pipeline itself (sources, sharding, e
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from lexiflow.models import lsi, ppmi, svd
 from lexiflow.models.config import parameters
-from lexiflow.models.device import Device
 from lexiflow.models.encoder import EncoderConfig
 from lexiflow.models.evaluation import DEFAULT_PROBES
 from lexiflow.models.extrinsic import ClassifierConfig
@@ -24,22 +23,27 @@ from lexiflow.models.lm.ngram import NgramLM
 from lexiflow.models.lm.rnn import RNNConfig
 from lexiflow.models.lm.train import TrainConfig
 from lexiflow.models.lm.transformer import TransformerConfig
+from lexiflow.models.neural_tagger import TaggerConfig
 from lexiflow.models.seq2seq.rnn import RNNSeq2SeqConfig
 from lexiflow.models.seq2seq.transformer import TransformerSeq2SeqConfig
 from lexiflow.models.seq2seq.translator import TokenizerConfig
+from lexiflow.models.threads import DEFAULT_THREADS, Threads
 from lexiflow.models.tokenizers import BPE, WordPiece
 from lexiflow.models.vocab import Vocabulary
 from lexiflow.models.word2vec import Word2VecConfig
 from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic.fields import FieldInfo
 
 
 class Params(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf passes ge= bounds
 
 
-def section(name: str, *sources: Any, doc: str | None = None, **own: tuple[Any, Any]) -> type[Params]:
+def section(name: str, *sources: Any, doc: str | None = None, base: type[Params] = Params,
+            **own: tuple[Any, Any]) -> type[Params]:
     """A pipeline section derived from models' declared parameters (config dataclasses, estimators,
-    functions: models/config.py), plus `own` fields (name=(type, default)) of the pipeline's. A name
+    functions: models/config.py), plus `own` fields (name=(type, default)) of the pipeline's and those
+    of a `base` section. A name
     declared by several sources must be declared alike (type, bounds, description, default)."""
     fields: dict[str, tuple[Any, Any]] = {}
     for source in sources:
@@ -48,11 +52,28 @@ def section(name: str, *sources: Any, doc: str | None = None, **own: tuple[Any, 
                 raise TypeError(f"{name}.{field}: {getattr(source, '__qualname__', source)} declares it as "
                                 f"{declared}, an earlier source as {fields[field]}: declare it once")
             fields[field] = declared
-    return create_model(name, __base__=Params, __doc__=doc, __module__=__name__, **fields, **own)
+    return create_model(name, __base__=base, __doc__=doc or base.__doc__, __module__=__name__, **fields, **own)
+
+
+TRAINING = ("epochs", "max_steps", "batch_size", "lr", "warmup_steps", "patience", "checkpoint_every", "device", "seed",
+            "threads")
+
+
+def training(batch: str, names: tuple[str, ...] = TRAINING, **defaults: Any) -> dict[str, tuple[Any, Any]]:
+    """The training loop's parameters `names`, as TrainConfig declares them, with a stage's own
+    defaults and batch unit (what one row of a batch is)."""
+    declared = parameters(TrainConfig)
+    fields = {name: (declared[name][0], defaults.get(name, declared[name][1])) for name in names}
+    kind, *metadata = get_args(declared["batch_size"][0])
+    info = FieldInfo.merge_field_infos(*(m for m in metadata if isinstance(m, FieldInfo)),
+                                       description=f"{batch} per batch.")
+    fields["batch_size"] = (Annotated[kind, info], fields["batch_size"][1])
+    return fields
 
 
 CorpusParams = section(
     "CorpusParams", IngestOptions,
+    threads=(Threads, DEFAULT_THREADS),
     sources=(list[str], Field(
         default=["builtin:enwiki"], min_length=1,
         description="Files, directories, glob patterns, or builtin:enwiki / builtin:lee. Formats: plain text "
@@ -113,6 +134,7 @@ GloVeParams = section("GloVeParams", GloVeConfig)
 
 EvaluationParams = section(
     "EvaluationParams", ClassifierConfig,
+    threads=(Threads, DEFAULT_THREADS),
     analogy_vocabulary=(int, Field(30_000, ge=100, description="Analogy answers come from this many most frequent "
                                                                "words (as in word2vec's evaluation).")),
     probes=(list[str], Field(default=list(DEFAULT_PROBES), description="Words whose nearest neighbours are shown.")),
@@ -144,7 +166,9 @@ NeuralLMParams = section(
 TaggerKind = Literal["hmm", "bilstm", "bilstm+elmo"]
 
 
-class TaggerParams(Params):
+class TaggerSettings(Params):
+    """Taggers trained on the tagged corpus (CoNLL-U sources)."""
+
     columns: list[Literal["upos", "xpos"]] = Field(
         default=["upos", "xpos"], description="Tag sets to learn from CoNLL-U sources, a tagger artifact each.")
     kinds: list[TaggerKind] = Field(
@@ -159,18 +183,15 @@ class TaggerParams(Params):
     refine_states: bool = Field(True, description="Split each tag's HMM states by the other tag set during "
                                                   "training (UPOS by XPOS and vice versa); tagging returns plain "
                                                   "tags.")
-    hidden_dim: int = Field(150, ge=4, le=4096, description="BiLSTM: LSTM size per direction.")
-    num_layers: int = Field(2, ge=1, le=8, description="BiLSTM: stacked bidirectional layers.")
-    epochs: int = Field(10, ge=1, le=1000, description="BiLSTM: training epochs (early stopping on dev accuracy).")
-    batch_size: int = Field(32, ge=1, le=4096, description="BiLSTM: sentences per batch.")
-    lr: float = Field(2e-3, gt=0, le=10, description="BiLSTM: peak AdamW learning rate (warmup then cosine).")
-    patience: int | None = Field(3, ge=1, description="BiLSTM: epochs without a dev gain before stopping.")
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$",
-                        description="BiLSTM: auto picks CUDA when present.")
-    seed: int = Field(0, ge=0, description="BiLSTM: random seed.")
 
 
-class ElmoParams(Params):
+# The BiLSTM's model (TaggerConfig) and training loop (early stopping on dev accuracy); the HMM reads none.
+TaggerParams = section("TaggerParams", TaggerConfig, base=TaggerSettings, **training(
+    "Sentences", names=("epochs", "batch_size", "lr", "patience", "device", "seed", "threads"), epochs=10,
+    batch_size=32, lr=2e-3, patience=3))
+
+
+class ElmoSettings(Params):
     """The biLM the `bilstm+elmo` tagger reads (trained by the `elmo` stage on the corpus sources)."""
 
     token_input: Literal["char", "word"] = Field("char", description="Token representation: char CNN (as ELMo) "
@@ -179,11 +200,10 @@ class ElmoParams(Params):
     hidden_dim: int = Field(160, ge=4, le=8192, description="LSTM cell size (projected to dim).")
     num_layers: int = Field(2, ge=1, le=8, description="LSTM layers per direction.")
     max_vocab: int = Field(5000, ge=10, description="Softmax vocabulary: the most frequent words.")
-    epochs: int = Field(1, ge=1, le=1000, description="Training epochs.")
-    batch_size: int = Field(32, ge=1, le=4096, description="Sentences per batch.")
-    lr: float = Field(2e-3, gt=0, le=10, description="Peak AdamW learning rate.")
-    device: str = Field("auto", pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto picks CUDA when present.")
-    seed: int = Field(0, ge=0, description="Random seed.")
+
+
+ElmoParams = section("ElmoParams", base=ElmoSettings, **training(
+    "Sentences", names=("epochs", "batch_size", "lr", "device", "seed", "threads"), epochs=1, batch_size=32, lr=2e-3))
 
 
 class TranslationCorpusParams(Params):
@@ -213,16 +233,7 @@ Seq2SeqParams = section(
     doc="Translation models: tokens, the RNN and Transformer encoder-decoders, training and BLEU evaluation.",
     models=(list[Seq2SeqKind], Field(["rnn"], description="Translation models to train, each its own seq2seq "
                                                            "artifact: rnn, transformer.")),
-    # training: the loop's own parameters (TrainConfig) with a translator's defaults and meanings
-    epochs=(int, Field(1, ge=1, le=1000, description="Training epochs.")),
-    max_steps=(int | None, Field(None, ge=1, description="Stop after this many optimizer steps.")),
-    batch_size=(int, Field(64, ge=1, le=4096, description="Sentence pairs per batch.")),
-    lr=(float, Field(2e-3, gt=0, le=10, description="Peak learning rate (AdamW, warmup then cosine).")),
-    warmup_steps=(int, Field(100, ge=0, description="Linear warmup steps.")),
-    patience=(int | None, Field(None, ge=1, description="Early stopping: epochs without validation gain.")),
-    checkpoint_every=(int, Field(200, ge=0, description="Steps between checkpoints (0: epoch ends only).")),
-    device=(Device, "auto"),
-    seed=(int, Field(0, ge=0, description="Random seed.")),
+    **training("Sentence pairs", epochs=1, batch_size=64, lr=2e-3, warmup_steps=100),
     beam_width=(int, Field(5, ge=1, le=256, description="Beam width of the BLEU evaluation (1 = greedy).")),
     length_penalty=(float, Field(1.0, ge=0, le=5, description="Beam scores log P / length^alpha (1: the average "
                                                               "log-probability, 0: none).")),
@@ -230,27 +241,12 @@ Seq2SeqParams = section(
                                                               "sentences (None: all).")))
 
 
-def _schedule(batch: str, **defaults: Any) -> dict[str, tuple[Any, Any]]:
-    """The training loop's parameters (TrainConfig) with a stage's own defaults and batch unit."""
-    d = {"epochs": 1, "batch_size": 32, "lr": 1e-3, "warmup_steps": 100} | defaults
-    return dict(
-        epochs=(int, Field(d["epochs"], ge=1, le=1000, description="Training epochs.")),
-        max_steps=(int | None, Field(None, ge=1, description="Stop after this many optimizer steps.")),
-        batch_size=(int, Field(d["batch_size"], ge=1, le=4096, description=f"{batch} per batch.")),
-        lr=(float, Field(d["lr"], gt=0, le=10, description="Peak learning rate (AdamW, warmup then cosine).")),
-        warmup_steps=(int, Field(d["warmup_steps"], ge=0, description="Linear warmup steps.")),
-        patience=(int | None, Field(None, ge=1, description="Early stopping: epochs without validation gain.")),
-        checkpoint_every=(int, Field(200, ge=0, description="Steps between checkpoints (0: epoch ends only).")),
-        device=(Device, "auto"),
-        seed=(int, Field(0, ge=0, description="Random seed.")))
-
-
 PretrainParams = section(
     "PretrainParams", EncoderConfig, WordPiece,
     doc="The BERT-style encoder: its WordPiece vocabulary, architecture, masked-LM pretraining (docs/pretraining.md).",
     pppl_sentences=(int, Field(200, ge=0, description="Held-out sentences scored for the pseudo-perplexity "
                                                       "(one forward pass per token).")),
-    **_schedule("Sentences", epochs=2, batch_size=64, lr=2e-3))
+    **training("Sentences", epochs=2, batch_size=64, lr=2e-3, warmup_steps=100))
 FineTuneTask = Literal["upos", "genre"]
 FineTuneMode = Literal["scratch", "frozen", "full", "adapters", "lora"]
 FineTuneParams = section(
@@ -262,4 +258,4 @@ FineTuneParams = section(
     modes=(list[FineTuneMode], Field(["scratch", "frozen", "full", "adapters", "lora"], min_length=1, description=(
         "scratch (the same encoder randomly initialised, all trained), frozen (head only), full, adapters "
         "(Houlsby), lora (attention projections, merged after training)."))),
-    **_schedule("Sentences"))
+    **training("Sentences", epochs=1, batch_size=32, lr=1e-3, warmup_steps=100))

@@ -33,6 +33,7 @@ from types import CodeType, ModuleType
 from typing import Any
 
 from lexiflow.models.errors import LexiflowError
+from lexiflow.models.threads import DEFAULT_THREADS, limit_threads
 from lexiflow.storage import ArtifactRef, ArtifactStore, StoreError, content_version
 from lexiflow.storage.formats import read_manifest
 from lexiflow.storage.store import ArtifactNotFound, is_transient
@@ -49,6 +50,9 @@ from pydantic import BaseModel
 
 USER_ERRORS = (LexiflowError, StoreError)
 HOW = {"store", "parallel"}  # arguments that choose where/how a stage runs, not what it makes: not versioned
+# Fields of a parameter section that choose how, not what: the CPU threads (as the CPU model, they may
+# change a float result's last bits, never what the artifact is).
+HOW_FIELDS = {"threads"}
 logging.getLogger("lexiflow").setLevel(logging.INFO)  # progress lines from models/ reach the run logs
 
 
@@ -246,8 +250,17 @@ def _split_arguments(arguments: dict[str, Any]) -> tuple[dict[str, ArtifactRef],
         elif _is_refs(v):
             inputs.update({f"{k}.{i}": ref for i, ref in enumerate(v)})
         elif k not in HOW:
-            params[k] = v.model_dump(mode="json") if isinstance(v, BaseModel) else v
+            params[k] = v.model_dump(mode="json", exclude=HOW_FIELDS) if isinstance(v, BaseModel) else v
     return inputs, params
+
+
+def stage_threads(arguments: dict[str, Any]) -> int:
+    """The thread count a stage runs with: its parameter section's `threads`, else the default."""
+    for value in arguments.values():
+        threads = getattr(value, "threads", None)
+        if isinstance(threads, int):
+            return threads
+    return DEFAULT_THREADS
 
 
 _PROGRESS: dict[str, Any] = {}  # task run id → its progress artifact: a retry moves the same bar
@@ -359,7 +372,8 @@ def stage(kind: str, fingerprint: Callable[[dict], Any] | None = None,
                                       code_version=code_hash(arguments.get(choice)),
                                       run=run_info) as out:
                     out.progress = _progress_artifact(kind)
-                    build(out, **arguments)
+                    with limit_threads(stage_threads(arguments), f"{kind} threads"):
+                        build(out, **arguments)
             _PROGRESS.pop(str(task_run.id or ""), None)  # no later attempt will move this bar
             logger.info("%s: published %s at %s", kind, ref, artifacts.path(kind, version))
             link_artifact(artifacts, kind, version)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import polars as pl
 from lexiflow.models import hmm, neural_tagger, tagging_metrics
+from lexiflow.models.config import from_section
 from lexiflow.models.elmo import BiLM
 from lexiflow.models.errors import ParameterError
 from lexiflow.models.ingest import sources as ingest
@@ -20,8 +21,8 @@ from lexiflow.tasks.stage import stage
 
 OTHER = {"upos": "xpos", "xpos": "upos"}
 HMM_FIELDS = ("order", "method", "beam_width", "refine_states")
-NEURAL_FIELDS = ("refine_states", "hidden_dim", "num_layers", "epochs", "batch_size", "lr", "patience", "device",
-                 "seed")
+NEURAL_FIELDS = ("refine_states", "hidden_dim", "num_layers", "char_encoder", "word_dropout_alpha", "hmm_features",
+                 "epochs", "batch_size", "lr", "patience", "device", "seed")
 TITLES = {"hmm": "HMM tagger", "bilstm": "BiLSTM tagger", "bilstm+elmo": "BiLSTM+ELMo tagger"}
 
 
@@ -34,12 +35,10 @@ def tagger_parameters(arguments: dict) -> dict:
 
 
 def neural_config(params: TaggerParams, kind: str, scratch: str) -> neural_tagger.TaggerConfig:
-    schedule = train.TrainConfig(epochs=params.epochs, batch_size=params.batch_size, lr=params.lr,
-                                 clip_grad_norm=5.0, patience=params.patience, warmup_steps=100, min_lr_ratio=0.05,
-                                 device=params.device, seed=params.seed, checkpoint_dir=scratch, checkpoint_every=200)
-    return neural_tagger.TaggerConfig(hidden_dim=params.hidden_dim, num_layers=params.num_layers,
-                                      aux_weight=1.0 if params.refine_states else 0.0, elmo=kind == "bilstm+elmo",
-                                      train=schedule)
+    schedule = from_section(train.TrainConfig, params, clip_grad_norm=5.0, warmup_steps=100, min_lr_ratio=0.05,
+                            checkpoint_dir=scratch, checkpoint_every=200)
+    return from_section(neural_tagger.TaggerConfig, params, aux_weight=1.0 if params.refine_states else 0.0,
+                        elmo=kind == "bilstm+elmo", train=schedule)
 
 
 def tagged_split(table: pl.DataFrame, split: str, column: str, refine: bool) -> list[list[tuple]]:

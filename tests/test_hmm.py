@@ -423,3 +423,39 @@ def test_tagger_stage_without_train_sentences_says_which_split_they_went_to(tmp_
         publish(store, train_tagger, tagged=tagged, column="upos", params=TaggerParams())
     assert not store.exists("tagger", train_tagger.describe(
         {"store": store.url, "tagged": tagged, "column": "upos", "params": TaggerParams()})[2])
+
+
+@pytest.mark.parametrize("order", [2, 3])
+def test_the_per_call_kernel_finds_the_best_path_over_any_candidates(order):
+    """viterbi_one (compiled) against enumeration of every path over random candidate sets, on
+    random tables where most trigrams equal their smallest over the tag two back (as interpolated
+    trigrams do), so the sparse step and its row skipping are exercised."""
+    import itertools
+
+    from lexiflow.models.hmm import decoding
+
+    rng = np.random.default_rng(order)
+    k = 6
+    for trial in range(200):
+        if order == 3:
+            base = np.log(rng.dirichlet(np.ones(k + 1), size=k + 1))
+            log_trans = np.repeat(base[None], k + 1, axis=0) - rng.exponential(2.0, (k + 1, k + 1, k + 1)) * (
+                rng.random((k + 1, k + 1, k + 1)) < 0.7)
+            listed = rng.random(log_trans.shape) < 0.3
+            log_trans[listed] += rng.exponential(3.0, int(listed.sum()))  # listed trigrams above the base
+        else:
+            log_trans = np.log(rng.dirichlet(np.ones(k + 1), size=k + 1))
+        n = int(rng.integers(1, 6))
+        ids = [np.sort(rng.choice(k, size=int(rng.integers(1, k + 1)), replace=False)) for _ in range(n)]
+        sc = [rng.normal(-3, 2, len(c)) for c in ids]
+
+        def score(path, ids=ids, sc=sc, log_trans=log_trans):
+            states = [k] * (order - 1) + list(path) + [k]
+            total = sum(float(s[list(c).index(p)]) for p, c, s in zip(path, ids, sc, strict=True))
+            for t in range(order - 1, len(states)):
+                total += log_trans[tuple(states[t - order + 1:t + 1])]
+            return total
+
+        best = max(itertools.product(*ids), key=score)
+        found = decoding.viterbi_one(decoding.one_sentence_tables(log_trans), ids, sc)
+        assert score(found) == pytest.approx(score(best), abs=1e-9), trial

@@ -5,10 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from lexiflow.models.batch_train import StopTraining, TrainConfig, epoch_batches
 from lexiflow.models.elmo import BiLM, BiLMConfig, ScalarMix, reverse_padded
 from lexiflow.models.errors import InputError, ParameterError
-from lexiflow.models.lm.train import module_tensors
+from lexiflow.models.lm.train import StopTraining, TrainConfig, length_batches, module_tensors
 from lexiflow.models.neural_tagger import BiLSTMTagger, TaggerConfig
 
 WORDS = [f"w{c}" for c in "abcdefghijkl"]  # letters: digits share one embedding (as 0)
@@ -33,7 +32,8 @@ def train_cfg(**kw) -> TrainConfig:
 def tiny(**kw) -> TaggerConfig:
     train = kw.pop("train", train_cfg())
     return TaggerConfig(**{"word_dim": 8, "char_dim": 4, "char_filters": 4, "char_kernels": (2,), "hidden_dim": 12,
-                           "num_layers": 2, "dropout": 0.1, "tag_batch_size": 3, "train": train, **kw})
+                           "num_layers": 2, "dropout": 0.1, "tag_batch_size": 3, "hmm_features": False, "train": train,
+                           **kw})
 
 
 def tiny_bilm(sentences, **kw) -> BiLM:
@@ -49,6 +49,16 @@ WORD_SENTS = [[w for w, _, _ in s] for s in TRAIN]
 @pytest.fixture(scope="module")
 def tagger() -> BiLSTMTagger:
     return BiLSTMTagger(tiny()).fit(TRAIN)
+
+
+@pytest.fixture(scope="module")
+def char_lstm_tagger() -> BiLSTMTagger:
+    return BiLSTMTagger(tiny(char_encoder="lstm", char_hidden=5)).fit(TRAIN)
+
+
+@pytest.fixture(scope="module")
+def hmm_tagger() -> BiLSTMTagger:
+    return BiLSTMTagger(tiny(hmm_features=True, hmm_folds=3)).fit(TRAIN)
 
 
 @pytest.fixture(scope="module")
@@ -116,7 +126,7 @@ def test_reverse_padded_reverses_each_row_within_its_length():
     assert reverse_padded(x, torch.tensor([3, 2])).tolist() == [[3, 2, 1, 0], [5, 4, 0, 0]]
 
 
-@pytest.mark.parametrize("which", ["tagger", "elmo_tagger"])
+@pytest.mark.parametrize("which", ["tagger", "char_lstm_tagger", "hmm_tagger", "elmo_tagger"])
 def test_padding_never_changes_a_sentences_tags(which, request):
     t = request.getfixturevalue(which)
     short = ["wd", "wb", "we"]
@@ -124,12 +134,16 @@ def test_padding_never_changes_a_sentences_tags(which, request):
     with torch.no_grad():
         batched = t.module_(t.batch([WORDS, short, WORDS[::-1] + WORDS]))[0][1, :3]
     torch.testing.assert_close(alone, batched, atol=1e-5, rtol=1e-5)
+    chars = t.chars.encode(["wd", "wordy", "w"])  # a word's char vector ignores the other words' padding
+    with torch.no_grad():
+        torch.testing.assert_close(t.module_.chars(chars)[:1], t.module_.chars(t.chars.encode(["wd"])),
+                                   atol=1e-6, rtol=1e-6)
     sents = [s for s in WORD_SENTS[:20]]
     one_by_one = [t.tag(s) for s in sents]
     assert t.tag_many(sents) == one_by_one  # tag_batch_size 3: batches of mixed lengths
 
 
-@pytest.mark.parametrize("which", ["tagger", "elmo_tagger"])
+@pytest.mark.parametrize("which", ["tagger", "char_lstm_tagger", "hmm_tagger", "elmo_tagger"])
 def test_saved_and_reloaded_tagger_tags_identically(which, request, tmp_path):
     t = request.getfixturevalue(which)
     t.save(tmp_path / "m")
@@ -170,7 +184,7 @@ def test_resumed_training_ends_where_an_uninterrupted_run_does(tmp_path):
     # The best epoch so far, read from the checkpoint of the stopped run: epoch 1, as its dev score says.
     early = BiLSTMTagger.from_checkpoint(cfg(str(tmp_path)), TRAIN)
     def scores_of(history):
-        return [(r["epoch"], r["train_loss"], r["dev_score"]) for r in history]  # not the timings
+        return [(r["epoch"], r["train_loss"], r["valid_loss"]) for r in history]  # not the timings
 
     assert scores_of(early.history_) == scores_of(whole.history_[:1])
     gold = [t for s in dev for _, t, _ in s]
@@ -182,13 +196,13 @@ def test_resumed_training_ends_where_an_uninterrupted_run_does(tmp_path):
     assert scores_of(resumed.history_) == scores_of(whole.history_)
 
 
-def test_epoch_batches_visit_every_sentence_once_in_a_seeded_order():
+def test_length_batches_visit_every_sentence_once_in_a_seeded_order():
     lengths = np.arange(100) % 7 + 1
-    b = epoch_batches(lengths, 8, seed=0, epoch=3)
+    b = length_batches(lengths, 8, seed=0, epoch=3)
     assert sorted(np.concatenate(b).tolist()) == list(range(100))
     assert all(len(x) <= 8 for x in b)
-    assert [x.tolist() for x in b] == [x.tolist() for x in epoch_batches(lengths, 8, 0, 3)]
-    assert [x.tolist() for x in b] != [x.tolist() for x in epoch_batches(lengths, 8, 0, 4)]
+    assert [x.tolist() for x in b] == [x.tolist() for x in length_batches(lengths, 8, 0, 3)]
+    assert [x.tolist() for x in b] != [x.tolist() for x in length_batches(lengths, 8, 0, 4)]
 
 
 def test_pretrained_vectors_initialise_and_freeze_the_word_embeddings():
@@ -224,3 +238,21 @@ def test_precomputed_elmo_layers_give_the_live_biLMs_scores(elmo_tagger):
         live = t.module_(t.batch(sents))[0]
         cached = t.module_(t.batch(sents, elmo=pre))[0]
     torch.testing.assert_close(live, cached)
+
+
+def test_hmm_features_on_the_training_set_come_from_the_other_folds():
+    """Every word occurs once, its tag drawn at random: the HMM trained on all sentences knows each
+    word's tag (it tags its own training set perfectly), the HMMs of the other folds never saw the word
+    and can only guess. The features the BiLSTM trains on must be those guesses (jackknifed)."""
+    rng = np.random.default_rng(0)
+    train = [[(f"u{i}x{j}", str(rng.choice(["A", "B"]))) for j in range(5)] for i in range(60)]
+    tagger = BiLSTMTagger(tiny(hmm_features=True, hmm_folds=3, aux_weight=0.0))
+    tagger._prepare(train, None, None)
+    jackknifed = tagger._jackknifed_hmm_tags(train)
+    gold = [[tagger.tags[0].index(t) for _, t in s] for s in train]
+    full = tagger._hmm_tag_ids(tagger.hmm_, [[w for w, _ in s] for s in train])
+    assert all(f.tolist() == g for f, g in zip(full, gold, strict=True))
+    agree = np.mean([a == b for j, g in zip(jackknifed, gold, strict=True) for a, b in zip(j.tolist(), g, strict=True)])
+    assert 0.3 < agree < 0.7  # guesses on unseen words, not the memorised tags
+    batch = tagger.batch([["u0x0", "u0x1"]])
+    assert batch["hmm"].tolist() == [full[0][:2].tolist()]  # tagging time: the full HMM's tags

@@ -12,9 +12,10 @@ em: log emission scores, (B, n, K) for a batch of equal-length sentences or (n, 
 - Greedy: s_t = argmax_s P(s | s_{t-1}) P(o_t | s), batched.
 - Beam search of width beta with recombination of hypotheses ending in the same state (order 3: the same
   pair of states): O(n K beta), equal to Viterbi when beta is at least the number of states; batched.
-- Exact Viterbi over every tag of finite emission score: order 2 a ragged max-product pass; order 3 the
-  ragged search whose step splits log P(c | a, b) into its smallest over a plus the observed trigrams.
-- One sentence: small dense arrays per position (`viterbi_one`), no batch set-up.
+- Exact Viterbi over every tag of finite emission score, and Viterbi of one sentence over any
+  candidates: a compiled kernel (numba) per sentence (`viterbi_one`, `viterbi_many`), the state a pair
+  of candidate slots, each step the sparse trigram step (the smallest over the tag two back, plus the
+  listed trigrams). A sentence's lattice is small; numpy's per-call overhead dominated it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import numpy as np
+from numba import njit
 
 NEG = -np.inf
 
@@ -304,84 +306,131 @@ def _sparse_step(t: SparseTrigrams, x_ids: np.ndarray, x_w: np.ndarray, slot_of:
     return best, bp
 
 
-def viterbi_exact(log_trans: np.ndarray, ids: np.ndarray, sc: np.ndarray, wid: np.ndarray, lengths: np.ndarray,
-                  tables: SparseTrigrams | None = None) -> list[list[int]]:
-    """Exact Viterbi of non-empty sentences laid end to end, each token with every tag of finite emission
-    score as a candidate (ids/sc (N, m), widths wid). Order 2: a max-product pass over consecutive
-    tokens' candidates, O(sum m_t-1 m_t); order 3: the ragged search with the sparse trigram step."""
-    lengths = np.asarray(lengths, dtype=np.int64)
-    if log_trans.ndim == 3:
-        return viterbi_ragged(log_trans, ids, sc, wid, lengths, tables or sparse_trigrams(log_trans))
-    k = len(log_trans) - 1
-    starts = np.cumsum(lengths) - lengths
-    f = np.full(sc.shape, NEG)
-    bp = np.zeros(sc.shape, dtype=np.int64)
-    run, slot = _segments(wid[starts])
-    f[starts[run], slot] = sc[starts[run], slot] + log_trans[k, ids[starts[run], slot]]
-    order = np.argsort(-lengths, kind="stable")  # longest first: sentences still running are a prefix
-    s_sorted, ln = starts[order], lengths[order]
-    for p in range(1, int(ln.max(initial=0))):
-        cur = s_sorted[: int(np.searchsorted(-ln, -p, side="left"))] + p  # sentences longer than p
-        a_w, c_w = wid[cur - 1], wid[cur]
-        sent, loc = _segments(a_w * c_w)  # (cur slot, prev slot), prev slot fastest
-        i, j = loc % a_w[sent], loc // a_w[sent]
-        cand = f[cur[sent] - 1, i] + log_trans[ids[cur[sent] - 1, i], ids[cur[sent], j]]
-        size = np.repeat(a_w, c_w)
-        seg = np.cumsum(size) - size
-        best = np.maximum.reduceat(cand, seg)
-        g_sent, g_slot = _segments(c_w)
-        f[cur[g_sent], g_slot] = best + sc[cur[g_sent], g_slot]
-        bp[cur[g_sent], g_slot] = np.minimum.reduceat(
-            np.where(cand == np.repeat(best, size), i, np.iinfo(np.int64).max), seg)
-    last = starts + lengths - 1
-    end = np.where(np.arange(ids.shape[1]) < wid[last, None], f[last] + log_trans[ids[last], k], NEG)
-    slots = np.zeros(int(lengths.sum()), dtype=np.int64)
-    tok, slot, left = last, np.argmax(end, axis=1), lengths.copy()
-    while len(tok):  # back-pointers, all sentences at once
-        slots[tok] = slot
-        slot = bp[tok, slot]
-        tok, left = tok - 1, left - 1
-        tok, slot, left = tok[left > 0], slot[left > 0], left[left > 0]
-    states = ids[np.arange(len(slots)), slots]
-    return [part.tolist() for part in np.split(states, np.cumsum(lengths)[:-1])]
+class OneSentenceTables(NamedTuple):
+    """What the per-call Viterbi reads, contiguous: log P(c | a, b) as `SparseTrigrams` (order 2: the
+    bigram table as base, no entries) with each (a, b) row's largest listed value (`row_max`),
+    log P(c | <s>, <s>) as `first` and log P(</s> | b, c) as `last`."""
+
+    trigrams: SparseTrigrams
+    row_max: np.ndarray
+    first: np.ndarray
+    last: np.ndarray
 
 
-def viterbi_one(log_trans: np.ndarray, ids: list[np.ndarray], sc: list[np.ndarray]) -> list[int]:
-    """Viterbi of one sentence over its tokens' candidates (states ids[t], scores sc[t]) with small dense
-    arrays per position: the per-call path, a handful of numpy calls per word. Order 3 over state pairs."""
+def one_sentence_tables(log_trans: np.ndarray, trigrams: SparseTrigrams | None = None) -> OneSentenceTables:
     k1 = len(log_trans)
-    k = k1 - 1
-    flat = log_trans.reshape(-1)
-    bos = np.array([k])
-    backs = []
-    if log_trans.ndim == 2:
-        delta, prev = np.zeros(1), bos
-        for c, s in zip(ids, sc, strict=True):
-            cand = flat.take((prev * k1)[:, None] + c)  # (m_prev, m_cur)
-            cand += delta[:, None]
-            backs.append(cand.argmax(axis=0))
-            delta = cand.max(axis=0) + s
-            prev = c
-        slot = int(np.argmax(delta + flat[prev * k1 + k]))
-        path = []
-        for c, bp in zip(reversed(ids), reversed(backs), strict=True):
-            path.append(int(c[slot]))
-            slot = int(bp[slot])
-        return path[::-1]
-    delta, a, b = np.zeros((1, 1)), bos, bos
-    for c, s in zip(ids, sc, strict=True):
-        cand = flat.take(((a[:, None] * k1 + b) * k1)[:, :, None] + c)  # (m_prev2, m_prev, m_cur)
-        cand += delta[:, :, None]
-        backs.append(cand.argmax(axis=0))
-        delta = cand.max(axis=0) + s
-        a, b = b, c
-    end = delta + flat[(a[:, None] * k1 + b) * k1 + k]
-    j, slot = divmod(int(np.argmax(end)), end.shape[1])  # slots of the last two words
-    path = []
-    for c, bp in zip(reversed(ids), reversed(backs), strict=True):
-        path.append(int(c[slot]))
-        j, slot = int(bp[j, slot]), j
-    return path[::-1]
+    if log_trans.ndim == 3:
+        t = trigrams or sparse_trigrams(log_trans)
+        row_max = np.full(k1 * k1, NEG)
+        np.maximum.at(row_max, np.repeat(np.arange(k1 * k1), np.diff(t.ptr)), t.value)
+        return OneSentenceTables(t, row_max, np.ascontiguousarray(log_trans[k1 - 1, k1 - 1]),
+                                 np.ascontiguousarray(log_trans[:, :, k1 - 1]))
+    none = SparseTrigrams(np.ascontiguousarray(log_trans), np.zeros(k1 * k1 + 1, dtype=np.int64),
+                          np.zeros(0, dtype=np.int64), np.zeros(0))
+    return OneSentenceTables(none, np.full(k1 * k1, NEG), np.ascontiguousarray(log_trans[k1 - 1]),
+                             np.ascontiguousarray(np.broadcast_to(log_trans[:, k1 - 1], (k1, k1))))
+
+
+def viterbi_one(tables: OneSentenceTables, ids: list[np.ndarray], sc: list[np.ndarray]) -> list[int]:
+    """Viterbi of one sentence over its tokens' candidates (states ids[t], scores sc[t]): the per-call
+    path, compiled (`_viterbi_kernel`). Exact over the candidates given: with every tag of finite
+    emission score as a candidate it is the exact Viterbi."""
+    if not ids:
+        return []
+    offsets = np.zeros(len(ids) + 1, dtype=np.int64)
+    np.cumsum([len(c) for c in ids], out=offsets[1:])
+    t = tables.trigrams
+    return _viterbi_kernel(t.base, t.ptr, t.cur, t.value, tables.row_max, tables.first, tables.last,
+                           np.concatenate(ids).astype(np.int64, copy=False),
+                           np.concatenate(sc).astype(np.float64, copy=False), offsets).tolist()
+
+
+def viterbi_many(tables: OneSentenceTables, ids: np.ndarray, sc: np.ndarray, wid: np.ndarray,
+                 lengths: np.ndarray) -> list[list[int]]:
+    """`viterbi_one` of non-empty sentences laid end to end: token t's candidates are ids[t, :wid[t]]
+    with scores sc[t, :wid[t]]."""
+    keep = np.arange(ids.shape[1])[None, :] < wid[:, None]
+    flat_ids, flat_sc = ids[keep].astype(np.int64), sc[keep].astype(np.float64)
+    cand_at = np.zeros(len(wid) + 1, dtype=np.int64)
+    np.cumsum(wid, out=cand_at[1:])
+    t = tables.trigrams
+    out, start = [], 0
+    for n in np.asarray(lengths).tolist():
+        lo, hi = cand_at[start], cand_at[start + n]
+        out.append(_viterbi_kernel(t.base, t.ptr, t.cur, t.value, tables.row_max, tables.first, tables.last,
+                                   flat_ids[lo:hi], flat_sc[lo:hi], cand_at[start:start + n + 1] - lo).tolist())
+        start += n
+    return out
+
+
+@njit(cache=True, nogil=True)
+def _viterbi_kernel(base, ptr, cur, value, row_max, first, last, ids, sc, offsets):  # pragma: no cover  (compiled)
+    """Max-product over one sentence's candidates. The state at token t is the pair (slot at t-1, slot
+    at t); the token before the first is <s> (id K) with one slot. A step is the sparse trigram step:
+    (best over the slot two back) + base[b, c], then the listed trigrams (a, b, c) among the candidates,
+    skipping a row none of whose entries can beat the lowest cell (exact: nothing it holds could win)."""
+    k1 = base.shape[0]
+    n = len(offsets) - 1
+    pair_at = np.zeros(n + 1, dtype=np.int64)  # offsets of each token's (prev slot, slot) block
+    prev_m = 1
+    for t in range(n):
+        pair_at[t + 1] = pair_at[t] + prev_m * (offsets[t + 1] - offsets[t])
+        prev_m = offsets[t + 1] - offsets[t]
+    delta = np.full(pair_at[n], -np.inf)
+    back = np.zeros(pair_at[n], dtype=np.int64)  # per pair: the best slot two tokens back
+    slot_of = np.full(k1, -1, dtype=np.int64)
+    for c in range(offsets[1]):
+        delta[c] = first[ids[c]] + sc[c]
+    for t in range(1, n):
+        c0, m = offsets[t], offsets[t + 1] - offsets[t]
+        b0, mb = offsets[t - 1], offsets[t] - offsets[t - 1]
+        a0, ma = (offsets[t - 2], offsets[t - 1] - offsets[t - 2]) if t >= 2 else (-1, 1)
+        here, before = pair_at[t], pair_at[t - 1]
+        for c in range(m):
+            slot_of[ids[c0 + c]] = c
+        for j in range(mb):
+            b_id = ids[b0 + j]
+            top, arg = -np.inf, 0
+            for i in range(ma):
+                if delta[before + i * mb + j] > top:
+                    top, arg = delta[before + i * mb + j], i
+            cell = here + j * m
+            floor = np.inf
+            for c in range(m):
+                delta[cell + c] = top + base[b_id, ids[c0 + c]]
+                back[cell + c] = arg
+                floor = min(floor, delta[cell + c])
+            for i in range(ma):
+                d = delta[before + i * mb + j]
+                row = (k1 - 1 if a0 < 0 else ids[a0 + i]) * k1 + b_id
+                if d == -np.inf or d + row_max[row] <= floor:
+                    continue
+                for e in range(ptr[row], ptr[row + 1]):
+                    c = slot_of[cur[e]]
+                    if c >= 0 and d + value[e] > delta[cell + c]:
+                        delta[cell + c] = d + value[e]
+                        back[cell + c] = i
+            for c in range(m):
+                delta[cell + c] += sc[c0 + c]
+        for c in range(m):
+            slot_of[ids[c0 + c]] = -1
+    # </s> after the last two states
+    c0, m = offsets[n - 1], offsets[n] - offsets[n - 1]
+    mb = 1 if n == 1 else offsets[n - 1] - offsets[n - 2]
+    top, bj, bc = -np.inf, 0, 0
+    for j in range(mb):
+        b_id = k1 - 1 if n == 1 else ids[offsets[n - 2] + j]
+        for c in range(m):
+            v = delta[pair_at[n - 1] + j * m + c] + last[b_id, ids[c0 + c]]
+            if v > top:
+                top, bj, bc = v, j, c
+    path = np.empty(n, dtype=np.int64)
+    j, c = bj, bc
+    for t in range(n - 1, 0, -1):
+        path[t] = ids[offsets[t] + c]
+        j, c = back[pair_at[t] + j * (offsets[t + 1] - offsets[t]) + c], j  # one token back
+    path[0] = ids[c]
+    return path
 
 
 def beam_batch(log_trans: np.ndarray, em: np.ndarray, width: int) -> np.ndarray:
@@ -436,43 +485,3 @@ def beam_batch(log_trans: np.ndarray, em: np.ndarray, width: int) -> np.ndarray:
         out[:, t] = tags[t][rows[:, 0], h]
         h = parents[t][rows[:, 0], h]
     return out
-
-
-def viterbi_one_exact(log_trans: np.ndarray, ids: list[np.ndarray], sc: list[np.ndarray],
-                      tables: SparseTrigrams) -> list[int]:
-    """Exact trigram Viterbi of one sentence (every possible tag a candidate) with small dense arrays per
-    position and the sparse step of `_sparse_step`: (max over the tag two back) + base, then the
-    observed trigrams among the candidates. The per-call path of `viterbi_exact`."""
-    k1 = len(log_trans)
-    k = k1 - 1
-    slot_of = np.full(k1, -1, dtype=np.int64)
-    delta, a, b = np.zeros((1, 1)), np.array([k]), np.array([k])
-    backs = []
-    for c, s in zip(ids, sc, strict=True):
-        best = delta.max(axis=0)[:, None] + tables.base[b[:, None], c]  # (m_prev, m_cur)
-        bp = np.repeat(delta.argmax(axis=0)[:, None], len(c), axis=1)
-        rows = (a[:, None] * k1 + b).ravel()  # (prev2 slot, prev slot) pairs, prev2 major, as delta
-        cnt = tables.ptr[rows + 1] - tables.ptr[rows]
-        if cnt.any():
-            pair, loc = _segments(cnt)
-            entry = tables.ptr[rows[pair]] + loc
-            slot_of[c] = np.arange(len(c))
-            kk = slot_of[tables.cur[entry]]
-            slot_of[c] = -1
-            hit = kk >= 0
-            pair, entry, kk = pair[hit], entry[hit], kk[hit]
-            flat = (pair % len(b)) * len(c) + kk
-            val = delta.ravel()[pair] + tables.value[entry]
-            np.maximum.at(best.ravel(), flat, val)
-            won = val == best.ravel()[flat]
-            bp.ravel()[flat[won]] = pair[won] // len(b)
-        delta = best + s
-        backs.append(bp)
-        a, b = b, c
-    end = delta + log_trans[a[:, None], b, k]
-    j, slot = divmod(int(np.argmax(end)), end.shape[1])  # slots of the last two words
-    path = []
-    for c, bp in zip(reversed(ids), reversed(backs), strict=True):
-        path.append(int(c[slot]))
-        j, slot = int(bp[j, slot]), j
-    return path[::-1]

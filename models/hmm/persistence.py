@@ -17,7 +17,7 @@ from lexiflow.models.hmm.counts import BOS, EOS
 FORMAT_VERSION = 1
 
 
-def save(tagger: Any, directory: str | Path) -> None:
+def save(tagger: Any, directory: str | Path, prefix: str = "") -> None:
     """Write config.json and Parquet tables: initial, transitions (bigram), trigrams, emissions,
     suffixes, unknown_lr (coefficients of the logistic regression, `<bias>` rows the intercepts)."""
     t = tagger
@@ -27,35 +27,35 @@ def save(tagger: Any, directory: str | Path) -> None:
     names = t.tags_ + [BOS]
     outs = t.tags_ + [EOS]
     pl.DataFrame({"tag": t.tags_, "count": t.bigram_counts_[k, :k], "prob": t.initial_probs()}).write_parquet(
-        d / "initial.parquet")
+        d / f"{prefix}initial.parquet")
     pr, cu = np.nonzero(t.bigram_counts_)
     ctx = np.concatenate([t.tag_counts_, [t.bigram_counts_[k].sum()]])
     pl.DataFrame({
         "prev": [names[i] for i in pr], "tag": [outs[j] for j in cu],
         "count": t.bigram_counts_[pr, cu], "prob": t.bigram_counts_[pr, cu] / ctx[pr],
-    }).write_parquet(d / "transitions.parquet")
+    }).write_parquet(d / f"{prefix}transitions.parquet")
     a, b, c = np.nonzero(t.trigram_counts_)
     pl.DataFrame({
         "prev2": [names[i] for i in a], "prev": [names[i] for i in b], "tag": [outs[j] for j in c],
         "count": t.trigram_counts_[a, b, c],
         "prob": t.trigram_counts_[a, b, c] / t.trigram_counts_.sum(axis=2)[a, b],
-    }).write_parquet(d / "trigrams.parquet")
+    }).write_parquet(d / f"{prefix}trigrams.parquet")
     wr, tc = np.nonzero(t.emission_counts_)
     words = list(t.vocab_)
     pl.DataFrame({
         "word_id": wr, "word": [words[i] for i in wr], "tag": [t.tags_[j] for j in tc],
         "count": t.emission_counts_[wr, tc], "prob": t.emission_counts_[wr, tc] / t.tag_counts_[tc],
-    }).write_parquet(d / "emissions.parquet")
+    }).write_parquet(d / f"{prefix}emissions.parquet")
     s_rows = [(cased, suf, t.tags_[j], float(v)) for (cased, suf), vec in t.suffix_counts_.items()
               for j, v in enumerate(vec) if v]
     pl.DataFrame(s_rows, schema={"capitalised": pl.Boolean, "suffix": pl.String, "tag": pl.String,
-                                 "count": pl.Float64}, orient="row").write_parquet(d / "suffixes.parquet")
+                                 "count": pl.Float64}, orient="row").write_parquet(d / f"{prefix}suffixes.parquet")
     fr, fc = np.nonzero(t.lr_weights_)
     pl.DataFrame({
         "feature": [t.lr_features_[i] for i in fr] + ["<bias>"] * k,
         "tag": [t.tags_[j] for j in fc] + t.tags_,
         "weight": np.concatenate([t.lr_weights_[fr, fc], t.lr_bias_]),
-    }).write_parquet(d / "unknown_lr.parquet")
+    }).write_parquet(d / f"{prefix}unknown_lr.parquet")
     config = {
         "format_version": FORMAT_VERSION, "model": "HMMTagger", "params": t.get_params(),
         "tags": t.tags_, "state_output": t.state_output_, "lr_features": t.lr_features_,
@@ -63,16 +63,16 @@ def save(tagger: Any, directory: str | Path) -> None:
         "lambdas": t.lambdas_.tolist(), "theta": t.theta_,
         "dev_accuracy": getattr(t, "dev_accuracy_", None),
     }
-    (d / "config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
+    (d / f"{prefix}config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False))
 
 
-def read(directory: str | Path) -> dict[str, Any]:
+def read(directory: str | Path, prefix: str = "") -> dict[str, Any]:
     """What `save` wrote: the config, and the learned state (attribute name -> value) of the tagger."""
     d = Path(directory)
     try:
-        config = json.loads((d / "config.json").read_text())
+        config = json.loads((d / f"{prefix}config.json").read_text())
     except (OSError, ValueError) as e:
-        raise InputError(f"{d / 'config.json'}: cannot read the tagger config ({e}); "
+        raise InputError(f"{d / (prefix + 'config.json')}: cannot read the tagger config ({e}); "
                          "save a tagger there first") from e
     if config.get("format_version") != FORMAT_VERSION:
         raise InputError(f"{d}: tagger format {config.get('format_version')} is not {FORMAT_VERSION}; retrain")
@@ -84,10 +84,10 @@ def read(directory: str | Path) -> dict[str, Any]:
 
     def table(name: str) -> pl.DataFrame:
         try:
-            return pl.read_parquet(d / name)
+            return pl.read_parquet(d / f"{prefix}{name}")
         except (OSError, pl.exceptions.PolarsError) as e:  # a damaged artifact: one line, not a traceback
             why = "missing" if isinstance(e, FileNotFoundError) else " ".join(str(e).split())
-            raise InputError(f"{d / name}: cannot read the tagger table ({why}); the tagger artifact is "
+            raise InputError(f"{d / (prefix + name)}: cannot read the tagger table ({why}); the tagger artifact is "
                              "damaged, run `lexiflow artifacts verify`") from None
 
     tr = table("transitions.parquet")

@@ -9,9 +9,11 @@ import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import polars as pl
 from lexiflow.models.errors import InputError, ParameterError, shown
+from lexiflow.models.ingest.multistream import Streams, one_shard_why, plan_streams, streams_chunks
 from lexiflow.models.ingest.readers import (
     BINARY_SNIFF,
     WIDE_BOMS,
@@ -19,7 +21,7 @@ from lexiflow.models.ingest.readers import (
     jsonl_documents,
     line_documents,
     open_source,
-    read_documents,
+    read_chunks,
     read_file,
     text_series,
 )
@@ -29,6 +31,7 @@ from lexiflow.models.progress import Progress
 from lexiflow.models.text import clean_series
 
 DOCUMENT_COLUMNS = ("doc_id", "source", "split", "text")
+STREAM_CHUNK = 64 << 20  # text read and cleaned at a time by default (parallel.shard_bytes's default)
 
 
 @dataclass
@@ -67,10 +70,12 @@ def iter_files(files: list[Path], options: IngestOptions, progress: Callable | N
             bar.update(path.stat().st_size)
 
 
-def build_corpus(files: list[Path], options: IngestOptions, progress: Callable | None = None) -> Corpus:
-    """The corpus of these files, read in this process: one shard holding every file whole."""
+def build_corpus(files: list[Path], options: IngestOptions, progress: Callable | None = None,
+                 chunk_bytes: int = STREAM_CHUNK) -> Corpus:
+    """The corpus of these files, read in this process: one shard holding every file whole (read and
+    cleaned in chunks of about `chunk_bytes`)."""
     whole = [FileRange(str(path), i) for i, path in enumerate(files)]
-    return merge_shards(files, [ingest_shard(whole, options, progress)], options)
+    return merge_shards(files, [ingest_shard(whole, options, progress, chunk_bytes)], options)
 
 
 # ---- shards: pieces of ingestion that run apart (other processes or machines) and merge ----------
@@ -92,9 +97,10 @@ class FileRange:
 class ShardResult:
     """What a shard read: its documents (cleaned, non-empty, duplicates kept, with the number of
     their `file`), raw documents per file (0: empty) and per-file errors (rank, start, message);
-    rank 0 is a read/decode error, 1 a parse error (reported after any decode error of the file)."""
+    rank 0 is a read/decode error, 1 a parse error (reported after any decode error of the file).
+    The documents are one table, or a tuple of tables in order (the batches a shard spilled)."""
 
-    documents: pl.DataFrame | pl.LazyFrame  # lazy: a Parquet part, read when the merge reaches it
+    documents: pl.DataFrame | pl.LazyFrame | tuple  # lazy: a Parquet part, read when the merge reaches it
     texts: dict[int, int]
     errors: dict[int, tuple[int, int, str]]
 
@@ -102,10 +108,11 @@ class ShardResult:
 _SHARD_SCHEMA = {"file": pl.UInt32, "doc_id": pl.String, "source": pl.String, "split": pl.String, "text": pl.String}
 
 
-def plan_shards(files: list[Path], options: IngestOptions, shard_bytes: int) -> list[list[FileRange]]:
+def plan_shards(files: list[Path], options: IngestOptions, shard_bytes: int) -> list[list[FileRange | Streams]]:
     """Shards of about `shard_bytes`, in file then offset order: byte ranges of the large files
-    that can be cut at newlines (uncompressed UTF-8 plain text with line documents, or JSONL),
-    consecutive other files grouped whole."""
+    that can be cut at newlines (uncompressed UTF-8 plain text with line documents, or JSONL), ranges
+    of bz2 streams of large Wikipedia multistream dumps with their index (`multistream`), consecutive
+    other files grouped whole (a large compressed file is one shard, read in chunks: logged)."""
     if shard_bytes < 1:
         raise ParameterError(f"shard_bytes={shard_bytes}: must be at least 1")
     shards: list[list[FileRange]] = []
@@ -113,11 +120,12 @@ def plan_shards(files: list[Path], options: IngestOptions, shard_bytes: int) -> 
     group_bytes = 0
     for i, path in enumerate(files):
         size = path.stat().st_size
-        if size > shard_bytes and _splittable(path, size, options):
+        ranges = _ranges(path, i, size, options, shard_bytes) if size > shard_bytes else None
+        if ranges:
             if group:
                 shards.append(group)
                 group, group_bytes = [], 0
-            shards.extend([FileRange(str(path), i, a, min(a + shard_bytes, size))] for a in range(0, size, shard_bytes))
+            shards.extend([part] for part in ranges)
             continue
         if group and group_bytes + size > shard_bytes:
             shards.append(group)
@@ -125,6 +133,18 @@ def plan_shards(files: list[Path], options: IngestOptions, shard_bytes: int) -> 
         group.append(FileRange(str(path), i))
         group_bytes += size
     return shards + ([group] if group else [])
+
+
+def _ranges(path: Path, i: int, size: int, options: IngestOptions, shard_bytes: int) -> list | None:
+    """The ranges a file larger than a shard is cut in, or None (read whole)."""
+    if _splittable(path, size, options):
+        return [FileRange(str(path), i, a, min(a + shard_bytes, size)) for a in range(0, size, shard_bytes)]
+    fmt, compression = format_of(path)
+    if compression == "bz2" and fmt in ("wiki", "text") and (streams := plan_streams(path, i, shard_bytes)):
+        return streams
+    if compression:
+        one_shard_why(path, size, shard_bytes)
+    return None
 
 
 def _splittable(path: Path, size: int, options: IngestOptions) -> bool:
@@ -159,10 +179,19 @@ def _line_start(f, pos: int) -> int:
     return f.tell()
 
 
+def _range_chunks(part: FileRange | Streams, options: IngestOptions, chunk_bytes: int,
+                  read: Callable[[int], None]) -> Iterator[pl.Series]:
+    """A part's raw documents, in chunks of about `chunk_bytes` (a byte range: one chunk); `read(n)`
+    is told the bytes of a whole file read as it streams."""
+    if isinstance(part, Streams):
+        return streams_chunks(part, options.max_file_bytes, chunk_bytes)
+    if part.stop is None:
+        return read_chunks(Path(part.path), options, chunk_bytes, read)
+    return iter([_range_texts(part, options)])
+
+
 def _range_texts(part: FileRange, options: IngestOptions) -> pl.Series:
     path = Path(part.path)
-    if part.stop is None:
-        return read_documents(path, options)[0]
     with open_source(path) as f:
         begin, end = _line_start(f, part.start), _line_start(f, part.stop)
         f.seek(begin)
@@ -176,29 +205,67 @@ def _range_texts(part: FileRange, options: IngestOptions) -> pl.Series:
         raise _ParseError(str(exc)) from None
 
 
-def ingest_shard(shard: list[FileRange], options: IngestOptions, progress: Callable | None = None) -> ShardResult:
+def ingest_shard(shard: list[FileRange | Streams], options: IngestOptions, progress: Callable | None = None,
+                 chunk_bytes: int = STREAM_CHUNK, spill: Callable[[pl.DataFrame], Any] | None = None) -> ShardResult:
     """Read and clean one shard. Errors are returned per file, not raised: the bad-file policy
     needs every range of a file (`merge_shards` applies it). With `bad_files="fail"` the shard
-    stops at its first error (what follows would not be used)."""
-    frames, texts, errors = [], {}, {}
+    stops at its first error (what follows would not be used).
+
+    Files stream in chunks of about `chunk_bytes` bytes (`read_chunks`), cleaned a batch at a time: a
+    batch holds at least half a chunk of text, or the rest of the shard, and at most that plus one chunk.
+    `spill(batch)` stores a cleaned batch (a Parquet part) and returns what stands for it: once a shard
+    has a second batch, every batch goes there and the documents are the tuple of what it returned, so
+    memory holds one batch, not the shard (a large compressed file is one shard). Without it, or with
+    one batch, the documents are one table."""
+    batches: list = []
+    raw: list[pl.DataFrame] = []
+    held = 0
+    texts: dict[int, int] = {}
+    errors: dict[int, tuple[int, int, str]] = {}
+
+    def clean_batch() -> None:
+        nonlocal held
+        batch = _clean(pl.concat(raw), options)
+        raw.clear()
+        held = 0
+        if spill is not None and batches:
+            if len(batches) == 1:
+                batches[0] = spill(batches[0])
+            batch = spill(batch)
+        batches.append(batch)
+
     with Progress("ingest", total=sum(part.size for part in shard), unit="bytes", callback=progress) as bar:
         for part in shard:
+            texts.setdefault(part.file, 0)
+            path = Path(part.path)
+            reported = [0]  # of the part's bytes, told to the progress bar as a large file streams
+
+            def read(n: int, reported: list[int] = reported) -> None:
+                reported[0] += n
+                bar.update(n)
+
             try:
-                docs = _range_texts(part, options)
-            except InputError as exc:
+                for docs in _range_chunks(part, options, chunk_bytes, read):
+                    texts[part.file] += len(docs)
+                    if not len(docs):
+                        continue
+                    raw.append(pl.DataFrame({"file": part.file, "source": path.name, "text": docs,
+                                             "file_split": file_split(path)},
+                                            schema={"file": pl.UInt32, "source": pl.String, "text": pl.String,
+                                                    "file_split": pl.String}))
+                    held += int(docs.str.len_bytes().sum())
+                    if 2 * held >= chunk_bytes:  # the text of a chunk of raw bytes (lines, JSON) is less
+                        clean_batch()
+            except InputError as exc:  # the file's documents read before it stay: the merge leaves them out
                 errors[part.file] = (int(isinstance(exc, _ParseError)), part.start, str(exc))
                 if options.bad_files != "skip":
                     break
-                docs = text_series([])
-            texts[part.file] = texts.get(part.file, 0) + len(docs)
-            if len(docs):
-                path = Path(part.path)
-                frames.append(pl.DataFrame({"file": part.file, "source": path.name, "text": docs,
-                                            "file_split": file_split(path)},
-                                           schema={"file": pl.UInt32, "source": pl.String, "text": pl.String,
-                                                   "file_split": pl.String}))
-            bar.update(part.size)
-    documents = _clean(pl.concat(frames), options) if frames else pl.DataFrame(schema=_SHARD_SCHEMA)
+            bar.update(part.size - reported[0])
+    if raw:
+        clean_batch()
+    if len(batches) > 1 and spill is not None:
+        return ShardResult(tuple(batches), texts, errors)
+    documents = pl.concat(batches) if batches else pl.DataFrame(schema=_SHARD_SCHEMA)
     return ShardResult(documents, texts, errors)
 
 
@@ -250,7 +317,8 @@ def merge_shards(files: list[Path], results: list[ShardResult], options: IngestO
         raise InputError(f"no documents found in {', '.join(map(shown, files))}: the corpus would be empty"
                          + (f" (skipped: {reasons})" if reasons else ""))
 
-    frames = [result.documents.lazy() for result in results]
+    frames = [frame.lazy() for result in results
+              for frame in (result.documents if isinstance(result.documents, tuple) else (result.documents,))]
     keys = pl.concat([frame.select("file", "doc_id") for frame in frames]).collect()
     good = ~keys["file"].is_in(sorted(bad))
     keep = good

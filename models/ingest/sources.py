@@ -57,7 +57,8 @@ class IngestOptions:
 
 
 def resolve_sources(sources: list[str]) -> list[Path]:
-    """Expand built-ins, directories and globs into a sorted, de-duplicated list of files."""
+    """Expand built-ins, directories and globs into a sorted, de-duplicated list of files (without the
+    multistream index of a dump among them: it says where the dump's streams start, it is not text)."""
     if not sources:
         raise ParameterError("corpus.sources is empty: name at least one file, directory, glob or builtin:enwiki")
     files: list[Path] = []
@@ -82,7 +83,9 @@ def resolve_sources(sources: list[str]) -> list[Path]:
             files.extend(found)
         else:
             raise InputError(f"{shown(source)}: no such file or directory; check the path in corpus.sources")
-    return list(dict.fromkeys(p.resolve() for p in files))
+    files = list(dict.fromkeys(p.resolve() for p in files))
+    indexes = {multistream_index(p) for p in files} - {None}
+    return [p for p in files if p not in indexes]  # a dump's index tells where its streams start: not text
 
 
 def _glob(pattern: str) -> list[Path]:
@@ -127,6 +130,20 @@ def format_of(path: Path) -> tuple[str, str | None]:
         if name.endswith(suffix):
             return fmt, compression
     return "text", compression
+
+
+_MULTISTREAM_PART = re.compile(r"(.*multistream)(\d*)\.xml(-p\d+p\d+)?\.bz2")
+
+
+def multistream_index(path: Path) -> Path | None:
+    """Where a bz2 MediaWiki dump's multistream index would be (existing or not), by Wikipedia's naming:
+    `X-multistream.xml.bz2` -> `X-multistream-index.txt.bz2`, `X-multistream1.xml-p1p41242.bz2` ->
+    `X-multistream-index1.txt-p1p41242.bz2`, any other `X.xml.bz2` -> `X-index.txt.bz2`; None if not such a name."""
+    if match := _MULTISTREAM_PART.fullmatch(path.name):
+        return path.with_name(f"{match[1]}-index{match[2]}.txt{match[3] or ''}.bz2")
+    if path.name.endswith(".xml.bz2"):
+        return path.with_name(path.name[: -len(".xml.bz2")] + "-index.txt.bz2")
+    return None
 
 
 def file_split(path: Path) -> str | None:

@@ -11,17 +11,19 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.compute as pc
+from lexiflow.models.threads import current_threads
 
 _THREAD_MIN_BYTES = 4 << 20  # below this a thread's start and the concat cost more than they save
 
 
 def in_threads(fn: Callable, rows: pl.DataFrame | pl.Series, text: str = "text") -> list:
-    """`fn` over consecutive row slices of `rows`, one slice per polars thread (POLARS_MAX_THREADS),
-    results in row order. polars' and Arrow's string kernels release the GIL, so a slice per core
-    runs ~2x faster on 2 cores (a single Series op runs on one)."""
+    """`fn` over consecutive row slices of `rows`, one slice per polars thread (POLARS_MAX_THREADS,
+    within the stage's thread limit: models/threads.py), results in row order. polars' and Arrow's
+    string kernels release the GIL, so a slice per core runs ~2x faster on 2 cores (a single Series op
+    runs on one)."""
     column = rows[text] if isinstance(rows, pl.DataFrame) else rows
     size = int(column.str.len_bytes().cast(pl.UInt64).sum() or 0)
-    n = max(1, min(pl.thread_pool_size(), size // _THREAD_MIN_BYTES, len(rows)))
+    n = max(1, min(current_threads(pl.thread_pool_size()), size // _THREAD_MIN_BYTES, len(rows)))
     if n == 1:
         return [fn(rows)]
     step = -(-len(rows) // n)

@@ -48,6 +48,7 @@ from lexiflow.models.config import check
 from lexiflow.models.device import Device, resolve_device
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.progress import Progress
+from lexiflow.models.threads import DEFAULT_THREADS, Threads, limit_threads
 from pydantic import Field
 from safetensors.torch import load_file, save_file
 
@@ -88,6 +89,7 @@ class TrainConfig:
     checkpoint_every: Annotated[int, Field(ge=0, description="Steps between checkpoints (0: epoch ends only).")] = 200
     eval_batch_size: int = 10
     seed: Annotated[int, Field(ge=0, description="Random seed.")] = 0
+    threads: Threads = DEFAULT_THREADS
     log_every_s: float = 5.0
     sparse_grads: bool = True  # plain SGD in one process: the input embedding's gradient holds only the rows used
 
@@ -473,6 +475,49 @@ class LMStreamTask(TrainTask):
         return evaluate(module, self.valid, self.window, device, precision, self.bos_id, self.pad_id)
 
 
+def length_batches(lengths: Sequence[int], batch_size: int, seed: int, epoch: int, pool: int = 50) -> list[np.ndarray]:
+    """The epoch's batches of item indices, shuffled, of similar lengths (little padding): a permutation
+    drawn from (seed, epoch) cut into pools of `pool` batches, each sorted by length and cut into
+    batches, the batches shuffled. Deterministic in seed and epoch, so a resumed run redraws them."""
+    rng = np.random.default_rng([seed, epoch])
+    order = rng.permutation(len(lengths))
+    lens = np.asarray(lengths)
+    batches: list[np.ndarray] = []
+    for lo in range(0, len(order), batch_size * pool):
+        chunk = order[lo : lo + batch_size * pool]
+        chunk = chunk[np.argsort(lens[chunk], kind="stable")]
+        batches.extend(chunk[i : i + batch_size] for i in range(0, len(chunk), batch_size))
+    return [batches[i] for i in rng.permutation(len(batches))]
+
+
+class SentenceTask(TrainTask):
+    """Batches of whole sentences (taggers, the biLM: a backward direction reads from the sentence's
+    end) in `length_batches` order. `batch_loss(indices, device) -> (summed loss, items counted)`;
+    `evaluate() -> (summed loss, count)` on dev, lower is better: a tagger gives (errors, tokens), so
+    the loop's early stopping on `valid_loss` is early stopping on dev accuracy."""
+
+    def __init__(self, lengths: Sequence[int], batch_loss: Callable[[np.ndarray, torch.device], tuple[Any, int]],
+                 cfg: TrainConfig, evaluate: Callable[[], tuple[float, int]] | None = None,
+                 name: str = "train") -> None:
+        if len(lengths) == 0:
+            raise ParameterError(f"{name}: no training sentences; give at least one")
+        self.lengths, self.batch_loss, self.cfg, self._evaluate = np.asarray(lengths), batch_loss, cfg, evaluate
+        self.tokens_per_step = float(self.lengths.sum()) / math.ceil(len(self.lengths) / cfg.batch_size)
+
+    def epoch_batches(self, epoch: int) -> list[np.ndarray]:
+        return length_batches(self.lengths, self.cfg.batch_size, self.cfg.seed, epoch)
+
+    def loss(self, fwd, batch, state, device):
+        total, n = self.batch_loss(batch, device)
+        return total.float(), n, int(self.lengths[batch].sum()), None
+
+    def evaluate(self, module, device, precision):
+        if self._evaluate is None:
+            return None
+        with torch.no_grad():
+            return self._evaluate()
+
+
 class Trainer:
     """The loop: `Trainer(module, task, cfg).run()` trains `module` in place and returns per-epoch rows.
 
@@ -609,10 +654,15 @@ class Trainer:
         return row
 
     def run(self) -> list[dict]:
+        with limit_threads(self.cfg.threads, "TrainConfig.threads"):
+            return self._run()
+
+    def _run(self) -> list[dict]:
         pos = self.pos
         while not pos.done and pos.epoch < self.cfg.epochs and pos.step < self.total_steps:
             if pos.batch == 0:
                 self.state = None  # each epoch starts afresh
+            self.module.train()  # a task's evaluation may have left it in eval mode
             self._t0 = time.perf_counter()
             for batch in self.task.epoch_batches(pos.epoch)[pos.batch:]:  # resumed mid-epoch: skip what was done
                 if pos.step >= self.total_steps:
@@ -663,6 +713,5 @@ def perplexity(loss: float) -> float:
         return math.inf
 
 
-# The checkpoint format, public for the other loop that writes it (models/batch_train.py: whole-sentence batches).
-Position, save_checkpoint = _Position, _save_checkpoint
-find_checkpoint, load_checkpoint = _find_checkpoint, _load_checkpoint
+# Where a run's checkpoint is (a tagger rebuilt from a run still training reads its best weights).
+find_checkpoint = _find_checkpoint

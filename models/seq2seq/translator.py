@@ -45,6 +45,7 @@ from lexiflow.models.lm.train import (
     TrainTask,
     autocast,
     dist_info,
+    length_batches,
     load_module_tensors,
     module_tensors,
 )
@@ -154,26 +155,17 @@ def pad_batch(seqs: list[np.ndarray], pad_id: int, prefix: int | None = None, su
 class Seq2SeqTask(TrainTask):
     """Teacher-forced cross-entropy on length-bucketed batches of (source, target) id pairs."""
 
-    POOL = 50  # batches per sorting pool
-
     def __init__(self, src: list[np.ndarray], tgt: list[np.ndarray], valid: tuple[list, list] | None,
                  cfg: TrainConfig, *, bos_id: int, eos_id: int, pad_id: int) -> None:
         self.src, self.tgt, self.valid, self.cfg = src, tgt, valid, cfg
+        self.src_lengths = np.fromiter(map(len, src), dtype=np.int64, count=len(src))
         self.bos_id, self.eos_id, self.pad_id = bos_id, eos_id, pad_id
         self.rank, self.world = dist_info()
         n_batches = max(1, -(-len(src) // cfg.batch_size))
         self.tokens_per_step = (sum(map(len, src)) + sum(map(len, tgt)) + len(tgt)) / n_batches
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
-        rng = np.random.default_rng([self.cfg.seed, epoch])  # the epoch's order, whatever the RNG state
-        order = rng.permutation(len(self.src))
-        lengths = np.fromiter((len(self.src[i]) for i in order), dtype=np.int64, count=len(order))
-        bs, pool = self.cfg.batch_size, self.cfg.batch_size * self.POOL
-        batches = []
-        for p in range(0, len(order), pool):
-            chunk = order[p:p + pool][np.argsort(lengths[p:p + pool], kind="stable")]
-            batches += [chunk[i:i + bs] for i in range(0, len(chunk), bs)]
-        return [batches[i] for i in rng.permutation(len(batches))]
+        return length_batches(self.src_lengths, self.cfg.batch_size, self.cfg.seed, epoch)  # by source length
 
     def tensors(self, src: list[np.ndarray], tgt: list[np.ndarray], device: torch.device):
         s = pad_batch(src, self.pad_id).to(device, non_blocking=True)
