@@ -120,6 +120,7 @@ def count_rows_shard(start: int, stop: int, broken: int, marks: str, part: str |
     return deliver(pl.DataFrame({"token": [str(i % 3) for i in range(start, stop)]}).group_by("token").len(), part)
 
 
+@pytest.mark.slow  # the module's cluster of worker processes: ~20 s to start here
 def test_a_failing_shard_fails_the_stage_naming_the_shard_worker_and_exception(tmp_path, cluster):
     marks = tmp_path / "marks"
     marks.mkdir()
@@ -158,6 +159,7 @@ class Unimportable(WorkerPlugin):
             sys.modules[self.module] = self.saved
 
 
+@pytest.mark.slow  # the module's cluster of worker processes: ~20 s to start here
 def test_a_shard_task_that_cannot_start_on_the_workers_fails_the_run_in_one_line(tmp_path, cluster, capsys):
     """The issue's failure: the workers cannot import the stage's module. Dask alone would drop each worker
     that fails to load the task and wait for another forever; the CLI run ends with one line instead."""
