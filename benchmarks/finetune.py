@@ -45,11 +45,11 @@ def pretraining_text(quick: bool) -> tuple[list[str], list[str]]:
     return split["train"], split["valid"]
 
 
-# The budget (about an hour of one CPU core, chosen from measured rates: MLM ~15k tokens/s, fine-tuning ~15k
+# The budget (about an hour of the shared machine, from measured rates: MLM 7-15k tokens/s, fine-tuning 6-15k
 # tokens/s on one thread of the shared machine): the MLM sees the pretraining text MLM_EPOCHS times with fresh
 # masks, the GPT-style LM LM_EPOCHS times; each fine-tuning run trains up to FT_EPOCHS epochs of EWT train,
 # stopped early on the dev loss.
-MLM_EPOCHS, LM_EPOCHS, FT_EPOCHS = 10, 2, 4
+MLM_EPOCHS, LM_EPOCHS, FT_EPOCHS = 6, 1, 3
 # Learning rates chosen on EWT dev accuracy, per task and configuration, inside the run (test is scored
 # once, for the chosen one): full fine-tuning and training from scratch use FULL_LR, the frozen body (a linear
 # probe) FEW_LRS[-1]; adapters and LoRA take the best of FEW_LRS, as they usually want a larger step.
