@@ -13,6 +13,7 @@ tuned on test. CPU-only figures, one thread, taken on the shared 2-core machine 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import replace
 
@@ -48,8 +49,9 @@ def pretraining_text(quick: bool) -> tuple[list[str], list[str]]:
 # The budget (about an hour of the shared machine, from measured rates: MLM 7-15k tokens/s, fine-tuning 6-15k
 # tokens/s on one thread of the shared machine): the MLM sees the pretraining text MLM_EPOCHS times with fresh
 # masks, the GPT-style LM LM_EPOCHS times; each fine-tuning run trains up to FT_EPOCHS epochs of EWT train,
-# stopped early on the dev loss.
-MLM_EPOCHS, LM_EPOCHS, FT_EPOCHS = 4, 1, 2
+# stopped early on the dev loss. A larger machine sets them from the environment, e.g. on a GPU
+# FINETUNE_EPOCHS=60,10,5 python -m benchmarks finetune (docs/pretraining.md).
+MLM_EPOCHS, LM_EPOCHS, FT_EPOCHS = (int(n) for n in os.environ.get("FINETUNE_EPOCHS", "4,1,2").split(","))
 # Learning rates chosen on EWT dev accuracy, per task and configuration, inside the run (test is scored
 # once, for the chosen one): full fine-tuning and training from scratch use FULL_LR, the frozen body (a linear
 # probe) FEW_LRS[-1], adapters FEW_LRS[0]; LoRA takes the best of FEW_LRS (the modes that train few weights
@@ -138,7 +140,7 @@ def run(quick: bool = False) -> list[Row]:
                 if best is None or m["dev_accuracy"] > best[2]["dev_accuracy"]:
                     best = (lr, model, m)
             lr, model, m = best
-            test = accuracy(model, data["test"])
+            test = accuracy(model, data["test"], next(model.parameters()).device)
             log.info("%s %s %s %s: chose lr %g; test accuracy %.4f", task, body_kind, start, mode, lr, test)
             results[(body_kind, start, mode)] = test
             case = f"EWT {task} test, {body_kind} {'from scratch' if start == 'scratch' else 'pretrained'}, {mode}"
