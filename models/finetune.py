@@ -54,8 +54,9 @@ class FineTuneConfig:
     """How a pretrained body is adapted to a task. Annotated fields are pipeline parameters."""
 
     mode: Literal["full", "frozen", "adapters", "lora"] = "full"  # what trains besides the head (pipeline: each)
-    lora_rank: Annotated[int, Field(ge=1, le=256, description="LoRA rank r.")] = 4
-    lora_alpha: Annotated[float, Field(gt=0, description="LoRA scale α (updates weigh α / r).")] = 8.0
+    # r = 8 (α = 16): ~1.3 % of the default encoder's parameters with a head, within the benchmark's 2 % budget
+    lora_rank: Annotated[int, Field(ge=1, le=256, description="LoRA rank r.")] = 8
+    lora_alpha: Annotated[float, Field(gt=0, description="LoRA scale α (updates weigh α / r).")] = 16.0
     adapter_size: Annotated[int, Field(ge=1, le=4096, description="Adapter bottleneck width.")] = 16
     head_dropout: Annotated[float, Field(ge=0, lt=1, description="Dropout before the task head.")] = 0.1
 

@@ -3,7 +3,16 @@
 import numpy as np
 import pytest
 import torch
-from lexiflow.models.encoder import CLS_ID, PAD_ID, SEP_ID, EncoderConfig, EncoderModel, MaskedLM, with_specials
+from lexiflow.models.encoder import (
+    CLS_ID,
+    PAD_ID,
+    SEP_ID,
+    EncoderConfig,
+    EncoderModel,
+    MaskedLM,
+    log_prior,
+    with_specials,
+)
 from lexiflow.models.errors import InputError
 from lexiflow.models.lm.train import StopTraining, TrainConfig
 
@@ -86,3 +95,18 @@ def test_encoder_artifact_loads_through_the_loaders(tmp_path):
     ids = torch.tensor([[CLS_ID, 5, 6, 7, SEP_ID]])
     with torch.no_grad():
         torch.testing.assert_close(loaded.model(ids), mlm.model(ids))
+
+
+def test_the_mlm_output_bias_starts_at_the_log_unigram_prior():
+    # by hand: ids 5, 5, 6 in a 7-token vocabulary, add-one -> counts (1, 1, 1, 1, 1, 3, 2) / 10
+    prior = log_prior([np.array([5, 5]), np.array([6])], 7)
+    torch.testing.assert_close(prior, torch.log(torch.tensor([1, 1, 1, 1, 1, 3, 2]) / 10.0))
+    seen = {}
+    cfg = TrainConfig(epochs=1, max_steps=1, batch_size=8, lr=1e-3, checkpoint_every=0, log_every_s=1e9)
+    mlm = MaskedLM(tiny(), cfg)
+    train = [np.array([5, 5, 5, 5, 5, 5, 6, 7])] * 8  # id 5: 49 of the 94 smoothed counts
+    mlm.fit(train, on_step=lambda step, loss: seen.setdefault("loss", loss))
+    # the first step's loss (before any update) is the masked tokens' unigram cross-entropy, ~-log(49/94)
+    # for 5 and -log(9/94) for 6 and 7; a zero bias would give the uniform log 30 = 3.4
+    assert seen["loss"] < 1.6
+    assert torch.allclose(mlm.model.mlm_bias, log_prior(train, 30), atol=2e-3)  # one step of 1e-3 moved it
