@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 from lexiflow.models.errors import InputError, shown
-from lexiflow.models.ingest.readers import XML_FEED, _check_expansion, one_line, open_source, wiki_chunks, wiki_pages
+from lexiflow.models.ingest.readers import XML_FEED, check_expansion, one_line, open_source, wiki_chunks, wiki_pages
 from lexiflow.models.ingest.sources import multistream_index
 
 log = logging.getLogger("lexiflow.ingest")
@@ -182,7 +182,7 @@ def _decompressed(path: Path, start: int, stop: int, limit: int) -> Iterator[byt
                 out, data = stream.decompress(data, max_length=16 << 20), b""
                 if out:
                     total += len(out)
-                    _check_expansion(path, total, stop - start - left, limit)
+                    check_expansion(path, total, stop - start - left, limit)
                     yield out
         except (OSError, EOFError, ValueError) as exc:
             raise InputError(f"{shown(path)}: cannot read the bz2 streams at bytes {start}-{stop} ({one_line(exc)}); "

@@ -77,7 +77,7 @@ def file_blocks(path: Path, compression: str | None, limit: int, block: int | No
                 total = done = 0
                 while part := f.read(min(block or 16 << 20, limit + 1 - total)):
                     total += len(part)
-                    _check_expansion(path, total, raw.tell(), limit)
+                    check_expansion(path, total, raw.tell(), limit)
                     read(raw.tell() - done)
                     done = raw.tell()
                     yield part
@@ -86,7 +86,7 @@ def file_blocks(path: Path, compression: str | None, limit: int, block: int | No
                              f"{compression} data") from None
 
 
-def _check_expansion(path: Path, total: int, compressed: int, limit: int) -> None:
+def check_expansion(path: Path, total: int, compressed: int, limit: int) -> None:
     if total > limit:
         raise InputError(f"{shown(path)}: more than {limit} bytes once decompressed; raise corpus.max_file_bytes "
                          "if intended")
