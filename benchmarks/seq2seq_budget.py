@@ -30,6 +30,7 @@ def run(quick: bool = False) -> list[Row]:
     epochs = 2 if quick else EPOCHS
     tr = ours("transformer", epochs=epochs)
     tr.train.patience = 2
+    tr.train.device = "auto"  # CUDA when present: this command measures a GPU too
     src, tgt = data["train"]
     per_epoch = -(-len(src) // BATCH)  # batches of BATCH pairs (a few empty pairs are dropped: within one batch)
     dev_src, dev_tgt = data["valid"]

@@ -14,8 +14,10 @@ from lexiflow.models import evaluation
 from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter
 from lexiflow.storage.formats import read_manifest
 from lexiflow.tasks.report_image import publish_chart, publish_image
-from lexiflow.tasks.stage import stage
+from lexiflow.tasks.stage import STAGE_RETRIES, stage
+from prefect import task
 from prefect.artifacts import create_markdown_artifact, create_table_artifact
+from prefect.cache_policies import NO_CACHE
 
 SEQ2SEQ_COLUMNS = ("model", "parameters", "train_pairs", "beam_width", "valid_bleu", "test_bleu", "valid_chrf",
                    "test_chrf")
@@ -230,6 +232,13 @@ def publish_report(report: ArtifactRef) -> str:
     return markdown
 
 
+@task(name="read-lineage", cache_policy=NO_CACHE, persist_result=False, **STAGE_RETRIES)
+def read_lineage(refs: list[ArtifactRef]) -> list[dict[str, Any]]:
+    """`lineage_rows` for the pipeline flow's own reads: a task, so they retry through a storage outage
+    as stages do (a flow body has no retries)."""
+    return lineage_rows(refs)
+
+
 def publish_lineage(refs: dict[str, ArtifactRef]) -> list[dict[str, Any]]:
     """Show, on the pipeline's own run, every artifact it used or made (reused ones too) and how they were
     made: a table artifact `run-lineage` (kind:version, tag, key metric, inputs, location) and a markdown
@@ -239,7 +248,7 @@ def publish_lineage(refs: dict[str, ArtifactRef]) -> list[dict[str, Any]]:
     store = ArtifactStore(any_ref.store)
     names = {(ref.kind, ref.version): name for name, ref in refs.items()}
     rows = [{"name": names.get(tuple(row["artifact"].split(":")), "(input)"), **row,
-             "location": store.location(*row["artifact"].split(":"))} for row in lineage_rows(list(refs.values()))]
+             "location": store.location(*row["artifact"].split(":"))} for row in read_lineage(list(refs.values()))]
     lines = ["# Artifacts of this run", "", f"Store: `{store.url}`. Used or made by this run, inputs first "
              "(reused ones included).", "", "| name | artifact | tag | key metric | location |",
              "|---|---|---|---|---|"]

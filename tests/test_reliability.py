@@ -193,7 +193,7 @@ def test_bad_input_is_not_retried_and_transient_errors_are(api, tmp_path, monkey
     from lexiflow.storage.faults import flaky_url
     from lexiflow.tasks.params import CorpusParams
 
-    real_build = ingest.build_corpus
+    real_build = ingest.ingest_shard
     calls, transient_failures = [], []
 
     def build(*args, **kwargs):
@@ -202,7 +202,7 @@ def test_bad_input_is_not_retried_and_transient_errors_are(api, tmp_path, monkey
             raise transient_failures.pop()
         return real_build(*args, **kwargs)
 
-    monkeypatch.setattr(ingest, "build_corpus", build)
+    monkeypatch.setattr(ingest, "ingest_shard", build)
 
     @flow
     def ingest_flow(store, corpus):  # the corpus stage alone, in a flow
