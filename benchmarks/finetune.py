@@ -103,18 +103,15 @@ def run(quick: bool = False) -> list[Row]:
     rows.append(Row("finetune", f"GPT-style LM pretraining, {lm_epochs} epochs of 16 x 128 tokens", "held-out ppl",
                     gpt.perplexity(held_ids), higher_is_better=False, notes="same WordPiece vocabulary and size"))
 
-    def encoder_body(pretrained: bool):
-        torch.manual_seed(0)
-        body = EncoderModel(mlm.config)
-        if pretrained:
-            body.load_state_dict(mlm.model.state_dict())
-        return body
+    # each kind's body: (module class, its config, the pretrained weights); from scratch: the same seed's init
+    bodies = {"encoder": (EncoderModel, mlm.config, mlm.model), "decoder": (Transformer, gpt.config, gpt.module_)}
 
-    def decoder_body(pretrained: bool):
+    def make_body(kind: str, pretrained: bool):
+        module_class, config, trained = bodies[kind]
         torch.manual_seed(0)
-        body = Transformer(gpt.config)
+        body = module_class(config)
         if pretrained:
-            body.load_state_dict(gpt.module_.state_dict())
+            body.load_state_dict(trained.state_dict())
         return body
 
     limit = 600 if quick else None
@@ -126,11 +123,11 @@ def run(quick: bool = False) -> list[Row]:
                 ("decoder", "scratch", "full"), ("decoder", "lm", "full")]
         results = {}
         for body_kind, start, mode in runs:
-            make = encoder_body if body_kind == "encoder" else decoder_body
             best = None
             lrs = {"full": (FULL_LR,), "frozen": FEW_LRS[-1:], "adapters": FEW_LRS[:1], "lora": FEW_LRS}[mode]
             for lr in lrs:  # chosen on dev accuracy
-                model = Classifier(make(start != "scratch"), "token" if task == "upos" else "sequence", len(labels))
+                model = Classifier(make_body(body_kind, start != "scratch"), "token" if task == "upos" else "sequence",
+                                   len(labels))
                 cfg = TrainConfig(epochs=ft_epochs, batch_size=32, lr=lr, warmup_steps=100, clip_grad_norm=1.0,
                                   checkpoint_every=0, patience=1, log_every_s=60)
                 m = finetune(model, FineTuneConfig(mode=mode, lora_rank=LORA_RANK, lora_alpha=LORA_ALPHA,
