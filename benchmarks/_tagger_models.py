@@ -72,7 +72,8 @@ def bilm_corpus(limit: int | None = None) -> list[list[str]]:
 
 # BiLSTM variants compared on dev (the name is the cache folder).
 VARIANTS = {"bilstm": {"hmm_features": False}, "elmo": {"hmm_features": False}, "bilstm-hmm": {"hmm_features": True},
-            "bilstm-charlstm": {"hmm_features": False, "char_encoder": "lstm"}}
+            "bilstm-charlstm": {"hmm_features": False, "char_encoder": "lstm"},
+            "bilstm-hmm-charlstm": {"hmm_features": True, "char_encoder": "lstm"}}
 
 
 def tagger_config(folder: Path, limit: int | None, elmo: bool) -> TaggerConfig:

@@ -61,6 +61,7 @@ def merge_parts(path: Path, shard_bytes: int, folder: Path, streamed: bool) -> t
     for i, shard in enumerate(plan_shards([path], options, shard_bytes)):  # the parts the shard tasks leave
         result = ingest_shard(shard, options)
         result.documents.write_parquet(folder / f"{i:06d}.parquet", compression="lz4")
+        result.words.write_parquet(folder / f"{i:06d}-words.parquet", compression="lz4")
         meta.append({"texts": list(result.texts.items()), "errors": [[f, *e] for f, e in result.errors.items()]})
     (folder / "meta.json").write_text(json.dumps(meta))
     code = (f"from benchmarks.ingestion import merge_in_this_process as m; "
@@ -77,9 +78,10 @@ def merge_in_this_process(path: str, folder: str, streamed: bool) -> tuple[float
     out.folder.mkdir()
     results = []
     for i, meta in enumerate(json.loads((folder / "meta.json").read_text())):
-        part = folder / f"{i:06d}.parquet"
-        results.append(ShardResult(pl.scan_parquet(part) if streamed else pl.read_parquet(part), dict(meta["texts"]),
-                                   {f: tuple(e) for f, *e in meta["errors"]}))
+        part, words = folder / f"{i:06d}.parquet", folder / f"{i:06d}-words.parquet"
+        read = pl.scan_parquet if streamed else pl.read_parquet
+        results.append(ShardResult(read(part), dict(meta["texts"]), {f: tuple(e) for f, *e in meta["errors"]},
+                                   read(words)))
     start = time.perf_counter()
     if streamed:
         with out.parquet_parts("documents.parquet", DOCUMENTS, SHARDED_ROW_GROUP) as write:

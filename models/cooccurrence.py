@@ -102,7 +102,13 @@ def empty_distance_counts(vocab_size: int) -> sp.csr_matrix:
 
 def weigh(counts: sp.csr_matrix, vocab_size: int, weighting: Weighting = "harmonic") -> sp.csr_matrix:
     """Per-distance forward counts (`distance_counts`, possibly summed over shards) -> the symmetric
-    weighted matrix X = F + Fᵀ, F[w, c] = Σ_d count(w, c, d) · (1 or 1/d), summed over d ascending."""
+    weighted matrix X = F + Fᵀ (F = `weigh_forward(counts)`)."""
+    return symmetric(weigh_forward(counts, vocab_size, weighting))
+
+
+def weigh_forward(counts: sp.csr_matrix, vocab_size: int, weighting: Weighting = "harmonic") -> sp.csr_matrix:
+    """F[w, c] = Σ_d count(w, c, d) · (1 or 1/d), summed over d ascending. Row by row: the rows of a
+    key-space partition of the counts give exactly those rows of F."""
     if weighting not in ("uniform", "harmonic"):
         raise ParameterError(f"weighting={weighting!r}: choose 'uniform' or 'harmonic'")
     counts = counts.tocsr()
@@ -119,7 +125,11 @@ def weigh(counts: sp.csr_matrix, vocab_size: int, weighting: Weighting = "harmon
     values = np.add.reduceat(values, pair_starts)
     rows, cols = rows[pair_starts], (col_d >> _DIST_BITS)[pair_starts].astype(np.int32)
     indptr = np.searchsorted(rows, np.arange(vocab_size + 1))  # rows are sorted: already CSR order
-    forward = sp.csr_matrix((values, cols, indptr), shape=(vocab_size, vocab_size))
+    return sp.csr_matrix((values, cols, indptr), shape=(vocab_size, vocab_size))
+
+
+def symmetric(forward: sp.csr_matrix) -> sp.csr_matrix:
+    """X = F + Fᵀ: each pair counted from both of its words."""
     return (forward + forward.T).tocsr()
 
 

@@ -5,6 +5,7 @@ lexiflow: see docs/artifacts.md."""
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 
 import numpy as np
 import polars as pl
@@ -28,6 +29,7 @@ TOKENS = pa.schema([("doc_index", pa.uint32()), ("sentence", pa.uint32()), ("spl
 PAIRS = pa.schema([("pair_id", pa.string()), ("source_file", pa.string()), ("split", pa.string()),
                    ("source", pa.string()), ("target", pa.string())])  # the parallel corpus
 MATRIX = pa.schema([("row", pa.uint32()), ("col", pa.uint32()), ("value", pa.float64())])
+MATRIX_ROW_GROUP = 1 << 20  # pyarrow's default, named: a matrix written in parts is cut the same way
 
 # The manifest metric that tells artifacts of one kind apart (a run makes several of these kinds):
 # `Catalog.latest(kind, **{DISTINGUISHED_BY[kind]: value})`, `lexiflow artifacts show KIND:VALUE`.
@@ -46,7 +48,44 @@ def write_matrix(out: ArtifactWriter, name: str, matrix: sp.spmatrix) -> None:
     table = pa.table({"row": coo.row.astype(np.uint32), "col": coo.col.astype(np.uint32),
                       "value": coo.data.astype(np.float64)}, schema=MATRIX)
     table = table.replace_schema_metadata({"shape": json.dumps(list(coo.shape))})
-    pq.write_table(table, out.path(name), **PARQUET_OPTIONS)
+    pq.write_table(table, out.path(name), row_group_size=MATRIX_ROW_GROUP, **PARQUET_OPTIONS)
+
+
+def by_columns(matrix: sp.spmatrix) -> pl.DataFrame:
+    """A sparse matrix's (row, col, value) rows in column-major order (by col, then row)."""
+    csc = sp.csc_matrix(matrix)
+    csc.sum_duplicates()  # canonical: rows sorted within each column
+    cols = np.repeat(np.arange(csc.shape[1], dtype=np.uint32), np.diff(csc.indptr))
+    return pl.DataFrame({"row": csc.indices.astype(np.uint32), "col": cols, "value": csc.data.astype(np.float64)})
+
+
+def write_matrix_columns(out: ArtifactWriter, name: str, blocks: Iterable[pl.DataFrame | pl.LazyFrame],
+                         shape: tuple[int, int]) -> None:
+    """A sparse matrix written column-major (`by_columns`) from blocks of its columns, in order, holding
+    one block at a time. Consecutive blocks may share their boundary column (a document cut between two
+    shards; a long one may span several): its entries are added. The bytes of one block of the whole."""
+    schema = MATRIX.with_metadata({"shape": json.dumps(list(shape))})
+    carry: pl.DataFrame | None = None  # the last column seen, which the next block may continue
+    with out.parquet_parts(name, schema, MATRIX_ROW_GROUP) as write:
+        for block in blocks:
+            block = block.collect() if isinstance(block, pl.LazyFrame) else block
+            if not block.height:
+                continue
+            if carry is not None and block["col"][0] == carry["col"][0]:
+                continued = int((block["col"] == carry["col"][0]).sum())  # a prefix: the block is sorted by col
+                carry = (pl.concat([carry, block.head(continued)]).group_by("row").agg(pl.col("col").first(),
+                                                                                       pl.col("value").sum())
+                         .sort("row").select("row", "col", "value"))
+                block = block.slice(continued)
+                if not block.height:
+                    continue
+            if carry is not None:
+                write(carry)
+            last = int((block["col"] == block["col"][-1]).sum())
+            write(block.head(block.height - last))
+            carry = block.tail(last)
+        if carry is not None:
+            write(carry)
 
 
 def read_matrix(ref: ArtifactRef, name: str = "matrix.parquet") -> sp.csr_matrix:

@@ -53,14 +53,15 @@ def tagged_parameters(arguments: dict) -> dict:
 
 @task(name="corpus-shard", **SHARD_TASK)
 def corpus_shard(shard: list[ingest.FileRange | ingest.Streams], options: ingest.IngestOptions, chunk_bytes: int,
-                 part: str | None) -> tuple[Any, dict[int, int], dict[int, tuple[int, int, str]]]:
+                 part: str | None) -> tuple[Any, dict[int, int], dict[int, tuple[int, int, str]], Any]:
     """Read and clean one shard of the sources (documents delivered in memory or as a part; a shard
-    that streams in several batches, a large compressed file, delivers each batch as a part of its own)."""
+    that streams in several batches, a large compressed file, delivers each batch as a part of its own;
+    its distinct words as a part too)."""
     batch = itertools.count()
     spill = None if part is None else (lambda docs: deliver(docs, part, f"{next(batch):05d}"))
     result = ingest.ingest_shard(shard, options, chunk_bytes=chunk_bytes, spill=spill)
     documents = result.documents if isinstance(result.documents, tuple) else deliver(result.documents, part)
-    return documents, result.texts, result.errors
+    return documents, result.texts, result.errors, deliver(result.words, part, "words")
 
 
 def spill_to(folder: Path) -> Callable[[pl.DataFrame], pl.LazyFrame]:

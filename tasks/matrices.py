@@ -2,18 +2,32 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
 import polars as pl
+import scipy.sparse as sp
 from lexiflow.models import cooccurrence, lsi, ppmi, vocab
 from lexiflow.models.errors import InputError
 from lexiflow.storage import ArtifactRef, ArtifactWriter
-from lexiflow.storage.formats import VOCAB, corpus_sources, count_rows, read_matrix, read_rows, read_table, write_matrix
+from lexiflow.storage.formats import (
+    VOCAB,
+    by_columns,
+    corpus_sources,
+    count_rows,
+    read_matrix,
+    read_rows,
+    read_table,
+    write_matrix,
+    write_matrix_columns,
+)
 from lexiflow.tasks.parallel import (
     SHARD_TASK,
     deliver,
-    reduce_shards,
+    deliver_partitions,
+    reduce_partitioned,
+    row_partitions,
     row_ranges,
     sum_matrices,
 )
@@ -24,11 +38,12 @@ from prefect import task
 
 @task(name="cooccurrence-shard", **SHARD_TASK)
 def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, keep_prob: np.ndarray, window: int, seed: int,
-                       part: str | None) -> tuple[Any, Any, int, int, int]:
-    """Per-distance pair counts (after subsampling) and term–document counts (every token) of the train
-    sentences among [start, stop) (windows never cross a sentence, and a token's subsampling draw depends
-    on its sentence number, so sentence ranges add up exactly), and their numbers of tokens (in the
-    vocabulary, kept after subsampling, and every train token, <unk> included)."""
+                       partitions: int, part: str | None) -> tuple[Any, Any, int, int, int, int]:
+    """Per-distance pair counts (after subsampling) in `partitions` key-space partitions, term–document
+    counts (every token) in document-major rows, of the train sentences among [start, stop) (windows
+    never cross a sentence, and a token's subsampling draw depends on its sentence number, so sentence
+    ranges add up exactly); then the number of documents up to the shard's last, and of tokens (in
+    the vocabulary, kept after subsampling, and every train token, <unk> included)."""
     table = read_rows(tokens, "tokens.parquet", start, stop)
     vocab_size = len(keep_prob)
     # held-out sentences keep their row (and number) but no tokens: nothing of them reaches the vectors
@@ -42,14 +57,14 @@ def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, keep_prob: np
     first = int(doc_index[0]) if len(doc_index) else 0  # the shard's documents are first.. of 0..documents-1
     termdoc = cooccurrence.term_document_matrix(ids, np.append(offsets[doc_starts], offsets[-1]), vocab_size, first)
     corpus_tokens = int(train_ids.list.len().sum() or 0)
-    return deliver(counts, part, "pairs"), deliver(termdoc, part, "docs"), len(ids), len(kept), corpus_tokens
+    return (deliver_partitions(row_partitions(counts, partitions), part, "pairs"),
+            deliver(by_columns(termdoc), part, "docs"), termdoc.shape[1], len(ids), len(kept), corpus_tokens)
 
 
-def add_cooccurrence_counts(results: list[tuple]) -> tuple:
-    """Shards' exact counts added up, in any order: per-distance pair counts, term–document counts
-    (as wide as the widest: a shard's matrix ends at its last document), numbers of tokens."""
-    pairs, docs, *numbers = zip(*results, strict=True)
-    return sum_matrices(list(pairs)), sum_matrices(list(docs)), *(sum(n) for n in numbers)
+def weigh_partition(blocks: list[sp.spmatrix], vocab_size: int, weighting: cooccurrence.Weighting) -> sp.csr_matrix:
+    """One key partition's per-distance counts from every shard, added (exact integers), then weighted:
+    those rows of F (`cooccurrence.weigh_forward`), a partition's merge on a worker."""
+    return cooccurrence.weigh_forward(sum_matrices(blocks), vocab_size, weighting)
 
 
 @stage("cooccurrence")
@@ -59,7 +74,10 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
     initialise a language model (`neural.pretrained`), whose held-out perplexity must not have seen
     the held-out text. Special tokens, <unk> included, are dropped before windowing, then frequent
     words are subsampled (`params.subsample`; the term–document matrix counts every train token).
-    Shards of sentences are counted apart; their exact per-distance counts add, then are weighted."""
+    Shards of sentences are counted apart; their exact per-distance counts add and are weighted per key
+    partition on the workers; here the partitions join and the matrix is symmetrized. The shards'
+    term–document rows stream into `termdoc.parquet` in document order (no merge: a document is in one
+    shard, or two when a shard boundary cuts it, whose counts add)."""
     parallel = parallel or ParallelParams()
     vocabulary = read_table(tokenizer, "vocab.parquet")
     ranges = row_ranges(count_rows(tokens, "tokens.parquet"), parallel.shard_rows)
@@ -68,21 +86,23 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
     keep_prob = cooccurrence.keep_probabilities(word_counts, params.subsample)
     calls = [{"tokens": tokens, "start": a, "stop": b, "keep_prob": keep_prob, "window": params.window,
               "seed": params.seed} for a, b in ranges]
-    pairs, termdoc, n_tokens, n_kept, n_corpus = reduce_shards(cooccurrence_shard, calls, add_cooccurrence_counts,
-                                                               parallel, "cooccurrence", out)
-    matrix = cooccurrence.weigh(pairs, vocabulary.height, params.weighting)
+    merge = partial(weigh_partition, vocab_size=vocabulary.height, weighting=params.weighting)
+    forward, shards = reduce_partitioned(cooccurrence_shard, calls, merge, parallel, "cooccurrence", out)
+    termdocs, n_docs, n_tokens, n_kept, n_corpus = zip(*shards, strict=True)
+    n_tokens, n_kept, n_corpus = sum(n_tokens), sum(n_kept), sum(n_corpus)
+    matrix = cooccurrence.symmetric(sum_matrices(forward))
     if not matrix.nnz:  # an empty result is no artifact: every later stage would fail on it, less clearly
         raise InputError(f"no two words co-occur in the train split of {corpus_sources(tokens)} ({n_tokens} "
                          f"tokens of vocabulary words, {n_kept} after subsampling): nothing for embeddings "
                          "to learn from; give more text with words, or lower vocabulary.min_count or "
                          "cooccurrence.subsample")
     write_matrix(out, "matrix.parquet", matrix)
-    write_matrix(out, "termdoc.parquet", termdoc.tocsr())
+    write_matrix_columns(out, "termdoc.parquet", termdocs, (vocabulary.height, max(n_docs)))
     out.write_parquet("vocab.parquet", vocabulary, VOCAB)
     out.metrics.update({"nonzeros": int(matrix.nnz), "tokens": n_tokens, "tokens_after_subsampling": n_kept,
                         "corpus_tokens": n_corpus,
                         "total_weight": float(matrix.sum()), "vocabulary_size": vocabulary.height,
-                        "documents": termdoc.shape[1]})
+                        "documents": max(n_docs)})
 
 
 @stage("ppmi")

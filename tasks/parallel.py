@@ -17,9 +17,12 @@ shard size, and so is its version (`parallel` is not versioned, tasks/stage.py).
   written through fsspec), so workers share nothing with the driver but the store URL; only the
   parts' paths and small counts come back, never pickled tables.
 
-Count merges (`reduce_shards`) run on the runner as a balanced tree built as results finish: four
-results of the same level are merged by a merge task (reading their parts, writing one), so the
-driver receives one merged result.
+Count merges run on the runner, two ways. `reduce_shards` (word counts): a balanced tree built as
+results finish, four results of the same level merged by a merge task (reading their parts, writing
+one), so the driver receives one merged result. `reduce_partitioned` (co-occurrence counts, whose total
+grows with the corpus): each shard cuts its counts into key-space partitions (word ids ≡ p mod P), one
+Parquet row group each; once the shards are done, P merge tasks each read their row group of every
+shard and add them, in parallel and in one pass, so no worker ever holds more than one partition.
 
 A failing shard fails the stage with a one-line `ShardError` naming the stage, the shard, the worker
 and its exception, at once (not after the shards before it), and cancels the stage's other tasks:
@@ -186,6 +189,56 @@ def merge_task(combine: Callable[[list[Any]], Any], results: list[Any], part: st
     return delivered if isinstance(merged, tuple) else delivered[0]
 
 
+def partition_count(n_shards: int, params: ParallelParams) -> int:
+    """Key-space partitions of a partitioned reduction on a pool: one merge task per worker at least,
+    and one per MERGE_FAN_IN shards, so a merge holds about that many shard results' worth of counts
+    whatever the corpus size (flat memory per worker)."""
+    return max(params.workers, math.ceil(n_shards / MERGE_FAN_IN))
+
+
+def reduce_partitioned(fn: Any, calls: Sequence[dict[str, Any]], merge: Callable[[list[Any]], Any],
+                       params: ParallelParams, name: str, out: ArtifactWriter) -> tuple[list[Any], list[tuple]]:
+    """Run fn(**call, partitions=P, part=...) for every call; its result is (partitions, *rest), where
+    partitions[p] holds the shard's counts of key partition p (`deliver_partitions(row_partitions(...))`).
+    Returns ([merge(partition p of every shard) for p < P], [rest of each shard, in call order]): on a
+    pool, once every shard is done, the P merges run as tasks on the runner (each reads its row group of
+    every shard's part: one pass, in parallel, no worker holding more than its partition) and come back
+    read; `rest` comes back with tables as LazyFrames (as `map_shards(lazy=True)`), for a streamed write.
+    Inline (local runner, one call): one partition, merged here."""
+    if len(calls) <= 1 or params.runner == "local":
+        results = map_shards(fn, [{**call, "partitions": 1} for call in calls], params, name, out)
+        return [merge([result[0][0] for result in results])], [tuple(result[1:]) for result in results]
+    partitions = partition_count(len(calls), params)
+    folder = _parts_folder(params, out, parts=True)
+    shards: dict[int, Any] = {}
+    merged: dict[str, Any] = {}
+    with Progress(f"{name} shards", total=len(calls), unit="shards", callback=out.progress) as bar, \
+            _Pool(params, name, folder) as pool:
+        for i, call in enumerate(calls):
+            pool.submit(fn, {**call, "partitions": partitions}, i, _label(i, len(calls), call))
+        for i, result in pool.completed():
+            shards[i] = result
+            bar.update()
+        for p in range(partitions):
+            blocks = [shards[i][0][p] for i in range(len(calls))]
+            pool.submit(partition_merge_task, {"merge": merge, "blocks": blocks}, f"p{p:06d}",
+                        f"merge of partition {p + 1}/{partitions}")
+        for key, result in pool.completed():
+            merged[key] = _received(result)
+    for fs, path in map(_fs, sorted({block.path for i in shards for block in shards[i][0]})):
+        with suppress(OSError):  # the partitions are merged; the rest stays until the writer ends
+            fs.rm(path)
+    rest = [_received(tuple(shards[i][1:]), lazy=True, downloads=out.work / "received") for i in range(len(calls))]
+    return [merged[f"p{p:06d}"] for p in range(partitions)], rest
+
+
+@task(name="partition-merge", **SHARD_TASK)
+def partition_merge_task(merge: Callable[[list[Any]], Any], blocks: list[Any], part: str | None) -> Any:
+    """One key partition's merge: `merge` of its blocks from every shard, delivered as a part."""
+    merged = merge([_received(block) for block in blocks])
+    return deliver(merged, part) if isinstance(merged, pl.DataFrame | sp.spmatrix) else merged
+
+
 def _parts_folder(params: ParallelParams, out: ArtifactWriter, parts: bool) -> str | None:
     """Where shards deliver their results: the store's staging area for Dask (workers anywhere), the
     local work folder for processes (or threads when `parts`), none (memory) for threads."""
@@ -318,6 +371,7 @@ class Part:
     path, or a URL of the store's staging area."""
 
     path: str
+    group: int | None = None  # one row group of the file (a key-space partition), or the whole file
 
 
 def _fs(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
@@ -336,10 +390,29 @@ def deliver(result: pl.DataFrame | sp.spmatrix, part: str | None, name: str = ""
         if isinstance(result, pl.DataFrame):
             result.write_parquet(f, compression="lz4")  # a temporary part: fast over small
         else:
-            coo = sp.coo_matrix(result)
-            table = pa.table({"row": coo.row.astype(np.int64), "col": coo.col.astype(np.int64), "value": coo.data})
-            pq.write_table(table.replace_schema_metadata({"shape": json.dumps(list(coo.shape))}), f)
+            pq.write_table(_triplets(result), f)
     return Part(path)
+
+
+def deliver_partitions(blocks: list[sp.spmatrix], part: str | None, name: str) -> list[Any]:
+    """A shard's key-space partitions (`row_partitions`): themselves (`part` None), or one Parquet file
+    holding partition p in row group p, as one `Part` per partition (a merge reads only its group)."""
+    if part is None:
+        return blocks
+    path = f"{part}-{name}.parquet"
+    fs, target = _fs(path)
+    tables = [_triplets(block) for block in blocks]
+    with fs.open(target, "wb") as f, pq.ParquetWriter(f, tables[0].schema) as writer:
+        for table in tables:
+            writer.write_table(table, row_group_size=max(1, table.num_rows))  # one group, even when empty
+    return [Part(path, p) for p in range(len(blocks))]
+
+
+def _triplets(matrix: sp.spmatrix) -> pa.Table:
+    """A sparse matrix as (row, col, value) columns, its shape in the schema's metadata."""
+    coo = sp.coo_matrix(matrix)
+    table = pa.table({"row": coo.row.astype(np.int64), "col": coo.col.astype(np.int64), "value": coo.data})
+    return table.replace_schema_metadata({"shape": json.dumps(list(coo.shape))})
 
 
 def _received(result: Any, lazy: bool = False, downloads: Path | None = None) -> Any:
@@ -363,7 +436,7 @@ def _received(result: Any, lazy: bool = False, downloads: Path | None = None) ->
             f.seek(0)
             return pl.read_parquet(f)
         f.seek(0)
-        table = pq.read_table(f)
+        table = pq.read_table(f) if result.group is None else pq.ParquetFile(f).read_row_group(result.group)
     shape = tuple(json.loads(metadata[b"shape"]))
     return sp.csr_matrix((table["value"].to_numpy(), (table["row"].to_numpy(), table["col"].to_numpy())), shape=shape)
 
@@ -385,13 +458,29 @@ def _remove(folder: str) -> None:
 
 def sum_matrices(matrices: list[sp.spmatrix], shape: tuple[int, int] | None = None) -> sp.csr_matrix:
     """Sum of shard matrices (exact for integer counts, in any order), of `shape` (default: the largest
-    of theirs; smaller ones are padded). CSR additions: linear merges of sorted rows, no re-sort."""
+    of theirs): their entries concatenated and summed in one CSR conversion (one pass over all of them,
+    not one per matrix as a chain of additions onto a growing total)."""
     shape = shape or tuple(max(m.shape[axis] for m in matrices) for axis in (0, 1))
-    total = None
-    for matrix in matrices:
-        matrix = matrix.tocsr()
-        if matrix.shape != shape:
-            matrix = matrix.copy()
-            matrix.resize(shape)
-        total = matrix if total is None else total + matrix
+    coos = [sp.coo_matrix(m) for m in matrices]
+    data = np.concatenate([m.data for m in coos])
+    rows, cols = (np.concatenate([getattr(m, axis) for m in coos]) for axis in ("row", "col"))
+    total = sp.csr_matrix((data, (rows, cols)), shape=shape)
+    total.sum_duplicates()
     return total
+
+
+def row_partitions(matrix: sp.spmatrix, partitions: int) -> list[sp.csr_matrix]:
+    """Partition p = the rows r ≡ p (mod partitions) of `matrix`, each of the full shape (other rows
+    empty). Interleaved rather than ranges: ids are in frequency order, so the dense low rows spread
+    over every partition."""
+    matrix = matrix.tocsr()
+    lengths = np.diff(matrix.indptr)
+    blocks = []
+    for p in range(partitions):
+        rows = np.arange(p, matrix.shape[0], partitions)
+        sub = matrix[rows]
+        kept = np.zeros(matrix.shape[0], dtype=np.int64)
+        kept[rows] = lengths[rows]
+        indptr = np.concatenate(([0], np.cumsum(kept)))
+        blocks.append(sp.csr_matrix((sub.data, sub.indices, indptr), shape=matrix.shape))
+    return blocks

@@ -18,7 +18,7 @@ from lexiflow.models.ingest import (
 )
 from lexiflow.models.ingest.readers import line_documents
 from lexiflow.models.ingest.sources import file_split
-from lexiflow.models.ingest.stats import _words
+from lexiflow.models.ingest.stats import DistinctWords, per_document, words_of
 
 OPTS = IngestOptions()
 
@@ -181,19 +181,22 @@ def test_word_counts_are_those_of_splitting_at_spaces_and_newlines(monkeypatch):
     words = texts.str.replace_all("\n", " ").str.split(" ").explode()
 
     def counts(texts: pl.Series, **options) -> tuple[int, int]:
-        tokens, distinct = _words(texts, **options)
+        tokens, distinct = words_of(texts, **options)
         return tokens, pc.count_distinct(distinct).as_py()
 
     assert counts(texts) == (words.len(), words.n_unique()) == (11, 5)
     assert counts(texts, chunk_bytes=3) == (11, 5)  # one or two texts a chunk
     assert counts(pl.Series([], dtype=pl.String)) == (0, 0)
     # The corpus stats add up table by table, merging the distinct words as they grow: the same figures.
-    docs = pl.DataFrame({"text": texts, "split": ["train", "test", "train", "valid", "train"]})
-    monkeypatch.setattr(CorpusCounts, "COMPACT_WORDS", 2)
+    docs = pl.DataFrame({"text": texts, "split": ["train", "test", "train", "valid", "train"]}).with_columns(
+        **per_document())
+    monkeypatch.setattr(DistinctWords, "COMPACT_WORDS", 2)
     whole, by_row = CorpusCounts(), CorpusCounts()
     whole.add(docs)
+    whole.add_words(words_of(docs["text"])[1])
     for i in range(docs.height):
         by_row.add(docs.slice(i, 1))
+        by_row.add_words(words_of(docs["text"].slice(i, 1))[1])
     assert whole.stats([], 0, []) == by_row.stats([], 0, [])
     assert (by_row.tokens, by_row.stats([], 0, [])["types"], by_row.sentences) == (11, 5, 6)
     assert by_row.per_split == {"train": 3, "test": 1, "valid": 1}

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import polars as pl
 import pytest
+import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lexiflow.models.cooccurrence import (
@@ -30,10 +31,11 @@ from lexiflow.models.ingest import (
     plan_shards,
 )
 from lexiflow.models.vocab import SPECIALS
-from lexiflow.storage import ArtifactStore
-from lexiflow.storage.formats import read_matrix
+from lexiflow.storage import ArtifactRef, ArtifactStore
+from lexiflow.storage.formats import by_columns, read_matrix, write_matrix_columns
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.matrices import count_cooccurrence
+from lexiflow.tasks.parallel import row_partitions, sum_matrices
 from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
 from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
 
@@ -101,7 +103,7 @@ def test_a_streamed_merge_equals_the_whole_and_reads_each_shard_only_when_it_wri
         for shard, path in zip(shards, paths, strict=True):
             result = ingest_shard(shard, options)
             result.documents.write_parquet(path)
-            results.append(ShardResult(pl.scan_parquet(path), result.texts, result.errors))
+            results.append(ShardResult(pl.scan_parquet(path), result.texts, result.errors, result.words))
         return results
 
     written: list[pl.DataFrame] = []
@@ -254,6 +256,44 @@ def test_sharded_stages_publish_the_same_artifacts_and_versions(tmp_path, source
     expected = term_document_matrix(doc_ids, doc_offsets, metrics["vocabulary_size"])
     got = read_matrix(sharded_refs["cooccurrence"], "termdoc.parquet")
     assert got.shape == expected.shape and (got != expected).nnz == 0
+
+
+def test_column_blocks_that_share_a_column_write_the_bytes_of_the_whole(tmp_path):
+    """A term–document matrix arrives as shards' column blocks; a document cut by shard boundaries (here
+    column 2, spread over three blocks, one of them nothing else) has its counts added, in row order."""
+    rng = np.random.default_rng(0)
+    whole = sp.random(9, 6, density=0.6, random_state=1, format="csr")
+    whole.data = 3.0 * rng.integers(1, 5, whole.nnz)  # counts in thirds stay integers: sums are exact
+    # Column 2 split into three partial columns, plus an empty block: their sum is `whole`.
+    third = whole[:, 2].toarray().ravel() / 3
+    cuts = [whole[:, :3].tolil(), sp.lil_matrix(whole.shape), sp.lil_matrix(whole.shape), whole.tolil()]
+    cuts[0][:, 2] = third[:, None]
+    cuts[1][:, 2] = third[:, None]
+    cuts[3][:, :2] = 0
+    cuts[3][:, 2] = third[:, None]
+    blocks = [by_columns(c.tocsr()) for c in (cuts[0], cuts[1], sp.csr_matrix(whole.shape), cuts[3])]
+    assert sum(b.height for b in blocks) > whole.nnz  # the cut column's entries are in three blocks
+    store = ArtifactStore(tmp_path)
+    with store.writer("cooccurrence", "aa" * 8) as out:
+        write_matrix_columns(out, "parts.parquet", [blocks[0], blocks[1].lazy(), blocks[2], blocks[3]], whole.shape)
+        write_matrix_columns(out, "whole.parquet", [by_columns(whole)], whole.shape)
+    ref = ArtifactRef(store=str(tmp_path), kind="cooccurrence", version="aa" * 8)
+    files = {f["name"]: f for f in store.manifest("cooccurrence", "aa" * 8)["files"]}
+    assert files["parts.parquet"]["sha256"] == files["whole.parquet"]["sha256"]
+    got = read_matrix(ref, "parts.parquet")
+    assert np.allclose(got.toarray(), whole.toarray()) and got.shape == whole.shape
+    table = pl.read_parquet(store.path("cooccurrence", "aa" * 8, "parts.parquet"))
+    assert table.select(["col", "row"]).equals(table.select(["col", "row"]).sort(["col", "row"]))  # column-major
+
+
+def test_row_partitions_interleave_and_add_back_to_the_matrix():
+    matrix = sp.random(11, 40, density=0.3, random_state=2, format="csr")
+    matrix.data = np.arange(1, matrix.nnz + 1, dtype=np.int64)
+    blocks = row_partitions(matrix, 3)
+    for p, block in enumerate(blocks):
+        assert block.shape == matrix.shape
+        assert set(block.nonzero()[0]) == {r for r in matrix.nonzero()[0] if r % 3 == p}
+    assert (sum_matrices(blocks) != matrix).nnz == 0
 
 
 def test_a_concurrent_build_of_the_same_version_leaves_this_builds_shard_parts(tmp_path, monkeypatch):

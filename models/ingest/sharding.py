@@ -26,7 +26,7 @@ from lexiflow.models.ingest.readers import (
     text_series,
 )
 from lexiflow.models.ingest.sources import IngestOptions, file_split, format_of, tagged_files
-from lexiflow.models.ingest.stats import CorpusCounts, in_threads
+from lexiflow.models.ingest.stats import CorpusCounts, DistinctWords, in_threads, per_document, words_of
 from lexiflow.models.progress import Progress
 from lexiflow.models.text import clean_series
 
@@ -98,14 +98,19 @@ class ShardResult:
     """What a shard read: its documents (cleaned, non-empty, duplicates kept, with the number of
     their `file`), raw documents per file (0: empty) and per-file errors (rank, start, message);
     rank 0 is a read/decode error, 1 a parse error (reported after any decode error of the file).
-    The documents are one table, or a tuple of tables in order (the batches a shard spilled)."""
+    The documents are one table, or a tuple of tables in order (the batches a shard spilled), each
+    document with its word and sentence counts; `words`, the distinct words of each file's documents
+    (file, word): the corpus stats come from these, added up, not from reading the text again."""
 
     documents: pl.DataFrame | pl.LazyFrame | tuple  # lazy: a Parquet part, read when the merge reaches it
     texts: dict[int, int]
     errors: dict[int, tuple[int, int, str]]
+    words: pl.DataFrame | pl.LazyFrame
 
 
-_SHARD_SCHEMA = {"file": pl.UInt32, "doc_id": pl.String, "source": pl.String, "split": pl.String, "text": pl.String}
+_SHARD_SCHEMA = {"file": pl.UInt32, "doc_id": pl.String, "source": pl.String, "split": pl.String, "text": pl.String,
+                 "n_words": pl.UInt32, "n_sentences": pl.UInt32}
+_WORDS_SCHEMA = {"file": pl.UInt32, "word": pl.String}
 
 
 def plan_shards(files: list[Path], options: IngestOptions, shard_bytes: int) -> list[list[FileRange | Streams]]:
@@ -222,12 +227,15 @@ def ingest_shard(shard: list[FileRange | Streams], options: IngestOptions, progr
     held = 0
     texts: dict[int, int] = {}
     errors: dict[int, tuple[int, int, str]] = {}
+    words: dict[int, DistinctWords] = {}
 
     def clean_batch() -> None:
         nonlocal held
         batch = _clean(pl.concat(raw), options)
         raw.clear()
         held = 0
+        for (file,), rows in batch.group_by("file"):
+            words.setdefault(file, DistinctWords()).add(words_of(rows["text"])[1])
         if spill is not None and batches:
             if len(batches) == 1:
                 batches[0] = spill(batches[0])
@@ -263,10 +271,12 @@ def ingest_shard(shard: list[FileRange | Streams], options: IngestOptions, progr
             bar.update(part.size - reported[0])
     if raw:
         clean_batch()
+    distinct = pl.concat([pl.DataFrame({"file": file, "word": pl.from_arrow(found.unique())}, schema=_WORDS_SCHEMA)
+                          for file, found in sorted(words.items())]) if words else pl.DataFrame(schema=_WORDS_SCHEMA)
     if len(batches) > 1 and spill is not None:
-        return ShardResult(tuple(batches), texts, errors)
+        return ShardResult(tuple(batches), texts, errors, distinct)
     documents = pl.concat(batches) if batches else pl.DataFrame(schema=_SHARD_SCHEMA)
-    return ShardResult(documents, texts, errors)
+    return ShardResult(documents, texts, errors, distinct)
 
 
 def _clean(raw: pl.DataFrame, options: IngestOptions) -> pl.DataFrame:
@@ -282,7 +292,8 @@ def _clean_rows(raw: pl.DataFrame, options: IngestOptions) -> pl.DataFrame:
     texts, step, sha1 = docs["text"].cast(pl.Binary), 1 << 14, hashlib.sha1
     ids = [sha1(t).hexdigest()[:16] for i in range(0, len(texts), step) for t in texts.slice(i, step).to_list()]
     docs = docs.with_columns(doc_id=pl.Series(ids, dtype=pl.String))
-    docs = docs.with_columns(split=pl.coalesce("file_split", _split_from_id(pl.col("doc_id"), options)))
+    docs = docs.with_columns(split=pl.coalesce("file_split", _split_from_id(pl.col("doc_id"), options)),
+                             **per_document())
     return docs.select(*_SHARD_SCHEMA)
 
 
@@ -326,10 +337,14 @@ def merge_shards(files: list[Path], results: list[ShardResult], options: IngestO
         keep = good & keys.select(pl.when(good).then(pl.col("doc_id")).is_first_distinct()).to_series()
     del keys
     counts, kept, start = CorpusCounts(), [], 0
+    for result in results:  # a dropped duplicate's words are its kept first copy's: the good files' words
+        found = result.words.lazy().filter(~pl.col("file").is_in(sorted(bad))).collect()
+        counts.add_words(found["word"].to_arrow())
     for frame in frames:
         docs = frame.collect()
-        docs, start = docs.filter(keep.slice(start, docs.height)).select(*DOCUMENT_COLUMNS), start + docs.height
+        docs, start = docs.filter(keep.slice(start, docs.height)), start + docs.height
         counts.add(docs)
+        docs = docs.select(*DOCUMENT_COLUMNS)
         if write is None:
             kept.append(docs)
         else:

@@ -31,41 +31,69 @@ def in_threads(fn: Callable, rows: pl.DataFrame | pl.Series, text: str = "text")
         return list(pool.map(fn, [rows.slice(i, step) for i in range(0, len(rows), step)]))
 
 
+def per_document(text: pl.Expr = pl.col("text")) -> dict[str, pl.Expr]:
+    """Each cleaned document's words (split at spaces and newlines, as `words_of` counts them) and
+    sentences (lines): columns a shard adds, so the merge only sums them."""
+    newlines = text.str.count_matches("\n", literal=True)
+    return {"n_words": (text.str.count_matches(" ", literal=True) + newlines + 1).cast(pl.UInt32),
+            "n_sentences": (newlines + 1).cast(pl.UInt32)}
+
+
+class DistinctWords:
+    """Distinct words added array by array (a word may repeat across arrays), merged into one set
+    once the words added since the last merge outnumber it (and COMPACT_WORDS): each merge at least
+    doubles what it covers, so the merges cost O(total) altogether."""
+
+    COMPACT_WORDS = 1 << 22
+
+    def __init__(self) -> None:
+        self._words: list[pa.Array] = []
+        self._compacted = 0  # distinct words in self._words[0] after the last merge
+
+    def add(self, words: pa.Array | pa.ChunkedArray) -> None:
+        self._words.extend(words.chunks if isinstance(words, pa.ChunkedArray) else [words])
+        if sum(map(len, self._words)) - self._compacted > max(self.COMPACT_WORDS, self._compacted):
+            self._words = [self.unique()]
+            self._compacted = len(self._words[0])
+
+    def unique(self) -> pa.Array:
+        return pc.unique(pa.chunked_array(self._words, pa.large_string()))
+
+    def __len__(self) -> int:
+        return pc.count_distinct(pa.chunked_array(self._words, pa.large_string())).as_py()
+
+
 class CorpusCounts:
     """The corpus stats, added up a table of documents at a time (the same figures as counting
     them all at once). Tokens and types here are whitespace-separated words of the cleaned text
-    (cheap); the tokenizer stage reports counts under its own pre-tokenization."""
-
-    COMPACT_WORDS = 1 << 22  # distinct words held per table before they are merged into one set
+    (cheap); the tokenizer stage reports counts under its own pre-tokenization. The documents carry
+    their counts (`per_document`) and the shards their distinct words (`add_words`): the merge node
+    only adds them up."""
 
     def __init__(self) -> None:
         self.documents = self.sentences = self.tokens = self.text_bytes = 0
         self.per_split: dict[str, int] = {}
-        self._words: list[pa.Array] = []  # each table's distinct words (a word may repeat across tables)
-        self._compacted = 0  # distinct words in self._words[0] after the last merge
+        self.words = DistinctWords()
 
     def add(self, docs: pl.DataFrame) -> None:
         self.documents += docs.height
-        # UInt64 sums: polars sums the UInt32 lengths without widening (one part may hold > 4 GiB)
-        self.sentences += int(docs["text"].str.count_matches("\n", literal=True).cast(pl.UInt64).sum()) + docs.height
+        # UInt64 sums: polars sums UInt32 columns without widening (one part may hold > 4 GiB)
+        self.sentences += int(docs["n_sentences"].cast(pl.UInt64).sum())
+        self.tokens += int(docs["n_words"].cast(pl.UInt64).sum())
         self.text_bytes += int(docs["text"].str.len_bytes().cast(pl.UInt64).sum())
         for split, n in docs.group_by("split").len().iter_rows():
             self.per_split[split] = self.per_split.get(split, 0) + n
-        tokens, distinct = _words(docs["text"])
-        self.tokens += tokens
-        self._words.extend(distinct.chunks)
-        # Merge once the words added since the last merge outnumber the merged set (and the threshold):
-        # each merge at least doubles what it covers, so the merges cost O(total) altogether.
-        if sum(map(len, self._words)) - self._compacted > max(self.COMPACT_WORDS, self._compacted):
-            self._words = [pc.unique(pa.chunked_array(self._words, pa.large_string()))]
-            self._compacted = len(self._words[0])
+
+    def add_words(self, words: pa.Array | pa.ChunkedArray) -> None:
+        """Distinct words of some documents (`_words`); a word may have been added before."""
+        self.words.add(words)
 
     def stats(self, files: list[Path], duplicates: int, skipped: list[dict]) -> dict:
         return {
             "documents": self.documents,
             "sentences": self.sentences,
             "tokens": self.tokens,
-            "types": pc.count_distinct(pa.chunked_array(self._words, pa.large_string())).as_py(),
+            "types": len(self.words),
             "bytes": int(sum(p.stat().st_size for p in files)),
             "text_bytes": self.text_bytes,
             "files": len(files),
@@ -76,7 +104,7 @@ class CorpusCounts:
         }
 
 
-def _words(texts: pl.Series, chunk_bytes: int = 1 << 24) -> tuple[int, pa.ChunkedArray]:
+def words_of(texts: pl.Series, chunk_bytes: int = 1 << 24) -> tuple[int, pa.ChunkedArray]:
     """Word count and each chunk's distinct words of `texts`, 2× faster than splitting the Series,
     which makes a 16-byte view per word: here a chunk of texts is joined in one buffer, numpy finds
     the word ends and Arrow the distinct words, each word keeping its following space (so they
@@ -91,7 +119,7 @@ def _words(texts: pl.Series, chunk_bytes: int = 1 << 24) -> tuple[int, pa.Chunke
 
 
 def _chunk_words(texts: pl.Series) -> tuple[int, pa.Array]:
-    """Word count and distinct words of a chunk of texts (see `_word_counts`)."""
+    """Word count and distinct words of a chunk of texts (see `words_of`)."""
     joined = texts.str.replace_all("\n", " ", literal=True).str.join(" ").cast(pl.Binary).item() + b" "
     ends = np.flatnonzero(np.frombuffer(joined, np.uint8) == ord(" ")) + 1
     words = pa.LargeStringArray.from_buffers(len(ends), pa.py_buffer(np.concatenate(([0], ends))),
