@@ -8,6 +8,7 @@ benchmarks tagger` evaluates the saved models on test once. Train them one by on
     OMP_NUM_THREADS=1 python -m benchmarks._tagger_models bilstm-hmm   # variants (VARIANTS), compared on dev
     OMP_NUM_THREADS=1 python -m benchmarks._tagger_models bilm     # biLM on EWT train + WikiText-2 valid
     OMP_NUM_THREADS=1 python -m benchmarks._tagger_models elmo     # BiLSTM + ELMo (needs bilm)
+    python -m benchmarks._tagger_models dev bilstm-hmm bilstm-hmm-charlstm   # compare saved variants on dev
     python -m benchmarks._tagger_models finish bilstm   # out of time: save the best epoch so far (checkpoint)
 
 `tagger` trains what is missing itself (same functions). Train tokens/s are wall-clock tokens per
@@ -143,10 +144,37 @@ def cached(name: str, limit: int | None = None):
     return train_bilstm(folder, limit, elmo=elmo)
 
 
+def dev_report(names: list[str]) -> None:
+    """Dev accuracy (overall / known / unknown words) of saved taggers, and on unknown words how often the
+    stacked model or its own HMM is right: the bound of any combination of the two (variant choice: dev only)."""
+    from lexiflow.models.tagging_metrics import accuracy_report
+
+    dev = ewt("dev")
+    words = [[w for w, _, _ in s] for s in dev]
+    vocab = {w for s in ewt("train") for w, _, _ in s}
+    for name in names:
+        model = BiLSTMTagger.load(CACHE / name)
+        for head, col in enumerate(("upos", "xpos")):
+            gold = [[t[head + 1] for t in s] for s in dev]
+            pred = model.tag_many(words, head=head)
+            r = accuracy_report(words, gold, pred, vocab)
+            print(f"{name} {col}: dev {r['accuracy']:.4f}, known {r['known_accuracy']:.4f}, "
+                  f"unknown {r['unknown_accuracy']:.4f}")
+            if head == 0 and model.hmm_ is not None:
+                hmm = model.hmm_.tag_many(words)
+                unknown = [(g, p, h) for ws, gs, ps, hs in zip(words, gold, pred, hmm, strict=True)
+                           for w, g, p, h in zip(ws, gs, ps, hs, strict=True) if w not in vocab]
+                hmm_right = sum(g == h for g, _, h in unknown) / len(unknown)
+                either = sum(g in (p, h) for g, p, h in unknown) / len(unknown)
+                print(f"  unknown words ({len(unknown)}): its HMM {hmm_right:.4f}, either right {either:.4f}")
+
+
 if __name__ == "__main__":
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     torch.set_num_threads(1)
     if sys.argv[1] == "finish":
         finish(sys.argv[2])
+    elif sys.argv[1] == "dev":
+        dev_report(sys.argv[2:])
     else:
         cached(sys.argv[1])

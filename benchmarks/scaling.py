@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+import psutil
 from lexiflow.models.ingest import IngestOptions, build_corpus, resolve_sources
 from lexiflow.storage import ArtifactRef, ArtifactStore
 from lexiflow.tasks import parallel
@@ -91,11 +92,17 @@ def _peak_gb() -> float:
     return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:")) / 1e6
 
 
+def _cpu_seconds() -> float:
+    return time.process_time()
+
+
 class Peak:
-    """Peak RSS over a block: this process's (`driver`), and the largest of a Dask cluster's workers'."""
+    """Peak RSS over a block: this process's (`driver`), and the largest of a Dask cluster's workers';
+    and where the CPU time went: the workers (`worker_cpu`, summed), this process (`driver_cpu`) and the
+    rest of the machine (`other_cpu`: the Prefect API server, the Dask scheduler, anything else)."""
 
     def __init__(self, dask: Any = None) -> None:
-        self.client, self.workers = None, float("nan")
+        self.client, self.workers, self.worker_cpu = None, float("nan"), 0.0
         if dask is not None:
             from distributed import Client
 
@@ -105,13 +112,29 @@ class Peak:
         _reset_peak()
         if self.client:
             self.client.run(_reset_peak)
+            self.worker_cpu = -sum(self.client.run(_cpu_seconds).values())
+        self.driver_cpu, self.machine_cpu = -time.process_time(), -_machine_cpu()
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.driver = _peak_gb()
+        self.driver_cpu += time.process_time()
+        self.machine_cpu += _machine_cpu()
         if self.client:
             self.workers = max(self.client.run(_peak_gb).values())
+            self.worker_cpu += sum(self.client.run(_cpu_seconds).values())
             self.client.close()
+        self.other_cpu = self.machine_cpu - self.driver_cpu - self.worker_cpu
+
+    def cpu(self) -> str:
+        workers = f", workers {self.worker_cpu:.1f}" if self.client else ""
+        return f"CPU s: flow process {self.driver_cpu:.1f}{workers}, rest of the machine {self.other_cpu:.1f}"
+
+
+def _machine_cpu() -> float:
+    """Busy CPU seconds of the whole machine since boot (user + system, all cores)."""
+    times = psutil.cpu_times()
+    return times.user + times.system + getattr(times, "nice", 0.0)
 
 
 def timed(stage: Any, store: str, arguments: dict[str, Any]) -> tuple[float, ArtifactRef]:
@@ -137,7 +160,7 @@ def chain(store: str, source: Path, parallel_params: ParallelParams, dask: Any =
         with Peak(dask if sharded else None) as peak:
             seconds, ref = timed(stage, store, {**arguments(), **({"parallel": parallel_params} if sharded else {})})
         refs[name] = ref
-        results[name] = (seconds, (peak.driver, peak.workers), ref)
+        results[name] = (seconds, (peak.driver, peak.workers, peak.cpu()), ref)
     return results
 
 
@@ -236,7 +259,7 @@ def run(quick: bool = False) -> list[Row]:
                                     amount / base, "single process", True, "", None,
                                     f"{seconds:.1f} s vs {base:.1f} s single; peak RSS: flow process {peak[0]:.2f} GB"
                                     + (f", largest worker {peak[1]:.2f} GB" if peak[1] == peak[1] else "")
-                                    + "; identical artifact"))
+                                    + f"; {peak[2]}; identical artifact"))
                 total = sum(seconds for seconds, _, _ in result.values())
                 rows.append(Row("scaling", f"{label} text, whole rebuild, {name}", "MB/s", megabytes / total,
                                 megabytes / sum(s for s, _, _ in single.values()), "single process", True, "", None,

@@ -13,7 +13,7 @@ from lexiflow.models import ingest
 from lexiflow.models.config import from_section
 from lexiflow.storage import ArtifactWriter
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, TAGGED
-from lexiflow.tasks.parallel import SHARD_TASK, deliver, map_shards
+from lexiflow.tasks.parallel import SHARD_TASK, deliver, stream_shards
 from lexiflow.tasks.params import CorpusParams, ParallelParams
 from lexiflow.tasks.stage import stage
 from prefect import task
@@ -85,11 +85,11 @@ def ingest_corpus(out: ArtifactWriter, params: CorpusParams, parallel: ParallelP
     if len(shards) == 1:  # the common small case: byte-level progress, no pool (a large file spills its batches)
         results = [ingest.ingest_shard(shards[0], opts, out.progress, parallel.shard_bytes,
                                        spill_to(out.work / "batches"))]
-    else:
-        results = [ingest.ShardResult(*result) for result in map_shards(
+    else:  # merged in order as they finish, while later shards run
+        results = (ingest.ShardResult(*result) for result in stream_shards(
             corpus_shard, [{"shard": shard, "options": opts, "chunk_bytes": parallel.shard_bytes} for shard in shards],
-            parallel, "corpus", out, lazy=True)]
-    if len(results) == 1 and isinstance(results[0].documents, pl.DataFrame):  # in memory already: nothing to merge
+            parallel, "corpus", out, lazy=True))
+    if isinstance(results, list) and isinstance(results[0].documents, pl.DataFrame):  # in memory: nothing to merge
         corpus = ingest.merge_shards(files, results, opts)
         out.write_parquet("documents.parquet", corpus.documents.rechunk(), DOCUMENTS,  # bytes: see parquet_parts
                           row_group_size=SHARDED_ROW_GROUP)

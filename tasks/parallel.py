@@ -36,11 +36,12 @@ fails it too.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import queue
 import shutil
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -66,6 +67,7 @@ from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTa
 # artifact); transient I/O errors retried like the stages'.
 SHARD_TASK: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False, "retries": 2,
                               "retry_delay_seconds": [1, 2], "retry_condition_fn": retry_transient_only}
+_log = logging.getLogger("lexiflow.parallel")
 # A Dask cluster with no worker for this long fails the stage (workers that died, or never came).
 NO_WORKER_SECONDS = 120.0
 _POLL_SECONDS = 2.0  # how often a wait for shard results looks at the cluster
@@ -101,20 +103,31 @@ def row_ranges(n_rows: int, shard_rows: int) -> list[tuple[int, int]]:
 
 def map_shards(fn: Any, calls: Sequence[dict[str, Any]], params: ParallelParams, name: str,
                out: ArtifactWriter, lazy: bool = False) -> list[Any]:
-    """fn(**call, part=...) for every call, results in call order with every `Part` read back:
-    inline for one call or the local runner, else as task runs on the runner (`fn` is a Prefect task
-    that passes its large results through `deliver(result, part)`). Parts live in the writer's own
-    folders while the shards run (a concurrent build of the same version has its own) and are
-    removed once read.
+    """fn(**call, part=...) for every call, results in call order (`stream_shards`, all of them)."""
+    return list(stream_shards(fn, calls, params, name, out, lazy))
+
+
+def stream_shards(fn: Any, calls: Sequence[dict[str, Any]], params: ParallelParams, name: str,
+                  out: ArtifactWriter, lazy: bool = False) -> Iterator[Any]:
+    """fn(**call, part=...) for every call, results yielded in call order with every `Part` read back,
+    each as soon as it and those before it are done (a merge that streams, writing in order, works while
+    later shards run): inline for one call or the local runner, else as task runs on the runner (`fn` is
+    a Prefect task that passes its large results through `deliver(result, part)`). Parts live in the
+    writer's own folders while the shards run (a concurrent build of the same version has its own) and
+    are removed once read.
 
     `lazy`: tables come back as LazyFrames over their parts, read when the caller collects them (a
     merge that streams holds one shard's table at a time); the threads runner writes parts too, and
     the parts stay until the writer ends."""
     if len(calls) <= 1 or params.runner == "local":
         with Progress(f"{name} shards", total=len(calls), unit="shards", callback=out.progress) as bar:
-            return [_counted(fn.fn(**call, part=None), bar) for call in calls]
+            for call in calls:
+                yield _counted(fn.fn(**call, part=None), bar)
+        return
     folder = _parts_folder(params, out, parts=lazy)
     results: dict[int, Any] = {}
+    following = 0  # the next result in call order
+    start = time.perf_counter()
     with Progress(f"{name} shards", total=len(calls), unit="shards", callback=out.progress) as bar, \
             _Pool(params, name, folder) as pool:
         for i, call in enumerate(calls):
@@ -122,9 +135,12 @@ def map_shards(fn: Any, calls: Sequence[dict[str, Any]], params: ParallelParams,
         for i, result in pool.completed():
             results[i] = _received(result, lazy, out.work / "received")
             bar.update()
+            while following in results:
+                yield results.pop(following)
+                following += 1
+    _log.info("%s: %d shards in %.1f s", name, len(calls), time.perf_counter() - start)
     if folder is not None and not lazy:
         _remove(folder)
-    return [results[i] for i in range(len(calls))]
 
 
 def reduce_shards(fn: Any, calls: Sequence[dict[str, Any]], combine: Callable[[list[Any]], Any],
@@ -212,6 +228,7 @@ def reduce_partitioned(fn: Any, calls: Sequence[dict[str, Any]], merge: Callable
     folder = _parts_folder(params, out, parts=True)
     shards: dict[int, Any] = {}
     merged: dict[str, Any] = {}
+    start = time.perf_counter()
     with Progress(f"{name} shards", total=len(calls), unit="shards", callback=out.progress) as bar, \
             _Pool(params, name, folder) as pool:
         for i, call in enumerate(calls):
@@ -219,12 +236,15 @@ def reduce_partitioned(fn: Any, calls: Sequence[dict[str, Any]], merge: Callable
         for i, result in pool.completed():
             shards[i] = result
             bar.update()
+        shards_done = time.perf_counter()
         for p in range(partitions):
             blocks = [shards[i][0][p] for i in range(len(calls))]
             pool.submit(partition_merge_task, {"merge": merge, "blocks": blocks}, f"p{p:06d}",
                         f"merge of partition {p + 1}/{partitions}")
         for key, result in pool.completed():
             merged[key] = _received(result)
+    _log.info("%s: %d shards in %.1f s, then %d partition merges in %.1f s", name, len(calls),
+              shards_done - start, partitions, time.perf_counter() - shards_done)
     for fs, path in map(_fs, sorted({block.path for i in shards for block in shards[i][0]})):
         with suppress(OSError):  # the partitions are merged; the rest stays until the writer ends
             fs.rm(path)
@@ -458,15 +478,20 @@ def _remove(folder: str) -> None:
 
 def sum_matrices(matrices: list[sp.spmatrix], shape: tuple[int, int] | None = None) -> sp.csr_matrix:
     """Sum of shard matrices (exact for integer counts, in any order), of `shape` (default: the largest
-    of theirs): their entries concatenated and summed in one CSR conversion (one pass over all of them,
-    not one per matrix as a chain of additions onto a growing total)."""
+    of theirs; smaller ones are padded). Added in pairs, level by level: CSR additions are linear merges
+    of sorted rows (no sort), and each entry goes through log2(n) of them, not n as in a chain onto one
+    growing total."""
     shape = shape or tuple(max(m.shape[axis] for m in matrices) for axis in (0, 1))
-    coos = [sp.coo_matrix(m) for m in matrices]
-    data = np.concatenate([m.data for m in coos])
-    rows, cols = (np.concatenate([getattr(m, axis) for m in coos]) for axis in ("row", "col"))
-    total = sp.csr_matrix((data, (rows, cols)), shape=shape)
-    total.sum_duplicates()
-    return total
+    level = []
+    for matrix in matrices:
+        matrix = matrix.tocsr()
+        if matrix.shape != shape:
+            matrix = matrix.copy()
+            matrix.resize(shape)
+        level.append(matrix)
+    while len(level) > 1:
+        level = [level[i] + level[i + 1] if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
+    return level[0]
 
 
 def row_partitions(matrix: sp.spmatrix, partitions: int) -> list[sp.csr_matrix]:

@@ -25,9 +25,9 @@ from lexiflow.storage.formats import (
 from lexiflow.tasks.parallel import (
     SHARD_TASK,
     deliver,
-    map_shards,
     reduce_shards,
     row_ranges,
+    stream_shards,
 )
 from lexiflow.tasks.params import ParallelParams, TokenizerParams, VocabularyParams
 from lexiflow.tasks.stage import stage
@@ -96,12 +96,17 @@ def learn_subword(out: ArtifactWriter, corpus: ArtifactRef, params: TokenizerPar
 
 
 @task(name="tokenized_corpus-shard", **SHARD_TASK)
-def encode_shard(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: int, part: str | None) -> Any:
-    """The sentences of documents [start, stop), encoded (doc_index counts from the corpus start)."""
+def encode_shard(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: int,
+                 part: str | None) -> tuple[Any, int, dict[str, int]]:
+    """The sentences of documents [start, stop), encoded (doc_index counts from the corpus start), and
+    their counts: unknown tokens, tokens per split (the merge only adds them)."""
     rows = vocab.sentences(read_rows(corpus, "documents.parquet", start, stop), first_doc=start)
     with ArtifactStore(tokenizer.store).local_dir(tokenizer.kind, tokenizer.version) as folder:
         ids = tokenizers.load(folder).encode_batch(rows["text"]).alias("ids")
-    return deliver(rows.select("doc_index", "sentence", "split").with_columns(ids), part)
+    table = rows.select("doc_index", "sentence", "split").with_columns(ids)
+    unknown = int(table["ids"].explode().eq(vocab.UNK_ID).sum())
+    per_split = dict(table.group_by("split").agg(pl.col("ids").list.len().sum()).iter_rows())
+    return deliver(table, part), unknown, {split: int(n) for split, n in per_split.items()}
 
 
 @stage("tokenized_corpus")
@@ -112,15 +117,17 @@ def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactR
     ranges = row_ranges(count_rows(corpus, "documents.parquet"), parallel.shard_rows)
     calls = [{"corpus": corpus, "tokenizer": tokenizer, "start": a, "stop": b} for a, b in ranges]
     sentences, unknown, per_split = 0, 0, {}
-    # Shard by shard (parts read as the writer reaches them): one shard's ids in memory at a time.
+    # Shard by shard, in order, as they finish (parts read as the writer reaches them): one shard's ids in
+    # memory at a time, written while later shards run.
     with out.parquet_parts("tokens.parquet", TOKENS, SHARDED_ROW_GROUP) as write:
-        for shard in map_shards(encode_shard, calls, parallel, "tokenized_corpus", out, lazy=True):
+        for shard, shard_unknown, shard_tokens in stream_shards(encode_shard, calls, parallel, "tokenized_corpus",
+                                                                 out, lazy=True):
             table = shard.lazy().collect()
             write(table)
             sentences += table.height
-            unknown += int(table["ids"].explode().eq(vocab.UNK_ID).sum())
-            for split, n in table.group_by("split").agg(pl.col("ids").list.len().sum()).iter_rows():
-                per_split[split] = per_split.get(split, 0) + int(n)
+            unknown += shard_unknown
+            for split, n in shard_tokens.items():
+                per_split[split] = per_split.get(split, 0) + n
     n_tokens = sum(per_split.values())
     out.metrics.update({"sentences": sentences, "tokens": n_tokens, "unk_rate": unknown / max(n_tokens, 1),
                         **{f"tokens_{split}": n for split, n in sorted(per_split.items())}})

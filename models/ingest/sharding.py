@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -297,61 +297,70 @@ def _clean_rows(raw: pl.DataFrame, options: IngestOptions) -> pl.DataFrame:
     return docs.select(*_SHARD_SCHEMA)
 
 
-def merge_shards(files: list[Path], results: list[ShardResult], options: IngestOptions,
+def merge_shards(files: list[Path], results: Iterable[ShardResult], options: IngestOptions,
                  write: Callable[[pl.DataFrame], None] | None = None) -> Corpus:
     """The corpus from its shards' results, in shard (= file, offset) order: a file with an error
     in any range fails the ingestion or, with `bad_files="skip"`, is left out whole; duplicates
     are removed keeping the first.
 
+    Streamed: `results` may be a generator yielding shards in order as they finish. A shard's documents
+    are merged once its files are complete (the next shard starts at a later file: a file's byte
+    ranges are consecutive shards), so the merge runs while later shards are still being read.
     `write`: hand the kept documents to it shard by shard instead of returning them (the Corpus
     then has `documents=None`). With results whose documents are LazyFrames (Parquet parts), the
-    merge then holds one shard's documents at a time, plus every document's id and file number
-    (for the duplicates) and the distinct words (for the stats)."""
+    merge then holds one shard's documents at a time, plus the id of every document kept (for the
+    duplicates) and the distinct words (for the stats)."""
     texts: dict[int, int] = {}
     errors: dict[int, tuple[int, int, str]] = {}
+    counts, kept, seen = CorpusCounts(), [], set()
+    in_kept_files = 0  # documents of the files kept, duplicates included
+
+    def merge(result: ShardResult) -> None:
+        nonlocal in_kept_files
+        bad = sorted(file for file in result.texts if file in errors)
+        for file in bad:
+            if options.bad_files != "skip":
+                raise InputError(errors[file][2])
+        # a dropped duplicate's words are its kept first copy's: the kept files' distinct words are the corpus's
+        counts.add_words(result.words.lazy().filter(~pl.col("file").is_in(bad)).collect()["word"].to_arrow())
+        for frame in result.documents if isinstance(result.documents, tuple) else (result.documents,):
+            docs = frame.lazy().filter(~pl.col("file").is_in(bad)).collect()
+            in_kept_files += docs.height
+            if options.dedupe:  # the first of each text among the files kept
+                first = []
+                for doc_id in docs["doc_id"].to_list():
+                    first.append(doc_id not in seen)
+                    seen.add(doc_id)
+                docs = docs.filter(pl.Series(first, dtype=pl.Boolean))
+            counts.add(docs)
+            docs = docs.select(*DOCUMENT_COLUMNS)
+            if write is None:
+                kept.append(docs)
+            else:
+                write(docs)
+
+    waiting: list[ShardResult] = []  # shards whose last file may go on in the next shard
     for result in results:
         for file, n in result.texts.items():
             texts[file] = texts.get(file, 0) + n
         for file, error in result.errors.items():
             errors[file] = min(errors.get(file, error), error)  # decode before parse errors, then the earliest
-    skipped, bad = [], set()
-    for i, path in enumerate(files):
-        if i in errors:
-            if options.bad_files != "skip":
-                raise InputError(errors[i][2])
-            skipped.append({"source": str(path), "reason": errors[i][2]})
-            bad.add(i)
-        elif not texts.get(i):
-            skipped.append({"source": str(path), "reason": "no documents (empty file)"})
-    if not any(texts.get(i) for i in range(len(files)) if i not in bad):
+        while waiting and result.texts and max(waiting[0].texts, default=-1) < min(result.texts):
+            merge(waiting.pop(0))
+        waiting.append(result)
+    for result in waiting:
+        merge(result)
+
+    skipped = [{"source": str(path), "reason": errors[i][2]} if i in errors
+               else {"source": str(path), "reason": "no documents (empty file)"}
+               for i, path in enumerate(files) if i in errors or not texts.get(i)]
+    if not any(texts.get(i) for i in range(len(files)) if i not in errors):
         reasons = "; ".join(s["reason"] for s in skipped if "empty file" not in s["reason"])
         raise InputError(f"no documents found in {', '.join(map(shown, files))}: the corpus would be empty"
                          + (f" (skipped: {reasons})" if reasons else ""))
-
-    frames = [frame.lazy() for result in results
-              for frame in (result.documents if isinstance(result.documents, tuple) else (result.documents,))]
-    keys = pl.concat([frame.select("file", "doc_id") for frame in frames]).collect()
-    good = ~keys["file"].is_in(sorted(bad))
-    keep = good
-    if options.dedupe:  # the first of each text among the files kept (bad files' rows are null here)
-        keep = good & keys.select(pl.when(good).then(pl.col("doc_id")).is_first_distinct()).to_series()
-    del keys
-    counts, kept, start = CorpusCounts(), [], 0
-    for result in results:  # a dropped duplicate's words are its kept first copy's: the good files' words
-        found = result.words.lazy().filter(~pl.col("file").is_in(sorted(bad))).collect()
-        counts.add_words(found["word"].to_arrow())
-    for frame in frames:
-        docs = frame.collect()
-        docs, start = docs.filter(keep.slice(start, docs.height)), start + docs.height
-        counts.add(docs)
-        docs = docs.select(*DOCUMENT_COLUMNS)
-        if write is None:
-            kept.append(docs)
-        else:
-            write(docs)
     if counts.documents == 0:
         raise InputError(f"no non-empty documents in {', '.join(map(shown, files))}: the corpus would be empty")
-    stats = counts.stats(files, int(good.sum()) - counts.documents, skipped)
+    stats = counts.stats(files, in_kept_files - counts.documents, skipped)
     return Corpus(None if write is not None else pl.concat(kept), stats)
 
 

@@ -31,9 +31,10 @@ def in_threads(fn: Callable, rows: pl.DataFrame | pl.Series, text: str = "text")
         return list(pool.map(fn, [rows.slice(i, step) for i in range(0, len(rows), step)]))
 
 
-def per_document(text: pl.Expr = pl.col("text")) -> dict[str, pl.Expr]:
+def per_document() -> dict[str, pl.Expr]:
     """Each cleaned document's words (split at spaces and newlines, as `words_of` counts them) and
     sentences (lines): columns a shard adds, so the merge only sums them."""
+    text = pl.col("text")
     newlines = text.str.count_matches("\n", literal=True)
     return {"n_words": (text.str.count_matches(" ", literal=True) + newlines + 1).cast(pl.UInt32),
             "n_sentences": (newlines + 1).cast(pl.UInt32)}
