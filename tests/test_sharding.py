@@ -331,3 +331,15 @@ def test_a_concurrent_build_of_the_same_version_leaves_this_builds_shard_parts(t
         out.write_text("a.txt", "the other run")
     assert [r["x"].to_list() for r in results] == [[1, 2], [3]]
     assert [[r["x"].to_list() for r in rs] for rs in others] == [[[1, 2], [3]]]
+
+
+def test_seen_ids_keep_the_first_copy_within_and_across_batches():
+    from lexiflow.models.ingest.sharding import _SeenIds
+
+    seen = _SeenIds()
+    batch = pl.Series(["ffffffffffffffff", "0000000000000001", "ffffffffffffffff", "8000000000000000"])
+    assert seen.first_copies(batch).tolist() == [True, True, False, True]
+    later = pl.Series(["0000000000000002", "8000000000000000", "0000000000000002", "0000000000000001"])
+    assert seen.first_copies(later).tolist() == [True, False, False, False]
+    assert seen.first_copies(pl.Series([], dtype=pl.String)).tolist() == []
+    assert seen.sorted.tolist() == sorted(int(x, 16) for x in {*batch, *later})

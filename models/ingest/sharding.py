@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import polars as pl
 from lexiflow.models.errors import InputError, ParameterError, shown
 from lexiflow.models.ingest.multistream import Streams, one_shard_why, plan_streams, streams_chunks
@@ -312,7 +313,7 @@ def merge_shards(files: list[Path], results: Iterable[ShardResult], options: Ing
     duplicates) and the distinct words (for the stats)."""
     texts: dict[int, int] = {}
     errors: dict[int, tuple[int, int, str]] = {}
-    counts, kept, seen = CorpusCounts(), [], set()
+    counts, kept, seen = CorpusCounts(), [], _SeenIds()
     in_kept_files = 0  # documents of the files kept, duplicates included
 
     def merge(result: ShardResult) -> None:
@@ -327,11 +328,7 @@ def merge_shards(files: list[Path], results: Iterable[ShardResult], options: Ing
             docs = frame.lazy().filter(~pl.col("file").is_in(bad)).collect()
             in_kept_files += docs.height
             if options.dedupe:  # the first of each text among the files kept
-                first = []
-                for doc_id in docs["doc_id"].to_list():
-                    first.append(doc_id not in seen)
-                    seen.add(doc_id)
-                docs = docs.filter(pl.Series(first, dtype=pl.Boolean))
+                docs = docs.filter(pl.Series(seen.first_copies(docs["doc_id"]), dtype=pl.Boolean))
             counts.add(docs)
             docs = docs.select(*DOCUMENT_COLUMNS)
             if write is None:
@@ -362,6 +359,25 @@ def merge_shards(files: list[Path], results: Iterable[ShardResult], options: Ing
         raise InputError(f"no non-empty documents in {', '.join(map(shown, files))}: the corpus would be empty")
     stats = counts.stats(files, in_kept_files - counts.documents, skipped)
     return Corpus(None if write is not None else pl.concat(kept), stats)
+
+
+class _SeenIds:
+    """The ids of the documents kept so far, as a sorted uint64 array (8 bytes a document: a document id
+    is 16 hex digits, `_clean_rows`): which of a batch's documents are the first copy of their text."""
+
+    def __init__(self) -> None:
+        self.sorted = np.empty(0, dtype=np.uint64)
+
+    def first_copies(self, doc_ids: pl.Series) -> np.ndarray:
+        codes = doc_ids.str.to_integer(base=16, dtype=pl.UInt64).to_numpy()
+        first = np.zeros(len(codes), dtype=bool)
+        first[np.unique(codes, return_index=True)[1]] = True  # first in this batch
+        at = np.minimum(np.searchsorted(self.sorted, codes), max(len(self.sorted) - 1, 0))
+        if len(self.sorted):
+            first &= self.sorted[at] != codes  # and not seen before
+        new = np.sort(codes[first])
+        self.sorted = np.insert(self.sorted, np.searchsorted(self.sorted, new), new)
+        return first
 
 
 def build_tagged(files: list[Path], options: IngestOptions, progress: Callable | None = None) -> pl.DataFrame:
