@@ -352,7 +352,7 @@ def _streamed_compressed(quick: bool, work: Path) -> list[Row]:
     growth = figures[1]["peak"] / figures[0]["peak"]
     return [Row(NAME, f"gzip text file of {sizes[0] >> 20} and {sizes[1] >> 20} MiB of text through the corpus stage "
                 f"({shard >> 20} MiB shards)", "peak RSS, larger / smaller", round(growth, 3), None, "", False,
-                "<= 1.5", growth <= 1.5, notes + " (the merge keeps every document id, ~30 B each)")]
+                "<= 1.5", growth <= 1.5, notes + " (the merge keeps the id of every document kept, 8 B each)")]
 
 
 def _empty_result() -> list[Row]:
