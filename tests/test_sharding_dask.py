@@ -2,14 +2,17 @@
 a thread pool publish the same artifacts, with the same versions, as the local runner; a rerun
 with another runner reuses them (the version does not depend on where the work ran)."""
 
+import threading
+
 import pytest
 from distributed import LocalCluster
 from lexiflow.storage import ArtifactStore
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.matrices import count_cooccurrence
+from lexiflow.tasks.parallel import SHARD_TASK, stream_shards
 from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
 from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
-from prefect import flow
+from prefect import flow, task
 from prefect.testing.utilities import prefect_test_harness
 
 from tests.test_sharding import assert_same_artifacts, files, sources  # noqa: F401 - fixtures
@@ -50,3 +53,25 @@ def test_dask_and_threads_publish_what_one_process_does_and_reruns_reuse_it(tmp_
     again = counts_flow(str(tmp_path / "dask"), sources, ParallelParams(runner="local"))
     assert {k: r.version for k, r in again.items()} == {k: r.version for k, r in on_dask.items()}
     assert {kind: store.manifest(kind, ref.version)["created"] for kind, ref in again.items()} == created
+
+
+FIRST_RECEIVED = threading.Event()
+
+
+@task(**SHARD_TASK)
+def waits_for_the_first(i: int, part: str | None) -> tuple[int, bool]:
+    """Shard 0 returns at once; shard 1 returns once the caller has received shard 0's result (or after 30 s)."""
+    return i, FIRST_RECEIVED.wait(30) if i == 1 else True
+
+
+def test_streamed_results_reach_the_caller_in_order_while_later_shards_still_run(tmp_path):
+    # A merge that streams (corpus, encoding) works on shard 0 while shard 1 is still running: shard 1 only
+    # finishes once shard 0's result has been handed over.
+    FIRST_RECEIVED.clear()
+    with ArtifactStore(tmp_path).writer("corpus", "ab" * 8) as out:
+        got = []
+        for result in stream_shards(waits_for_the_first, [{"i": i} for i in range(4)], ParallelParams(workers=2),
+                                    "streaming", out):
+            got.append(result)
+            FIRST_RECEIVED.set()
+    assert got == [(0, True), (1, True), (2, True), (3, True)]
