@@ -141,6 +141,10 @@ class PipelineParams(Params):
                 if have != need:
                     problems.append(f"neural.pretrained={n.pretrained}: its vectors have {section}.dim={have} "
                                     f"dimensions, the {kind} LM needs neural.{name}={need}: make them equal")
+        neural_taggers = [kind for kind in self.tagger.kinds if kind != "hmm"]
+        if self.tagger.pretrained != "none" and neural_taggers and self.tagger.pretrained not in self.embeddings:
+            problems.append(f"tagger.pretrained={self.tagger.pretrained}: not among embeddings "
+                            f"({', '.join(self.embeddings)}); add it to embeddings or set tagger.pretrained=none")
         t = self.pretrain
         if self.finetune.tasks and t.d_model % t.n_heads:
             problems.append(f"pretrain.n_heads={t.n_heads} does not divide pretrain.d_model={t.d_model}: pick values "

@@ -89,7 +89,8 @@ def build_all(**sections: Any) -> dict[str, ArtifactRef]:
                     ref = train_tagger(store, tagged=tagged, column=column, params=tagger)
                 else:
                     ref = train(TAGGER_TRAINERS[f"{kind}:{column}"], f"{kind}:{column}", store,
-                                {"tagged": tagged, "elmo": bilm if kind == "bilstm+elmo" else None}, tagger, training)
+                                {"tagged": tagged, "elmo": bilm if kind == "bilstm+elmo" else None,
+                                 "vectors": vectors.get(tagger.pretrained)}, tagger, training)
                 taggers[column if kind == "hmm" else f"{kind}.{column}"] = ref
 
     encoder, finetuned = None, {}

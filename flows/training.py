@@ -105,7 +105,7 @@ SEQ2SEQ_TRAINERS: dict[str, Trainer] = {
 TAGGER_TRAINERS: dict[str, Trainer] = {
     "elmo": Trainer(train_elmo, {"corpus": "corpus"}, "elmo"),
     **{f"{kind}:{column}": Trainer(train_tagger, {"tagged": "tagged_corpus"}, "tagger",
-                                   {"column": column, "kind": kind}, {"elmo": "elmo"})
+                                   {"column": column, "kind": kind}, {"elmo": "elmo", "vectors": "embeddings"})
        for kind in ("bilstm", "bilstm+elmo") for column in ("upos", "xpos")},
 }
 PRETRAIN_TRAINERS: dict[str, Trainer] = {"encoder": Trainer(pretrain_stage, {"corpus": "corpus"}, "pretrain")}
@@ -190,13 +190,8 @@ def train_lm(
     """
     trainer = LM_TRAINERS[method]
     inputs = inputs or {}
-    if trainer.section == "neural" and (neural.pretrained == "none") == ("embeddings" in inputs):
-        # the stage initialises from inputs.embeddings whatever neural.pretrained says: make the two agree
-        raise ParameterError(
-            f"neural.pretrained={neural.pretrained} needs inputs.embeddings, the version of the {neural.pretrained} "
-            f"embeddings to start from (lexiflow artifacts list --kind embeddings)" if neural.pretrained != "none" else
-            "inputs.embeddings is given but neural.pretrained=none: set neural.pretrained to the method of those "
-            "embeddings, or leave inputs.embeddings out")
+    if trainer.section == "neural":
+        _pretrained_agrees("neural", neural.pretrained, "embeddings", inputs)
     return _run_here(trainer, store, inputs, {"ngram": ngram, "neural": neural}[trainer.section])
 
 
@@ -231,8 +226,8 @@ def train_tagger_flow(
     Args:
         store: Artifact store (a folder or an fsspec URL) shared with the workers.
         method: `elmo`, or KIND:COLUMN with KIND bilstm or bilstm+elmo and COLUMN upos or xpos.
-        inputs: Input artifact versions by argument name (tagged, elmo; corpus for the biLM); missing required
-            ones are the latest.
+        inputs: Input artifact versions by argument name (tagged, elmo, vectors: the embeddings that initialise
+            the word embeddings with tagger.pretrained; corpus for the biLM); missing required ones are the latest.
     """
     if method not in TAGGER_TRAINERS:
         raise ParameterError(f"method={method!r}: use one of {sorted(TAGGER_TRAINERS)}")
@@ -240,7 +235,20 @@ def train_tagger_flow(
     inputs = dict(inputs or {})
     if method.startswith("bilstm+elmo") and "elmo" not in inputs:
         inputs["elmo"] = "latest"  # an optional input of the trainer, required by this kind
+    if trainer.section == "tagger":
+        _pretrained_agrees("tagger", tagger.pretrained, "vectors", inputs)
     return _run_here(trainer, store, inputs, {"tagger": tagger, "elmo": elmo}[trainer.section])
+
+
+def _pretrained_agrees(section: str, pretrained: str, name: str, inputs: dict[str, str]) -> None:
+    """The stage initialises from `inputs[name]` (an embeddings version) whatever `{section}.pretrained` says:
+    from a form, the two must agree (both or neither)."""
+    if (pretrained == "none") == (name in inputs):
+        raise ParameterError(
+            f"{section}.pretrained={pretrained} needs inputs.{name}, the version of the {pretrained} embeddings to "
+            "start from (lexiflow artifacts list --kind embeddings)" if pretrained != "none" else
+            f"inputs.{name} is given but {section}.pretrained=none: set {section}.pretrained to the method of those "
+            f"embeddings, or leave inputs.{name} out")
 
 
 def _run_method(trainers: dict[str, Trainer], method: str, store: str, inputs: dict[str, str] | None,

@@ -154,10 +154,13 @@ EmbeddingMethods = Annotated[list[EmbeddingMethod], Field(min_length=1)]  # the 
 LMKind = Literal["ngram", "ffnn", "rnn", "lstm", "gru", "transformer"]
 
 
+# Embeddings of the same run that initialise a neural model's word embeddings (none: random).
+PretrainedVectors = Literal["none", "svd", "lsi", "sgns", "cbow", "glove"]
+
 NgramParams = section("NgramParams", NgramLM)
 NeuralLMParams = section(
     "NeuralLMParams", RNNConfig, FFNNConfig, TransformerConfig, TrainConfig,
-    pretrained=(Literal["none", "svd", "lsi", "sgns", "cbow", "glove"], Field(
+    pretrained=(PretrainedVectors, Field(
         "none", description="Initialise the neural LMs' embeddings from this method's embeddings artifact of the same "
                             "run: the method must be among `embeddings`, its dim equal to emb_dim (d_model for the "
                             "transformer). Ignored when lm holds no neural model.")),
@@ -186,6 +189,11 @@ class TaggerSettings(Params):
     refine_states: bool = Field(True, description="Split each tag's HMM states by the other tag set during "
                                                   "training (UPOS by XPOS and vice versa); tagging returns plain "
                                                   "tags.")
+    pretrained: PretrainedVectors = Field(
+        "none", description="Initialise the BiLSTM taggers' word embeddings from this method's embeddings artifact of "
+                            "the same run (it must be among `embeddings`; its width becomes the word embeddings' "
+                            "width, and words of the vectors unseen in the treebank keep their vector). The HMM reads "
+                            "none.")
 
 
 # The BiLSTM's model (TaggerConfig) and training loop (early stopping on dev accuracy); the HMM reads none.

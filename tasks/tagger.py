@@ -14,8 +14,9 @@ from lexiflow.models.elmo import BiLM
 from lexiflow.models.errors import ParameterError
 from lexiflow.models.ingest import sources as ingest
 from lexiflow.models.lm import train
+from lexiflow.models.vectors import keyed_vectors
 from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter
-from lexiflow.storage.formats import read_table
+from lexiflow.storage.formats import read_table, read_vectors
 from lexiflow.tasks.params import TaggerParams
 from lexiflow.tasks.stage import stage
 
@@ -50,10 +51,14 @@ def tagged_split(table: pl.DataFrame, split: str, column: str, refine: bool) -> 
 
 @stage("tagger", parameters=tagger_parameters)
 def train_tagger(out: ArtifactWriter, tagged: ArtifactRef, column: str, params: TaggerParams, kind: str = "hmm",
-                 elmo: ArtifactRef | None = None) -> None:
+                 elmo: ArtifactRef | None = None, vectors: ArtifactRef | None = None) -> None:
+    """`vectors`: an `embeddings` artifact whose vectors initialise a BiLSTM's word embeddings."""
     if (kind == "bilstm+elmo") != (elmo is not None):
         raise ParameterError(f"tagger kind {kind}: " + ("needs an `elmo` artifact (the biLM)" if elmo is None
                                                            else "takes no `elmo` artifact; use kind bilstm+elmo"))
+    if kind == "hmm" and vectors is not None:
+        raise ParameterError("tagger kind hmm takes no pretrained `vectors` (an HMM has no word embeddings); "
+                             "use kind bilstm or bilstm+elmo")
     table = read_table(tagged, "sentences.parquet")
     train_rows, dev = (tagged_split(table, s, column, params.refine_states) for s in ("train", "valid"))
     if not train_rows:  # every CoNLL-U source is named as a dev/test file
@@ -66,8 +71,12 @@ def train_tagger(out: ArtifactWriter, tagged: ArtifactRef, column: str, params: 
         if elmo is not None:
             with ArtifactStore(elmo.store).local_dir(elmo.kind, elmo.version) as folder:
                 bilm = BiLM.load(folder)
+        pretrained = None
+        if vectors is not None:
+            words, counts, matrix = read_vectors(vectors)
+            pretrained = keyed_vectors(words, matrix, counts)
         tagger = neural_tagger.BiLSTMTagger(neural_config(params, kind, str(out.scratch)))
-        tagger.fit(train_rows, dev=dev or None, bilm=bilm)
+        tagger.fit(train_rows, dev=dev or None, vectors=pretrained, bilm=bilm)
         out.metrics["epochs"] = len(tagger.history_)
         out.metrics["dev_accuracy"] = tagger.dev_accuracy_
         if bilm is not None:

@@ -34,6 +34,8 @@ def no_pipeline(monkeypatch):
     (["tokenizer.kind=bpe", "tokenizer.end_of_word=\x1f"], "tokenizer.end_of_word: String should match pattern"),
     (["ngram.order=1"], "ngram.order=1 with ngram.smoothing=kneser_ney: Kneser-Ney needs ngram.order >= 2"),
     (['lm=["gru"]', "neural.world_size=3"], "neural.batch_size=20 is not divisible by neural.world_size=3"),
+    (['tagger.kinds=["hmm","bilstm"]', "tagger.pretrained=glove"],
+     "tagger.pretrained=glove: not among embeddings (svd, sgns)"),
 ])
 def test_run_rejects_combinations_that_cannot_work_before_any_stage(tmp_path, capsys, no_pipeline, settings,
                                                                      message):

@@ -217,6 +217,18 @@ def test_remote_neural_tagger_and_biLM_publish_the_versions_the_pipeline_expects
     assert load(store.url, "tagger", ref.version).tag(["the", "dog", "runs"])[0] in ("DET", "NOUN", "VERB")
 
 
+def test_train_tagger_flow_refuses_pretrained_without_vectors_and_vectors_without_pretrained(tmp_path):
+    """From the train-tagger form: tagger.pretrained and inputs.vectors must agree, as for the LMs."""
+    from lexiflow.flows.training import train_tagger_flow
+    from lexiflow.models.errors import ParameterError
+    from lexiflow.tasks.params import TaggerParams
+
+    with pytest.raises(ParameterError, match=r"^tagger.pretrained=sgns needs inputs.vectors"):
+        train_tagger_flow.fn(str(tmp_path), "bilstm:upos", {}, tagger=TaggerParams(pretrained="sgns"))
+    with pytest.raises(ParameterError, match=r"^inputs.vectors is given but tagger.pretrained=none"):
+        train_tagger_flow.fn(str(tmp_path), "bilstm:upos", {"vectors": "latest"}, tagger=TaggerParams())
+
+
 def test_train_lm_flow_refuses_pretrained_without_embeddings_and_embeddings_without_pretrained(tmp_path):
     """From the train-lm form: neural.pretrained=svd without inputs.embeddings trained from random vectors,
     and inputs.embeddings with pretrained=none initialised from them; both silently."""

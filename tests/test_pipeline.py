@@ -250,12 +250,21 @@ def test_neural_taggers_beside_the_hmm_in_the_pipeline_report_and_the_tag_comman
         store, corpus={"sources": [str(data)], "lowercase": False}, vocabulary={"min_count": 1},
         svd={"dim": 10}, evaluation={"analogy_vocabulary": 200},
         tagger={"columns": ["upos"], "kinds": ["hmm", "bilstm", "bilstm+elmo"], "hidden_dim": 8, "epochs": 2,
-                "device": "cpu"},
+                "device": "cpu", "pretrained": "svd"},
         elmo={"dim": 8, "hidden_dim": 16, "max_vocab": 200, "device": "cpu"}))
     assert {"tagger.upos", "tagger.bilstm.upos", "tagger.bilstm+elmo.upos", "elmo"} <= set(refs)
     store_obj = ArtifactStore(store)
     elmo_tagger = store_obj.manifest("tagger", refs["tagger.bilstm+elmo.upos"].version)
     assert elmo_tagger["inputs"]["elmo"]["version"] == refs["elmo"].version
+    # tagger.pretrained=svd: the BiLSTMs' word embeddings start from the run's SVD vectors (the HMM has none)
+    for name in ("tagger.bilstm.upos", "tagger.bilstm+elmo.upos"):
+        inputs = store_obj.manifest("tagger", refs[name].version)["inputs"]
+        assert inputs["vectors"]["version"] == refs["embeddings.svd"].version
+    assert "vectors" not in store_obj.manifest("tagger", refs["tagger.upos"].version)["inputs"]
+    from lexiflow.loaders import load
+
+    bilstm = load(store, "tagger", refs["tagger.bilstm.upos"].version)
+    assert bilstm.module_.embedding.weight.shape[1] == 10  # the width of the SVD vectors (svd.dim)
     weights = elmo_tagger["metrics"]["elmo_weights"]
     assert len(weights) == 3 and sum(weights) == pytest.approx(1.0)
     assert store_obj.manifest("elmo", refs["elmo"].version)["metrics"]["lowercase"] is False
@@ -273,7 +282,6 @@ def test_neural_taggers_beside_the_hmm_in_the_pipeline_report_and_the_tag_comman
     source, out = data / "en_ewt-ud-dev.conllu", tmp_path / "tagged.conllu"
     version = refs["tagger.bilstm+elmo.upos"].version
     assert main(["tag", str(source), "-o", str(out), "--store", str(store), "--tagger", version]) == 0
-    from lexiflow.loaders import load
     from lexiflow.models.conllu import read_conllu
 
     tagger = load(store, "tagger", version)
