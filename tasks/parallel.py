@@ -130,8 +130,7 @@ def stream_shards(fn: Any, calls: Sequence[dict[str, Any]], params: ParallelPara
     start = time.perf_counter()
     with Progress(f"{name} shards", total=len(calls), unit="shards", callback=out.progress) as bar, \
             _Pool(params, name, folder) as pool:
-        for i, call in enumerate(calls):
-            pool.submit(fn, call, i, _label(i, len(calls), call))
+        pool.submit_shards(fn, calls)
         for i, result in pool.completed():
             results[i] = _received(result, lazy, out.work / "received")
             bar.update()
@@ -156,8 +155,7 @@ def reduce_shards(fn: Any, calls: Sequence[dict[str, Any]], combine: Callable[[l
     folder = _parts_folder(params, out, parts=False)
     with Progress(f"{name} shards", total=len(calls), unit="shards",
                   callback=out.progress) as bar, _Pool(params, name, folder) as pool:
-        for i, call in enumerate(calls):
-            pool.submit(fn, call, i, _label(i, len(calls), call))
+        pool.submit_shards(fn, calls)
         # A balanced tree, built as results come (in any order: the merge is exact in any order): MERGE_FAN_IN
         # results of the same level (shards: 0, a merge: one more than its inputs') merge, so each count is
         # read and written about log(n) times, not n times as in a chain onto one growing total; once nothing
@@ -231,8 +229,7 @@ def reduce_partitioned(fn: Any, calls: Sequence[dict[str, Any]], merge: Callable
     start = time.perf_counter()
     with Progress(f"{name} shards", total=len(calls), unit="shards", callback=out.progress) as bar, \
             _Pool(params, name, folder) as pool:
-        for i, call in enumerate(calls):
-            pool.submit(fn, {**call, "partitions": partitions}, i, _label(i, len(calls), call))
+        pool.submit_shards(fn, [{**call, "partitions": partitions} for call in calls])
         for i, result in pool.completed():
             shards[i] = result
             bar.update()
@@ -303,6 +300,11 @@ class _Pool:
                 with suppress(Exception):
                     future.wrapped_future.cancel()
         self.runner.__exit__(*exc_info)
+
+    def submit_shards(self, fn: Any, calls: Sequence[dict[str, Any]]) -> None:
+        """A stage's shards: task i runs fn(**calls[i]), keyed i, labelled for errors."""
+        for i, call in enumerate(calls):
+            self.submit(fn, call, i, _label(i, len(calls), call))
 
     def submit(self, fn: Any, call: dict[str, Any], key: Any, label: str) -> None:
         call = {**call, "part": None if self.folder is None else f"{self.folder}/{key:06d}"

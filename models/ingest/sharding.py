@@ -4,20 +4,17 @@ and the tagged corpus of the CoNLL-U sources."""
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import hashlib
 import os
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import suppress
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import polars as pl
-import pyarrow as pa
 from lexiflow.models.errors import InputError, ParameterError, shown
+from lexiflow.models.heap import release_freed_memory
 from lexiflow.models.ingest.multistream import Streams, one_shard_why, plan_streams, streams_chunks
 from lexiflow.models.ingest.readers import (
     BINARY_SNIFF,
@@ -364,26 +361,6 @@ def merge_shards(files: list[Path], results: Iterable[ShardResult], options: Ing
         raise InputError(f"no non-empty documents in {', '.join(map(shown, files))}: the corpus would be empty")
     stats = counts.stats(files, in_kept_files - counts.documents, skipped)
     return Corpus(None if write is not None else pl.concat(kept), stats)
-
-
-def release_freed_memory() -> None:
-    """Hand the memory a spilled batch freed back to the system: Arrow's pool and glibc's heap keep it,
-    and a long shard's peak then creeps up batch after batch (a 512 MiB gzip file: 1.78 GB after nine
-    batches against 1.57 GB with this; docs/reliability.md)."""
-    pa.default_memory_pool().release_unused()
-    if _LIBC is not None:
-        _LIBC.malloc_trim(0)
-
-
-def _glibc() -> ctypes.CDLL | None:
-    with suppress(OSError):
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        if hasattr(libc, "malloc_trim"):  # glibc only (not musl, not macOS)
-            return libc
-    return None
-
-
-_LIBC = _glibc()
 
 
 class _SeenIds:
