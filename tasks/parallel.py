@@ -35,6 +35,7 @@ fails it too.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -54,6 +55,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 from lexiflow.models.errors import LexiflowError
+from lexiflow.models.heap import adaptive_mmap_threshold
 from lexiflow.models.progress import Progress
 from lexiflow.storage import ArtifactWriter
 from lexiflow.storage.store import storage_options_for
@@ -204,10 +206,11 @@ def merge_task(combine: Callable[[list[Any]], Any], results: list[Any], part: st
 
 
 def partition_count(n_shards: int, params: ParallelParams) -> int:
-    """Key-space partitions of a partitioned reduction on a pool: one merge task per worker at least,
-    and one per MERGE_FAN_IN shards, so a merge holds about that many shard results' worth of counts
-    whatever the corpus size (flat memory per worker)."""
-    return max(params.workers, math.ceil(n_shards / MERGE_FAN_IN))
+    """Key-space partitions of a partitioned reduction on a pool: about one merge task per MERGE_FAN_IN
+    shards, so a merge holds about that many shard results' worth of counts whatever the corpus size (flat
+    memory per worker), in whole rounds of the workers (one per worker at least)."""
+    rounds = math.ceil(n_shards / MERGE_FAN_IN / params.workers)
+    return params.workers * max(1, rounds)  # whole rounds: no worker idles through the last one
 
 
 def reduce_partitioned(fn: Any, calls: Sequence[dict[str, Any]], merge: Callable[[list[Any]], Any],
@@ -292,6 +295,9 @@ class _Pool:
 
     def __enter__(self) -> _Pool:
         self.runner.__enter__()
+        if self.dask:
+            with suppress(Exception):  # a speed setting: a worker that cannot take it fails on the probe instead
+                self.runner.client.register_plugin(_worker_heap_plugin())
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
@@ -311,7 +317,15 @@ class _Pool:
                 if isinstance(key, int) else f"{self.folder}/{key}"}
         if self.dask and fn.name not in self.probed:
             self._probe(fn, call, label)
-        future = self.runner.submit(fn, parameters=call)
+        if self.dask:
+            # Not DaskTaskRunner.submit: Dask would key the task by hashing its whole pickled message (~35 ms
+            # each), though every task run is unique (pure=False: a random key).
+            from prefect_dask.task_runners import PrefectDaskFuture
+
+            wrapped = self.runner.client.submit(fn, parameters=call, return_type="state", pure=False)
+            future = PrefectDaskFuture(wrapped_future=wrapped, task_run_id=wrapped.task_run_id)
+        else:
+            future = self.runner.submit(fn, parameters=call)
         self.futures[key] = (future, label)
         future.add_done_callback(lambda _, key=key: self.done.put(key))
 
@@ -374,6 +388,22 @@ class _Pool:
             workers = self.runner.client.who_has([future.wrapped_future])
             return f" on worker {next(iter(workers.values()))[0]}"
         return ""
+
+
+@functools.cache
+def _worker_heap_plugin() -> Any:
+    """A Dask worker plugin setting glibc's adaptive mmap threshold on every worker, present and future
+    (`heap.adaptive_mmap_threshold`: Dask's nanny pins it at 128 KB, ~20 % of a co-occurrence shard's CPU)."""
+    from distributed.diagnostics.plugin import WorkerPlugin
+
+    class AdaptiveHeap(WorkerPlugin):
+        name = "lexiflow-adaptive-mmap-threshold"
+        idempotent = True
+
+        def setup(self, worker: Any) -> None:
+            adaptive_mmap_threshold()
+
+    return AdaptiveHeap()
 
 
 def _one_line(exc: BaseException) -> str:

@@ -1,10 +1,14 @@
-"""models/heap.py: inside `reuse_freed_memory`, a freed large block is reused instead of fresh pages."""
+"""models/heap.py: inside `reuse_freed_memory`, a freed large block is reused instead of fresh pages; after
+`adaptive_mmap_threshold`, a freed block under 32 MB is, in a process started as Dask's nanny starts its workers."""
 
+import os
 import resource
+import subprocess
+import sys
 
 import numpy as np
 import pytest
-from lexiflow.models.heap import _glibc, reuse_freed_memory
+from lexiflow.models.heap import _glibc, adaptive_mmap_threshold, reuse_freed_memory
 
 
 def _page_faults_of_a_second_large_array() -> int:
@@ -32,3 +36,38 @@ def test_does_nothing_without_glibc(monkeypatch):
     monkeypatch.setattr("lexiflow.models.heap._glibc", lambda: None)
     with reuse_freed_memory() as active:
         assert not active
+
+
+def page_faults_of_a_second_block() -> int:
+    """Page faults of a 16 MB array made after one of that size was freed (self-contained: Dask workers run it)."""
+    import resource
+
+    import numpy as np
+
+    first = np.ones(2_000_000)  # 16 MB: under glibc's largest mmap threshold (32 MB), over its default (128 KB)
+    pin = np.ones(2_000_000)  # after it on the heap: the freed block is not the heap's top (a low trim threshold returns that)
+    del first
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    second = np.ones(2_000_000)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    del second, pin
+    return faults
+
+
+@pytest.mark.skipif(_glibc() is None, reason="glibc's mallopt only")
+def test_adaptive_mmap_threshold_reuses_blocks_a_dask_like_environment_would_unmap():
+    code = ("from lexiflow.models.heap import adaptive_mmap_threshold\n"
+            "from tests.test_heap import page_faults_of_a_second_block as faults\n"
+            "print(faults(), adaptive_mmap_threshold(), faults())")
+    env = {**os.environ, "MALLOC_TRIM_THRESHOLD_": "65536"}  # what a Dask nanny gives its workers
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                            cwd=os.path.dirname(os.path.dirname(__file__)))
+    frozen, active, adaptive = result.stdout.split()
+    assert active == "True"
+    assert int(frozen) >= 8  # fresh pages: >= 8 even when the kernel backs 16 MB with 2 MB huge pages
+    assert int(adaptive) <= min(2, int(frozen) // 4)  # the freed block came back
+
+
+def test_adaptive_mmap_threshold_does_nothing_without_glibc(monkeypatch):
+    monkeypatch.setattr("lexiflow.models.heap._glibc", lambda: None)
+    assert not adaptive_mmap_threshold()

@@ -124,6 +124,47 @@ def test_a_streamed_merge_equals_the_whole_and_reads_each_shard_only_when_it_wri
     assert texts and texts == [t.upper() for t in texts]
 
 
+@pytest.mark.parametrize("bad_files", ["fail", "skip"])
+def test_a_large_files_ranges_merge_as_they_come_unless_skipping_needs_the_whole_file(tmp_path, bad_files):
+    """One file in byte ranges, results streamed: with bad_files="fail" each range is written before the next
+    arrives (an error further on fails the whole ingestion anyway); "skip" may drop the file, so it waits
+    for all of it. The same corpus either way."""
+    path = tmp_path / "big.txt"
+    path.write_text("".join(f"line number {i} of the big file.\n" for i in range(200)))
+    options = IngestOptions(bad_files=bad_files)
+    shards = plan_shards([path], options, 1500)
+    assert len(shards) >= 4 and all(len(shard) == 1 and shard[0].file == 0 for shard in shards)
+    events: list[str] = []
+
+    def results():
+        for i, shard in enumerate(shards):
+            events.append(f"read {i}")
+            yield ingest_shard(shard, options)
+
+    written: list[pl.DataFrame] = []
+    corpus = merge_shards([path], results(), options, lambda docs: (events.append("write"), written.append(docs)))
+    n = len(shards)
+    expected = [e for i in range(n) for e in (f"read {i}", "write")] if bad_files == "fail" \
+        else [f"read {i}" for i in range(n)] + ["write"] * n
+    assert events == expected
+    assert pl.concat(written).equals(build_corpus([path], options).documents)
+    assert corpus.stats == build_corpus([path], options).stats
+
+
+def test_an_error_in_a_later_range_fails_the_ingestion_after_earlier_ranges_merged(tmp_path):
+    path = tmp_path / "big.txt"
+    path.write_bytes(b"a fine line of text.\n" * 200 + b"bad \xff byte\n" + b"more text.\n" * 20)
+    options = IngestOptions()  # bad_files="fail"
+    with pytest.raises(InputError) as whole:
+        build_corpus([path], options)
+    written: list[pl.DataFrame] = []
+    with pytest.raises(InputError) as streamed:
+        merge_shards([path], (ingest_shard(shard, options) for shard in plan_shards([path], options, 1000)),
+                     options, written.append)
+    assert str(streamed.value) == str(whole.value) and "big.txt:201: invalid UTF-8" in str(whole.value)
+    assert written  # the ranges before it were merged (the stage's writer then fails: nothing is published)
+
+
 def test_a_range_owns_the_lines_that_start_inside_it(tmp_path):
     path = tmp_path / "t.txt"
     path.write_text("aa\nbbbb\ncc\n")  # lines start at bytes 0, 3, 8

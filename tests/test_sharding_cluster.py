@@ -7,6 +7,7 @@ with one line naming the stage, the shard and the worker's exception, instead of
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from pathlib import Path
@@ -22,6 +23,7 @@ from lexiflow.tasks.params import ParallelParams
 from prefect import task
 from prefect.testing.utilities import prefect_test_harness
 
+from tests.test_heap import page_faults_of_a_second_block
 from tests.test_sharding import assert_same_artifacts, files, sources  # noqa: F401 - fixtures
 from tests.test_sharding_dask import counts_flow
 
@@ -77,7 +79,14 @@ def test_a_cluster_sharing_only_the_store_publishes_what_one_process_does(tmp_pa
     # The workers ran in their own temp folders, never this process's.
     with Client(cluster.scheduler_address) as client:  # closed: prefect_dask would take a global client's cluster
         temp_folders = set(client.run(tempfile.gettempdir).values())
+        trim_thresholds = set(client.run(os.environ.get, "MALLOC_TRIM_THRESHOLD_").values())
+        faults = {worker: min(client.submit(page_faults_of_a_second_block, workers=[worker], pure=False).result()
+                              for _ in range(2))  # in a task's thread, as a shard runs (the second: its arena made)
+                  for worker in client.scheduler_info()["workers"]}
     assert len(temp_folders) == 2 and tempfile.gettempdir() not in temp_folders
+    # Their nannies froze glibc's mmap threshold low (fresh pages for every block over 128 KB); the stages'
+    # worker plugin put back the adaptive one: a freed 16 MB block is reused.
+    assert trim_thresholds == {"65536"} and max(faults.values()) <= 2
 
 
 def test_a_killed_writers_shared_parts_are_garbage_collected(tmp_path, moto_s3):

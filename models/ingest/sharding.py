@@ -306,9 +306,10 @@ def merge_shards(files: list[Path], results: Iterable[ShardResult], options: Ing
     in any range fails the ingestion or, with `bad_files="skip"`, is left out whole; duplicates
     are removed keeping the first.
 
-    Streamed: `results` may be a generator yielding shards in order as they finish. A shard's documents
-    are merged once its files are complete (the next shard starts at a later file: a file's byte
-    ranges are consecutive shards), so the merge runs while later shards are still being read.
+    Streamed: `results` may be a generator yielding shards in order as they finish, merged while later
+    shards are still being read: at once with `bad_files="fail"` while its files have no error so far (a
+    large file's byte ranges merge one by one), else once its files are complete (the next shard starts
+    at a later file: a file's byte ranges are consecutive shards), as skipping a file needs all of it.
     `write`: hand the kept documents to it shard by shard instead of returning them (the Corpus
     then has `documents=None`). With results whose documents are LazyFrames (Parquet parts), the
     merge then holds one shard's documents at a time, plus the id of every document kept (for the
@@ -347,6 +348,8 @@ def merge_shards(files: list[Path], results: Iterable[ShardResult], options: Ing
         while waiting and result.texts and max(waiting[0].texts, default=-1) < min(result.texts):
             merge(waiting.pop(0))
         waiting.append(result)
+        while waiting and options.bad_files != "skip" and not any(file in errors for file in waiting[0].texts):
+            merge(waiting.pop(0))  # needs no later range: an error there fails the whole ingestion anyway
     for result in waiting:
         merge(result)
 
