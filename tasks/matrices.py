@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from functools import partial
 from typing import Any
 
@@ -80,15 +81,32 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
     shard, or two when a shard boundary cuts it, whose counts add)."""
     parallel = parallel or ParallelParams()
     vocabulary = read_table(tokenizer, "vocab.parquet")
-    ranges = row_ranges(count_rows(tokens, "tokens.parquet"), parallel.shard_rows)
+    n_rows = count_rows(tokens, "tokens.parquet")
+    ranges = row_ranges(n_rows, parallel.shard_rows)
+    # documents are consecutive runs of sentences: their number is the last one's index + 1, known before
+    # the shards, so their term–document rows stream into the file while later shards still run
+    n_docs = int(read_rows(tokens, "tokens.parquet", n_rows - 1, n_rows)["doc_index"][0]) + 1 if n_rows else 0
     word_counts = vocabulary["count"].to_numpy().astype(np.float64)
     word_counts[: len(vocab.SPECIALS)] = 0  # specials never reach a window
     keep_prob = cooccurrence.keep_probabilities(word_counts, params.subsample)
     calls = [{"tokens": tokens, "start": a, "stop": b, "keep_prob": keep_prob, "window": params.window,
               "seed": params.seed} for a, b in ranges]
     merge = partial(weigh_partition, vocab_size=vocabulary.height, weighting=params.weighting)
-    forward, shards = reduce_partitioned(cooccurrence_shard, calls, merge, parallel, "cooccurrence", out)
-    termdocs, n_docs, n_tokens, n_kept, n_corpus = zip(*shards, strict=True)
+    counted: list[tuple[int, int, int, int]] = []  # per shard: documents up to its last, tokens, kept, corpus tokens
+
+    def termdoc_rows(rests: Iterator[tuple]) -> Iterator[Any]:
+        for termdoc, *numbers in rests:
+            counted.append(tuple(numbers))
+            yield termdoc
+
+    def write_termdoc(rests: Iterator[tuple]) -> None:
+        write_matrix_columns(out, "termdoc.parquet", termdoc_rows(rests), (vocabulary.height, n_docs))
+
+    forward, _ = reduce_partitioned(cooccurrence_shard, calls, merge, parallel, "cooccurrence", out, write_termdoc)
+    shard_docs, n_tokens, n_kept, n_corpus = (list(column) for column in zip(*counted, strict=True))
+    if max(shard_docs) != n_docs:  # a broken tokens table (document indexes with gaps): no artifact from it
+        raise InputError(f"{corpus_sources(tokens)}: its tokens table's document indexes are not consecutive "
+                         f"({max(shard_docs)} documents counted, the last index is {n_docs - 1}); rebuild it")
     n_tokens, n_kept, n_corpus = sum(n_tokens), sum(n_kept), sum(n_corpus)
     matrix = cooccurrence.symmetric(sum_matrices(forward))
     if not matrix.nnz:  # an empty result is no artifact: every later stage would fail on it, less clearly
@@ -97,12 +115,11 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
                          "to learn from; give more text with words, or lower vocabulary.min_count or "
                          "cooccurrence.subsample")
     write_matrix(out, "matrix.parquet", matrix)
-    write_matrix_columns(out, "termdoc.parquet", termdocs, (vocabulary.height, max(n_docs)))
     out.write_parquet("vocab.parquet", vocabulary, VOCAB)
     out.metrics.update({"nonzeros": int(matrix.nnz), "tokens": n_tokens, "tokens_after_subsampling": n_kept,
                         "corpus_tokens": n_corpus,
                         "total_weight": float(matrix.sum()), "vocabulary_size": vocabulary.height,
-                        "documents": max(n_docs)})
+                        "documents": n_docs})
 
 
 @stage("ppmi")

@@ -214,17 +214,26 @@ def partition_count(n_shards: int, params: ParallelParams) -> int:
 
 
 def reduce_partitioned(fn: Any, calls: Sequence[dict[str, Any]], merge: Callable[[list[Any]], Any],
-                       params: ParallelParams, name: str, out: ArtifactWriter) -> tuple[list[Any], list[tuple]]:
+                       params: ParallelParams, name: str, out: ArtifactWriter,
+                       consume: Callable[[Iterator[tuple]], Any] = list) -> tuple[list[Any], Any]:
     """Run fn(**call, partitions=P, part=...) for every call; its result is (partitions, *rest), where
     partitions[p] holds the shard's counts of key partition p (`deliver_partitions(row_partitions(...))`).
-    Returns ([merge(partition p of every shard) for p < P], [rest of each shard, in call order]): on a
-    pool, once every shard is done, the P merges run as tasks on the runner (each reads its row group of
-    every shard's part: one pass, in parallel, no worker holding more than its partition) and come back
-    read; `rest` comes back with tables as LazyFrames (as `map_shards(lazy=True)`), for a streamed write.
-    Inline (local runner, one call): one partition, merged here."""
+    Returns ([merge(partition p of every shard) for p < P], consume(rests)): `consume` takes an iterator
+    over each shard's rest in call order, each as soon as it and those before it are done (a streamed
+    write works while later shards run), its tables as LazyFrames over their parts (as `map_shards(lazy=True)`).
+    On a pool, once every shard is done, the P merges run as tasks on the runner (each reads its row group
+    of every shard's part: one pass, in parallel, no worker holding more than its partition) and come back
+    read. Inline (local runner, one call): one partition, merged here."""
     if len(calls) <= 1 or params.runner == "local":
-        results = map_shards(fn, [{**call, "partitions": 1} for call in calls], params, name, out)
-        return [merge([result[0][0] for result in results])], [tuple(result[1:]) for result in results]
+        blocks: list[Any] = []
+
+        def inline() -> Iterator[tuple]:
+            for result in stream_shards(fn, [{**call, "partitions": 1} for call in calls], params, name, out):
+                blocks.append(result[0][0])
+                yield tuple(result[1:])
+
+        consumed = _drained(inline(), consume)
+        return [merge(blocks)], consumed
     partitions = partition_count(len(calls), params)
     folder = _parts_folder(params, out, parts=True)
     shards: dict[int, Any] = {}
@@ -233,9 +242,17 @@ def reduce_partitioned(fn: Any, calls: Sequence[dict[str, Any]], merge: Callable
     with Progress(f"{name} shards", total=len(calls), unit="shards", callback=out.progress) as bar, \
             _Pool(params, name, folder) as pool:
         pool.submit_shards(fn, [{**call, "partitions": partitions} for call in calls])
-        for i, result in pool.completed():
-            shards[i] = result
-            bar.update()
+
+        def in_order() -> Iterator[tuple]:
+            following = 0
+            for i, result in pool.completed():
+                shards[i] = result
+                bar.update()
+                while following in shards:
+                    yield _received(tuple(shards[following][1:]), lazy=True, downloads=out.work / "received")
+                    following += 1
+
+        consumed = _drained(in_order(), consume)
         shards_done = time.perf_counter()
         for p in range(partitions):
             blocks = [shards[i][0][p] for i in range(len(calls))]
@@ -248,8 +265,15 @@ def reduce_partitioned(fn: Any, calls: Sequence[dict[str, Any]], merge: Callable
     for fs, path in map(_fs, sorted({block.path for i in shards for block in shards[i][0]})):
         with suppress(OSError):  # the partitions are merged; the rest stays until the writer ends
             fs.rm(path)
-    rest = [_received(tuple(shards[i][1:]), lazy=True, downloads=out.work / "received") for i in range(len(calls))]
-    return [merged[f"p{p:06d}"] for p in range(partitions)], rest
+    return [merged[f"p{p:06d}"] for p in range(partitions)], consumed
+
+
+def _drained(items: Iterator[Any], consume: Callable[[Iterator[Any]], Any]) -> Any:
+    """consume(items), then whatever it left of them (so every shard is done when this returns)."""
+    consumed = consume(items)
+    for _ in items:
+        pass
+    return consumed
 
 
 @task(name="partition-merge", **SHARD_TASK)

@@ -4,12 +4,14 @@ with another runner reuses them (the version does not depend on where the work r
 
 import threading
 
+import scipy.sparse as sp
+
 import pytest
 from distributed import LocalCluster
 from lexiflow.storage import ArtifactStore
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.matrices import count_cooccurrence
-from lexiflow.tasks.parallel import SHARD_TASK, stream_shards
+from lexiflow.tasks.parallel import SHARD_TASK, deliver_partitions, reduce_partitioned, stream_shards
 from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
 from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
 from prefect import flow, task
@@ -75,3 +77,30 @@ def test_streamed_results_reach_the_caller_in_order_while_later_shards_still_run
             got.append(result)
             FIRST_RECEIVED.set()
     assert got == [(0, True), (1, True), (2, True), (3, True)]
+
+
+@task(**SHARD_TASK)
+def counts_waiting_for_the_first(i: int, partitions: int, part: str | None) -> tuple:
+    """One count at (i, i) in its key partitions; shard 1 returns once the caller has consumed shard 0's rest."""
+    counts = sp.csr_matrix(([1], ([i], [i])), shape=(4, 4))
+    blocks = [counts if i % partitions == p else sp.csr_matrix((4, 4), dtype=counts.dtype) for p in range(partitions)]
+    return deliver_partitions(blocks, part, "pairs"), i, FIRST_RECEIVED.wait(30) if i == 1 else True
+
+
+def test_a_partitioned_reduction_hands_each_shards_rest_over_while_later_shards_still_run(tmp_path):
+    # The co-occurrence stage writes shard 0's term–document rows while shard 1 is still running.
+    FIRST_RECEIVED.clear()
+
+    def consume(rests):
+        got = []
+        for rest in rests:
+            got.append(rest)
+            FIRST_RECEIVED.set()
+        return got
+
+    with ArtifactStore(tmp_path).writer("cooccurrence", "ab" * 8) as out:
+        merged, rests = reduce_partitioned(counts_waiting_for_the_first, [{"i": i} for i in range(4)],
+                                           lambda blocks: sum(blocks).tocsr(), ParallelParams(workers=2),
+                                           "streaming", out, consume)
+    assert rests == [(0, True), (1, True), (2, True), (3, True)]
+    assert (sum(merged) != sp.identity(4)).nnz == 0  # every count, in its partition
