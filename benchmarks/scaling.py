@@ -5,7 +5,8 @@ in one run, at three corpus sizes (0.25, 0.5 and 1 GB of text; `--quick`: 8, 16 
 The text is real: WikiText-2 valid lines, UD English-EWT sentences and the enwiki excerpt's documents
 (gensim), each document three random lines of that pool, so documents are distinct (dedupe keeps
 them) and the line order varies. Shards have a fixed size (`SHARDS`), so a larger corpus makes more
-shards, not larger ones: a worker's peak memory should not grow with the corpus.
+shards, not larger ones: a worker's peak memory should not grow with the corpus. Every run, the single
+process's included (it reads and counts in those chunks), has the same parameters but the runner.
 
 Each stage is built as the pipeline builds it (a Prefect flow run; its artifact deleted first), and
 reports wall seconds, throughput (MB of text/s for ingestion, tokens/s for the rest) and peak RSS:
@@ -239,7 +240,7 @@ def run(quick: bool = False) -> list[Row]:
             label = f"{size / GB:.2f} GB" if size >= 0.1 * GB else f"{size / 1e6:.0f} MB"
             source = corpus_text(Path(tmp) / f"corpus-{size:.0f}.txt", size, pool)
             runs = {"single process": chain(str(Path(tmp) / f"single-{size:.0f}"), source,
-                                            ParallelParams(runner="local"))}
+                                            ParallelParams(runner="local", **shards))}
             clusters = [(2, two)] if size != sizes[-1] else [(1, one), (2, two)]
             for workers, dask in clusters:
                 params = ParallelParams(runner="dask", dask_address=dask.scheduler_address, **shards)
