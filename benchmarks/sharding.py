@@ -17,6 +17,7 @@ from typing import Any
 
 from distributed import LocalCluster
 from lexiflow.storage import ArtifactRef, ArtifactStore
+from lexiflow.tasks.parallel import dask_worker_environment
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.matrices import count_cooccurrence
 from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
@@ -58,7 +59,8 @@ def _warm_up() -> None:
 def cluster(workers: int) -> LocalCluster:
     """A running cluster, as in production: worker processes started and warm (modules imported,
     a Prefect client made) before anything is timed."""
-    started = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+    with dask_worker_environment():
+        started = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
     from prefect_dask import DaskTaskRunner
 
     with DaskTaskRunner(address=started.scheduler_address) as runner:

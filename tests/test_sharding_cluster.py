@@ -218,3 +218,20 @@ def test_cli_run_on_a_local_dask_cluster_of_two_workers_publishes_what_one_proce
             for store in (local, dask)}
     assert len(refs[local]) == 5
     assert_same_artifacts(refs[local], refs[dask])
+
+
+def test_workers_the_runner_starts_run_polars_on_their_one_core_and_others_are_warned_about(caplog):
+    # Polars sizes its pool once, from the cores: a one-thread worker started without POLARS_MAX_THREADS=1
+    # runs as many polars threads as the machine has cores, beside every other worker's.
+    with parallel.dask_worker_environment():
+        started = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None)
+    with started, Client(started, set_as_default=False) as client:
+        assert set(client.run(pl.thread_pool_size).values()) == {1}
+        parallel._warn_oversubscribed(client)
+    assert "run polars with" not in caplog.text
+    if pl.thread_pool_size() > 1:  # in-process workers: this process's pool, one per core
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as other, \
+                Client(other, set_as_default=False) as client:
+            parallel._warn_oversubscribed(client)
+        assert f"run polars with {pl.thread_pool_size()} threads for 1 task thread(s): start them with " \
+               "POLARS_MAX_THREADS=1" in caplog.text
