@@ -54,7 +54,7 @@ from benchmarks.sharding import _run_stage, cluster
 
 GB = 1e9
 SIZES = {False: (0.25 * GB, 0.5 * GB, 1.0 * GB), True: (8e6, 16e6, 32e6)}
-SHARDS = {False: {"shard_bytes": 32 << 20, "shard_rows": 250_000}, True: {"shard_bytes": 1 << 20, "shard_rows": 8_000}}
+SHARDS = {False: {"shard_bytes": 64 << 20, "shard_rows": 250_000}, True: {"shard_bytes": 1 << 20, "shard_rows": 8_000}}
 VOCABULARY = VocabularyParams(min_count=5, max_size=30_000)
 WINDOW = CooccurrenceParams(window=5)
 SVD = SVDParams(dim=100)
