@@ -17,9 +17,9 @@ from typing import Any
 
 from distributed import LocalCluster
 from lexiflow.storage import ArtifactRef, ArtifactStore
-from lexiflow.tasks.parallel import dask_worker_environment
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.matrices import count_cooccurrence
+from lexiflow.tasks.parallel import dask_worker_environment
 from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
 from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
 from prefect import flow, task

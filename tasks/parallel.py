@@ -43,7 +43,7 @@ import queue
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager, suppress
+from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -322,7 +322,7 @@ class _Pool:
         self.probed: set[str] = set()  # task names whose first call a worker has loaded
 
     def __enter__(self) -> _Pool:
-        with dask_worker_environment():  # a LocalCluster the runner starts (no dask_address)
+        with dask_worker_environment() if self.dask else nullcontext():  # for a LocalCluster the runner starts
             self.runner.__enter__()
         if self.dask:
             with suppress(Exception):  # a speed setting: a worker that cannot take it fails on the probe instead

@@ -45,7 +45,7 @@ def page_faults_of_a_second_block() -> int:
     import numpy as np
 
     first = np.ones(2_000_000)  # 16 MB: under glibc's largest mmap threshold (32 MB), over its default (128 KB)
-    pin = np.ones(2_000_000)  # after it on the heap: the freed block is not the heap's top (a low trim threshold returns that)
+    pin = np.ones(2_000_000)  # after it: the freed block is not the heap's top (which a low trim threshold returns)
     del first
     before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     second = np.ones(2_000_000)

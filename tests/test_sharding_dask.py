@@ -4,9 +4,8 @@ with another runner reuses them (the version does not depend on where the work r
 
 import threading
 
-import scipy.sparse as sp
-
 import pytest
+import scipy.sparse as sp
 from distributed import LocalCluster
 from lexiflow.storage import ArtifactStore
 from lexiflow.tasks.corpus import ingest_corpus
