@@ -24,6 +24,11 @@ grows with the corpus): each shard cuts its counts into key-space partitions (wo
 Parquet row group each; once the shards are done, P merge tasks each read their row group of every
 shard and add them, in parallel and in one pass, so no worker ever holds more than one partition.
 
+On Dask, each stage readies the workers: a worker plugin gives them back glibc's adaptive mmap threshold
+(Dask's nanny pins it low: fresh pages for every NumPy array), and a LocalCluster the runner starts gives its
+worker processes WORKER_ENVIRONMENT (one polars thread each); workers started elsewhere without it are
+warned about. Tasks are submitted with random keys (Dask would hash each whole pickled message).
+
 A failing shard fails the stage with a one-line `ShardError` naming the stage, the shard, the worker
 and its exception, at once (not after the shards before it), and cancels the stage's other tasks:
 Prefect retries transient I/O errors twice, other errors not at all. On Dask, a probe first loads
@@ -437,7 +442,7 @@ def _warn_oversubscribed(client: Any) -> None:
         crowded = sorted(worker for worker, n in pools.items() if n > threads.get(worker, n))
         if crowded:
             _log.warning("Dask workers %s run polars with %d threads for %d task thread(s): start them with %s "
-                         "in their environment (oversubscribed cores: ~25 %% slower shards)", ", ".join(crowded[:3]),
+                         "in their environment (oversubscribed cores: ~20 %% slower shards)", ", ".join(crowded[:3]),
                          pools[crowded[0]], threads[crowded[0]],
                          " ".join(f"{name}={value}" for name, value in WORKER_ENVIRONMENT.items()))
 
