@@ -336,12 +336,13 @@ def test_tokenizer_decode_encode_is_normalize_and_unknowns_are_unk(texts, kind, 
 
 @settings(FUZZ, max_examples=max(10, FUZZ.max_examples // 4))  # each example writes and reads a folder
 @given(st.lists(TEXT, min_size=1, max_size=5), KINDS, st.integers(5, 60), st.lists(TEXT, max_size=4))
+@example(["\x1f"], "bpe-separate", 5, [])  # a control character alone: no words once normalized (a CI run found it)
 def test_tokenizer_save_load_gives_identical_encodings(texts, kind, vocab_size, probes):
     EXAMPLES["tokenizer save/load"] += 1
     import tempfile
 
-    if not any(c not in WHITE_SPACE for t in texts for c in t):
-        return
+    if not any(text.normalize(t).strip() for t in texts):
+        return  # no words once normalized (controls removed): fitting refuses it, as the fit property checks
     tok = _tokenizer(kind, vocab_size).fit(texts)
     with tempfile.TemporaryDirectory(prefix="lexiflow-fuzz-tok-") as folder:
         tok.save(folder)
