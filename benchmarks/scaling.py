@@ -219,7 +219,7 @@ def breakdown(dask: Any, store: str, tokens: ArtifactRef, tokenizer: ArtifactRef
         weigh_partition([back[0], back[0]], vocabulary.height, WINDOW.weighting)
         merge = time.perf_counter() - start
         size = sum(Path(p.path).stat().st_size for p in (partitions[0], termdoc)) / 1e6
-    case = f"one co-occurrence shard of {rows} sentences ({result[3] / 1e6:.2f}M tokens)"
+    case = f"one co-occurrence shard of {rows} sentences ({result[2] / 1e6:.2f}M tokens)"
     return [Row("scaling", "Prefect task run on a warm 2-worker Dask cluster (no-op shard, 32 in a row)",
                 "seconds per task", per_task, None, "", False),
             Row("scaling", case + ": counting", "seconds", compute, None, "", False),

@@ -39,12 +39,12 @@ from prefect import task
 
 @task(name="cooccurrence-shard", **SHARD_TASK)
 def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, keep_prob: np.ndarray, window: int, seed: int,
-                       partitions: int, part: str | None) -> tuple[Any, Any, int, int, int, int]:
+                       partitions: int, part: str | None) -> tuple[Any, Any, int, int, int]:
     """Per-distance pair counts (after subsampling) in `partitions` key-space partitions, term–document
     counts (every token) in document-major rows, of the train sentences among [start, stop) (windows
     never cross a sentence, and a token's subsampling draw depends on its sentence number, so sentence
-    ranges add up exactly); then the number of documents up to the shard's last, and of tokens (in
-    the vocabulary, kept after subsampling, and every train token, <unk> included)."""
+    ranges add up exactly); then the numbers of tokens (in the vocabulary, kept after subsampling, and
+    every train token, <unk> included)."""
     table = read_rows(tokens, "tokens.parquet", start, stop)
     vocab_size = len(keep_prob)
     # held-out sentences keep their row (and number) but no tokens: nothing of them reaches the vectors
@@ -59,7 +59,7 @@ def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, keep_prob: np
     termdoc = cooccurrence.term_document_matrix(ids, np.append(offsets[doc_starts], offsets[-1]), vocab_size, first)
     corpus_tokens = int(train_ids.list.len().sum() or 0)
     return (deliver_partitions(row_partitions(counts, partitions), part, "pairs"),
-            deliver(by_columns(termdoc), part, "docs"), termdoc.shape[1], len(ids), len(kept), corpus_tokens)
+            deliver(by_columns(termdoc), part, "docs"), len(ids), len(kept), corpus_tokens)
 
 
 def weigh_partition(blocks: list[sp.spmatrix], vocab_size: int, weighting: cooccurrence.Weighting) -> sp.csr_matrix:
@@ -92,7 +92,7 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
     calls = [{"tokens": tokens, "start": a, "stop": b, "keep_prob": keep_prob, "window": params.window,
               "seed": params.seed} for a, b in ranges]
     merge = partial(weigh_partition, vocab_size=vocabulary.height, weighting=params.weighting)
-    counted: list[tuple[int, int, int, int]] = []  # per shard: documents up to its last, tokens, kept, corpus tokens
+    counted: list[tuple[int, int, int]] = []  # per shard: tokens, kept, corpus tokens
 
     def termdoc_rows(rests: Iterator[tuple]) -> Iterator[Any]:
         for termdoc, *numbers in rests:
@@ -103,11 +103,7 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
         write_matrix_columns(out, "termdoc.parquet", termdoc_rows(rests), (vocabulary.height, n_docs))
 
     forward, _ = reduce_partitioned(cooccurrence_shard, calls, merge, parallel, "cooccurrence", out, write_termdoc)
-    shard_docs, n_tokens, n_kept, n_corpus = (list(column) for column in zip(*counted, strict=True))
-    if max(shard_docs) != n_docs:  # a broken tokens table (document indexes with gaps): no artifact from it
-        raise InputError(f"{corpus_sources(tokens)}: its tokens table's document indexes are not consecutive "
-                         f"({max(shard_docs)} documents counted, the last index is {n_docs - 1}); rebuild it")
-    n_tokens, n_kept, n_corpus = sum(n_tokens), sum(n_kept), sum(n_corpus)
+    n_tokens, n_kept, n_corpus = (sum(column) for column in zip(*counted, strict=True))
     matrix = cooccurrence.symmetric(sum_matrices(forward))
     if not matrix.nnz:  # an empty result is no artifact: every later stage would fail on it, less clearly
         raise InputError(f"no two words co-occur in the train split of {corpus_sources(tokens)} ({n_tokens} "
