@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("name", help=f"a benchmark ({', '.join(available())}), 'all' or 'list'")
     parser.add_argument("--quick", action="store_true", help="small sizes, to check the benchmark runs")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="a benchmark's own option (its run() keyword; see its docstring); repeatable")
     parser.add_argument("--results", type=Path, default=None,
                         help=f"results folder (default {RESULTS_DIR}, or a scratch folder with --quick)")
     args = parser.parse_args(argv)
@@ -122,12 +124,17 @@ def main(argv: list[str] | None = None) -> int:
     if args.name == "list":
         print("\n".join(available()))
         return 0
+    if bad := [option for option in args.option if "=" not in option]:
+        parser.error(f"--option {bad[0]!r}: write it as KEY=VALUE")
+    options = dict(option.split("=", 1) for option in args.option)
+    if options and args.name == "all":
+        parser.error("--option applies to one benchmark; name it")
     names = available() if args.name == "all" else [args.name]
     for name in names:
         if name not in available():
             parser.error(f"unknown benchmark {name!r}; choose from {', '.join(available())}")
         module = importlib.import_module(f"benchmarks.{name}")
-        rows = module.run(quick=args.quick)
+        rows = module.run(quick=args.quick, **options)
         new = record(name, rows, results)
         print(to_markdown(new).split("\n", 4)[-1], flush=True)
     return 0
