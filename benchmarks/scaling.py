@@ -8,7 +8,7 @@ them) and the line order varies. Shards have a fixed size (`SHARDS`), so a large
 shards, not larger ones: a worker's peak memory should not grow with the corpus. Every run, the single
 process's included (it reads and counts in those chunks), has the same parameters but the runner.
 
-Each stage is built as the pipeline builds it (a Prefect flow run; its artifact deleted first), and
+Each stage is built as the pipeline builds it (a task in a Prefect flow run, timed inside the run), and
 reports wall seconds, throughput (MB of text/s for ingestion, tokens/s for the rest) and peak RSS:
 of the single process (the flow's process), or the largest of the Dask workers (VmHWM, reset before
 each stage). PPMI and SVD run on one node in both (vocabulary-bound). Every artifact of a Dask run
@@ -43,6 +43,7 @@ from lexiflow.tasks import parallel
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.matrices import compute_ppmi, count_cooccurrence
 from lexiflow.tasks.params import (
+    COOCCURRENCE_SHARD_SENTENCES,
     CooccurrenceParams,
     CorpusParams,
     ParallelParams,
@@ -56,11 +57,13 @@ from prefect.testing.utilities import prefect_test_harness
 
 from benchmarks.corpora import WIKITEXT_VALID
 from benchmarks.harness import SHARED_DATA, Row
-from benchmarks.sharding import _run_stage, cluster
+from benchmarks.sharding import _timed_stage, cluster
 
 GB = 1e9
 SIZES = {False: (0.25 * GB, 0.5 * GB, 1.0 * GB), True: (8e6, 16e6, 32e6)}
-SHARDS = {False: {"shard_bytes": 64 << 20, "shard_rows": 250_000}, True: {"shard_bytes": 1 << 20, "shard_rows": 8_000}}
+# Full: the defaults (64 MiB of text per ingestion, vocabulary and encoding shard; 250 000 sentences per
+# co-occurrence shard). Quick: small shards, so that its small corpora make several.
+SHARDS = {False: {"shard_bytes": 64 << 20}, True: {"shard_bytes": 1 << 20, "shard_rows": 8_000}}
 VOCABULARY = VocabularyParams(min_count=5, max_size=30_000)
 WINDOW = CooccurrenceParams(window=5)
 SVD = SVDParams(dim=100)
@@ -149,13 +152,6 @@ def _machine_cpu() -> float:
     return times.user + times.system + getattr(times, "nice", 0.0)
 
 
-def timed(stage: Any, store: str, arguments: dict[str, Any]) -> tuple[float, ArtifactRef]:
-    """Seconds to build one stage's artifact (in a flow run, as the pipeline does)."""
-    start = time.perf_counter()
-    ref = _run_stage(stage, store, arguments)
-    return time.perf_counter() - start, ref
-
-
 def chain(store: str, source: Path, parallel_params: ParallelParams, dask: Any = None,
           sharded_only: bool = False) -> dict[str, Any]:
     """Every stage of the rebuild: {stage: (seconds, (driver, worker) peak GB, ref)}."""
@@ -174,7 +170,8 @@ def chain(store: str, source: Path, parallel_params: ParallelParams, dask: Any =
                   ("embeddings", svd_embeddings, lambda: {"ppmi": refs["ppmi"], "params": SVD}, False)]
     for name, stage, arguments, sharded in steps:
         with Peak(dask if sharded else None) as peak:
-            seconds, ref = timed(stage, store, {**arguments(), **({"parallel": parallel_params} if sharded else {})})
+            runner = {"parallel": parallel_params} if sharded else {}
+            seconds, ref = _timed_stage(stage, store, {**arguments(), **runner})
         refs[name] = ref
         results[name] = (seconds, (peak.driver, peak.workers, peak.cpu()), ref)
     return results
@@ -301,7 +298,7 @@ def run(quick: bool = False, workers: str = "1,2", sizes_gb: str = "", stages: s
                                 megabytes / sum(s for s, _, _ in single.values()), "single process", True, "", None,
                                 f"{total:.1f} s; shards: {json.dumps(shards)}"))
         largest = runs["single process"]
-        n_rows = shards["shard_rows"]
+        n_rows = shards.get("shard_rows", COOCCURRENCE_SHARD_SENTENCES)
         rows += breakdown(two, str(Path(tmp) / "breakdown"), largest["tokenized_corpus"][2], largest["tokenizer"][2],
                           n_rows)
     return rows

@@ -136,11 +136,12 @@ def read_table(ref: ArtifactRef, name: str) -> pl.DataFrame:
 
 
 @retry_transient  # open and read: one store operation, retried as ArtifactStore's reads are
-def count_rows(ref: ArtifactRef, name: str) -> int:
-    """Rows of a Parquet file of an artifact, from its footer (nothing else is read)."""
+def table_size(ref: ArtifactRef, name: str) -> tuple[int, int]:
+    """Rows and uncompressed bytes of a Parquet file of an artifact, from its footer (nothing else is read)."""
     store = ArtifactStore(ref.store)
     with store.open(ref.kind, ref.version, name) as f, store.damage_check(ref.kind, ref.version, name):
-        return pq.ParquetFile(f).metadata.num_rows
+        footer = pq.ParquetFile(f).metadata
+        return footer.num_rows, sum(footer.row_group(i).total_byte_size for i in range(footer.num_row_groups))
 
 
 @retry_transient

@@ -16,7 +16,6 @@ from lexiflow.storage.formats import (
     VOCAB,
     by_columns,
     corpus_sources,
-    count_rows,
     read_matrix,
     read_rows,
     read_table,
@@ -29,10 +28,10 @@ from lexiflow.tasks.parallel import (
     deliver_partitions,
     reduce_partitioned,
     row_partitions,
-    row_ranges,
+    shard_ranges,
     sum_matrices,
 )
-from lexiflow.tasks.params import CooccurrenceParams, ParallelParams, PPMIParams
+from lexiflow.tasks.params import COOCCURRENCE_SHARD_SENTENCES, CooccurrenceParams, ParallelParams, PPMIParams
 from lexiflow.tasks.stage import stage
 from prefect import task
 
@@ -81,8 +80,8 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
     shard, or two when a shard boundary cuts it, whose counts add)."""
     parallel = parallel or ParallelParams()
     vocabulary = read_table(tokenizer, "vocab.parquet")
-    n_rows = count_rows(tokens, "tokens.parquet")
-    ranges = row_ranges(n_rows, parallel.shard_rows)
+    ranges = shard_ranges(tokens, "tokens.parquet", parallel, COOCCURRENCE_SHARD_SENTENCES)
+    n_rows = ranges[-1][1]
     # documents are consecutive runs of sentences: their number is the last one's index + 1, known before
     # the shards, so their term–document rows stream into the file while later shards still run
     n_docs = int(read_rows(tokens, "tokens.parquet", n_rows - 1, n_rows)["doc_index"][0]) + 1 if n_rows else 0

@@ -62,7 +62,8 @@ import scipy.sparse as sp
 from lexiflow.models.errors import LexiflowError
 from lexiflow.models.heap import adaptive_mmap_threshold
 from lexiflow.models.progress import Progress
-from lexiflow.storage import ArtifactWriter
+from lexiflow.storage import ArtifactRef, ArtifactWriter
+from lexiflow.storage.formats import table_size
 from lexiflow.storage.store import storage_options_for
 from lexiflow.tasks.params import ParallelParams
 from lexiflow.tasks.stage import retry_transient_only
@@ -104,6 +105,16 @@ def task_runner(params: ParallelParams) -> TaskRunner:
         return DaskTaskRunner(cluster_kwargs={"n_workers": params.workers, "threads_per_worker": 1,
                                               "dashboard_address": ":0"})  # a free port: no clash
     return ThreadPoolTaskRunner(max_workers=params.workers)
+
+
+def shard_ranges(ref: ArtifactRef, name: str, parallel: ParallelParams,
+                 rows_per_shard: int | None = None) -> list[tuple[int, int]]:
+    """Row ranges of an artifact's Parquet table, one per shard: `parallel.shard_rows` rows each when set, else
+    `rows_per_shard`, else as many rows as hold ~`parallel.shard_bytes` of the table uncompressed (from its
+    footer), so that documents of any length make shards of like work and memory."""
+    rows, size = table_size(ref, name)
+    per_shard = parallel.shard_rows or rows_per_shard or max(1, parallel.shard_bytes * rows // max(size, 1))
+    return row_ranges(rows, per_shard)
 
 
 def row_ranges(n_rows: int, shard_rows: int) -> list[tuple[int, int]]:

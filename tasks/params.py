@@ -82,6 +82,10 @@ CorpusParams = section(
         description="Files, directories, glob patterns, or builtin:enwiki / builtin:lee. Formats: plain text "
                     "(.txt, any), .jsonl, .parquet, .conllu, MediaWiki .xml dumps; optionally .gz/.bz2.")))
 
+# Co-occurrence shards: ~6 M tokens of ~24-token sentences, ~1.9 GB of counts on a worker (docs/scaling.md).
+# Sentences are short and alike, so rows measure the work; documents are not (a few words to a book).
+COOCCURRENCE_SHARD_SENTENCES = 250_000
+
 
 class ParallelParams(Params):
     """How the sharded stages (ingestion, vocabulary, encoding, co-occurrence) run. It changes
@@ -96,10 +100,12 @@ class ParallelParams(Params):
         None, pattern=r"^[a-z][a-z0-9+]*://\S+$",
         description="Scheduler of a running Dask cluster, e.g. tcp://10.0.0.5:8786 (workers need the sources and "
                     "the store at the same paths or URLs). None: a LocalCluster on this machine.")
-    shard_bytes: int = Field(64 << 20, ge=1, le=1 << 40, description="Ingestion shard size: large plain-text and "
-                             "JSONL files are cut into byte ranges of this size; smaller files are grouped up to it.")
-    shard_rows: int = Field(500_000, ge=1, le=1 << 40, description="Vocabulary, encoding and co-occurrence shard "
-                            "size in table rows (documents, or sentences for co-occurrence).")
+    shard_bytes: int = Field(64 << 20, ge=1, le=1 << 40, description="Shard size: large plain-text and JSONL "
+                             "files are cut into byte ranges of this size (smaller files are grouped up to it), and "
+                             "vocabulary and encoding shards hold this much of the documents table.")
+    shard_rows: int | None = Field(None, ge=1, le=1 << 40, description="Shard size in table rows (documents; "
+                                   "sentences for co-occurrence), overriding the defaults: documents by `shard_bytes`, "
+                                   f"{COOCCURRENCE_SHARD_SENTENCES:_} sentences per co-occurrence shard.")
 
 
 VocabularyParams = section("VocabularyParams", Vocabulary.from_counts)

@@ -17,7 +17,6 @@ from lexiflow.storage.formats import (
     TOKENS,
     VOCAB,
     corpus_sources,
-    count_rows,
     read_manifest,
     read_rows,
     read_table,
@@ -26,7 +25,7 @@ from lexiflow.tasks.parallel import (
     SHARD_TASK,
     deliver,
     reduce_shards,
-    row_ranges,
+    shard_ranges,
     stream_shards,
 )
 from lexiflow.tasks.params import ParallelParams, TokenizerParams, VocabularyParams
@@ -68,7 +67,7 @@ def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: Vocabular
     Shards of documents are counted apart and their counts added."""
     require_train_split(corpus)
     parallel = parallel or ParallelParams()
-    ranges = row_ranges(count_rows(corpus, "documents.parquet"), parallel.shard_rows)
+    ranges = shard_ranges(corpus, "documents.parquet", parallel)
     counts, n_words = reduce_shards(count_words_shard, [{"corpus": corpus, "start": a, "stop": b} for a, b in ranges],
                                     add_word_counts, parallel, "tokenizer", out)
     vocabulary = vocab.Vocabulary.from_counts(counts, params.min_count, params.max_size)
@@ -114,7 +113,7 @@ def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactR
                   parallel: ParallelParams | None = None) -> None:
     """One row of ids per sentence; shards of documents are encoded apart and concatenated in order."""
     parallel = parallel or ParallelParams()
-    ranges = row_ranges(count_rows(corpus, "documents.parquet"), parallel.shard_rows)
+    ranges = shard_ranges(corpus, "documents.parquet", parallel)
     calls = [{"corpus": corpus, "tokenizer": tokenizer, "start": a, "stop": b} for a, b in ranges]
     sentences, unknown, per_split = 0, 0, {}
     # Shard by shard, in order, as they finish (parts read as the writer reaches them): one shard's ids in

@@ -35,7 +35,7 @@ from lexiflow.storage import ArtifactRef, ArtifactStore
 from lexiflow.storage.formats import by_columns, read_matrix, write_matrix_columns
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.matrices import count_cooccurrence
-from lexiflow.tasks.parallel import row_partitions, sum_matrices
+from lexiflow.tasks.parallel import row_partitions, shard_ranges, sum_matrices
 from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
 from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
 
@@ -325,6 +325,28 @@ def test_column_blocks_that_share_a_column_write_the_bytes_of_the_whole(tmp_path
     assert np.allclose(got.toarray(), whole.toarray()) and got.shape == whole.shape
     table = pl.read_parquet(store.path("cooccurrence", "aa" * 8, "parts.parquet"))
     assert table.select(["col", "row"]).equals(table.select(["col", "row"]).sort(["col", "row"]))  # column-major
+
+
+def test_document_shards_hold_shard_bytes_of_the_table_whatever_the_documents_length(tmp_path):
+    # Rows are no measure of work for documents (a few words to a book): by default a shard holds
+    # ~shard_bytes of the table. 2 000 distinct documents of 1 000 bytes (~2 MB uncompressed: each row's text,
+    # its 4-byte length and a share of page headers) make 8 shards of 256 KiB, ~261 rows at most each; the
+    # same number of 10-byte documents is one shard.
+    store = ArtifactStore(tmp_path)
+    rng = np.random.default_rng(0)
+    long = ["".join(rng.choice(list("abcdefgh "), size=1000)) for _ in range(2000)]
+    with store.writer("corpus", "a" * 16) as out:
+        out.write_parquet("long.parquet", pl.DataFrame({"text": long}), row_group_size=100)
+        out.write_parquet("short.parquet", pl.DataFrame({"text": [f"doc {i:6d}" for i in range(2000)]}))
+    ref, by_bytes = store.ref("corpus", "a" * 16), ParallelParams(shard_bytes=256 << 10)
+    ranges = shard_ranges(ref, "long.parquet", by_bytes)
+    assert len(ranges) == 8 and 250 <= ranges[0][1] <= (256 << 10) // 1004 and ranges[-1][1] == 2000
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))  # contiguous, in order
+    assert shard_ranges(ref, "short.parquet", by_bytes) == [(0, 2000)]
+    # Set rows win over both the stage's own count (co-occurrence: sentences) and the byte size.
+    assert shard_ranges(ref, "short.parquet", by_bytes, rows_per_shard=800) == [(0, 800), (800, 1600), (1600, 2000)]
+    assert len(shard_ranges(ref, "long.parquet", ParallelParams(shard_bytes=256 << 10, shard_rows=1000),
+                            rows_per_shard=800)) == 2
 
 
 def test_row_partitions_interleave_and_add_back_to_the_matrix():
