@@ -3,7 +3,7 @@ one core, window 5, harmonic weights, on a ≥ 10 M-token stream of real sentenc
 (`cooccurrence_matrix`) and the `cooccurrence` stage as the pipeline runs it (a tokenized-corpus
 artifact in a local store: Parquet read, <unk> removal, subsampling, per-distance counts, the
 term-document matrix, weighting and symmetrising, the Parquet artifact written and published), one
-shard per 250 k sentences (the default, `COOCCURRENCE_SHARD_SENTENCES`), on the local runner. Speeds are
+shard per 500 k sentences (the default, `COOCCURRENCE_SHARD_SENTENCES`), on the local runner. Speeds are
 tokens over CPU seconds of this process (per core; the machine is shared, so CPU time rather than
 wall time), best of 3."""
 

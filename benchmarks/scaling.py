@@ -61,7 +61,7 @@ from benchmarks.sharding import _timed_stage, cluster
 
 GB = 1e9
 SIZES = {False: (0.25 * GB, 0.5 * GB, 1.0 * GB), True: (8e6, 16e6, 32e6)}
-# Full: the defaults (64 MiB of text per ingestion, vocabulary and encoding shard; 250 000 sentences per
+# Full: the defaults (64 MiB of text per ingestion, vocabulary and encoding shard; 500 000 sentences per
 # co-occurrence shard). Quick: small shards, so that its small corpora make several.
 SHARDS = {False: {"shard_bytes": 64 << 20}, True: {"shard_bytes": 1 << 20, "shard_rows": 8_000}}
 VOCABULARY = VocabularyParams(min_count=5, max_size=30_000)

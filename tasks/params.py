@@ -82,9 +82,10 @@ CorpusParams = section(
         description="Files, directories, glob patterns, or builtin:enwiki / builtin:lee. Formats: plain text "
                     "(.txt, any), .jsonl, .parquet, .conllu, MediaWiki .xml dumps; optionally .gz/.bz2.")))
 
-# Co-occurrence shards: ~6 M tokens of ~24-token sentences, ~1.9 GB of counts on a worker (docs/scaling.md).
-# Sentences are short and alike, so rows measure the work; documents are not (a few words to a book).
-COOCCURRENCE_SHARD_SENTENCES = 250_000
+# Co-occurrence shards: ~12 M tokens of ~24-token sentences, ~1.9 GB on a worker (docs/scaling.md; against
+# 250 000, half the task runs and merges, 1.43x on 2 workers either way). Sentences are short and alike, so
+# rows measure the work; documents are not (a few words to a book).
+COOCCURRENCE_SHARD_SENTENCES = 500_000
 
 
 class ParallelParams(Params):
