@@ -106,7 +106,7 @@ class ParallelParams(Params):
                              "vocabulary and encoding shards hold this much of the documents table.")
     shard_rows: int | None = Field(None, ge=1, le=1 << 40, description="Shard size in table rows (documents; "
                                    "sentences for co-occurrence), overriding the defaults: documents by `shard_bytes`, "
-                                   f"{COOCCURRENCE_SHARD_SENTENCES:_} sentences per co-occurrence shard.")
+                                   f"{COOCCURRENCE_SHARD_SENTENCES:,} sentences per co-occurrence shard.")
 
 
 VocabularyParams = section("VocabularyParams", Vocabulary.from_counts)
