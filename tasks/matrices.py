@@ -91,17 +91,21 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
     calls = [{"tokens": tokens, "start": a, "stop": b, "keep_prob": keep_prob, "window": params.window,
               "seed": params.seed} for a, b in ranges]
     merge = partial(weigh_partition, vocab_size=vocabulary.height, weighting=params.weighting)
-    counted: list[tuple[int, int, int]] = []  # per shard: tokens, kept, corpus tokens
 
-    def termdoc_rows(rests: Iterator[tuple]) -> Iterator[Any]:
-        for termdoc, *numbers in rests:
-            counted.append(tuple(numbers))
-            yield termdoc
+    def write_termdoc(rests: Iterator[tuple]) -> list[tuple[int, int, int]]:
+        """The shards' term–document rows into the file as they come; their token counts back."""
+        counted = []  # per shard: tokens, kept, corpus tokens
 
-    def write_termdoc(rests: Iterator[tuple]) -> None:
-        write_matrix_columns(out, "termdoc.parquet", termdoc_rows(rests), (vocabulary.height, n_docs))
+        def termdoc_rows() -> Iterator[Any]:
+            for termdoc, *numbers in rests:
+                counted.append(tuple(numbers))
+                yield termdoc
 
-    forward, _ = reduce_partitioned(cooccurrence_shard, calls, merge, parallel, "cooccurrence", out, write_termdoc)
+        write_matrix_columns(out, "termdoc.parquet", termdoc_rows(), (vocabulary.height, n_docs))
+        return counted
+
+    forward, counted = reduce_partitioned(cooccurrence_shard, calls, merge, parallel, "cooccurrence", out,
+                                          write_termdoc)
     n_tokens, n_kept, n_corpus = (sum(column) for column in zip(*counted, strict=True))
     matrix = cooccurrence.symmetric(sum_matrices(forward))
     if not matrix.nnz:  # an empty result is no artifact: every later stage would fail on it, less clearly
