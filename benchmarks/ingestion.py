@@ -2,7 +2,7 @@
 Python loop doing the same cleaning (NFC, whitespace, sentence split, lowercase, hash, dedupe).
 
 A second row is the `corpus` stage sharded on a warm Dask LocalCluster of 2 worker processes
-(byte ranges of the file, merged in order; the whole stage: plan, shard task runs, Parquet parts,
+(byte ranges of the file, merged in order; the whole stage: plan, shard task runs, parts,
 merge, corpus stats, publish), against the same Python loop in the same run; its corpus is
 checked equal to the single-process one.
 
@@ -23,11 +23,11 @@ import time
 import unicodedata
 from pathlib import Path
 
-import polars as pl
 from lexiflow.models.ingest import IngestOptions, ShardResult, build_corpus, ingest_shard, merge_shards, plan_shards
 from lexiflow.storage import ArtifactStore
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP
 from lexiflow.storage.store import ArtifactWriter
+from lexiflow.tasks.parallel import Part, deliver, received
 
 from benchmarks.corpora import plain_text_file
 from benchmarks.harness import Row
@@ -54,14 +54,14 @@ def reference(path: Path) -> int:
 
 
 def merge_parts(path: Path, shard_bytes: int, folder: Path, streamed: bool) -> tuple[float, float]:
-    """(peak RSS in GB, seconds) of merging the shards of `path` from Parquet parts in a fresh process
+    """(peak RSS in GB, seconds) of merging the shards of `path` from their parts in a fresh process
     (`python -c`: a multiprocessing child of `python -m benchmarks` would import the harness's modules)."""
     options = IngestOptions()
     meta = []
     for i, shard in enumerate(plan_shards([path], options, shard_bytes)):  # the parts the shard tasks leave
         result = ingest_shard(shard, options)
-        result.documents.write_parquet(folder / f"{i:06d}.parquet", compression="lz4")
-        result.words.write_parquet(folder / f"{i:06d}-words.parquet", compression="lz4")
+        deliver(result.documents, str(folder / f"{i:06d}"))
+        deliver(result.words, str(folder / f"{i:06d}"), "words")
         meta.append({"texts": list(result.texts.items()), "errors": [[f, *e] for f, e in result.errors.items()]})
     (folder / "meta.json").write_text(json.dumps(meta))
     code = (f"from benchmarks.ingestion import merge_in_this_process as m; "
@@ -78,10 +78,9 @@ def merge_in_this_process(path: str, folder: str, streamed: bool) -> tuple[float
     out.folder.mkdir()
     results = []
     for i, meta in enumerate(json.loads((folder / "meta.json").read_text())):
-        part, words = folder / f"{i:06d}.parquet", folder / f"{i:06d}-words.parquet"
-        read = pl.scan_parquet if streamed else pl.read_parquet
-        results.append(ShardResult(read(part), dict(meta["texts"]), {f: tuple(e) for f, *e in meta["errors"]},
-                                   read(words)))
+        part, words = (Part(str(folder / f"{i:06d}{name}.arrow")) for name in ("", "-words"))
+        results.append(ShardResult(received(part, lazy=streamed), dict(meta["texts"]),
+                                   {f: tuple(e) for f, *e in meta["errors"]}, received(words)))
     start = time.perf_counter()
     if streamed:
         with out.parquet_parts("documents.parquet", DOCUMENTS, SHARDED_ROW_GROUP) as write:

@@ -13,7 +13,7 @@ reports wall seconds, throughput (MB of text/s for ingestion, tokens/s for the r
 of the single process (the flow's process), or the largest of the Dask workers (VmHWM, reset before
 each stage). PPMI and SVD run on one node in both (vocabulary-bound). Every artifact of a Dask run
 is checked equal (version and bytes) to the single-process one. The last rows split a shard's cost
-(Prefect task run, Parquet part, merge) on the 2-worker cluster (docs/scaling.md).
+(Prefect task run, part file, merge) on the 2-worker cluster (docs/scaling.md).
 
 Sizes: window 5 (harmonic), vocabulary min count 5 and at most 30 000 words, SVD 100 dimensions; the
 full run should take ~25-30 minutes on 2 quiet cores (docs/scaling.md); the quick one ~3.5 minutes.
@@ -201,7 +201,7 @@ def _no_op(part: str | None) -> int:
 
 def breakdown(dask: Any, store: str, tokens: ArtifactRef, tokenizer: ArtifactRef, rows: int) -> list[Row]:
     """A shard's costs on the warm cluster: a no-op Prefect task run; one co-occurrence shard's result
-    written and read as Parquet parts; one merge of two such results."""
+    written and read as parts (Arrow IPC); one merge of two such results."""
     from lexiflow.tasks.matrices import cooccurrence_shard, weigh_partition
 
     params = ParallelParams(runner="dask", dask_address=dask.scheduler_address)
@@ -224,8 +224,8 @@ def breakdown(dask: Any, store: str, tokens: ArtifactRef, tokenizer: ArtifactRef
         termdoc = parallel.deliver(result[1], str(folder / "a"), "docs")
         write = time.perf_counter() - start
         start = time.perf_counter()
-        back = [parallel._received(block) for block in partitions]
-        parallel._received(termdoc)
+        back = [parallel.received(block) for block in partitions]
+        parallel.received(termdoc)
         read = time.perf_counter() - start
         start = time.perf_counter()
         weigh_partition([back[0], back[0]], vocabulary.height, WINDOW.weighting)
@@ -235,7 +235,7 @@ def breakdown(dask: Any, store: str, tokens: ArtifactRef, tokenizer: ArtifactRef
     return [Row("scaling", "Prefect task run on a warm 2-worker Dask cluster (no-op shard, 32 in a row)",
                 "seconds per task", per_task, None, "", False),
             Row("scaling", case + ": counting", "seconds", compute, None, "", False),
-            Row("scaling", case + f": result written as Parquet parts ({size:.0f} MB)", "seconds", write, compute,
+            Row("scaling", case + f": result written as parts ({size:.0f} MB)", "seconds", write, compute,
                 "counting", False),
             Row("scaling", case + ": parts read back", "seconds", read, compute, "counting", False),
             Row("scaling", case + ": merge of one of 2 key partitions of two such results (added, weighted)", "seconds",

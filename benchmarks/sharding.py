@@ -3,7 +3,7 @@ on a Dask LocalCluster with 1 and with 2 worker processes (one thread each) agai
 single-process path, in the same run, on the same tokenized corpus (WikiText-2 lines).
 
 The clusters are started and warmed up before timing, as a running cluster would be; each timed run is the
-whole stage as the pipeline runs it (plan, shard task runs through Prefect, Parquet parts, merge,
+whole stage as the pipeline runs it (plan, shard task runs through Prefect, parts, merge,
 publish), its output deleted first so it is recomputed. Every run's artifact is checked equal to
 the single-process one.
 """

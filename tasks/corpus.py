@@ -13,7 +13,7 @@ from lexiflow.models import ingest
 from lexiflow.models.config import from_section
 from lexiflow.storage import ArtifactWriter
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, TAGGED
-from lexiflow.tasks.parallel import SHARD_TASK, deliver, stream_shards
+from lexiflow.tasks.parallel import SHARD_TASK, deliver, received, stream_shards
 from lexiflow.tasks.params import CorpusParams, ParallelParams
 from lexiflow.tasks.stage import stage
 from prefect import task
@@ -65,12 +65,12 @@ def corpus_shard(shard: list[ingest.FileRange | ingest.Streams], options: ingest
 
 
 def spill_to(folder: Path) -> Callable[[pl.DataFrame], pl.LazyFrame]:
-    """Where the single-shard path puts a shard's cleaned batches once it has several: Parquet parts."""
+    """Where the single-shard path puts a shard's cleaned batches once it has several: parts."""
     batch = itertools.count()
 
     def spill(docs: pl.DataFrame) -> pl.LazyFrame:
         folder.mkdir(parents=True, exist_ok=True)
-        return pl.scan_parquet(deliver(docs, str(folder / "batch"), f"{next(batch):05d}").path)
+        return received(deliver(docs, str(folder / "batch"), f"{next(batch):05d}"), lazy=True)
 
     return spill
 

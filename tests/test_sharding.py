@@ -86,7 +86,7 @@ def test_sharded_ingestion_equals_single_process(files, shard_bytes):
 
 
 def test_a_streamed_merge_equals_the_whole_and_reads_each_shard_only_when_it_writes_it(tmp_path, files):
-    """`merge_shards(write=...)` over Parquet parts (LazyFrames, as the corpus stage gets them from its
+    """`merge_shards(write=...)` over parts (LazyFrames, as the corpus stage gets them from its
     shards): the written documents and the stats are those of one process, and a shard's texts are
     read only when its turn comes (memory: one shard at a time)."""
     later = tmp_path / "g.txt"  # repeats a document of the skipped bad file d.txt: kept here

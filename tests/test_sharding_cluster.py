@@ -60,13 +60,13 @@ def on(cluster) -> ParallelParams:
 def test_a_cluster_sharing_only_the_store_publishes_what_one_process_does(tmp_path, sources, moto_s3, cluster,  # noqa: F811
                                                                           monkeypatch):
     received = []
-    original = parallel._received
+    original = parallel.received
 
     def spy(result, *args, **kwargs):
         received.extend(parallel._part_paths(result))
         return original(result, *args, **kwargs)
 
-    monkeypatch.setattr(parallel, "_received", spy)
+    monkeypatch.setattr(parallel, "received", spy)
     local = counts_flow(str(tmp_path / "local"), sources, ParallelParams(runner="local"))
     url = moto_s3.new_url()
     on_s3 = counts_flow(url, sources, on(cluster))

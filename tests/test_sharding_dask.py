@@ -43,8 +43,8 @@ def test_dask_and_threads_publish_what_one_process_does_and_reruns_reuse_it(tmp_
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
         dask = ParallelParams(runner="dask", dask_address=cluster.scheduler_address, shard_bytes=5000, shard_rows=150)
         on_dask = counts_flow(str(tmp_path / "dask"), sources, dask)
-        # The shards went through Parquet parts (a process boundary), now cleaned up.
-        assert not [p for hidden in (".scratch", ".staging") for p in (tmp_path / "dask" / hidden).rglob("*.parquet")]
+        # The shards went through parts (a process boundary), now cleaned up.
+        assert not [p for hidden in (".scratch", ".staging") for p in (tmp_path / "dask" / hidden).rglob("*.arrow")]
     assert_same_artifacts(local, on_dask)
     threads = ParallelParams(workers=2, shard_bytes=4000, shard_rows=250)
     assert_same_artifacts(local, counts_flow(str(tmp_path / "threads"), sources, threads))

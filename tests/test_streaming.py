@@ -167,7 +167,7 @@ def test_wiki_xml_streams_page_by_page():
 
 
 def test_the_corpus_stage_streams_a_compressed_file_into_the_same_artifact(tmp_path, compressed):
-    """One large compressed file is one shard: with a small shard size its batches spill to Parquet parts
+    """One large compressed file is one shard: with a small shard size its batches spill to parts
     and the merge streams them; the artifact is the one read whole, byte for byte, with the same version."""
     params = CorpusParams(sources=[str(compressed["bz2"]), str(compressed["jsonl"])])
     refs = [publish(ArtifactStore(tmp_path / name), ingest_corpus, params=params, parallel=parallel)

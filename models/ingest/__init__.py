@@ -39,7 +39,7 @@ the line where there is one; nothing is published from a failed ingestion.
 - Lines have no length limit: a single 200 MB line is one document (memory ~13× its size).
 - Streaming (`readers.read_chunks`): plain-text lines, JSONL, MediaWiki XML and Parquet are read in
   chunks of about `parallel.shard_bytes` of text (whole lines, pages, rows), compressed or not, and
-  cleaned a batch at a time; a shard whose batches are several spills them to Parquet parts
+  cleaned a batch at a time; a shard whose batches are several spills them to part files
   (`ingest_shard(spill=...)`), so memory follows the shard size, not the file. The corpus is the
   same, row for row and byte for byte, as reading each file whole, and so are its errors (a read
   error first, then the first invalid UTF-8, then the first bad JSON line). CoNLL-U, paragraph and

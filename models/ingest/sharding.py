@@ -104,7 +104,7 @@ class ShardResult:
     document with its word and sentence counts; `words`, the distinct words of each file's documents
     (file, word): the corpus stats come from these, added up, not from reading the text again."""
 
-    documents: pl.DataFrame | pl.LazyFrame | tuple  # lazy: a Parquet part, read when the merge reaches it
+    documents: pl.DataFrame | pl.LazyFrame | tuple  # lazy: a part, read when the merge reaches it
     texts: dict[int, int]
     errors: dict[int, tuple[int, int, str]]
     words: pl.DataFrame | pl.LazyFrame
@@ -220,7 +220,7 @@ def ingest_shard(shard: list[FileRange | Streams], options: IngestOptions, progr
 
     Files stream in chunks of about `chunk_bytes` bytes (`read_chunks`), cleaned a batch at a time: a
     batch holds at least half a chunk of text, or the rest of the shard, and at most that plus one chunk.
-    `spill(batch)` stores a cleaned batch (a Parquet part) and returns what stands for it: once a shard
+    `spill(batch)` stores a cleaned batch (a part file) and returns what stands for it: once a shard
     has a second batch, every batch goes there and the documents are the tuple of what it returned, so
     memory holds one batch, not the shard (a large compressed file is one shard). Without it, or with
     one batch, the documents are one table."""
@@ -311,7 +311,7 @@ def merge_shards(files: list[Path], results: Iterable[ShardResult], options: Ing
     large file's byte ranges merge one by one), else once its files are complete (the next shard starts
     at a later file: a file's byte ranges are consecutive shards), as skipping a file needs all of it.
     `write`: hand the kept documents to it shard by shard instead of returning them (the Corpus
-    then has `documents=None`). With results whose documents are LazyFrames (Parquet parts), the
+    then has `documents=None`). With results whose documents are LazyFrames (part files), the
     merge then holds one shard's documents at a time, plus the id of every document kept (for the
     duplicates) and the distinct words (for the stats)."""
     texts: dict[int, int] = {}
