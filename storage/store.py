@@ -38,6 +38,7 @@ import datetime as dt
 import fcntl
 import functools
 import hashlib
+import io
 import json
 import logging
 import math
@@ -56,6 +57,7 @@ import fsspec
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
+from lexiflow.storage.parquet_concat import ParquetAssembler, Segment, write_row_groups
 from pydantic import BaseModel, ConfigDict
 
 SCHEMA_VERSION = 1
@@ -798,27 +800,40 @@ class ArtifactWriter:
         if schema is not None:
             table = table.select(schema.names).cast(schema)
         path = self.path(name)
-        # Contiguous columns: pages are cut by content, not by how the table was built (parquet_parts too)
-        pq.write_table(table.combine_chunks(), path, row_group_size=row_group_size, **PARQUET_OPTIONS)
+        write_row_groups(path, table, row_group_size, **PARQUET_OPTIONS)  # as parquet_parts writes rows
         return path
 
     @contextmanager
     def parquet_parts(self, name: str, schema: pa.Schema, row_group_size: int) -> Iterator[Callable[[Any], None]]:
-        """Write a table part by part (polars or Arrow tables, in order) without holding it whole:
-        yields `write(part)`. Rows are regrouped into row groups of exactly `row_group_size`, as
-        `write_parquet` cuts the whole table."""
+        """Write a table part by part, in order, without holding it whole: yields `write(part)`, a part being
+        a polars or Arrow table, encoded here, or a `Segment`: row groups encoded elsewhere (a shard worker's
+        `write_row_groups`), appended byte for byte. Tables are regrouped into row groups of exactly
+        `row_group_size`, as `write_parquet` cuts the whole table (the same bytes however the rows came); a
+        segment ends the row group before it."""
         pending: list[pa.Table] = []
-        with pq.ParquetWriter(self.path(name), schema, **PARQUET_OPTIONS) as writer:
+        with open(self.path(name), "wb") as f:
+            assembler = ParquetAssembler(f)
+            empty = io.BytesIO()
+            pq.ParquetWriter(empty, schema, **PARQUET_OPTIONS).close()
+            assembler.append(empty)  # the footer's template: schema and writer (and the file of no rows)
+
             def flush(all_rows: bool) -> None:
-                held = pa.concat_tables(pending).combine_chunks()  # pages cut as write_parquet's: the same bytes
+                held = pa.concat_tables(pending).combine_chunks()
                 rows = held.num_rows if all_rows else held.num_rows - held.num_rows % row_group_size
                 if rows:
-                    # One chunk per write: Parquet's dictionary fallback follows the chunks, and the bytes
-                    # must be those of `write_parquet` of the same rows in one chunk, however they came in parts.
-                    writer.write_table(held.slice(0, rows).combine_chunks(), row_group_size=row_group_size)
+                    encoded = io.BytesIO()
+                    write_row_groups(encoded, held.slice(0, rows), row_group_size, **PARQUET_OPTIONS)
+                    assembler.append(encoded)
                     pending[:] = [held.slice(rows)]
 
             def write(part: Any) -> None:
+                if isinstance(part, Segment):  # its row groups as they are, after the rows before it
+                    if pending:
+                        flush(all_rows=True)
+                        pending.clear()
+                    with part.open() as source:
+                        assembler.append(source, f"{name} ({part!r})")
+                    return
                 table = part.to_arrow() if isinstance(part, pl.DataFrame) else part
                 pending.append(table.select(schema.names).cast(schema))
                 flush(all_rows=False)
@@ -826,6 +841,7 @@ class ArtifactWriter:
             yield write
             if pending:
                 flush(all_rows=True)
+            assembler.close()
 
     def write_json(self, name: str, obj: Any) -> Path:
         path = self.path(name)

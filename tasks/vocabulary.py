@@ -21,9 +21,11 @@ from lexiflow.storage.formats import (
     read_rows,
     read_table,
 )
+from lexiflow.storage.parquet_concat import Segment
 from lexiflow.tasks.parallel import (
     SHARD_TASK,
     deliver,
+    deliver_row_groups,
     reduce_shards,
     shard_ranges,
     stream_shards,
@@ -96,34 +98,35 @@ def learn_subword(out: ArtifactWriter, corpus: ArtifactRef, params: TokenizerPar
 
 @task(name="tokenized_corpus-shard", **SHARD_TASK)
 def encode_shard(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: int,
-                 part: str | None) -> tuple[Any, int, dict[str, int]]:
-    """The sentences of documents [start, stop), encoded (doc_index counts from the corpus start), and
-    their counts: unknown tokens, tokens per split (the merge only adds them)."""
+                 part: str | None) -> tuple[Segment, int, int, dict[str, int]]:
+    """The sentences of documents [start, stop), encoded (doc_index counts from the corpus start) into
+    `tokens.parquet`'s row groups here, and their counts: sentences, unknown tokens, tokens per split (the
+    merge only appends the row groups and adds the counts)."""
     rows = vocab.sentences(read_rows(corpus, "documents.parquet", start, stop), first_doc=start)
     with ArtifactStore(tokenizer.store).local_dir(tokenizer.kind, tokenizer.version) as folder:
         ids = tokenizers.load(folder).encode_batch(rows["text"]).alias("ids")
     table = rows.select("doc_index", "sentence", "split").with_columns(ids)
     unknown = int(table["ids"].explode().eq(vocab.UNK_ID).sum())
     per_split = dict(table.group_by("split").agg(pl.col("ids").list.len().sum()).iter_rows())
-    return deliver(table, part), unknown, {split: int(n) for split, n in per_split.items()}
+    return (deliver_row_groups(table, part, TOKENS, SHARDED_ROW_GROUP), table.height, unknown,
+            {split: int(n) for split, n in per_split.items()})
 
 
 @stage("tokenized_corpus")
 def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactRef,
                   parallel: ParallelParams | None = None) -> None:
-    """One row of ids per sentence; shards of documents are encoded apart and concatenated in order."""
+    """One row of ids per sentence; shards of documents are encoded apart, each into its own row groups of
+    `tokens.parquet` (on the workers, when they run on a pool), which are appended in order."""
     parallel = parallel or ParallelParams()
     ranges = shard_ranges(corpus, "documents.parquet", parallel)
     calls = [{"corpus": corpus, "tokenizer": tokenizer, "start": a, "stop": b} for a, b in ranges]
     sentences, unknown, per_split = 0, 0, {}
-    # Shard by shard, in order, as they finish (parts read as the writer reaches them): one shard's ids in
-    # memory at a time, written while later shards run.
+    # Shard by shard, in order, as they finish: their row groups appended while later shards run.
     with out.parquet_parts("tokens.parquet", TOKENS, SHARDED_ROW_GROUP) as write:
-        for shard, shard_unknown, shard_tokens in stream_shards(encode_shard, calls, parallel, "tokenized_corpus",
-                                                                 out, lazy=True):
-            table = shard.lazy().collect()
-            write(table)
-            sentences += table.height
+        for row_groups, shard_sentences, shard_unknown, shard_tokens in stream_shards(
+                encode_shard, calls, parallel, "tokenized_corpus", out, lazy=True):
+            write(row_groups)
+            sentences += shard_sentences
             unknown += shard_unknown
             for split, n in shard_tokens.items():
                 per_split[split] = per_split.get(split, 0) + n

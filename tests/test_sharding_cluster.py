@@ -67,7 +67,7 @@ def test_a_cluster_sharing_only_the_store_publishes_what_one_process_does(tmp_pa
         return original(result, *args, **kwargs)
 
     monkeypatch.setattr(parallel, "received", spy)
-    local = counts_flow(str(tmp_path / "local"), sources, ParallelParams(runner="local"))
+    local = counts_flow(str(tmp_path / "local"), sources, on(cluster).model_copy(update={"runner": "local"}))
     url = moto_s3.new_url()
     on_s3 = counts_flow(url, sources, on(cluster))
     assert_same_artifacts(local, on_s3)
@@ -206,9 +206,10 @@ def test_cli_run_on_a_local_dask_cluster_of_two_workers_publishes_what_one_proce
         make(params)) or runners[-1])
     small = ["--corpus", "builtin:lee", "--set", "lm=[]", "--set", 'embeddings=["svd"]', "--set", "svd.dim=10",
              "--set", "evaluation.projection_words=0"]
+    small += ["--set", "parallel.shard_rows=100"]
     assert main(["run", "--store", str(tmp_path / "local"), *small, "--set", "parallel.runner=local"]) == 0
     assert main(["run", "--store", str(tmp_path / "dask"), *small, "--set", "parallel.runner=dask",
-                 "--set", "parallel.workers=2", "--set", "parallel.shard_rows=100"]) == 0
+                 "--set", "parallel.workers=2"]) == 0
     # word counts, encoding and co-occurrence ran on a LocalCluster of 2 workers each (ingestion: one shard)
     assert [type(r).__name__ for r in runners] == ["DaskTaskRunner"] * 3
     assert all(r.cluster_kwargs["n_workers"] == 2 for r in runners)

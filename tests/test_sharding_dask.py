@@ -39,14 +39,15 @@ def counts_flow(store: str, paths: list[str], parallel: ParallelParams) -> dict:
 
 
 def test_dask_and_threads_publish_what_one_process_does_and_reruns_reuse_it(tmp_path, sources):  # noqa: F811
-    local = counts_flow(str(tmp_path / "local"), sources, ParallelParams(runner="local"))
+    shards = {"shard_bytes": 5000, "shard_rows": 150}
+    local = counts_flow(str(tmp_path / "local"), sources, ParallelParams(runner="local", **shards))
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
-        dask = ParallelParams(runner="dask", dask_address=cluster.scheduler_address, shard_bytes=5000, shard_rows=150)
+        dask = ParallelParams(runner="dask", dask_address=cluster.scheduler_address, **shards)
         on_dask = counts_flow(str(tmp_path / "dask"), sources, dask)
         # The shards went through parts (a process boundary), now cleaned up.
         assert not [p for hidden in (".scratch", ".staging") for p in (tmp_path / "dask" / hidden).rglob("*.arrow")]
     assert_same_artifacts(local, on_dask)
-    threads = ParallelParams(workers=2, shard_bytes=4000, shard_rows=250)
+    threads = ParallelParams(workers=2, **shards)
     assert_same_artifacts(local, counts_flow(str(tmp_path / "threads"), sources, threads))
 
     store = ArtifactStore(tmp_path / "dask")

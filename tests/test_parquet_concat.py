@@ -1,0 +1,117 @@
+"""Parquet files of whole row groups joined byte for byte (storage/parquet_concat.py): the known answer is
+pyarrow's own file of the same rows, written in one go."""
+
+import io
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from lexiflow.storage import ArtifactStore
+from lexiflow.storage.parquet_concat import ParquetAssembler, ParquetConcatError, Segment, write_row_groups
+from lexiflow.storage.store import PARQUET_OPTIONS
+
+ROWS = 5000
+
+
+def table(n: int = ROWS, seed: int = 0) -> pa.Table:
+    """Rows like the pipeline's tables: integers, a few strings (dictionary pages), lists of ids with nulls
+    and empty lists, long texts."""
+    rng = np.random.default_rng(seed)
+    ids = [None if i % 97 == 0 else rng.integers(0, 3000, rng.integers(0, 30)).tolist() for i in range(n)]
+    return pa.table({
+        "doc_index": pa.array(np.arange(n) // 3, pa.uint32()),
+        "split": pa.array(rng.choice(["train", "dev", "test"], n)),
+        "ids": pa.array(ids, pa.list_(pa.uint32())),
+        "text": pa.array([" ".join(["word"] * int(k)) or None for k in rng.integers(0, 40, n)], pa.large_string()),
+        "score": pa.array(rng.normal(size=n)),
+    })
+
+
+def parquet(rows: pa.Table, row_group_size: int) -> bytes:
+    sink = io.BytesIO()
+    write_row_groups(sink, rows, row_group_size, **PARQUET_OPTIONS)
+    return sink.getvalue()
+
+
+def assembled(files: list[bytes]) -> bytes:
+    sink = io.BytesIO()
+    assembler = ParquetAssembler(sink)
+    for data in files:
+        assembler.append(io.BytesIO(data))
+    assembler.close()
+    return sink.getvalue()
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, ROWS // 1000 - 1), max_size=4, unique=True), st.sampled_from([250, 500, 1000]))
+def test_row_groups_appended_are_the_bytes_of_one_writer(cuts, row_group_size):
+    """Files holding consecutive whole row groups, appended, are the file pyarrow writes of all the rows."""
+    whole = table()
+    bounds = [0, *sorted(cut * 1000 for cut in cuts), ROWS]  # on row-group boundaries of every size drawn
+    files = [parquet(whole.slice(a, b - a), row_group_size) for a, b in zip(bounds, bounds[1:], strict=False)]
+    joined = assembled(files)
+    assert joined == parquet(whole, row_group_size)
+    read = pq.ParquetFile(io.BytesIO(joined), page_checksum_verification=True)
+    assert read.metadata.num_rows == ROWS and read.metadata.num_row_groups == -(-ROWS // row_group_size)
+    assert read.read().equals(whole)
+
+
+def test_files_of_any_length_keep_their_row_groups_and_rows():
+    """Not on a boundary of the whole: each file's groups stay as written (a shard's own row groups), the
+    offsets still right: every group reads back, page checksums verified."""
+    whole = table()
+    bounds = [0, 1234, 1300, 4999, ROWS]
+    joined = assembled([parquet(whole.slice(a, b - a), 1000) for a, b in zip(bounds, bounds[1:], strict=False)])
+    read = pq.ParquetFile(io.BytesIO(joined), page_checksum_verification=True)
+    assert [read.metadata.row_group(i).num_rows for i in range(read.num_row_groups)] == [1000, 234, 66, 1000,
+                                                                                         1000, 1000, 699, 1]
+    assert pa.concat_tables([read.read_row_group(i) for i in range(read.num_row_groups)]).equals(whole)
+    assert pl.read_parquet(io.BytesIO(joined)).equals(pl.from_arrow(whole))  # another reader
+
+
+def test_an_empty_file_gives_the_schema_and_no_rows():
+    empty = io.BytesIO()
+    pq.ParquetWriter(empty, table().schema, **PARQUET_OPTIONS).close()
+    assert assembled([empty.getvalue()]) == empty.getvalue()
+    assert assembled([empty.getvalue(), parquet(table(), 1000)]) == parquet(table(), 1000)
+    with pytest.raises(ParquetConcatError, match="no Parquet file was appended"):
+        ParquetAssembler(io.BytesIO()).close()
+
+
+def test_what_cannot_be_appended_is_refused_naming_the_file():
+    whole = table()
+    other = whole.rename_columns(["doc", *whole.column_names[1:]])
+    sink = ParquetAssembler(io.BytesIO())
+    sink.append(io.BytesIO(parquet(whole, 1000)), "first")
+    with pytest.raises(ParquetConcatError, match="^second: another schema"):
+        sink.append(io.BytesIO(parquet(other, 1000)), "second")
+    with pytest.raises(ParquetConcatError, match="^third: not a Parquet file"):
+        sink.append(io.BytesIO(b"PAR1 but not really a Parquet file"), "third")
+    indexed = io.BytesIO()
+    pq.write_table(whole, indexed, write_page_index=True, **PARQUET_OPTIONS)
+    with pytest.raises(ParquetConcatError, match="^fourth: has page indexes"):
+        sink.append(io.BytesIO(indexed.getvalue()), "fourth")
+
+
+def test_parquet_parts_mixes_tables_and_segments(tmp_path):
+    """`ArtifactWriter.parquet_parts`: tables are regrouped; a segment (row groups encoded elsewhere, in
+    memory or in a file) is appended as it is and ends the row group before it."""
+    whole = table()
+    segment_file = tmp_path / "segment.parquet"
+    segment_file.write_bytes(parquet(whole.slice(2000, 1500), 1000))
+    with ArtifactStore(tmp_path / "store").writer("tokenized_corpus", "ab" * 8) as out:
+        with out.parquet_parts("t.parquet", whole.schema, 1000) as write:
+            write(pl.from_arrow(whole.slice(0, 700)))
+            write(whole.slice(700, 1300))  # 2000 rows in tables: two groups of 1000
+            write(Segment(str(segment_file)))  # 1000 + 500
+            write(whole.slice(3500, 300))  # a group of 300 ends at the next segment
+            write(Segment(parquet(whole.slice(3800, ROWS - 3800), 1000)))  # 1000 + 200
+        path = out.path("t.parquet")
+        read = pq.ParquetFile(path, page_checksum_verification=True)
+        assert [read.metadata.row_group(i).num_rows for i in range(read.num_row_groups)] == [1000, 1000, 1000,
+                                                                                             500, 300, 1000, 200]
+        assert read.read().equals(whole)
