@@ -27,6 +27,7 @@ from lexiflow.models.ingest import IngestOptions, ShardResult, build_corpus, ing
 from lexiflow.storage import ArtifactStore
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP
 from lexiflow.storage.store import ArtifactWriter
+from lexiflow.tasks.corpus import documents_writer
 from lexiflow.tasks.parallel import Part, deliver, received
 
 from benchmarks.corpora import plain_text_file
@@ -84,7 +85,7 @@ def merge_in_this_process(path: str, folder: str, streamed: bool) -> tuple[float
     start = time.perf_counter()
     if streamed:
         with out.parquet_parts("documents.parquet", DOCUMENTS, SHARDED_ROW_GROUP) as write:
-            merge_shards([Path(path)], results, IngestOptions(), write)
+            merge_shards([Path(path)], results, IngestOptions(), documents_writer(write))
     else:
         corpus = merge_shards([Path(path)], results, IngestOptions())
         out.write_parquet("documents.parquet", corpus.documents, DOCUMENTS, row_group_size=SHARDED_ROW_GROUP)

@@ -38,6 +38,7 @@ class Segment:
     file's path or URL, or its bytes. `ArtifactWriter.parquet_parts` appends them as they are."""
 
     source: str | bytes
+    rows: int
 
     def open(self) -> Any:
         """The file, for reading (binary, seekable)."""
@@ -49,6 +50,22 @@ class Segment:
 
     def __repr__(self) -> str:
         return f"Segment({self.source if isinstance(self.source, str) else f'{len(self.source)} bytes'})"
+
+
+def write_segment(rows: Any, schema: pa.Schema, row_group_size: int, path: str | None = None) -> Segment:
+    """`rows` (a polars or Arrow table) as row groups of a table of `schema` written with the store's options:
+    in memory (`path` None) or as the file at `path` (a local path or a store URL)."""
+    from lexiflow.storage.store import PARQUET_OPTIONS, storage_options_for
+
+    table = rows.to_arrow() if hasattr(rows, "to_arrow") else rows
+    table = table.select(schema.names).cast(schema)
+    if path is None:
+        encoded = pa.BufferOutputStream()
+        write_row_groups(encoded, table, row_group_size, **PARQUET_OPTIONS)
+        return Segment(encoded.getvalue().to_pybytes(), table.num_rows)
+    with fsspec.open(path, "wb", **storage_options_for(path)) as f:
+        write_row_groups(f, table, row_group_size, **PARQUET_OPTIONS)
+    return Segment(path, table.num_rows)
 
 
 class ParquetConcatError(ValueError):

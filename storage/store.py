@@ -828,6 +828,8 @@ class ArtifactWriter:
 
             def write(part: Any) -> None:
                 if isinstance(part, Segment):  # its row groups as they are, after the rows before it
+                    if not part.rows:
+                        return
                     if pending:
                         flush(all_rows=True)
                         pending.clear()

@@ -13,7 +13,8 @@ from lexiflow.models import ingest
 from lexiflow.models.config import from_section
 from lexiflow.storage import ArtifactWriter
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, TAGGED
-from lexiflow.tasks.parallel import SHARD_TASK, deliver, received, stream_shards
+from lexiflow.storage.parquet_concat import Segment, write_segment
+from lexiflow.tasks.parallel import SHARD_TASK, deliver, deliver_row_groups, received, stream_shards
 from lexiflow.tasks.params import CorpusParams, ParallelParams
 from lexiflow.tasks.stage import stage
 from prefect import task
@@ -53,15 +54,41 @@ def tagged_parameters(arguments: dict) -> dict:
 
 @task(name="corpus-shard", **SHARD_TASK)
 def corpus_shard(shard: list[ingest.FileRange | ingest.Streams], options: ingest.IngestOptions, chunk_bytes: int,
-                 part: str | None) -> tuple[Any, dict[int, int], dict[int, tuple[int, int, str]], Any]:
+                 part: str | None) -> tuple[Any, dict[int, int], dict[int, tuple[int, int, str]], Any, Any]:
     """Read and clean one shard of the sources (documents delivered in memory or as a part; a shard
     that streams in several batches, a large compressed file, delivers each batch as a part of its own;
-    its distinct words as a part too)."""
+    its distinct words as a part too). As parts, each table's first copies are also encoded here as
+    `documents.parquet` row groups, which the merge appends as they are when it keeps them all."""
     batch = itertools.count()
-    spill = None if part is None else (lambda docs: deliver(docs, part, f"{next(batch):05d}"))
+    encoded: list[Any] = []
+
+    def delivered(docs: pl.DataFrame, name: str = "") -> Any:
+        first = ingest.first_in_table(docs["doc_id"]) if options.dedupe else None
+        rows = docs if first is None or first.all() else docs.filter(pl.Series(first, dtype=pl.Boolean))
+        encoded.append(deliver_row_groups(rows, part, DOCUMENTS, SHARDED_ROW_GROUP, f"{name}rows"))
+        return deliver(docs, part, name)
+
+    # In this process the batches stay tables, so the documents come in the same tables as on any runner.
+    spill = (lambda docs: docs) if part is None else (lambda docs: delivered(docs, f"{next(batch):05d}"))
     result = ingest.ingest_shard(shard, options, chunk_bytes=chunk_bytes, spill=spill)
-    documents = result.documents if isinstance(result.documents, tuple) else deliver(result.documents, part)
-    return documents, result.texts, result.errors, deliver(result.words, part, "words")
+    if part is None:  # in this process: the merge encodes what it keeps
+        documents, row_groups = result.documents, None
+    elif isinstance(result.documents, tuple):
+        documents, row_groups = result.documents, tuple(encoded)
+    else:
+        documents = delivered(result.documents)
+        row_groups = encoded[0]
+    return documents, result.texts, result.errors, deliver(result.words, part, "words"), row_groups
+
+
+def documents_writer(write: Callable[[Any], None]) -> Callable[[pl.DataFrame, Segment | None], None]:
+    """`merge_shards`'s `write` onto `parquet_parts`' one for documents.parquet: each table of kept documents
+    its own row groups, those its shard encoded when the merge keeps them all, else encoded here (so the file
+    is the same on every runner)."""
+    def write_table(docs: pl.DataFrame, encoded: Segment | None) -> None:
+        write(encoded or write_segment(docs, DOCUMENTS, SHARDED_ROW_GROUP))
+
+    return write_table
 
 
 def spill_to(folder: Path) -> Callable[[pl.DataFrame], pl.LazyFrame]:
@@ -95,7 +122,7 @@ def ingest_corpus(out: ArtifactWriter, params: CorpusParams, parallel: ParallelP
                           row_group_size=SHARDED_ROW_GROUP)
     else:  # the merge streams: one batch of documents in memory at a time (docs/scaling.md)
         with out.parquet_parts("documents.parquet", DOCUMENTS, SHARDED_ROW_GROUP) as write:
-            corpus = ingest.merge_shards(files, results, opts, write)
+            corpus = ingest.merge_shards(files, results, opts, documents_writer(write))
     out.metrics.update(corpus.stats)
 
 

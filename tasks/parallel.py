@@ -63,8 +63,8 @@ from lexiflow.models.heap import adaptive_mmap_threshold
 from lexiflow.models.progress import Progress
 from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import table_size
-from lexiflow.storage.parquet_concat import Segment, write_row_groups
-from lexiflow.storage.store import PARQUET_OPTIONS, storage_options_for
+from lexiflow.storage.parquet_concat import Segment, write_segment
+from lexiflow.storage.store import storage_options_for
 from lexiflow.tasks.params import ParallelParams
 from lexiflow.tasks.stage import retry_transient_only
 from prefect import task
@@ -516,21 +516,13 @@ def deliver(result: pl.DataFrame | sp.spmatrix, part: str | None, name: str = ""
     return Part(path)
 
 
-def deliver_row_groups(table: pl.DataFrame, part: str | None, schema: pa.Schema, row_group_size: int) -> Segment:
+def deliver_row_groups(table: pl.DataFrame, part: str | None, schema: pa.Schema, row_group_size: int,
+                       name: str = "rows") -> Segment:
     """A shard's rows of an artifact's table, encoded and compressed here as the artifact's row groups
     (`schema`, row groups of `row_group_size` from the shard's first row): a `Segment` the process writing the
     artifact appends as bytes (`ArtifactWriter.parquet_parts`), in memory (`part` None) or as a file. So a
     table that only concatenates shards is encoded by the workers, in parallel, and only copied by that process."""
-    rows = table.to_arrow().select(schema.names).cast(schema)
-    if part is None:
-        encoded = pa.BufferOutputStream()
-        write_row_groups(encoded, rows, row_group_size, **PARQUET_OPTIONS)
-        return Segment(encoded.getvalue().to_pybytes())
-    path = f"{part}-rows.parquet"
-    fs, target = _fs(path)
-    with fs.open(target, "wb") as f:
-        write_row_groups(f, rows, row_group_size, **PARQUET_OPTIONS)
-    return Segment(path)
+    return write_segment(table, schema, row_group_size, None if part is None else f"{part}-{name}.parquet")
 
 
 def deliver_partitions(blocks: list[sp.spmatrix], part: str | None, name: str) -> list[Any]:

@@ -107,9 +107,10 @@ def test_parquet_parts_mixes_tables_and_segments(tmp_path):
         with out.parquet_parts("t.parquet", whole.schema, 1000) as write:
             write(pl.from_arrow(whole.slice(0, 700)))
             write(whole.slice(700, 1300))  # 2000 rows in tables: two groups of 1000
-            write(Segment(str(segment_file)))  # 1000 + 500
+            write(Segment(str(segment_file), 1500))  # 1000 + 500
             write(whole.slice(3500, 300))  # a group of 300 ends at the next segment
-            write(Segment(parquet(whole.slice(3800, ROWS - 3800), 1000)))  # 1000 + 200
+            write(Segment(parquet(whole.slice(0, 0), 1000), 0))  # no rows: no (empty) row group either
+            write(Segment(parquet(whole.slice(3800, ROWS - 3800), 1000), ROWS - 3800))  # 1000 + 200
         path = out.path("t.parquet")
         read = pq.ParquetFile(path, page_checksum_verification=True)
         assert [read.metadata.row_group(i).num_rows for i in range(read.num_row_groups)] == [1000, 1000, 1000,

@@ -3,6 +3,7 @@ the middle of lines), vocabulary counts, encoding and co-occurrence by row range
 
 import bz2
 import gzip
+import io
 import json
 
 import numpy as np
@@ -27,13 +28,15 @@ from lexiflow.models.ingest import (
     IngestOptions,
     ShardResult,
     build_corpus,
+    first_in_table,
     ingest_shard,
     merge_shards,
     plan_shards,
 )
 from lexiflow.models.vocab import SPECIALS
 from lexiflow.storage import ArtifactRef, ArtifactStore
-from lexiflow.storage.formats import by_columns, read_matrix, write_matrix_columns
+from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, by_columns, read_matrix, write_matrix_columns
+from lexiflow.storage.parquet_concat import write_segment
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.matrices import count_cooccurrence
 from lexiflow.tasks.parallel import row_partitions, shard_ranges, sum_matrices
@@ -108,11 +111,11 @@ def test_a_streamed_merge_equals_the_whole_and_reads_each_shard_only_when_it_wri
         return results
 
     written: list[pl.DataFrame] = []
-    corpus = merge_shards(files, parts(), options, written.append)
+    corpus = merge_shards(files, parts(), options, lambda docs, _encoded: written.append(docs))
     assert len(written) == len(shards) and corpus.documents is None
     assert pl.concat(written).equals(whole.documents) and corpus.stats == whole.stats
 
-    def write_then_change_the_next_part(docs: pl.DataFrame) -> None:
+    def write_then_change_the_next_part(docs: pl.DataFrame, _encoded: object) -> None:
         written.append(docs)
         if len(written) < len(paths):
             changed = pl.read_parquet(paths[len(written)]).with_columns(pl.col("text").str.to_uppercase())
@@ -143,13 +146,39 @@ def test_a_large_files_ranges_merge_as_they_come_unless_skipping_needs_the_whole
             yield ingest_shard(shard, options)
 
     written: list[pl.DataFrame] = []
-    corpus = merge_shards([path], results(), options, lambda docs: (events.append("write"), written.append(docs)))
+    corpus = merge_shards([path], results(), options, lambda docs, _: (events.append("write"), written.append(docs)))
     n = len(shards)
     expected = [e for i in range(n) for e in (f"read {i}", "write")] if bad_files == "fail" \
         else [f"read {i}" for i in range(n)] + ["write"] * n
     assert events == expected
     assert pl.concat(written).equals(build_corpus([path], options).documents)
     assert corpus.stats == build_corpus([path], options).stats
+
+
+def test_the_merge_takes_a_shards_encoded_rows_only_when_it_keeps_exactly_them(tmp_path, files):
+    """A shard encodes its first copies as documents.parquet row groups (`ShardResult.encoded`); the merge hands
+    them on when it keeps those very rows, and None (the caller encodes what it keeps) after a duplicate of an
+    earlier shard or with a bad file left out, whose rows the shard could not know to drop."""
+    options = IngestOptions(bad_files="skip")
+    later = tmp_path / "g.txt"  # a document of a.txt again, and one of the bad d.txt (kept here: d.txt is skipped)
+    later.write_text("The cat sat. Dr. Smith came home!\nfine line\n")
+    fresh = tmp_path / "h.txt"
+    fresh.write_text("nothing seen before\nand again nothing\nand again nothing\n")  # a duplicate in itself
+    sources = [files[0], files[3], later, fresh]
+    results = []
+    for i, path in enumerate(sources):  # a shard per file
+        result = ingest_shard([FileRange(str(path), i)], options)
+        first = first_in_table(result.documents["doc_id"])
+        result.encoded = write_segment(result.documents.filter(first), DOCUMENTS, SHARDED_ROW_GROUP)
+        results.append(result)
+    handed: list[tuple] = []
+    corpus = merge_shards(sources, results, options, lambda docs, encoded: handed.append((docs, encoded)))
+    assert [encoded is results[i].encoded for i, (_, encoded) in enumerate(handed)] == [True, False, False, True]
+    assert [docs.height for docs, _ in handed] == [results[0].encoded.rows, 0, 1, 2]  # d.txt out, "fine line" kept
+    whole = build_corpus(sources, options)
+    assert pl.concat([docs for docs, _ in handed]).equals(whole.documents) and corpus.stats == whole.stats
+    encoded = pl.read_parquet(io.BytesIO(results[3].encoded.source))
+    assert encoded.equals(handed[3][0])  # what the shard encoded is what the merge keeps
 
 
 def test_an_error_in_a_later_range_fails_the_ingestion_after_earlier_ranges_merged(tmp_path):
@@ -161,7 +190,7 @@ def test_an_error_in_a_later_range_fails_the_ingestion_after_earlier_ranges_merg
     written: list[pl.DataFrame] = []
     with pytest.raises(InputError) as streamed:
         merge_shards([path], (ingest_shard(shard, options) for shard in plan_shards([path], options, 1000)),
-                     options, written.append)
+                     options, lambda docs, _: written.append(docs))
     assert str(streamed.value) == str(whole.value) and "big.txt:201: invalid UTF-8" in str(whole.value)
     assert written  # the ranges before it were merged (the stage's writer then fails: nothing is published)
 
@@ -237,7 +266,7 @@ def stage_outputs(store: ArtifactStore, sources: list[str], parallel: ParallelPa
 
 # Files whose row groups are the shards' own (encoded by the shard tasks, appended as bytes): byte for byte the
 # same for the same shards on any runner, the same rows for any shards.
-ROW_GROUPS_BY_SHARD = {"tokens.parquet"}
+ROW_GROUPS_BY_SHARD = {"documents.parquet", "tokens.parquet"}
 
 
 def assert_same_artifacts(a: dict, b: dict, same_shards: bool = True) -> None:

@@ -35,6 +35,7 @@ from lexiflow.tasks.params import CorpusParams, ParallelParams
 
 from tests.conftest import WIKITEXT_VALID
 from tests.stages import publish
+from tests.test_sharding import assert_same_artifacts
 
 ENWIKI = "enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
 WHOLE = 1 << 40  # a chunk size no file here reaches: the file in one chunk, as it was read before streaming
@@ -133,7 +134,7 @@ def test_memory_follows_the_chunk_not_the_file(tmp_path, monkeypatch):
     assert peaks[1] < 1.1 * peaks[0] and peaks[1] < size / 3, peaks  # flat in the file's size
     assert isinstance(result.documents, tuple) and len(result.documents) == len(spilled) == len(batches)
     written: list[pl.DataFrame] = []
-    corpus = merge_shards([path], [result], options, written.append)
+    corpus = merge_shards([path], [result], options, lambda docs, _: written.append(docs))
     assert len(written) == len(batches)
     whole = build_corpus([path], options, chunk_bytes=WHOLE)
     assert pl.concat(written).equals(whole.documents)
@@ -168,15 +169,16 @@ def test_wiki_xml_streams_page_by_page():
 
 def test_the_corpus_stage_streams_a_compressed_file_into_the_same_artifact(tmp_path, compressed):
     """One large compressed file is one shard: with a small shard size its batches spill to parts
-    and the merge streams them; the artifact is the one read whole, byte for byte, with the same version."""
+    and the merge streams them; the artifact is the one read whole, row for row, with the same version (its
+    row groups are the batches')."""
     params = CorpusParams(sources=[str(compressed["bz2"]), str(compressed["jsonl"])])
     refs = [publish(ArtifactStore(tmp_path / name), ingest_corpus, params=params, parallel=parallel)
             for name, parallel in (("whole", ParallelParams(runner="local")),
                                    ("streamed", ParallelParams(runner="local", shard_bytes=128 << 10)))]
-    assert refs[0].version == refs[1].version
-    manifests = [ArtifactStore(tmp_path / name).manifest("corpus", ref.version)
-                 for name, ref in zip(("whole", "streamed"), refs, strict=True)]
-    assert manifests[0]["files"] == manifests[1]["files"] and manifests[0]["metrics"] == manifests[1]["metrics"]
+    assert_same_artifacts({"corpus": refs[0]}, {"corpus": refs[1]}, same_shards=False)
+    groups = [pq.ParquetFile(ArtifactStore(tmp_path / name).path("corpus", ref.version, "documents.parquet"))
+              .num_row_groups for name, ref in zip(("whole", "streamed"), refs, strict=True)]
+    assert groups[0] == 1 < groups[1]
 
 
 # ---- Wikipedia multistream dumps ----------------------------------------------------------------

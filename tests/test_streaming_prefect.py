@@ -11,6 +11,7 @@ from lexiflow.tasks.params import CorpusParams, ParallelParams
 from prefect import flow
 from prefect.testing.utilities import prefect_test_harness
 
+from tests.test_sharding import assert_same_artifacts
 from tests.test_streaming import compressed, multistream  # noqa: F401 - fixtures
 
 pytestmark = [pytest.mark.prefect, pytest.mark.slow]
@@ -34,9 +35,9 @@ def test_sharded_streams_and_spilled_batches_publish_the_whole_readings_corpus(t
     whole = corpus_flow(str(tmp_path / "whole"), sources, ParallelParams(runner="local"))  # 64 MiB: both whole
     small = ParallelParams(runner="threads", workers=2, shard_bytes=300_000)  # ~6 stream shards, 4 batches
     sharded = corpus_flow(str(tmp_path / "threads"), sources, small)
-    assert sharded.version == whole.version
-    left, right = (ArtifactStore(tmp_path / name).manifest("corpus", whole.version) for name in ("whole", "threads"))
-    assert left["files"] == right["files"] and left["metrics"] == right["metrics"]  # sizes and SHA-256: same bytes
-    assert left["metrics"]["documents"] > 2000
+    assert_same_artifacts({"corpus": whole}, {"corpus": sharded}, same_shards=False)  # the same rows and version
+    alone = corpus_flow(str(tmp_path / "alone"), sources, small.model_copy(update={"runner": "local"}))
+    assert_same_artifacts({"corpus": alone}, {"corpus": sharded})  # the same shards in one process: the same bytes
+    assert ArtifactStore(tmp_path / "whole").manifest("corpus", whole.version)["metrics"]["documents"] > 2000
     shards = plan_shards([dump, compressed["gz"]], IngestOptions(), small.shard_bytes)
     assert len(shards) >= 6 and isinstance(shards[0][0], Streams) and shards[-1][-1].stop is None

@@ -77,6 +77,7 @@ from lexiflow.models.ingest.sharding import (
     ShardResult,
     build_corpus,
     build_tagged,
+    first_in_table,
     ingest_shard,
     iter_files,
     merge_shards,
@@ -94,6 +95,6 @@ from lexiflow.models.ingest.sources import (
 from lexiflow.models.ingest.stats import CorpusCounts
 
 __all__ = ["BUILTIN", "DOCUMENT_COLUMNS", "SPLITS", "Corpus", "CorpusCounts", "FileRange", "IngestOptions",
-           "ShardResult", "Streams", "build_corpus", "build_tagged", "fingerprint", "ingest_shard", "iter_files",
-           "merge_shards", "no_train_split", "plan_shards", "read_chunks", "read_file", "resolve_sources",
+           "ShardResult", "Streams", "build_corpus", "build_tagged", "fingerprint", "first_in_table", "ingest_shard",
+           "iter_files", "merge_shards", "no_train_split", "plan_shards", "read_chunks", "read_file", "resolve_sources",
            "tagged_files"]

@@ -108,6 +108,10 @@ class ShardResult:
     texts: dict[int, int]
     errors: dict[int, tuple[int, int, str]]
     words: pl.DataFrame | pl.LazyFrame
+    # The first copies within each table of documents (all of them without dedupe), already encoded by the
+    # shard as the corpus file's row groups (a `Segment`, `rows` of them; a tuple for a tuple of tables), for
+    # `merge_shards`'s `write`; None when the shard encoded nothing.
+    encoded: Any = None
 
 
 _SHARD_SCHEMA = {"file": pl.UInt32, "doc_id": pl.String, "source": pl.String, "split": pl.String, "text": pl.String,
@@ -301,7 +305,7 @@ def _clean_rows(raw: pl.DataFrame, options: IngestOptions) -> pl.DataFrame:
 
 
 def merge_shards(files: list[Path], results: Iterable[ShardResult], options: IngestOptions,
-                 write: Callable[[pl.DataFrame], None] | None = None) -> Corpus:
+                 write: Callable[[pl.DataFrame, Any], None] | None = None) -> Corpus:
     """The corpus from its shards' results, in shard (= file, offset) order: a file with an error
     in any range fails the ingestion or, with `bad_files="skip"`, is left out whole; duplicates
     are removed keeping the first.
@@ -310,9 +314,10 @@ def merge_shards(files: list[Path], results: Iterable[ShardResult], options: Ing
     shards are still being read: at once with `bad_files="fail"` while its files have no error so far (a
     large file's byte ranges merge one by one), else once its files are complete (the next shard starts
     at a later file: a file's byte ranges are consecutive shards), as skipping a file needs all of it.
-    `write`: hand the kept documents to it shard by shard instead of returning them (the Corpus
-    then has `documents=None`). With results whose documents are LazyFrames (part files), the
-    merge then holds one shard's documents at a time, plus the id of every document kept (for the
+    `write(docs, encoded)`: hand the kept documents to it table by table instead of returning them (the
+    Corpus then has `documents=None`), with the table's `encoded` rows when they are exactly the kept ones (no
+    duplicate of an earlier table, no bad file), else None. With results whose documents are LazyFrames (part
+    files), the merge then holds one shard's documents at a time, plus the id of every document kept (for the
     duplicates) and the distinct words (for the stats)."""
     texts: dict[int, int] = {}
     errors: dict[int, tuple[int, int, str]] = {}
@@ -327,17 +332,21 @@ def merge_shards(files: list[Path], results: Iterable[ShardResult], options: Ing
                 raise InputError(errors[file][2])
         # a dropped duplicate's words are its kept first copy's: the kept files' distinct words are the corpus's
         counts.add_words(result.words.lazy().filter(~pl.col("file").is_in(bad)).collect()["word"].to_arrow())
-        for frame in result.documents if isinstance(result.documents, tuple) else (result.documents,):
-            docs = frame.lazy().filter(~pl.col("file").is_in(bad)).collect()
+        tables = result.documents if isinstance(result.documents, tuple) else (result.documents,)
+        encoded = result.encoded if isinstance(result.encoded, tuple) else (result.encoded,) * len(tables)
+        for frame, segment in zip(tables, encoded, strict=True):
+            docs = frame.lazy().filter(~pl.col("file").is_in(bad)).collect() if bad else frame.lazy().collect()
             in_kept_files += docs.height
             if options.dedupe:  # the first of each text among the files kept
-                docs = docs.filter(pl.Series(seen.first_copies(docs["doc_id"]), dtype=pl.Boolean))
+                first = seen.first_copies(docs["doc_id"])
+                if not first.all():
+                    docs = docs.filter(pl.Series(first, dtype=pl.Boolean))
             counts.add(docs)
             docs = docs.select(*DOCUMENT_COLUMNS)
             if write is None:
                 kept.append(docs)
-            else:
-                write(docs)
+            else:  # without a bad file the kept rows are among the shard's first copies: the same when as many
+                write(docs, segment if not bad and segment is not None and segment.rows == docs.height else None)
 
     waiting: list[ShardResult] = []  # shards whose last file may go on in the next shard
     for result in results:
@@ -374,15 +383,26 @@ class _SeenIds:
         self.sorted = np.empty(0, dtype=np.uint64)
 
     def first_copies(self, doc_ids: pl.Series) -> np.ndarray:
-        codes = doc_ids.str.to_integer(base=16, dtype=pl.UInt64).to_numpy()
-        first = np.zeros(len(codes), dtype=bool)
-        first[np.unique(codes, return_index=True)[1]] = True  # first in this batch
+        codes = _codes(doc_ids)
+        first = first_in_table(doc_ids, codes)
         at = np.minimum(np.searchsorted(self.sorted, codes), max(len(self.sorted) - 1, 0))
         if len(self.sorted):
             first &= self.sorted[at] != codes  # and not seen before
         new = np.sort(codes[first])
         self.sorted = np.insert(self.sorted, np.searchsorted(self.sorted, new), new)
         return first
+
+
+def _codes(doc_ids: pl.Series) -> np.ndarray:
+    return doc_ids.str.to_integer(base=16, dtype=pl.UInt64).to_numpy()
+
+
+def first_in_table(doc_ids: pl.Series, codes: np.ndarray | None = None) -> np.ndarray:
+    """Which of these documents are the first copy of their text in this table (what a shard can tell)."""
+    codes = _codes(doc_ids) if codes is None else codes
+    first = np.zeros(len(codes), dtype=bool)
+    first[np.unique(codes, return_index=True)[1]] = True
+    return first
 
 
 def build_tagged(files: list[Path], options: IngestOptions, progress: Callable | None = None) -> pl.DataFrame:
