@@ -94,9 +94,9 @@ class ParquetAssembler:
     def append(self, source: BinaryIO, name: str = "a part") -> None:
         """Append every row group of the Parquet file `source` (seekable)."""
         size = source.seek(0, 2)
-        source.seek(size - 8)
+        source.seek(max(size - 8, 0))
         tail = source.read(8)
-        (footer_length,) = struct.unpack("<I", tail[:4])
+        footer_length = struct.unpack("<I", tail[:4])[0] if size >= 12 else size
         body = size - 8 - footer_length - len(MAGIC)  # the pages
         source.seek(0)
         if tail[4:] != MAGIC or source.read(4) != MAGIC or body < 0:
@@ -110,8 +110,8 @@ class ParquetAssembler:
             for field in group:
                 if field[0] == _GROUP_OFFSET:
                     field[2] += shift
-                elif field[0] == _ORDINAL:
-                    field[2] = len(self.row_groups)
+                elif field[0] == _ORDINAL:  # an i16, which parquet-cpp's writer wraps past 32 767 groups
+                    field[2] = (len(self.row_groups) + 2**15) % 2**16 - 2**15
                 elif field[0] == _COLUMNS:
                     for chunk in field[2][1]:
                         _move_chunk(chunk, shift, name)
@@ -148,7 +148,7 @@ class ParquetAssembler:
             self.template = footer
         elif rest(footer) != rest(self.template):
             raise ParquetConcatError(f"{name}: another schema or writer than the first file's; write every part "
-                                     "with the same schema and options")
+                                     "with the same schema, options and pyarrow version")
 
 
 def _move_chunk(chunk: list[list], shift: int, name: str) -> None:

@@ -89,8 +89,9 @@ def test_what_cannot_be_appended_is_refused_naming_the_file():
     sink.append(io.BytesIO(parquet(whole, 1000)), "first")
     with pytest.raises(ParquetConcatError, match="^second: another schema"):
         sink.append(io.BytesIO(parquet(other, 1000)), "second")
-    with pytest.raises(ParquetConcatError, match="^third: not a Parquet file"):
-        sink.append(io.BytesIO(b"PAR1 but not really a Parquet file"), "third")
+    for junk in (b"PAR1 but not really a Parquet file", b"PAR1", b""):
+        with pytest.raises(ParquetConcatError, match="^third: not a Parquet file"):
+            sink.append(io.BytesIO(junk), "third")
     indexed = io.BytesIO()
     pq.write_table(whole, indexed, write_page_index=True, **PARQUET_OPTIONS)
     with pytest.raises(ParquetConcatError, match="^fourth: has page indexes"):
@@ -116,3 +117,13 @@ def test_parquet_parts_mixes_tables_and_segments(tmp_path):
         assert [read.metadata.row_group(i).num_rows for i in range(read.num_row_groups)] == [1000, 1000, 1000,
                                                                                              500, 300, 1000, 200]
         assert read.read().equals(whole)
+
+
+def test_more_row_groups_than_an_i16_counts_are_numbered_as_pyarrow_numbers_them():
+    """A row group's ordinal is a Thrift i16; pyarrow's writer wraps it past 32 767 groups, and so does the
+    append (the same bytes, and a file pyarrow reads)."""
+    n = 33_000
+    whole = pa.table({"x": pa.array(range(n), pa.uint32())})
+    joined = assembled([parquet(whole.slice(0, 20_000), 1), parquet(whole.slice(20_000), 1)])
+    assert joined == parquet(whole, 1)
+    assert pq.read_table(io.BytesIO(joined)).equals(whole)

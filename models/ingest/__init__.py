@@ -41,7 +41,7 @@ the line where there is one; nothing is published from a failed ingestion.
   chunks of about `parallel.shard_bytes` of text (whole lines, pages, rows), compressed or not, and
   cleaned a batch at a time; a shard whose batches are several spills them to part files
   (`ingest_shard(spill=...)`), so memory follows the shard size, not the file. The corpus is the
-  same, row for row and byte for byte, as reading each file whole, and so are its errors (a read
+  same, row for row, as reading each file whole, and so are its errors (a read
   error first, then the first invalid UTF-8, then the first bad JSON line). CoNLL-U, paragraph and
   file units, UTF-16/32 text and `.parquet.gz` are still read whole, within `max_file_bytes`.
 - An empty file (or one with no document) is skipped and listed in the stats' `skipped`.
