@@ -39,6 +39,7 @@ import polars as pl
 import psutil
 from lexiflow.models.ingest import IngestOptions, build_corpus, resolve_sources
 from lexiflow.storage import ArtifactRef, ArtifactStore
+from lexiflow.storage.formats import read_rows
 from lexiflow.tasks import parallel
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.matrices import compute_ppmi, count_cooccurrence
@@ -200,8 +201,9 @@ def _no_op(part: str | None) -> int:
 
 
 def breakdown(dask: Any, store: str, tokens: ArtifactRef, tokenizer: ArtifactRef, rows: int) -> list[Row]:
-    """A shard's costs on the warm cluster: a no-op Prefect task run; one co-occurrence shard's result
-    written and read as parts (Arrow IPC); one merge of two such results."""
+    """A shard's costs on the warm cluster: a no-op Prefect task run; one co-occurrence shard (counting, and
+    encoding its inner documents' term–document rows), its other results written and read as parts (Arrow
+    IPC); one merge of two such results."""
     from lexiflow.tasks.matrices import cooccurrence_shard, weigh_partition
 
     params = ParallelParams(runner="dask", dask_address=dask.scheduler_address)
@@ -212,8 +214,9 @@ def breakdown(dask: Any, store: str, tokens: ArtifactRef, tokenizer: ArtifactRef
         per_task = (time.perf_counter() - start) / n
         vocabulary = ArtifactStore(tokenizer.store).read_parquet("tokenizer", tokenizer.version, "vocab.parquet")
         keep = np.ones(vocabulary.height)
+        documents = int(read_rows(tokens, "tokens.parquet", rows - 1, rows)["doc_index"][0]) + 1
         call = {"tokens": tokens, "start": 0, "stop": rows, "keep_prob": keep, "window": WINDOW.window, "seed": 0,
-                "partitions": 2}
+                "documents": documents, "partitions": 2}
         start = time.perf_counter()
         result = cooccurrence_shard.fn(**call, part=None)
         compute = time.perf_counter() - start
@@ -221,16 +224,18 @@ def breakdown(dask: Any, store: str, tokens: ArtifactRef, tokenizer: ArtifactRef
         folder.mkdir(parents=True)
         start = time.perf_counter()
         partitions = parallel.deliver_partitions(result[0], str(folder / "a"), "pairs")
-        termdoc = parallel.deliver(result[1], str(folder / "a"), "docs")
+        termdoc = [parallel.deliver(table, str(folder / "a"), f"docs{i}")  # its boundary documents' rows
+                   for i, table in enumerate(result[1]) if isinstance(table, pl.DataFrame)]
         write = time.perf_counter() - start
         start = time.perf_counter()
         back = [parallel.received(block) for block in partitions]
-        parallel.received(termdoc)
+        for part in termdoc:
+            parallel.received(part)
         read = time.perf_counter() - start
         start = time.perf_counter()
         weigh_partition([back[0], back[0]], vocabulary.height, WINDOW.weighting)
         merge = time.perf_counter() - start
-        size = sum(Path(p.path).stat().st_size for p in (partitions[0], termdoc)) / 1e6
+        size = sum(Path(p.path).stat().st_size for p in (partitions[0], *termdoc)) / 1e6
     case = f"one co-occurrence shard of {rows} sentences ({result[2] / 1e6:.2f}M tokens)"
     return [Row("scaling", "Prefect task run on a warm 2-worker Dask cluster (no-op shard, 32 in a row)",
                 "seconds per task", per_task, None, "", False),

@@ -12,6 +12,7 @@ import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
+from lexiflow.storage.parquet_concat import Segment
 from lexiflow.storage.store import PARQUET_OPTIONS, ArtifactRef, ArtifactStore, ArtifactWriter, retry_transient
 
 # Row groups of the tables that row-range shards read (documents, tokenized sentences): a shard
@@ -46,8 +47,7 @@ def write_matrix(out: ArtifactWriter, name: str, matrix: sp.spmatrix) -> None:
     """A sparse matrix as (row, col, value) rows; the shape is in the Parquet key-value metadata."""
     coo = sp.coo_matrix(matrix)
     table = pa.table({"row": coo.row.astype(np.uint32), "col": coo.col.astype(np.uint32),
-                      "value": coo.data.astype(np.float64)}, schema=MATRIX)
-    table = table.replace_schema_metadata({"shape": json.dumps(list(coo.shape))})
+                      "value": coo.data.astype(np.float64)}, schema=matrix_schema(coo.shape))
     pq.write_table(table, out.path(name), row_group_size=MATRIX_ROW_GROUP, **PARQUET_OPTIONS)
 
 
@@ -59,15 +59,27 @@ def by_columns(matrix: sp.spmatrix) -> pl.DataFrame:
     return pl.DataFrame({"row": csc.indices.astype(np.uint32), "col": cols, "value": csc.data.astype(np.float64)})
 
 
-def write_matrix_columns(out: ArtifactWriter, name: str, blocks: Iterable[pl.DataFrame | pl.LazyFrame],
-                         shape: tuple[int, int]) -> None:
+def matrix_schema(shape: tuple[int, int]) -> pa.Schema:
+    """MATRIX with the matrix's shape in the key-value metadata (`write_matrix`, `write_matrix_columns`)."""
+    return MATRIX.with_metadata({"shape": json.dumps(list(shape))})
+
+
+def write_matrix_columns(out: ArtifactWriter, name: str,
+                         blocks: Iterable[pl.DataFrame | pl.LazyFrame | Segment], shape: tuple[int, int]) -> None:
     """A sparse matrix written column-major (`by_columns`) from blocks of its columns, in order, holding
     one block at a time. Consecutive blocks may share their boundary column (a document cut between two
-    shards; a long one may span several): its entries are added. The bytes of one block of the whole."""
-    schema = MATRIX.with_metadata({"shape": json.dumps(list(shape))})
+    shards; a long one may span several): its entries are added. The bytes of one block of the whole. A
+    `Segment` is columns no other block shares, already encoded as the file's row groups (`matrix_schema`):
+    appended as it is, ending the row group before it."""
     carry: pl.DataFrame | None = None  # the last column seen, which the next block may continue
-    with out.parquet_parts(name, schema, MATRIX_ROW_GROUP) as write:
+    with out.parquet_parts(name, matrix_schema(shape), MATRIX_ROW_GROUP) as write:
         for block in blocks:
+            if isinstance(block, Segment):
+                if carry is not None:
+                    write(carry)
+                    carry = None
+                write(block)
+                continue
             block = block.collect() if isinstance(block, pl.LazyFrame) else block
             if not block.height:
                 continue

@@ -13,9 +13,11 @@ from lexiflow.models import cooccurrence, lsi, ppmi, vocab
 from lexiflow.models.errors import InputError
 from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import (
+    MATRIX_ROW_GROUP,
     VOCAB,
     by_columns,
     corpus_sources,
+    matrix_schema,
     read_matrix,
     read_rows,
     read_table,
@@ -26,6 +28,7 @@ from lexiflow.tasks.parallel import (
     SHARD_TASK,
     deliver,
     deliver_partitions,
+    deliver_row_groups,
     reduce_partitioned,
     row_partitions,
     shard_ranges,
@@ -38,12 +41,12 @@ from prefect import task
 
 @task(name="cooccurrence-shard", **SHARD_TASK)
 def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, keep_prob: np.ndarray, window: int, seed: int,
-                       partitions: int, part: str | None) -> tuple[Any, Any, int, int, int]:
+                       documents: int, partitions: int, part: str | None) -> tuple[Any, Any, int, int, int]:
     """Per-distance pair counts (after subsampling) in `partitions` key-space partitions, term–document
-    counts (every token) in document-major rows, of the train sentences among [start, stop) (windows
-    never cross a sentence, and a token's subsampling draw depends on its sentence number, so sentence
-    ranges add up exactly); then the numbers of tokens (in the vocabulary, kept after subsampling, and
-    every train token, <unk> included)."""
+    counts (every token) in document-major rows (`termdoc_pieces`: the corpus has `documents`), of the train
+    sentences among [start, stop) (windows never cross a sentence, and a token's subsampling draw depends on
+    its sentence number, so sentence ranges add up exactly); then the numbers of tokens (in the vocabulary,
+    kept after subsampling, and every train token, <unk> included)."""
     table = read_rows(tokens, "tokens.parquet", start, stop)
     vocab_size = len(keep_prob)
     # held-out sentences keep their row (and number) but no tokens: nothing of them reaches the vectors
@@ -58,7 +61,23 @@ def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, keep_prob: np
     termdoc = cooccurrence.term_document_matrix(ids, np.append(offsets[doc_starts], offsets[-1]), vocab_size, first)
     corpus_tokens = int(train_ids.list.len().sum() or 0)
     return (deliver_partitions(row_partitions(counts, partitions), part, "pairs"),
-            deliver(by_columns(termdoc), part, "docs"), len(ids), len(kept), corpus_tokens)
+            termdoc_pieces(by_columns(termdoc), part, (vocab_size, documents)), len(ids), len(kept), corpus_tokens)
+
+
+def termdoc_pieces(columns: pl.DataFrame, part: str | None, shape: tuple[int, int]) -> tuple:
+    """A shard's term–document rows (column-major) for `write_matrix_columns`: the rows of its first and last
+    documents, which the shards before and after it may share, as tables; those of the documents between,
+    which no other shard has, encoded here as `termdoc.parquet` row groups (a `Segment`)."""
+    if not columns.height:
+        return ()
+    col = columns["col"]
+    first = int((col == col[0]).sum())  # rows are sorted by column: a prefix and a suffix
+    last = int((col == col[-1]).sum()) if col[-1] != col[0] else 0
+    middle = columns.slice(first, columns.height - first - last)
+    return tuple([deliver(columns.head(first), part, "docs-first")]
+                 + ([deliver_row_groups(middle, part, matrix_schema(shape), MATRIX_ROW_GROUP, "docs")]
+                    if middle.height else [])
+                 + ([deliver(columns.tail(last), part, "docs-last")] if last else []))
 
 
 def weigh_partition(blocks: list[sp.spmatrix], vocab_size: int, weighting: cooccurrence.Weighting) -> sp.csr_matrix:
@@ -89,7 +108,7 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
     word_counts[: len(vocab.SPECIALS)] = 0  # specials never reach a window
     keep_prob = cooccurrence.keep_probabilities(word_counts, params.subsample)
     calls = [{"tokens": tokens, "start": a, "stop": b, "keep_prob": keep_prob, "window": params.window,
-              "seed": params.seed} for a, b in ranges]
+              "seed": params.seed, "documents": n_docs} for a, b in ranges]
     merge = partial(weigh_partition, vocab_size=vocabulary.height, weighting=params.weighting)
 
     def write_termdoc(rests: Iterator[tuple]) -> list[tuple[int, int, int]]:
@@ -97,9 +116,9 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
         counted = []  # per shard: tokens, kept, corpus tokens
 
         def termdoc_rows() -> Iterator[Any]:
-            for termdoc, *numbers in rests:
+            for pieces, *numbers in rests:
                 counted.append(tuple(numbers))
-                yield termdoc
+                yield from pieces
 
         write_matrix_columns(out, "termdoc.parquet", termdoc_rows(), (vocabulary.height, n_docs))
         return counted

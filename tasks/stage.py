@@ -131,6 +131,7 @@ CANNOT_CHANGE_CONTENT = frozenset({
     "lexiflow.models.progress",  # progress logging
     "lexiflow.models.heap",  # allocator settings
     "lexiflow.tasks.stage", "lexiflow.storage.store",  # versioning and publishing; the layout has SCHEMA_VERSION
+    "lexiflow.storage.parquet_concat",  # Parquet files appended from row groups: their layout, not their rows
     "lexiflow.tasks.params",  # parameter models: their values are part of the version
     "lexiflow.storage.catalog",  # reading inputs: manifests and listings, no model objects
     "lexiflow.tasks.report_image",  # Prefect UI artifacts only, no file of the report

@@ -1,11 +1,19 @@
+import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 from lexiflow.flows import prefect_env
 
 from tests.backends import backend, moto_s3, store_url  # noqa: F401  storage backends: local, S3 on loopback
 
 prefect_env.apply()  # quiet, offline Prefect for every test, as the CLI runs it
+
+# Property tests draw the same examples on every run and machine (a seed fixed per test), so a clean CI run
+# cannot fail on an example no earlier run drew; HYPOTHESIS_PROFILE=explore draws new ones while developing.
+settings.register_profile("fixed", derandomize=True)
+settings.register_profile("explore", derandomize=False)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 EWT = SHARED_DATA / "ud-english-ewt"

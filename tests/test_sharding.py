@@ -38,7 +38,7 @@ from lexiflow.storage import ArtifactRef, ArtifactStore
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, by_columns, read_matrix, write_matrix_columns
 from lexiflow.storage.parquet_concat import write_segment
 from lexiflow.tasks.corpus import ingest_corpus
-from lexiflow.tasks.matrices import count_cooccurrence
+from lexiflow.tasks.matrices import count_cooccurrence, termdoc_pieces
 from lexiflow.tasks.parallel import row_partitions, shard_ranges, sum_matrices
 from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
 from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
@@ -266,7 +266,7 @@ def stage_outputs(store: ArtifactStore, sources: list[str], parallel: ParallelPa
 
 # Files whose row groups are the shards' own (encoded by the shard tasks, appended as bytes): byte for byte the
 # same for the same shards on any runner, the same rows for any shards.
-ROW_GROUPS_BY_SHARD = {"documents.parquet", "tokens.parquet"}
+ROW_GROUPS_BY_SHARD = {"documents.parquet", "termdoc.parquet", "tokens.parquet"}
 
 
 def assert_same_artifacts(a: dict, b: dict, same_shards: bool = True) -> None:
@@ -340,6 +340,38 @@ def test_sharded_stages_publish_the_same_artifacts_and_versions(tmp_path, source
     expected = term_document_matrix(doc_ids, doc_offsets, metrics["vocabulary_size"])
     got = read_matrix(sharded_refs["cooccurrence"], "termdoc.parquet")
     assert got.shape == expected.shape and (got != expected).nnz == 0
+
+
+def test_shards_encode_the_documents_no_other_shard_has(tmp_path):
+    """A shard's term–document rows come as its first document's rows, the inner documents' row groups encoded
+    by the shard (a `Segment`), and its last document's rows (`termdoc_pieces`); the merged file holds the whole
+    matrix, the documents cut by shard boundaries added, and each shard's inner rows as its own row groups."""
+    rng = np.random.default_rng(2)
+    whole = sp.random(40, 30, density=0.3, random_state=3, format="csc")
+    whole.data = rng.integers(1, 5, whole.nnz).astype(float)
+    edges = [0, 7, 7, 8, 19, 30]  # columns per shard: one empty, one of a single document
+    shards = []
+    for a, b in zip(edges, edges[1:], strict=False):
+        block = sp.lil_matrix(whole.shape)
+        block[:, a:b] = whole[:, a:b]
+        if b < 30 and b > a:  # the shard boundary cuts document b in two halves
+            block[:, b] = whole[:, b] / 2
+        if a > 0 and b > a:
+            block[:, a] = whole[:, a] / 2 if a in edges[1:-1] else whole[:, a]
+        shards.append(by_columns(block.tocsr()))
+    pieces = [termdoc_pieces(columns, None, whole.shape) for columns in shards]
+    assert [tuple(type(p).__name__ for p in shard) for shard in pieces] == [
+        ("DataFrame", "Segment", "DataFrame"), (), ("DataFrame", "DataFrame"), ("DataFrame", "Segment", "DataFrame"),
+        ("DataFrame", "Segment", "DataFrame")]
+    store = ArtifactStore(tmp_path)
+    with store.writer("cooccurrence", "aa" * 8) as out:
+        write_matrix_columns(out, "termdoc.parquet", [p for shard in pieces for p in shard], whole.shape)
+    got = read_matrix(ArtifactRef(store=str(tmp_path), kind="cooccurrence", version="aa" * 8), "termdoc.parquet")
+    assert got.shape == whole.shape and (got != whole).nnz == 0
+    table = pq.ParquetFile(store.path("cooccurrence", "aa" * 8, "termdoc.parquet"))
+    inner = [p.rows for shard in pieces for p in shard if not isinstance(p, pl.DataFrame)]
+    sizes = [table.metadata.row_group(i).num_rows for i in range(table.num_row_groups)]
+    assert all(rows in sizes for rows in inner) and len(sizes) == 2 * len(inner) + 1  # boundaries between
 
 
 def test_column_blocks_that_share_a_column_write_the_bytes_of_the_whole(tmp_path):
