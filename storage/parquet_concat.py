@@ -12,12 +12,10 @@ generic Thrift structure, which changes only the offsets, ordinals and row count
 
 from __future__ import annotations
 
-import io
 import struct
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-import fsspec
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -34,38 +32,15 @@ _PAGE_OFFSETS, _BLOOM_FILTER = (9, 10, 11), 14
 
 @dataclass(frozen=True)
 class Segment:
-    """Row groups of a table being written, encoded elsewhere (a shard worker's `write_row_groups`): a Parquet
-    file's path or URL, or its bytes. `ArtifactWriter.parquet_parts` appends them as they are."""
+    """Row groups of a table being written, encoded elsewhere (a shard worker's `store.write_segment`): a
+    Parquet file's path or URL, or its bytes, holding `rows` rows. `ArtifactWriter.parquet_parts` appends them
+    as they are."""
 
     source: str | bytes
     rows: int
 
-    def open(self) -> Any:
-        """The file, for reading (binary, seekable)."""
-        if isinstance(self.source, bytes):
-            return io.BytesIO(self.source)
-        from lexiflow.storage.store import storage_options_for
-
-        return fsspec.open(self.source, "rb", **storage_options_for(self.source)).open()
-
     def __repr__(self) -> str:
         return f"Segment({self.source if isinstance(self.source, str) else f'{len(self.source)} bytes'})"
-
-
-def write_segment(rows: Any, schema: pa.Schema, row_group_size: int, path: str | None = None) -> Segment:
-    """`rows` (a polars or Arrow table) as row groups of a table of `schema` written with the store's options:
-    in memory (`path` None) or as the file at `path` (a local path or a store URL)."""
-    from lexiflow.storage.store import PARQUET_OPTIONS, storage_options_for
-
-    table = rows.to_arrow() if hasattr(rows, "to_arrow") else rows
-    table = table.select(schema.names).cast(schema)
-    if path is None:
-        encoded = pa.BufferOutputStream()
-        write_row_groups(encoded, table, row_group_size, **PARQUET_OPTIONS)
-        return Segment(encoded.getvalue().to_pybytes(), table.num_rows)
-    with fsspec.open(path, "wb", **storage_options_for(path)) as f:
-        write_row_groups(f, table, row_group_size, **PARQUET_OPTIONS)
-    return Segment(path, table.num_rows)
 
 
 class ParquetConcatError(ValueError):

@@ -774,6 +774,22 @@ class ArtifactStore:
         return checked, problems
 
 
+def write_segment(rows: pl.DataFrame | pa.Table, schema: pa.Schema, row_group_size: int,
+                  path: str | None = None) -> Segment:
+    """`rows` as row groups of a table of `schema` written with the store's options, for
+    `ArtifactWriter.parquet_parts` to append: in memory (`path` None) or as the file at `path` (a local path
+    or a store URL)."""
+    table = rows.to_arrow() if isinstance(rows, pl.DataFrame) else rows
+    table = table.select(schema.names).cast(schema)
+    if path is None:
+        encoded = pa.BufferOutputStream()
+        write_row_groups(encoded, table, row_group_size, **PARQUET_OPTIONS)
+        return Segment(encoded.getvalue().to_pybytes(), table.num_rows)
+    with fsspec.open(path, "wb", **storage_options_for(path)) as f:
+        write_row_groups(f, table, row_group_size, **PARQUET_OPTIONS)
+    return Segment(path, table.num_rows)
+
+
 class ArtifactWriter:
     """Files and metrics of an artifact being staged. Paths are local, whatever the store."""
 
@@ -807,7 +823,7 @@ class ArtifactWriter:
     def parquet_parts(self, name: str, schema: pa.Schema, row_group_size: int) -> Iterator[Callable[[Any], None]]:
         """Write a table part by part, in order, without holding it whole: yields `write(part)`, a part being
         a polars or Arrow table, encoded here, or a `Segment`: row groups encoded elsewhere (a shard worker's
-        `write_row_groups`), appended byte for byte. Tables are regrouped into row groups of exactly
+        `write_segment`), appended byte for byte. Tables are regrouped into row groups of exactly
         `row_group_size`, as `write_parquet` cuts the whole table (the same bytes however the rows came); a
         segment ends the row group before it."""
         pending: list[pa.Table] = []
@@ -833,7 +849,8 @@ class ArtifactWriter:
                     if pending:
                         flush(all_rows=True)
                         pending.clear()
-                    with part.open() as source:
+                    with (io.BytesIO(part.source) if isinstance(part.source, bytes)
+                          else fsspec.open(part.source, "rb", **storage_options_for(part.source))) as source:
                         assembler.append(source, f"{name} ({part!r})")
                     return
                 table = part.to_arrow() if isinstance(part, pl.DataFrame) else part

@@ -13,7 +13,8 @@ from lexiflow.models import ingest
 from lexiflow.models.config import from_section
 from lexiflow.storage import ArtifactWriter
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, TAGGED
-from lexiflow.storage.parquet_concat import Segment, write_segment
+from lexiflow.storage.parquet_concat import Segment
+from lexiflow.storage.store import write_segment
 from lexiflow.tasks.parallel import SHARD_TASK, deliver, deliver_row_groups, received, stream_shards
 from lexiflow.tasks.params import CorpusParams, ParallelParams
 from lexiflow.tasks.stage import stage

@@ -63,8 +63,8 @@ from lexiflow.models.heap import adaptive_mmap_threshold
 from lexiflow.models.progress import Progress
 from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import table_size
-from lexiflow.storage.parquet_concat import Segment, write_segment
-from lexiflow.storage.store import storage_options_for
+from lexiflow.storage.parquet_concat import Segment
+from lexiflow.storage.store import storage_options_for, write_segment
 from lexiflow.tasks.params import ParallelParams
 from lexiflow.tasks.stage import retry_transient_only
 from prefect import task

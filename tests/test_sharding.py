@@ -36,7 +36,7 @@ from lexiflow.models.ingest import (
 from lexiflow.models.vocab import SPECIALS
 from lexiflow.storage import ArtifactRef, ArtifactStore
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, by_columns, read_matrix, write_matrix_columns
-from lexiflow.storage.parquet_concat import write_segment
+from lexiflow.storage.store import write_segment
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.matrices import count_cooccurrence, termdoc_pieces
 from lexiflow.tasks.parallel import row_partitions, shard_ranges, sum_matrices
