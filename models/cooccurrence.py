@@ -25,10 +25,15 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 from lexiflow.models.errors import ParameterError
+from lexiflow.models.heap import reuse_freed_memory
 from lexiflow.models.progress import Progress
 
 Weighting = Literal["uniform", "harmonic"]
 _DIST_BITS = 6  # low key bits hold the distance d (window <= 63)
+# Tokens per chunk of `distance_counts` (its temporaries: ~1 GB, reused from chunk to chunk) and per block of
+# `term_document_columns`. Smaller chunks cost more merging than they save in memory traffic.
+_CHUNK_TOKENS = 1 << 22
+_SUBSAMPLE_BLOCK = 1 << 18  # tokens per block of `subsample`: its temporaries (2 MB each) fit a core's cache
 
 
 def cooccurrence_matrix(
@@ -37,7 +42,7 @@ def cooccurrence_matrix(
     vocab_size: int,
     window: int = 5,
     weighting: Weighting = "harmonic",
-    chunk_tokens: int = 4_000_000,
+    chunk_tokens: int = _CHUNK_TOKENS,
     progress: Callable[[float | None], None] | None = None,
 ) -> sp.csr_matrix:
     """Symmetric (vocab_size × vocab_size) float64 co-occurrence counts.
@@ -55,7 +60,7 @@ def distance_counts(
     offsets: np.ndarray,
     vocab_size: int,
     window: int = 5,
-    chunk_tokens: int = 4_000_000,
+    chunk_tokens: int = _CHUNK_TOKENS,
     progress: Callable[[float | None], None] | None = None,
 ) -> sp.csr_matrix:
     """Forward pair counts per distance: an int64 (vocab_size × vocab_size·2^6) matrix whose entry
@@ -66,20 +71,38 @@ def distance_counts(
     ids = np.asarray(ids)
     offsets = np.asarray(offsets, dtype=np.int64)
     _check_stream(ids, offsets, vocab_size)
-    # Tokens left in the sentence after each position: the pair (i, i+d) stays inside iff left[i] >= d.
-    lengths = np.diff(offsets)
-    left = np.repeat(offsets[1:], lengths) - np.arange(len(ids)) - 1
-
-    forward = empty_distance_counts(vocab_size)
-    with Progress("cooccurrence", total=len(ids), unit="tokens", callback=progress) as bar:
+    # Chunk results add as a binary counter (a merge of two equal-sized sums at a time): each count is copied
+    # about log2(chunks) times, not once per later chunk as when every chunk adds onto one growing total.
+    sums: list[tuple[int, sp.csr_matrix]] = []  # (level, sum of 2^level chunks), levels decreasing
+    # fresh pages cost the kernel's zero-filling: ~25 % of a chunk's time, were each chunk's memory new
+    with reuse_freed_memory(), Progress("cooccurrence", total=len(ids), unit="tokens", callback=progress) as bar:
         for start in range(0, len(ids), chunk_tokens):
+            n_starts = min(chunk_tokens, len(ids) - start)
             stop = min(start + chunk_tokens + window, len(ids))  # overlap: pairs starting in chunk
-            forward = forward + _forward_chunk(
-                ids[start:stop], left[start:stop], min(chunk_tokens, len(ids) - start), vocab_size, window,
-            )
-            bar.update(min(chunk_tokens, len(ids) - start))
+            chunk, level = _forward_chunk(ids[start:stop], _left(offsets, start, stop), n_starts, vocab_size, window), 0
+            while sums and sums[-1][0] == level:
+                chunk, level = sums.pop()[1] + chunk, level + 1
+            sums.append((level, chunk))
+            bar.update(n_starts)
+    forward = empty_distance_counts(vocab_size)
+    for _, chunk in reversed(sums):
+        forward = forward + chunk
     forward.sort_indices()
     return forward
+
+
+def _spans(offsets: np.ndarray, start: int, stop: int) -> tuple[int, np.ndarray]:
+    """The sentences that overlap tokens [start, stop) of a stream: the first one's index, and how many of
+    those tokens each holds."""
+    first, last = np.searchsorted(offsets, start, "right") - 1, np.searchsorted(offsets, stop, "left")
+    return int(first), np.diff(np.clip(offsets[first: last + 1], start, stop))
+
+
+def _left(offsets: np.ndarray, start: int, stop: int) -> np.ndarray:
+    """Tokens left in its sentence after each position of [start, stop): the pair (i, i+d) stays inside
+    iff left[i] >= d."""
+    first, spans = _spans(offsets, start, stop)
+    return np.repeat(offsets[first + 1: first + 1 + len(spans)], spans) - np.arange(start, stop) - 1
 
 
 def _check_stream(ids: np.ndarray, offsets: np.ndarray, vocab_size: int) -> None:
@@ -174,12 +197,55 @@ def term_document_matrix(ids: np.ndarray, doc_offsets: np.ndarray, vocab_size: i
     return sp.csr_matrix((data, (np.asarray(ids, dtype=np.int32), docs)), shape=shape)
 
 
-def id_stream(id_lists: pl.Series, min_id: int = 0) -> tuple[np.ndarray, np.ndarray]:
+def term_document_columns(ids: np.ndarray, doc_offsets: np.ndarray, vocab_size: int,
+                          first_doc: int = 0) -> pl.DataFrame:
+    """`term_document_matrix`'s entries as (row: term, col: document, value: count) rows in column-major
+    order (by document, then term), counted directly in that order: blocks of whole documents of about
+    `_CHUNK_TOKENS` tokens, each one sort of (document, term) keys, so temporaries stay block-sized and
+    no row-major matrix is built only to be turned around."""
+    doc_offsets = np.asarray(doc_offsets, dtype=np.int64)
+    n = len(doc_offsets) - 1
+    # block edges: the document holding every _CHUNK_TOKENS-th token starts a block
+    starts = np.searchsorted(doc_offsets, np.arange(0, doc_offsets[-1], _CHUNK_TOKENS), "right") - 1
+    edges = np.unique(np.concatenate(([0], starts, [n])))
+    rows, cols, values = [], [], []
+    for a, b in zip(edges[:-1], edges[1:], strict=True):
+        local = np.repeat(np.arange(b - a, dtype=np.int64), np.diff(doc_offsets[a: b + 1]))
+        if not len(local):
+            continue
+        key = local * vocab_size + ids[doc_offsets[a]: doc_offsets[b]]
+        key.sort()
+        runs = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
+        values.append(np.diff(np.append(runs, len(key))).astype(np.float64))
+        key = key[runs]
+        rows.append((key % vocab_size).astype(np.uint32))
+        cols.append((key // vocab_size + (first_doc + a)).astype(np.uint32))
+    empty = [np.empty(0, dtype=np.uint32)]
+    return pl.DataFrame({"row": np.concatenate(rows or empty), "col": np.concatenate(cols or empty),
+                         "value": np.concatenate(values or [np.empty(0)])})
+
+
+def id_stream(id_lists: pl.Series, min_id: int = 0,
+              sentences: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Flatten id lists (one per sentence) into (ids, offsets), dropping ids below `min_id`
-    (the special tokens) and closing the gaps they leave, as word2vec and GloVe do."""
-    lengths = id_lists.list.len().fill_null(0).to_numpy()
-    flat = id_lists.explode().drop_nulls().to_numpy()
-    return _kept_stream(flat, np.concatenate(([0], np.cumsum(lengths))), flat >= min_id)
+    (the special tokens) and closing the gaps they leave, as word2vec and GloVe do. A null list, or a
+    sentence whose `sentences` flag (one bool per list) is False, keeps its place with no tokens.
+    Read from the lists' Arrow buffers: one mask and one copy of the kept ids (exploding the lists, or
+    nulling the held-out ones, would copy every id first)."""
+    lists = id_lists.to_arrow()
+    offsets = np.asarray(lists.offsets, dtype=np.int64)  # a slice's own offsets, into the whole child array
+    values = lists.values.slice(offsets[0], offsets[-1] - offsets[0])
+    offsets = offsets - offsets[0]
+    flat = values.fill_null(0).to_numpy() if values.null_count else values.to_numpy()
+    keep = flat >= min_id
+    if values.null_count:
+        keep &= values.is_valid().to_numpy(zero_copy_only=False)
+    if lists.null_count or sentences is not None:
+        whole = np.asarray(sentences, dtype=bool) if sentences is not None else np.ones(len(lists), dtype=bool)
+        if lists.null_count:
+            whole &= lists.is_valid().to_numpy(zero_copy_only=False)
+        keep &= np.repeat(whole, np.diff(offsets))
+    return _kept_stream(flat, offsets, keep)
 
 
 def _kept_stream(ids: np.ndarray, offsets: np.ndarray, keep: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -205,16 +271,27 @@ def subsample(ids: np.ndarray, offsets: np.ndarray, keep_prob: np.ndarray, seed:
     """Drop tokens of an (ids, offsets) stream before windowing, token k of sentence s kept when
     u(seed, s, k) < keep_prob[id]. Windows then close over the dropped words and reach further
     ("dirty" subsampling, Levy et al. 2015). u hashes the sentence's number in the whole corpus
-    (`first_sentence` + its index here) and k, so shards drop exactly the tokens the whole would."""
+    (`first_sentence` + its index here) and k, so shards drop exactly the tokens the whole would.
+    Drawn in blocks of `_SUBSAMPLE_BLOCK` tokens: a block's temporaries are reused cache-sized memory,
+    not fresh pages for each of a dozen stream-sized arrays (the kernel zero-fills those: most of this
+    function's time on a 12M-token shard)."""
     offsets = np.asarray(offsets, dtype=np.int64)
-    p = keep_prob[ids]
-    draw = np.flatnonzero(p < 1.0)  # only words kept with probability < 1 need their draw
-    local = np.repeat(np.arange(len(offsets) - 1, dtype=np.int32), np.diff(offsets))[draw]  # sentence in the shard
-    position = (draw - offsets[local]).astype(np.uint64)
-    key = ((local.astype(np.uint64) + np.uint64(first_sentence)) << np.uint64(24)) + (position & np.uint64(2**24 - 1))
-    mixed = _splitmix64(key ^ _splitmix64(np.array([seed], dtype=np.uint64)))
+    seed_hash = _splitmix64(np.array([seed], dtype=np.uint64))
     keep = np.ones(len(ids), dtype=bool)
-    keep[draw] = (mixed >> np.uint64(11)).astype(np.float64) * 2.0**-53 < p[draw]  # 53-bit uniforms in [0, 1)
+    for start in range(0, len(ids), _SUBSAMPLE_BLOCK):
+        stop = min(start + _SUBSAMPLE_BLOCK, len(ids))
+        p = keep_prob[ids[start:stop]]
+        draw = np.flatnonzero(p < 1.0)  # only words kept with probability < 1 need their draw
+        if not len(draw):
+            continue
+        # each drawn token's sentence in the shard, and position in it
+        first, spans = _spans(offsets, start, stop)
+        local = np.repeat(np.arange(first, first + len(spans), dtype=np.int64), spans)[draw]
+        position = (start + draw - offsets[local]).astype(np.uint64)
+        key = ((local.astype(np.uint64) + np.uint64(first_sentence)) << np.uint64(24)) \
+            + (position & np.uint64(2**24 - 1))
+        mixed = _splitmix64(key ^ seed_hash)
+        keep[start + draw] = (mixed >> np.uint64(11)).astype(np.float64) * 2.0**-53 < p[draw]  # 53-bit uniforms
     return _kept_stream(ids, offsets, keep)
 
 

@@ -15,7 +15,6 @@ from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import (
     MATRIX_ROW_GROUP,
     VOCAB,
-    by_columns,
     corpus_sources,
     matrix_schema,
     read_matrix,
@@ -50,18 +49,18 @@ def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, keep_prob: np
     table = read_rows(tokens, "tokens.parquet", start, stop)
     vocab_size = len(keep_prob)
     # held-out sentences keep their row (and number) but no tokens: nothing of them reaches the vectors
-    train_ids = table.select(pl.when(pl.col("split") == "train").then(pl.col("ids"))).to_series()
-    ids, offsets = cooccurrence.id_stream(train_ids, min_id=len(vocab.SPECIALS))
+    train = (table["split"] == "train").to_numpy()
+    ids, offsets = cooccurrence.id_stream(table["ids"], min_id=len(vocab.SPECIALS), sentences=train)
     kept, kept_offsets = cooccurrence.subsample(ids, offsets, keep_prob, seed, first_sentence=start)
     counts = cooccurrence.distance_counts(kept, kept_offsets, vocab_size, window)
     # Documents are runs of sentences: their id ranges come from the sentence offsets (no regrouping).
     doc_index = table["doc_index"].to_numpy()
     doc_starts = np.flatnonzero(np.concatenate(([True], doc_index[1:] != doc_index[:-1]))) if len(doc_index) else []
     first = int(doc_index[0]) if len(doc_index) else 0  # the shard's documents are first.. of 0..documents-1
-    termdoc = cooccurrence.term_document_matrix(ids, np.append(offsets[doc_starts], offsets[-1]), vocab_size, first)
-    corpus_tokens = int(train_ids.list.len().sum() or 0)
+    termdoc = cooccurrence.term_document_columns(ids, np.append(offsets[doc_starts], offsets[-1]), vocab_size, first)
+    corpus_tokens = int(table["ids"].list.len().filter(train).sum() or 0)
     return (deliver_partitions(row_partitions(counts, partitions), part, "pairs"),
-            termdoc_pieces(by_columns(termdoc), part, (vocab_size, documents)), len(ids), len(kept), corpus_tokens)
+            termdoc_pieces(termdoc, part, (vocab_size, documents)), len(ids), len(kept), corpus_tokens)
 
 
 def termdoc_pieces(columns: pl.DataFrame, part: str | None, shape: tuple[int, int]) -> tuple:

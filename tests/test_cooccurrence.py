@@ -1,8 +1,17 @@
 import numpy as np
+import polars as pl
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lexiflow.models.cooccurrence import cooccurrence_matrix, keep_probabilities, subsample, term_document_matrix
+from lexiflow.models import cooccurrence
+from lexiflow.models.cooccurrence import (
+    cooccurrence_matrix,
+    id_stream,
+    keep_probabilities,
+    subsample,
+    term_document_columns,
+    term_document_matrix,
+)
 from lexiflow.models.errors import ParameterError
 
 
@@ -72,6 +81,60 @@ def test_malformed_streams_are_rejected_with_a_clear_error(ids, offsets, message
 def test_term_document_counts():
     m = term_document_matrix(np.array([0, 1, 1, 2, 0]), np.array([0, 3, 3, 5]), 3).toarray()
     np.testing.assert_array_equal(m, [[1, 0, 1], [2, 0, 0], [0, 0, 1]])
+
+
+@settings(max_examples=60, deadline=None)
+@given(lengths=st.lists(st.integers(0, 20), max_size=15), vocab_size=st.integers(1, 12), first=st.integers(0, 3),
+       block=st.integers(1, 40), seed=st.integers(0, 2**32 - 1))
+def test_term_document_columns_are_the_matrix_entries_by_document(lengths, vocab_size, first, block, seed):
+    # Known answer: term_document_matrix (one COO -> CSR) read column by column; blocks of any size.
+    offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
+    ids = np.random.default_rng(seed).integers(0, vocab_size, offsets[-1]).astype(np.uint32)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(cooccurrence, "_CHUNK_TOKENS", block)
+        got = term_document_columns(ids, offsets, vocab_size, first)
+    csc = term_document_matrix(ids, offsets, vocab_size, first).tocsc()
+    csc.sum_duplicates()
+    assert got.schema == {"row": pl.UInt32, "col": pl.UInt32, "value": pl.Float64}
+    np.testing.assert_array_equal(got["row"], csc.indices)
+    np.testing.assert_array_equal(got["col"], np.repeat(np.arange(csc.shape[1]), np.diff(csc.indptr)))
+    np.testing.assert_array_equal(got["value"], csc.data)
+
+
+def test_id_stream_by_hand():
+    # Sentences: [5, 1, 6], null, [], [7, 8] (held out), [2, None, 9]; ids below 4 are specials.
+    lists = pl.Series([[9, 9], [5, 1, 6], None, [], [7, 8], [2, None, 9]], dtype=pl.List(pl.UInt32)).slice(1)
+    ids, offsets = id_stream(lists, min_id=4, sentences=np.array([True, True, True, False, True]))
+    np.testing.assert_array_equal(ids, [5, 6, 9])
+    np.testing.assert_array_equal(offsets, [0, 2, 2, 2, 2, 3])
+    ids, offsets = id_stream(lists)
+    np.testing.assert_array_equal(ids, [5, 1, 6, 7, 8, 2, 9])
+    np.testing.assert_array_equal(offsets, [0, 3, 3, 3, 5, 7])
+
+
+def _draw(seed: int, sentence: int, position: int) -> float:
+    """u(seed, s, k) of `subsample`, one token at a time in Python integers (SplitMix64's finaliser)."""
+    def mix(x):
+        x = (x + 0x9E3779B97F4A7C15) % 2**64
+        x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+        x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
+        return x ^ (x >> 31)
+    return (mix(((sentence << 24) + position) ^ mix(seed)) >> 11) * 2.0**-53
+
+
+@pytest.mark.parametrize("block", [1, 5, 64, 1 << 18])
+def test_subsampling_draws_each_token_by_its_sentence_and_position(block, monkeypatch):
+    # Known answer: the hash evaluated token by token; drawn in blocks of any size (blocks cut sentences).
+    monkeypatch.setattr(cooccurrence, "_SUBSAMPLE_BLOCK", block)
+    rng = np.random.default_rng(2)
+    offsets = np.concatenate(([0], np.cumsum(rng.integers(0, 9, 60))))
+    ids = rng.integers(0, 3, offsets[-1])
+    keep_prob = np.array([0.3, 0.8, 1.0])
+    kept, kept_offsets = subsample(ids, offsets, keep_prob, seed=11, first_sentence=100)
+    expected = [[t for k, t in enumerate(ids[a:b]) if keep_prob[t] == 1.0 or _draw(11, 100 + s, k) < keep_prob[t]]
+                for s, (a, b) in enumerate(zip(offsets[:-1], offsets[1:], strict=True))]
+    np.testing.assert_array_equal(kept, np.concatenate(expected))
+    np.testing.assert_array_equal(kept_offsets, np.concatenate(([0], np.cumsum([len(e) for e in expected]))))
 
 
 def test_keep_probabilities_by_hand_and_as_gensim_computes_them():
