@@ -46,6 +46,7 @@ import logging
 import math
 import queue
 import shutil
+import ssl
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext, suppress
@@ -53,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import certifi
 import fsspec
 import numpy as np
 import polars as pl
@@ -342,7 +344,7 @@ class _Pool:
             self.runner.__enter__()
         if self.dask:
             with suppress(Exception):  # a speed setting: a worker that cannot take it fails on the probe instead
-                self.runner.client.register_plugin(_worker_heap_plugin())
+                self.runner.client.register_plugin(_worker_setup_plugin())
             _warn_oversubscribed(self.runner.client)
         return self
 
@@ -459,19 +461,62 @@ def _warn_oversubscribed(client: Any) -> None:
 
 
 @functools.cache
-def _worker_heap_plugin() -> Any:
-    """A Dask worker plugin setting glibc's adaptive mmap threshold on every worker, present and future
-    (`heap.adaptive_mmap_threshold`: Dask's nanny pins it at 128 KB, ~20 % of a co-occurrence shard's CPU)."""
+def _worker_setup_plugin() -> Any:
+    """A Dask worker plugin run on every worker, present and future: glibc's adaptive mmap threshold
+    (`heap.adaptive_mmap_threshold`: Dask's nanny pins it at 128 KB, ~20 % of a co-occurrence shard's CPU),
+    and one TLS context for its Prefect clients (`share_prefect_tls_context`)."""
     from distributed.diagnostics.plugin import WorkerPlugin
 
-    class AdaptiveHeap(WorkerPlugin):
-        name = "lexiflow-adaptive-mmap-threshold"
+    class WorkerSetup(WorkerPlugin):
+        name = "lexiflow-worker-setup"
         idempotent = True
 
         def setup(self, worker: Any) -> None:
             adaptive_mmap_threshold()
+            share_prefect_tls_context()
 
-    return AdaptiveHeap()
+    return WorkerSetup()
+
+
+def share_prefect_tls_context() -> None:
+    """Prefect clients made in this process get one shared TLS context per setting, not a new one each.
+
+    Prefect 3.8 builds an `ssl.SSLContext` (parsing the whole CA bundle: ~13 ms of CPU) for every client it
+    makes, and a task run on a Dask worker makes two (its context's and its engine's): more than half of a
+    shard task run's own CPU on the worker (64 -> 29 ms; `benchmarks/scaling.py`'s no-op shard). The context
+    is built as Prefect builds it (PREFECT_API_TLS_INSECURE_SKIP_VERIFY, PREFECT_API_SSL_CERT_FILE or
+    certifi's bundle), read when each client is made; a client given its own `verify` keeps it. Prefect
+    takes such a context (httpx_settings["verify"]) but has no setting for it (prefect#19106 proposes one)."""
+    from prefect.client import orchestration
+
+    for client in (orchestration.SyncPrefectClient, orchestration.PrefectClient):
+        if not getattr(client.__init__, "_shares_tls_context", False):
+            client.__init__ = _with_shared_tls_context(client.__init__)
+
+
+def _with_shared_tls_context(init: Callable[..., None]) -> Callable[..., None]:
+    @functools.wraps(init)
+    def shared(self: Any, api: Any, *, httpx_settings: dict[str, Any] | None = None, **kwargs: Any) -> None:
+        from prefect.settings import PREFECT_API_SSL_CERT_FILE, PREFECT_API_TLS_INSECURE_SKIP_VERIFY
+
+        settings = dict(httpx_settings or {})
+        settings.setdefault("verify", _tls_context(bool(PREFECT_API_TLS_INSECURE_SKIP_VERIFY.value()),
+                                                   PREFECT_API_SSL_CERT_FILE.value() or certifi.where()))
+        init(self, api, httpx_settings=settings, **kwargs)
+
+    shared._shares_tls_context = True  # type: ignore[attr-defined]
+    return shared
+
+
+@functools.cache
+def _tls_context(insecure: bool, cafile: str) -> ssl.SSLContext:
+    """The context Prefect's client builds for these settings (prefect/client/orchestration)."""
+    if insecure:
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE
+        return context
+    return ssl.create_default_context(cafile=cafile)
 
 
 def _one_line(exc: BaseException) -> str:

@@ -8,6 +8,7 @@ with one line naming the stage, the shard and the worker's exception, instead of
 from __future__ import annotations
 
 import os
+import ssl
 import sys
 import tempfile
 from pathlib import Path
@@ -83,10 +84,46 @@ def test_a_cluster_sharing_only_the_store_publishes_what_one_process_does(tmp_pa
         faults = {worker: min(client.submit(page_faults_of_a_second_block, workers=[worker], pure=False).result()
                               for _ in range(2))  # in a task's thread, as a shard runs (the second: its arena made)
                   for worker in client.scheduler_info()["workers"]}
+        tls = client.run(prefect_clients_share_a_verifying_tls_context)
     assert len(temp_folders) == 2 and tempfile.gettempdir() not in temp_folders
     # Their nannies froze glibc's mmap threshold low (fresh pages for every block over 128 KB); the stages'
-    # worker plugin put back the adaptive one: a freed 16 MB block is reused.
+    # worker plugin put back the adaptive one: a freed 16 MB block is reused. And it made their Prefect
+    # clients share one TLS context (each task run makes two clients).
     assert trim_thresholds == {"65536"} and max(faults.values()) <= 2
+    assert set(tls.values()) == {True}
+
+
+def prefect_clients_share_a_verifying_tls_context() -> bool:
+    from prefect.client.orchestration import SyncPrefectClient
+
+    contexts = [SyncPrefectClient("http://127.0.0.1:9")._client._transport._pool._ssl_context for _ in range(2)]
+    return contexts[0] is contexts[1] and contexts[0].verify_mode == ssl.CERT_REQUIRED and contexts[0].check_hostname
+
+
+def test_prefect_clients_share_one_tls_context_per_setting(monkeypatch):
+    # Known answer: what Prefect builds for each client without it (a new context, verifying unless told
+    # not to; a `verify` the caller gives is kept).
+    from prefect.client import orchestration
+    from prefect.settings import PREFECT_API_TLS_INSECURE_SKIP_VERIFY, temporary_settings
+
+    def context(**httpx_settings):
+        client = orchestration.SyncPrefectClient("http://127.0.0.1:9", httpx_settings=httpx_settings or None)
+        return client._client._transport._pool._ssl_context
+
+    before = [context(), context()]
+    assert before[0] is not before[1] and before[0].verify_mode == ssl.CERT_REQUIRED
+    monkeypatch.setattr(orchestration.SyncPrefectClient, "__init__", orchestration.SyncPrefectClient.__init__)
+    monkeypatch.setattr(orchestration.PrefectClient, "__init__", orchestration.PrefectClient.__init__)
+    parallel.share_prefect_tls_context()
+    parallel.share_prefect_tls_context()  # once: not wrapped twice
+    shared = context()
+    assert shared is context() and shared.verify_mode == ssl.CERT_REQUIRED and shared.check_hostname
+    own = ssl.create_default_context()
+    assert context(verify=own) is own
+    with temporary_settings({PREFECT_API_TLS_INSECURE_SKIP_VERIFY: True}):
+        insecure = context()
+        assert insecure is context() and insecure is not shared and insecure.verify_mode == ssl.CERT_NONE
+        assert orchestration.PrefectClient("http://127.0.0.1:9")._client._transport._pool._ssl_context is insecure
 
 
 def test_a_killed_writers_shared_parts_are_garbage_collected(tmp_path, moto_s3):
