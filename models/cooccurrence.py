@@ -25,7 +25,6 @@ import numpy as np
 import polars as pl
 import scipy.sparse as sp
 from lexiflow.models.errors import ParameterError
-from lexiflow.models.heap import reuse_freed_memory
 from lexiflow.models.progress import Progress
 
 Weighting = Literal["uniform", "harmonic"]
