@@ -18,8 +18,9 @@ would round differently depending on how the corpus was cut.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import polars as pl
@@ -29,7 +30,7 @@ from lexiflow.models.progress import Progress
 
 Weighting = Literal["uniform", "harmonic"]
 _DIST_BITS = 6  # low key bits hold the distance d (window <= 63)
-# Tokens per chunk of `distance_counts` (its temporaries: ~1 GB, reused from chunk to chunk) and per block of
+# Tokens per chunk of `distance_counts` (its scratch buffers: ~0.3 GB a thread, `_Scratch`) and per block of
 # `term_document_columns`. Smaller chunks cost more merging than they save in memory traffic.
 _CHUNK_TOKENS = 1 << 22
 _SUBSAMPLE_BLOCK = 1 << 18  # tokens per block of `subsample`: its temporaries (2 MB each) fit a core's cache
@@ -159,24 +160,31 @@ def _forward_chunk(ids, left, n_starts, vocab_size, window) -> sp.csr_matrix:
     """Per-distance counts of the forward pairs whose first token is among the chunk's first
     `n_starts` positions."""
     # key = (row·V + col)·2^bits + d, from two pre-shifted halves added as contiguous slices, then the
-    # pairs that stay inside their sentence kept (one compress per distance, into one key array).
-    col_part = ids.astype(np.uint64) << np.uint64(_DIST_BITS)
-    row_part = col_part * np.uint64(vocab_size)
-    masks = [left[: max(0, min(n_starts, len(ids) - d))] >= d for d in range(1, window + 1)]
-    sizes = [int(m.sum()) for m in masks]
-    keys = np.empty(sum(sizes), dtype=np.uint64)
-    pair = np.empty(len(masks[0]), dtype=np.uint64)  # one buffer for every distance's pairs (each temporary is
-    at = 0                                           # memory the kernel must hand over and zero-fill)
-    for d, (mask, size) in enumerate(zip(masks, sizes, strict=True), start=1):
-        np.add(row_part[: len(mask)], col_part[d: d + len(mask)], out=pair[: len(mask)])
-        np.bitwise_or(pair[: len(mask)], np.uint64(d), out=pair[: len(mask)])
-        keys[at: at + size] = pair[: len(mask)][mask]  # (np.compress with out= is 3x slower: it goes by indices)
-        at += size
+    # pairs that stay inside their sentence kept (one compress per distance, into one key array). The
+    # temporaries are this thread's scratch buffers, reused chunk after chunk and shard after shard.
+    scratch = _scratch()
+    n = len(ids)
+    col_part = scratch.take("col", n, np.uint64)
+    col_part[:] = ids  # ids are in [0, vocab_size): checked
+    np.left_shift(col_part, np.uint64(_DIST_BITS), out=col_part)
+    row_part = np.multiply(col_part, np.uint64(vocab_size), out=scratch.take("row", n, np.uint64))
+    keys = scratch.take("keys", window * n_starts, np.uint64)
+    pair, mask = scratch.take("pair", n_starts, np.uint64), scratch.take("mask", n_starts, bool)
+    at = 0
+    for d in range(1, window + 1):
+        m = max(0, min(n_starts, n - d))
+        np.greater_equal(left[:m], d, out=mask[:m])
+        np.add(row_part[:m], col_part[d: d + m], out=pair[:m])
+        np.bitwise_or(pair[:m], np.uint64(d), out=pair[:m])
+        kept = pair[:m][mask[:m]]  # (np.compress with out= is 3x slower: it goes by indices)
+        keys[at: at + len(kept)] = kept
+        at += len(kept)
+    keys = keys[:at]
     if len(keys) == 0:
         return empty_distance_counts(vocab_size)
     keys.sort()
     # Runs of equal (pair, d) keys -> count per (pair, d); the sorted keys are already CSR order.
-    new_run = np.empty(len(keys), dtype=bool)
+    new_run = scratch.take("runs", len(keys), bool)
     new_run[0] = True
     np.not_equal(keys[1:], keys[:-1], out=new_run[1:])
     starts = np.flatnonzero(new_run)
@@ -186,6 +194,34 @@ def _forward_chunk(ids, left, n_starts, vocab_size, window) -> sp.csr_matrix:
     indptr = np.searchsorted(run_keys, np.arange(vocab_size + 1, dtype=np.uint64) * width)  # row = key // width
     cols = np.remainder(run_keys, width, out=run_keys).view(np.int64)  # col = key mod width (< 2^63)
     return sp.csr_matrix((counts, cols, indptr), shape=(vocab_size, vocab_size << _DIST_BITS))
+
+
+class _Scratch:
+    """Buffers by name, each grown to the largest size asked of it and then reused: the counting kernel's
+    stream-sized temporaries (~0.3 GB at 4M tokens) would otherwise be fresh pages every chunk, which the
+    kernel zero-fills (on the 1 GB benchmark's machine a shard's count took 0.4 to 1.1 s on the same 6.5M
+    tokens, by how much of its memory was new)."""
+
+    def __init__(self) -> None:
+        self.buffers: dict[str, np.ndarray] = {}
+
+    def take(self, name: str, size: int, dtype: Any) -> np.ndarray:
+        buffer = self.buffers.get(name)
+        if buffer is None or buffer.dtype != dtype or len(buffer) < size:
+            self.buffers[name] = buffer = np.empty(size, dtype=dtype)
+        return buffer[:size]
+
+
+_scratches: dict[int, _Scratch] = {}  # by thread: the threads runner counts shards in parallel
+
+
+def _scratch() -> _Scratch:
+    return _scratches.setdefault(threading.get_ident(), _Scratch())
+
+
+def release_scratch() -> None:
+    """Free every thread's counting buffers (a process that counts no more: the stage's end)."""
+    _scratches.clear()
 
 
 def term_document_matrix(ids: np.ndarray, doc_offsets: np.ndarray, vocab_size: int, first_doc: int = 0,

@@ -122,8 +122,11 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
         write_matrix_columns(out, "termdoc.parquet", termdoc_rows(), (vocabulary.height, n_docs))
         return counted
 
-    forward, counted = reduce_partitioned(cooccurrence_shard, calls, merge, parallel, "cooccurrence", out,
-                                          write_termdoc)
+    try:
+        forward, counted = reduce_partitioned(cooccurrence_shard, calls, merge, parallel, "cooccurrence", out,
+                                              write_termdoc)
+    finally:  # this process's counting buffers, if it counted (a Dask worker keeps its own for the next shard)
+        cooccurrence.release_scratch()
     n_tokens, n_kept, n_corpus = (sum(column) for column in zip(*counted, strict=True))
     matrix = cooccurrence.symmetric(sum_matrices(forward))
     if not matrix.nnz:  # an empty result is no artifact: every later stage would fail on it, less clearly

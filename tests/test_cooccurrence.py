@@ -180,3 +180,21 @@ def test_subsampling_keeps_each_word_at_its_rate_and_shards_agree_with_the_whole
     everything, same_offsets = subsample(ids, offsets, np.ones(4), seed=3)
     np.testing.assert_array_equal(everything, ids)
     np.testing.assert_array_equal(same_offsets, offsets)
+
+
+def test_counting_reuses_its_buffers_and_gives_them_back():
+    # Fresh memory is zero-filled by the kernel on first touch: the second count of a stream takes no new
+    # buffer, a smaller one neither, and counts the same; the stage's end frees them.
+    rng = np.random.default_rng(4)
+    offsets = np.concatenate(([0], np.cumsum(rng.integers(0, 20, 3000))))
+    ids = rng.integers(0, 50, offsets[-1])
+    first = cooccurrence.distance_counts(ids, offsets, 50, window=4)
+    buffers = dict(cooccurrence._scratch().buffers)
+    again = cooccurrence.distance_counts(ids, offsets, 50, window=4)
+    smaller = cooccurrence.distance_counts(ids[: offsets[100]], offsets[:101], 50, window=4)
+    assert all(cooccurrence._scratch().buffers[name] is buffer for name, buffer in buffers.items())
+    assert (first != again).nnz == 0
+    np.testing.assert_allclose(cooccurrence.weigh(smaller, 50).toarray(),
+                               reference(ids[: offsets[100]], offsets[:101], 50, 4, "harmonic"), atol=1e-12)
+    cooccurrence.release_scratch()
+    assert not cooccurrence._scratches
