@@ -28,6 +28,7 @@ from lexiflow.tasks.parallel import (
     deliver,
     deliver_partitions,
     deliver_row_groups,
+    on_every_worker,
     reduce_partitioned,
     row_partitions,
     shard_ranges,
@@ -125,8 +126,9 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
     try:
         forward, counted = reduce_partitioned(cooccurrence_shard, calls, merge, parallel, "cooccurrence", out,
                                               write_termdoc)
-    finally:  # this process's counting buffers, if it counted (a Dask worker keeps its own for the next shard)
-        cooccurrence.release_scratch()
+    finally:  # the counting buffers, kept from shard to shard, go when the stage ends (else a worker holds ~0.5
+        cooccurrence.release_scratch()  # GB through the next stages: their peaks 1.1 -> 1.7 GB at the next corpus)
+        on_every_worker(parallel, cooccurrence.release_scratch)
     n_tokens, n_kept, n_corpus = (sum(column) for column in zip(*counted, strict=True))
     matrix = cooccurrence.symmetric(sum_matrices(forward))
     if not matrix.nnz:  # an empty result is no artifact: every later stage would fail on it, less clearly

@@ -109,6 +109,17 @@ def task_runner(params: ParallelParams) -> TaskRunner:
     return ThreadPoolTaskRunner(max_workers=params.workers)
 
 
+def on_every_worker(params: ParallelParams, fn: Callable[[], Any]) -> None:
+    """fn() on every worker of the Dask cluster at `params.dask_address`, best effort (a cleanup: a worker
+    gone or unreachable is no error). Other runners' workers end with the stage's task runner."""
+    if params.runner != "dask" or not params.dask_address:
+        return
+    from distributed import Client
+
+    with suppress(Exception), Client(params.dask_address, timeout=30, set_as_default=False) as client:
+        client.run(fn)
+
+
 def shard_ranges(ref: ArtifactRef, name: str, parallel: ParallelParams,
                  rows_per_shard: int | None = None) -> list[tuple[int, int]]:
     """Row ranges of an artifact's Parquet table, one per shard: `parallel.shard_rows` rows each when set, else

@@ -85,12 +85,21 @@ def test_a_cluster_sharing_only_the_store_publishes_what_one_process_does(tmp_pa
                               for _ in range(2))  # in a task's thread, as a shard runs (the second: its arena made)
                   for worker in client.scheduler_info()["workers"]}
         tls = client.run(prefect_clients_share_a_verifying_tls_context)
+        buffers = client.run(counting_buffers)
     assert len(temp_folders) == 2 and tempfile.gettempdir() not in temp_folders
     # Their nannies froze glibc's mmap threshold low (fresh pages for every block over 128 KB); the stages'
     # worker plugin put back the adaptive one: a freed 16 MB block is reused. And it made their Prefect
     # clients share one TLS context (each task run makes two clients).
     assert trim_thresholds == {"65536"} and max(faults.values()) <= 2
     assert set(tls.values()) == {True}
+    # The co-occurrence stage gave back the counting buffers its shards kept from one to the next.
+    assert set(buffers.values()) == {0}
+
+
+def counting_buffers() -> int:
+    from lexiflow.models import cooccurrence
+
+    return len(cooccurrence._scratches)
 
 
 def prefect_clients_share_a_verifying_tls_context() -> bool:
