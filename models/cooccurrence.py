@@ -74,7 +74,6 @@ def distance_counts(
     # Chunk results add as a binary counter (a merge of two equal-sized sums at a time): each count is copied
     # about log2(chunks) times, not once per later chunk as when every chunk adds onto one growing total.
     sums: list[tuple[int, sp.csr_matrix]] = []  # (level, sum of 2^level chunks), levels decreasing
-    # fresh pages cost the kernel's zero-filling: ~25 % of a chunk's time, were each chunk's memory new
     with Progress("cooccurrence", total=len(ids), unit="tokens", callback=progress) as bar:
         for start in range(0, len(ids), chunk_tokens):
             n_starts = min(chunk_tokens, len(ids) - start)
@@ -84,9 +83,8 @@ def distance_counts(
                 chunk, level = sums.pop()[1] + chunk, level + 1
             sums.append((level, chunk))
             bar.update(n_starts)
-    forward = empty_distance_counts(vocab_size)
-    for _, chunk in reversed(sums):
-        forward = forward + chunk
+    chunks = [chunk for _, chunk in reversed(sums)]  # smallest first
+    forward = sum(chunks[1:], chunks[0]) if chunks else empty_distance_counts(vocab_size)
     forward.sort_indices()
     return forward
 

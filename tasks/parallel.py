@@ -116,7 +116,7 @@ def on_every_worker(params: ParallelParams, fn: Callable[[], Any]) -> None:
         return
     from distributed import Client
 
-    with suppress(Exception), Client(params.dask_address, timeout=30, set_as_default=False) as client:
+    with suppress(Exception), Client(params.dask_address, timeout=5, set_as_default=False) as client:
         client.run(fn)
 
 
