@@ -182,16 +182,21 @@ def _forward_chunk(ids, left, n_starts, vocab_size, window) -> sp.csr_matrix:
         return empty_distance_counts(vocab_size)
     keys.sort()
     # Runs of equal (pair, d) keys -> count per (pair, d); the sorted keys are already CSR order.
-    new_run = scratch.take("runs", len(keys), bool)
-    new_run[0] = True
-    np.not_equal(keys[1:], keys[:-1], out=new_run[1:])
-    starts = np.flatnonzero(new_run)
-    counts = np.diff(starts, append=len(keys))
+    starts, counts = _runs(keys)
     run_keys = keys[starts]
     width = np.uint64(vocab_size << _DIST_BITS)
     indptr = np.searchsorted(run_keys, np.arange(vocab_size + 1, dtype=np.uint64) * width)  # row = key // width
     cols = np.remainder(run_keys, width, out=run_keys).view(np.int64)  # col = key mod width (< 2^63)
     return sp.csr_matrix((counts, cols, indptr), shape=(vocab_size, vocab_size << _DIST_BITS))
+
+
+def _runs(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where each run of equal values starts in sorted, non-empty `keys`, and its length."""
+    new_run = _scratch().take("runs", len(keys), bool)
+    new_run[0] = True
+    np.not_equal(keys[1:], keys[:-1], out=new_run[1:])
+    starts = np.flatnonzero(new_run)
+    return starts, np.diff(starts, append=len(keys))
 
 
 class _Scratch:
@@ -222,24 +227,13 @@ def release_scratch() -> None:
     _scratches.clear()
 
 
-def term_document_matrix(ids: np.ndarray, doc_offsets: np.ndarray, vocab_size: int, first_doc: int = 0,
-                         n_docs: int | None = None) -> sp.csr_matrix:
-    """(vocab_size × n_docs) raw term counts; document first_doc + j is ids[doc_offsets[j]:doc_offsets[j+1]]
-    (n_docs: first_doc + the documents given, by default)."""
-    doc_offsets = np.asarray(doc_offsets, dtype=np.int64)
-    n = len(doc_offsets) - 1
-    docs = np.repeat(np.arange(first_doc, first_doc + n, dtype=np.int32), np.diff(doc_offsets))
-    data = np.ones(len(ids), dtype=np.float64)
-    shape = (vocab_size, first_doc + n if n_docs is None else n_docs)
-    return sp.csr_matrix((data, (np.asarray(ids, dtype=np.int32), docs)), shape=shape)
-
-
 def term_document_columns(ids: np.ndarray, doc_offsets: np.ndarray, vocab_size: int,
                           first_doc: int = 0) -> pl.DataFrame:
-    """`term_document_matrix`'s entries as (row: term, col: document, value: count) rows in column-major
-    order (by document, then term), counted directly in that order: blocks of whole documents of about
-    `_CHUNK_TOKENS` tokens, each one sort of (document, term) keys, so temporaries stay block-sized and
-    no row-major matrix is built only to be turned around."""
+    """The (vocab_size × documents) term–document counts, document first_doc + j being
+    ids[doc_offsets[j]:doc_offsets[j+1]], as (row: term, col: document, value: count) rows in column-major
+    order (by document, then term; `formats.by_columns`), counted directly in that order: blocks of whole
+    documents of about `_CHUNK_TOKENS` tokens, each one sort of (document, term) keys, so temporaries stay
+    block-sized and no row-major matrix is built only to be turned around."""
     doc_offsets = np.asarray(doc_offsets, dtype=np.int64)
     n = len(doc_offsets) - 1
     # block edges: the document holding every _CHUNK_TOKENS-th token starts a block
@@ -252,8 +246,8 @@ def term_document_columns(ids: np.ndarray, doc_offsets: np.ndarray, vocab_size: 
             continue
         key = local * vocab_size + ids[doc_offsets[a]: doc_offsets[b]]
         key.sort()
-        runs = np.flatnonzero(np.concatenate(([True], key[1:] != key[:-1])))
-        values.append(np.diff(np.append(runs, len(key))).astype(np.float64))
+        runs, counts = _runs(key)
+        values.append(counts.astype(np.float64))
         key = key[runs]
         rows.append((key % vocab_size).astype(np.uint32))
         cols.append((key // vocab_size + (first_doc + a)).astype(np.uint32))

@@ -1,6 +1,7 @@
 import numpy as np
 import polars as pl
 import pytest
+import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from lexiflow.models import cooccurrence
@@ -10,7 +11,6 @@ from lexiflow.models.cooccurrence import (
     keep_probabilities,
     subsample,
     term_document_columns,
-    term_document_matrix,
 )
 from lexiflow.models.errors import ParameterError
 
@@ -78,22 +78,31 @@ def test_malformed_streams_are_rejected_with_a_clear_error(ids, offsets, message
         cooccurrence_matrix(np.array(ids, dtype=np.int64), np.array(offsets), 3)
 
 
+def term_document_reference(ids, doc_offsets, vocab_size, first_doc=0):
+    """The textbook (vocab_size × documents) count matrix: a 1 at (term, document) per token, duplicates summed."""
+    docs = np.repeat(np.arange(first_doc, first_doc + len(doc_offsets) - 1), np.diff(doc_offsets))
+    return sp.csr_matrix((np.ones(len(ids)), (ids, docs)), shape=(vocab_size, first_doc + len(doc_offsets) - 1))
+
+
 def test_term_document_counts():
-    m = term_document_matrix(np.array([0, 1, 1, 2, 0]), np.array([0, 3, 3, 5]), 3).toarray()
-    np.testing.assert_array_equal(m, [[1, 0, 1], [2, 0, 0], [0, 0, 1]])
+    # Documents [0, 1, 1], [], [2, 0]: column by column, (term, count).
+    got = term_document_columns(np.array([0, 1, 1, 2, 0]), np.array([0, 3, 3, 5]), 3)
+    assert got.rows() == [(0, 0, 1.0), (1, 0, 2.0), (0, 2, 1.0), (2, 2, 1.0)]
+    np.testing.assert_array_equal(term_document_reference(np.array([0, 1, 1, 2, 0]), np.array([0, 3, 3, 5]), 3)
+                                  .toarray(), [[1, 0, 1], [2, 0, 0], [0, 0, 1]])
 
 
 @settings(max_examples=60, deadline=None)
 @given(lengths=st.lists(st.integers(0, 20), max_size=15), vocab_size=st.integers(1, 12), first=st.integers(0, 3),
        block=st.integers(1, 40), seed=st.integers(0, 2**32 - 1))
 def test_term_document_columns_are_the_matrix_entries_by_document(lengths, vocab_size, first, block, seed):
-    # Known answer: term_document_matrix (one COO -> CSR) read column by column; blocks of any size.
+    # Known answer: the textbook matrix (one COO -> CSR) read column by column; blocks of any size.
     offsets = np.concatenate(([0], np.cumsum(lengths))).astype(np.int64)
     ids = np.random.default_rng(seed).integers(0, vocab_size, offsets[-1]).astype(np.uint32)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(cooccurrence, "_CHUNK_TOKENS", block)
         got = term_document_columns(ids, offsets, vocab_size, first)
-    csc = term_document_matrix(ids, offsets, vocab_size, first).tocsc()
+    csc = term_document_reference(ids, offsets, vocab_size, first).tocsc()
     csc.sum_duplicates()
     assert got.schema == {"row": pl.UInt32, "col": pl.UInt32, "value": pl.Float64}
     np.testing.assert_array_equal(got["row"], csc.indices)

@@ -19,7 +19,6 @@ from lexiflow.models.cooccurrence import (
     id_stream,
     keep_probabilities,
     subsample,
-    term_document_matrix,
     weigh,
 )
 from lexiflow.models.errors import InputError
@@ -44,6 +43,7 @@ from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, ParallelPara
 from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
 
 from tests.stages import publish
+from tests.test_cooccurrence import term_document_reference
 
 
 def sharded(files, options, shard_bytes):
@@ -337,7 +337,7 @@ def test_sharded_stages_publish_the_same_artifacts_and_versions(tmp_path, source
     # The term–document matrix equals the one built from whole documents (sentences regrouped).
     per_doc = train.group_by("doc_index", maintain_order=True).agg(pl.col("ids").explode().drop_nulls())["ids"]
     doc_ids, doc_offsets = id_stream(per_doc, min_id=4)
-    expected = term_document_matrix(doc_ids, doc_offsets, metrics["vocabulary_size"])
+    expected = term_document_reference(doc_ids, doc_offsets, metrics["vocabulary_size"])
     got = read_matrix(sharded_refs["cooccurrence"], "termdoc.parquet")
     assert got.shape == expected.shape and (got != expected).nnz == 0
 
