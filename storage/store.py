@@ -790,6 +790,14 @@ def write_segment(rows: pl.DataFrame | pa.Table, schema: pa.Schema, row_group_si
     return Segment(path, table.num_rows)
 
 
+def read_segment(segment: Segment, columns: list[str] | None = None) -> pl.DataFrame:
+    """The rows of a `write_segment` (its `columns`)."""
+    if isinstance(segment.source, bytes):
+        return pl.read_parquet(io.BytesIO(segment.source), columns=columns)
+    with fsspec.open(segment.source, "rb", **storage_options_for(segment.source)) as f:
+        return pl.read_parquet(f, columns=columns)
+
+
 class ArtifactWriter:
     """Files and metrics of an artifact being staged. Paths are local, whatever the store."""
 

@@ -14,7 +14,7 @@ from lexiflow.models.config import from_section
 from lexiflow.storage import ArtifactWriter
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, TAGGED
 from lexiflow.storage.parquet_concat import Segment
-from lexiflow.storage.store import write_segment
+from lexiflow.storage.store import read_segment, write_segment
 from lexiflow.tasks.parallel import SHARD_TASK, deliver, deliver_row_groups, received, stream_shards
 from lexiflow.tasks.params import CorpusParams, ParallelParams
 from lexiflow.tasks.stage import stage
@@ -58,8 +58,9 @@ def corpus_shard(shard: list[ingest.FileRange | ingest.Streams], options: ingest
                  part: str | None) -> tuple[Any, dict[int, int], dict[int, tuple[int, int, str]], Any, Any]:
     """Read and clean one shard of the sources (documents delivered in memory or as a part; a shard
     that streams in several batches, a large compressed file, delivers each batch as a part of its own;
-    its distinct words as a part too). As parts, each table's first copies are also encoded here as
-    `documents.parquet` row groups, which the merge appends as they are when it keeps them all."""
+    its distinct words as a part too). As parts, each table's first copies are encoded here as
+    `documents.parquet` row groups, which the merge appends as they are when it keeps them all, and the part
+    holds the rest of the table without its text (read back from the row groups in the rare other case)."""
     batch = itertools.count()
     encoded: list[Any] = []
 
@@ -67,7 +68,7 @@ def corpus_shard(shard: list[ingest.FileRange | ingest.Streams], options: ingest
         first = ingest.first_in_table(docs["doc_id"]) if options.dedupe else None
         rows = docs if first is None or first.all() else docs.filter(pl.Series(first, dtype=pl.Boolean))
         encoded.append(deliver_row_groups(rows, part, DOCUMENTS, SHARDED_ROW_GROUP, f"{name}rows"))
-        return deliver(docs, part, name)
+        return deliver(docs.drop("text"), part, name)  # the texts travel once, encoded: the merge needs the rest
 
     # In this process the batches stay tables, so the documents come in the same tables as on any runner.
     spill = (lambda docs: docs) if part is None else (lambda docs: delivered(docs, f"{next(batch):05d}"))
@@ -82,11 +83,14 @@ def corpus_shard(shard: list[ingest.FileRange | ingest.Streams], options: ingest
     return documents, result.texts, result.errors, deliver(result.words, part, "words"), row_groups
 
 
-def documents_writer(write: Callable[[Any], None]) -> Callable[[pl.DataFrame, Segment | None], None]:
+def documents_writer(write: Callable[[Any], None]) -> Callable[[pl.DataFrame, Segment | None, Segment | None], None]:
     """`merge_shards`'s `write` onto `parquet_parts`' one for documents.parquet: each table of kept documents
     its own row groups, those its shard encoded when the merge keeps them all, else encoded here (so the file
-    is the same on every runner)."""
-    def write_table(docs: pl.DataFrame, encoded: Segment | None) -> None:
+    is the same on every runner), the texts of a table delivered without them taken from its shard's rows."""
+    def write_table(docs: pl.DataFrame, encoded: Segment | None, texts: Segment | None) -> None:
+        if encoded is None and "text" not in docs.columns:
+            by_id = read_segment(texts, ["doc_id", "text"]).unique("doc_id")  # one text per id
+            docs = docs.join(by_id, on="doc_id", how="left", maintain_order="left").select(DOCUMENTS.names)
         write(encoded or write_segment(docs, DOCUMENTS, SHARDED_ROW_GROUP))
 
     return write_table

@@ -2,6 +2,7 @@
 the middle of lines), vocabulary counts, encoding and co-occurrence by row ranges."""
 
 import bz2
+import dataclasses
 import gzip
 import io
 import json
@@ -35,8 +36,8 @@ from lexiflow.models.ingest import (
 from lexiflow.models.vocab import SPECIALS
 from lexiflow.storage import ArtifactRef, ArtifactStore
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, by_columns, read_matrix, write_matrix_columns
-from lexiflow.storage.store import write_segment
-from lexiflow.tasks.corpus import ingest_corpus
+from lexiflow.storage.store import ArtifactWriter, write_segment
+from lexiflow.tasks.corpus import documents_writer, ingest_corpus
 from lexiflow.tasks.matrices import count_cooccurrence, termdoc_pieces
 from lexiflow.tasks.parallel import row_partitions, shard_ranges, sum_matrices
 from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
@@ -111,11 +112,11 @@ def test_a_streamed_merge_equals_the_whole_and_reads_each_shard_only_when_it_wri
         return results
 
     written: list[pl.DataFrame] = []
-    corpus = merge_shards(files, parts(), options, lambda docs, _encoded: written.append(docs))
+    corpus = merge_shards(files, parts(), options, lambda docs, _encoded, _texts: written.append(docs))
     assert len(written) == len(shards) and corpus.documents is None
     assert pl.concat(written).equals(whole.documents) and corpus.stats == whole.stats
 
-    def write_then_change_the_next_part(docs: pl.DataFrame, _encoded: object) -> None:
+    def write_then_change_the_next_part(docs: pl.DataFrame, _encoded: object, _texts: object) -> None:
         written.append(docs)
         if len(written) < len(paths):
             changed = pl.read_parquet(paths[len(written)]).with_columns(pl.col("text").str.to_uppercase())
@@ -146,7 +147,7 @@ def test_a_large_files_ranges_merge_as_they_come_unless_skipping_needs_the_whole
             yield ingest_shard(shard, options)
 
     written: list[pl.DataFrame] = []
-    corpus = merge_shards([path], results(), options, lambda docs, _: (events.append("write"), written.append(docs)))
+    corpus = merge_shards([path], results(), options, lambda docs, *_: (events.append("write"), written.append(docs)))
     n = len(shards)
     expected = [e for i in range(n) for e in (f"read {i}", "write")] if bad_files == "fail" \
         else [f"read {i}" for i in range(n)] + ["write"] * n
@@ -172,13 +173,46 @@ def test_the_merge_takes_a_shards_encoded_rows_only_when_it_keeps_exactly_them(t
         result.encoded = write_segment(result.documents.filter(first), DOCUMENTS, SHARDED_ROW_GROUP)
         results.append(result)
     handed: list[tuple] = []
-    corpus = merge_shards(sources, results, options, lambda docs, encoded: handed.append((docs, encoded)))
+    corpus = merge_shards(sources, results, options, lambda docs, encoded, _texts: handed.append((docs, encoded)))
     assert [encoded is results[i].encoded for i, (_, encoded) in enumerate(handed)] == [True, False, False, True]
     assert [docs.height for docs, _ in handed] == [results[0].encoded.rows, 0, 1, 2]  # d.txt out, "fine line" kept
     whole = build_corpus(sources, options)
     assert pl.concat([docs for docs, _ in handed]).equals(whole.documents) and corpus.stats == whole.stats
     encoded = pl.read_parquet(io.BytesIO(results[3].encoded.source))
     assert encoded.equals(handed[3][0])  # what the shard encoded is what the merge keeps
+
+    # Delivered as a pool's shards deliver them, without their texts (they are in the encoded rows): the
+    # documents file is the same, byte for byte, the texts of the tables it re-encodes found by id.
+    assert written_without_texts(tmp_path, sources, results, options) == written_without_texts.whole
+    assert pl.read_parquet(io.BytesIO(written_without_texts.whole)).equals(whole.documents)
+
+
+def written_without_texts(tmp_path, sources, results: list[ShardResult], options: IngestOptions) -> bytes:
+    """documents.parquet as the corpus stage writes it from these shard results delivered without their texts
+    (its `whole` attribute: from the results as they are)."""
+    def documents_file(name: str, results: list[ShardResult]) -> bytes:
+        out = ArtifactWriter(tmp_path / name, tmp_path / f"{name}-scratch", tmp_path / f"{name}-work")
+        out.folder.mkdir()
+        with out.parquet_parts("documents.parquet", DOCUMENTS, SHARDED_ROW_GROUP) as write:
+            merge_shards(sources, results, options, documents_writer(write))
+        return out.path("documents.parquet").read_bytes()
+
+    written_without_texts.whole = documents_file("whole", results)
+    return documents_file("textless", [dataclasses.replace(r, documents=r.documents.drop("text")) for r in results])
+
+
+def test_texts_found_by_id_without_dedupe(tmp_path):
+    """Without dedupe a shard's encoded rows repeat a text: one text per id still (a bad file left out makes
+    the merge re-encode the shard's other rows)."""
+    bad, good = tmp_path / "bad.txt", tmp_path / "good.txt"
+    bad.write_bytes(b"a line before the error\nbad \xff byte\n")
+    good.write_text("same text\nsame text\nother text\n")
+    options = IngestOptions(bad_files="skip", dedupe=False)
+    result = ingest_shard([FileRange(str(bad), 0), FileRange(str(good), 1)], options)
+    result.encoded = write_segment(result.documents, DOCUMENTS, SHARDED_ROW_GROUP)
+    written = written_without_texts(tmp_path, [bad, good], [result], options)
+    assert pl.read_parquet(io.BytesIO(written))["text"].to_list() == ["same text", "same text", "other text"]
+    assert written == written_without_texts.whole
 
 
 def test_an_error_in_a_later_range_fails_the_ingestion_after_earlier_ranges_merged(tmp_path):
@@ -190,7 +224,7 @@ def test_an_error_in_a_later_range_fails_the_ingestion_after_earlier_ranges_merg
     written: list[pl.DataFrame] = []
     with pytest.raises(InputError) as streamed:
         merge_shards([path], (ingest_shard(shard, options) for shard in plan_shards([path], options, 1000)),
-                     options, lambda docs, _: written.append(docs))
+                     options, lambda docs, *_: written.append(docs))
     assert str(streamed.value) == str(whole.value) and "big.txt:201: invalid UTF-8" in str(whole.value)
     assert written  # the ranges before it were merged (the stage's writer then fails: nothing is published)
 

@@ -134,7 +134,7 @@ def test_memory_follows_the_chunk_not_the_file(tmp_path, monkeypatch):
     assert peaks[1] < 1.1 * peaks[0] and peaks[1] < size / 3, peaks  # flat in the file's size
     assert isinstance(result.documents, tuple) and len(result.documents) == len(spilled) == len(batches)
     written: list[pl.DataFrame] = []
-    corpus = merge_shards([path], [result], options, lambda docs, _: written.append(docs))
+    corpus = merge_shards([path], [result], options, lambda docs, *_: written.append(docs))
     assert len(written) == len(batches)
     whole = build_corpus([path], options, chunk_bytes=WHOLE)
     assert pl.concat(written).equals(whole.documents)

@@ -101,8 +101,9 @@ class ShardResult:
     their `file`), raw documents per file (0: empty) and per-file errors (rank, start, message);
     rank 0 is a read/decode error, 1 a parse error (reported after any decode error of the file).
     The documents are one table, or a tuple of tables in order (the batches a shard spilled), each
-    document with its word and sentence counts; `words`, the distinct words of each file's documents
-    (file, word): the corpus stats come from these, added up, not from reading the text again."""
+    document with its word, sentence and byte counts; `words`, the distinct words of each file's documents
+    (file, word): the corpus stats come from these, added up, not from reading the text again. A table may
+    come without its `text` when the shard encoded it (`encoded`): the merge then needs only the rest."""
 
     documents: pl.DataFrame | pl.LazyFrame | tuple  # lazy: a part, read when the merge reaches it
     texts: dict[int, int]
@@ -115,7 +116,7 @@ class ShardResult:
 
 
 _SHARD_SCHEMA = {"file": pl.UInt32, "doc_id": pl.String, "source": pl.String, "split": pl.String, "text": pl.String,
-                 "n_words": pl.UInt32, "n_sentences": pl.UInt32}
+                 "n_words": pl.UInt32, "n_sentences": pl.UInt32, "n_bytes": pl.UInt32}
 _WORDS_SCHEMA = {"file": pl.UInt32, "word": pl.String}
 
 
@@ -314,11 +315,12 @@ def merge_shards(files: list[Path], results: Iterable[ShardResult], options: Ing
     shards are still being read: at once with `bad_files="fail"` while its files have no error so far (a
     large file's byte ranges merge one by one), else once its files are complete (the next shard starts
     at a later file: a file's byte ranges are consecutive shards), as skipping a file needs all of it.
-    `write(docs, encoded)`: hand the kept documents to it table by table instead of returning them (the
+    `write(docs, encoded, texts)`: hand the kept documents to it table by table instead of returning them (the
     Corpus then has `documents=None`), with the table's `encoded` rows when they are exactly the kept ones (no
-    duplicate of an earlier table, no bad file), else None. With results whose documents are LazyFrames (part
-    files), the merge then holds one shard's documents at a time, plus the id of every document kept (for the
-    duplicates) and the distinct words (for the stats)."""
+    duplicate of an earlier table, no bad file), else None; `texts`, the table's encoded rows in any case (or
+    None), where the kept documents of a table without `text` find theirs by `doc_id` (a text's id is its hash).
+    With results whose documents are LazyFrames (part files), the merge then holds one shard's documents at a
+    time, plus the id of every document kept (for the duplicates) and the distinct words (for the stats)."""
     texts: dict[int, int] = {}
     errors: dict[int, tuple[int, int, str]] = {}
     counts, kept, seen = CorpusCounts(), [], _SeenIds()
@@ -342,11 +344,12 @@ def merge_shards(files: list[Path], results: Iterable[ShardResult], options: Ing
                 if not first.all():
                     docs = docs.filter(pl.Series(first, dtype=pl.Boolean))
             counts.add(docs)
-            docs = docs.select(*DOCUMENT_COLUMNS)
+            docs = docs.select(column for column in DOCUMENT_COLUMNS if column in docs.columns)
             if write is None:
                 kept.append(docs)
             else:  # without a bad file the kept rows are among the shard's first copies: the same when as many
-                write(docs, segment if not bad and segment is not None and segment.rows == docs.height else None)
+                exact = not bad and segment is not None and segment.rows == docs.height
+                write(docs, segment if exact else None, segment)
 
     waiting: list[ShardResult] = []  # shards whose last file may go on in the next shard
     for result in results:

@@ -32,12 +32,12 @@ def in_threads(fn: Callable, rows: pl.DataFrame | pl.Series, text: str = "text")
 
 
 def per_document() -> dict[str, pl.Expr]:
-    """Each cleaned document's words (split at spaces and newlines, as `words_of` counts them) and
-    sentences (lines): columns a shard adds, so the merge only sums them."""
+    """Each cleaned document's words (split at spaces and newlines, as `words_of` counts them), sentences
+    (lines) and bytes of text: columns a shard adds, so the merge only sums them (and needs no text)."""
     text = pl.col("text")
     newlines = text.str.count_matches("\n", literal=True)
     return {"n_words": (text.str.count_matches(" ", literal=True) + newlines + 1).cast(pl.UInt32),
-            "n_sentences": (newlines + 1).cast(pl.UInt32)}
+            "n_sentences": (newlines + 1).cast(pl.UInt32), "n_bytes": text.str.len_bytes().cast(pl.UInt32)}
 
 
 class DistinctWords:
@@ -81,7 +81,7 @@ class CorpusCounts:
         # UInt64 sums: polars sums UInt32 columns without widening (one part may hold > 4 GiB)
         self.sentences += int(docs["n_sentences"].cast(pl.UInt64).sum())
         self.tokens += int(docs["n_words"].cast(pl.UInt64).sum())
-        self.text_bytes += int(docs["text"].str.len_bytes().cast(pl.UInt64).sum())
+        self.text_bytes += int(docs["n_bytes"].cast(pl.UInt64).sum())
         for split, n in docs.group_by("split").len().iter_rows():
             self.per_split[split] = self.per_split.get(split, 0) + n
 
