@@ -26,8 +26,9 @@ shard and add them, in parallel and in one pass, so no worker ever holds more th
 
 On Dask, each stage readies the workers: a worker plugin gives them back glibc's adaptive mmap threshold
 (Dask's nanny pins it low: fresh pages for every NumPy array), and a LocalCluster the runner starts gives its
-worker processes WORKER_ENVIRONMENT (one polars thread each); workers started elsewhere without it are
-warned about. Tasks are submitted with random keys (Dask would hash each whole pickled message).
+worker processes WORKER_ENVIRONMENT (one polars thread each, freed pages kept a while: lexiflow's
+`POLARS_ALLOCATOR`); workers started elsewhere with more polars threads are warned about. Tasks are
+submitted with random keys (Dask would hash each whole pickled message).
 
 A failing shard fails the stage with a one-line `ShardError` naming the stage, the shard, the worker
 and its exception, at once (not after the shards before it), and cancels the stage's other tasks:
@@ -44,6 +45,7 @@ import functools
 import json
 import logging
 import math
+import os
 import queue
 import shutil
 import ssl
@@ -60,6 +62,7 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 import scipy.sparse as sp
+from lexiflow import POLARS_ALLOCATOR
 from lexiflow.models.errors import LexiflowError
 from lexiflow.models.heap import adaptive_mmap_threshold
 from lexiflow.models.progress import Progress
@@ -81,7 +84,8 @@ _log = logging.getLogger("lexiflow.parallel")
 # What a Dask worker process needs in its environment before it starts. Its one task thread is its core, and
 # polars sizes its own pool once, from the cores: N workers on N cores would run N² polars threads (the corpus
 # stage on 2 workers, 2 cores: 25 CPU s and 18 s, against 20 and 15 with this).
-WORKER_ENVIRONMENT = {"POLARS_MAX_THREADS": "1"}
+# A worker's environment before it starts: one polars thread per task thread, lexiflow's polars allocator setting.
+WORKER_ENVIRONMENT = {"POLARS_MAX_THREADS": "1", "_RJEM_MALLOC_CONF": POLARS_ALLOCATOR}
 # A Dask cluster with no worker for this long fails the stage (workers that died, or never came).
 NO_WORKER_SECONDS = 120.0
 _POLL_SECONDS = 2.0  # how often a wait for shard results looks at the cluster
@@ -451,9 +455,15 @@ class _Pool:
 
 @contextmanager
 def dask_worker_environment() -> Iterator[None]:
-    """Within: the worker processes of Dask nannies started here get WORKER_ENVIRONMENT before they start."""
+    """Within: the worker processes of Dask nannies started here get WORKER_ENVIRONMENT before they start. A
+    nanny lets this process's own environment win over its settings: a variable the user set is kept, but
+    polars' allocator setting ends with lexiflow's (the last setting wins), here too: polars puts its own there
+    when it loads, and it may have loaded before lexiflow could set it."""
     import dask
 
+    allocator = os.environ.get("_RJEM_MALLOC_CONF")
+    if allocator is not None and not allocator.endswith(POLARS_ALLOCATOR):  # read by processes started later only
+        os.environ["_RJEM_MALLOC_CONF"] = f"{allocator},{POLARS_ALLOCATOR}"
     with dask.config.set({f"distributed.nanny.pre-spawn-environ.{name}": value
                           for name, value in WORKER_ENVIRONMENT.items()}):
         yield

@@ -71,3 +71,19 @@ def test_adaptive_mmap_threshold_reuses_blocks_a_dask_like_environment_would_unm
 def test_adaptive_mmap_threshold_does_nothing_without_glibc(monkeypatch):
     monkeypatch.setattr("lexiflow.models.heap._glibc", lambda: None)
     assert not adaptive_mmap_threshold()
+
+
+@pytest.mark.parametrize("own", [None, "narenas:1"])
+def test_polars_allocator_keeps_freed_pages_as_lexiflow_sets_it_unless_the_user_set_it(own):
+    """jemalloc (polars' allocator) reads its settings when polars loads, the last of a key winning: after
+    lexiflow, polars' own defaults come first and lexiflow's decay last; a user's own setting stays last."""
+    from lexiflow import POLARS_ALLOCATOR
+
+    env = {k: v for k, v in os.environ.items() if k != "_RJEM_MALLOC_CONF"}
+    env |= {"_RJEM_MALLOC_CONF": own} if own else {}
+    code = "import lexiflow, polars, os; print(os.environ['_RJEM_MALLOC_CONF'])"
+    conf = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    settings = conf.strip().split(",")
+    assert settings[-1] == (own or POLARS_ALLOCATOR.split(",")[-1]) and "dirty_decay_ms:500" in settings
+    if not own:  # the decay polars would have: lexiflow's 3 s, not its 0.5 s
+        assert [s for s in settings if s.startswith("dirty_decay_ms")][-1] == "dirty_decay_ms:3000"

@@ -16,6 +16,7 @@ from pathlib import Path
 import polars as pl
 import pytest
 from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster, WorkerPlugin
+from lexiflow import POLARS_ALLOCATOR
 from lexiflow.flows.cli import main
 from lexiflow.storage import ArtifactStore, Catalog
 from lexiflow.tasks import parallel
@@ -274,6 +275,8 @@ def test_workers_the_runner_starts_run_polars_on_their_one_core_and_others_are_w
         started = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None)
     with started, Client(started, set_as_default=False) as client:
         assert set(client.run(pl.thread_pool_size).values()) == {1}
+        # and polars' allocator set as lexiflow sets it (the last setting is jemalloc's), whichever loaded first here
+        assert all(conf.endswith(POLARS_ALLOCATOR) for conf in client.run(os.getenv, "_RJEM_MALLOC_CONF").values())
         parallel._warn_oversubscribed(client)
     assert "run polars with" not in caplog.text
     if pl.thread_pool_size() > 1:  # in-process workers: this process's pool, one per core
