@@ -14,6 +14,10 @@ a process whose environment froze it (a Dask worker: its nanny sets MALLOC_TRIM_
 pins the mmap threshold at 128 KB, so every array above that is fresh zero-filled pages, unmapped when freed:
 a co-occurrence shard took 3× the page faults and ~20 % more CPU than in a plain process).
 
+`keep_freed_heap()` is for a Dask worker while a stage's shards run one after another: the heap's free top is
+kept (no trimming) for the next shard, whose arrays then take pages already there; the stage hands it back
+when it ends (`release_freed_memory()` on every worker: `tasks/parallel.py`).
+
 `release_freed_memory()` is the other direction, for a long streaming loop (a large compressed file's
 batches, `models/ingest/sharding.py`): hand what a batch freed back to the system, so each batch's
 transient peak does not land beside memory kept from the last ones.
@@ -69,6 +73,14 @@ def adaptive_mmap_threshold() -> bool:
     the same time). Returns whether it took effect (glibc only)."""
     libc = _glibc()
     return libc is not None and bool(libc.mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX))
+
+
+def keep_freed_heap() -> bool:
+    """No trimming of the heap's free top (Dask's nanny sets a 64 KB threshold: every shard's heap memory went
+    back to the system, the next shard's came fresh, zero-filled, which costs 2-4x more kernel time when two
+    workers fault at once). Until `release_freed_memory()`, which trims once. Returns whether it took effect."""
+    libc = _glibc()
+    return libc is not None and bool(libc.mallopt(_M_TRIM_THRESHOLD, _KEEP_ALL))
 
 
 def release_freed_memory() -> None:

@@ -11,6 +11,7 @@ import polars as pl
 import scipy.sparse as sp
 from lexiflow.models import cooccurrence, lsi, ppmi, vocab
 from lexiflow.models.errors import InputError
+from lexiflow.models.heap import release_freed_memory
 from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import (
     MATRIX_ROW_GROUP,
@@ -86,6 +87,12 @@ def weigh_partition(blocks: list[sp.spmatrix], vocab_size: int, weighting: coocc
     return cooccurrence.weigh_forward(sum_matrices(blocks), vocab_size, weighting)
 
 
+def _counting_done() -> None:
+    """The counting buffers freed, and the memory they and the shards freed given back to the system."""
+    cooccurrence.release_scratch()
+    release_freed_memory()
+
+
 @stage("cooccurrence")
 def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef,
                        params: CooccurrenceParams, parallel: ParallelParams | None = None) -> None:
@@ -127,8 +134,8 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
         forward, counted = reduce_partitioned(cooccurrence_shard, calls, merge, parallel, "cooccurrence", out,
                                               write_termdoc)
     finally:  # the counting buffers, kept from shard to shard, go when the stage ends (else a worker holds ~0.5
-        cooccurrence.release_scratch()  # GB through the next stages: their peaks 1.1 -> 1.7 GB at the next corpus)
-        on_every_worker(parallel, cooccurrence.release_scratch)
+        _counting_done()  # GB through the next stages: their peaks 1.1 -> 1.7 GB at the next corpus)
+        on_every_worker(parallel, _counting_done)
     n_tokens, n_kept, n_corpus = (sum(column) for column in zip(*counted, strict=True))
     matrix = cooccurrence.symmetric(sum_matrices(forward))
     if not matrix.nnz:  # an empty result is no artifact: every later stage would fail on it, less clearly

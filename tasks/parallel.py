@@ -64,7 +64,7 @@ import pyarrow as pa
 import scipy.sparse as sp
 from lexiflow import POLARS_ALLOCATOR
 from lexiflow.models.errors import LexiflowError
-from lexiflow.models.heap import adaptive_mmap_threshold
+from lexiflow.models.heap import adaptive_mmap_threshold, keep_freed_heap, release_freed_memory
 from lexiflow.models.progress import Progress
 from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import table_size
@@ -368,6 +368,9 @@ class _Pool:
             for future, _ in self.futures.values():
                 with suppress(Exception):
                     future.wrapped_future.cancel()
+        if self.dask:  # the heap the workers kept from shard to shard (`keep_freed_heap`) goes back now
+            with suppress(Exception):
+                self.runner.client.run(release_freed_memory)
         self.runner.__exit__(*exc_info)
 
     def submit_shards(self, fn: Any, calls: Sequence[dict[str, Any]]) -> None:
@@ -484,8 +487,9 @@ def _warn_oversubscribed(client: Any) -> None:
 @functools.cache
 def _worker_setup_plugin() -> Any:
     """A Dask worker plugin run on every worker, present and future: glibc's adaptive mmap threshold
-    (`heap.adaptive_mmap_threshold`: Dask's nanny pins it at 128 KB, ~20 % of a co-occurrence shard's CPU),
-    and one TLS context for its Prefect clients (`share_prefect_tls_context`)."""
+    (`heap.adaptive_mmap_threshold`: Dask's nanny pins it at 128 KB, ~20 % of a co-occurrence shard's CPU), the
+    heap's free top kept for the next shard (`heap.keep_freed_heap`; each pool gives it back as it ends), and one
+    TLS context for its Prefect clients (`share_prefect_tls_context`)."""
     from distributed.diagnostics.plugin import WorkerPlugin
 
     class WorkerSetup(WorkerPlugin):
@@ -494,6 +498,7 @@ def _worker_setup_plugin() -> Any:
 
         def setup(self, worker: Any) -> None:
             adaptive_mmap_threshold()
+            keep_freed_heap()
             share_prefect_tls_context()
 
     return WorkerSetup()

@@ -1,5 +1,6 @@
 """models/heap.py: inside `reuse_freed_memory`, a freed large block is reused instead of fresh pages; after
-`adaptive_mmap_threshold`, a freed block under 32 MB is, in a process started as Dask's nanny starts its workers."""
+`adaptive_mmap_threshold`, a freed block under 32 MB is, in a process started as Dask's nanny starts its workers;
+after `keep_freed_heap`, the heap's freed top too, until `release_freed_memory`."""
 
 import os
 import resource
@@ -8,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from lexiflow.models.heap import _glibc, adaptive_mmap_threshold, reuse_freed_memory
+from lexiflow.models.heap import _glibc, adaptive_mmap_threshold, keep_freed_heap, reuse_freed_memory
 
 
 def _page_faults_of_a_second_large_array() -> int:
@@ -66,6 +67,42 @@ def test_adaptive_mmap_threshold_reuses_blocks_a_dask_like_environment_would_unm
     assert active == "True"
     assert int(frozen) >= 8  # fresh pages: >= 8 even when the kernel backs 16 MB with 2 MB huge pages
     assert int(adaptive) <= min(2, int(frozen) // 4)  # the freed block came back
+
+
+def faults_of_a_top_block(free_first: bool = True) -> int:
+    """Page faults of a 16 MB array at the heap's top, made after one such was freed (`free_first`) or after
+    whatever was freed before (self-contained: a subprocess runs it)."""
+    import resource
+
+    import numpy as np
+
+    if free_first:
+        first = np.ones(2_000_000)
+        del first  # the heap's top: a low trim threshold returns it at once
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    second = np.ones(2_000_000)
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
+    del second
+    return faults
+
+
+@pytest.mark.skipif(_glibc() is None, reason="glibc's mallopt only")
+def test_keep_freed_heap_keeps_its_top_for_the_next_shard_until_released():
+    code = ("from lexiflow.models.heap import adaptive_mmap_threshold, keep_freed_heap, release_freed_memory\n"
+            "from tests.test_heap import faults_of_a_top_block as faults\n"
+            "adaptive_mmap_threshold()\n"
+            "trimmed = faults()\n"
+            "active = keep_freed_heap()\n"
+            "kept = faults()\n"
+            "release_freed_memory()\n"
+            "print(trimmed, active, kept, faults(free_first=False))")
+    env = {**os.environ, "MALLOC_TRIM_THRESHOLD_": "65536"}  # what a Dask nanny gives its workers
+    result = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True,
+                            cwd=os.path.dirname(os.path.dirname(__file__)))
+    trimmed, active, kept, released = result.stdout.split()
+    assert active == "True"
+    assert int(trimmed) >= 8 and int(released) >= 8  # fresh pages: the top went back to the system
+    assert int(kept) <= min(2, int(trimmed) // 4)  # the freed top came back
 
 
 def test_adaptive_mmap_threshold_does_nothing_without_glibc(monkeypatch):

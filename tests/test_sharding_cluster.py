@@ -25,7 +25,7 @@ from lexiflow.tasks.params import ParallelParams
 from prefect import task
 from prefect.testing.utilities import prefect_test_harness
 
-from tests.test_heap import page_faults_of_a_second_block
+from tests.test_heap import faults_of_a_top_block, page_faults_of_a_second_block
 from tests.test_sharding import assert_same_artifacts, files, sources  # noqa: F401 - fixtures
 from tests.test_sharding_dask import counts_flow
 
@@ -85,6 +85,8 @@ def test_a_cluster_sharing_only_the_store_publishes_what_one_process_does(tmp_pa
         faults = {worker: min(client.submit(page_faults_of_a_second_block, workers=[worker], pure=False).result()
                               for _ in range(2))  # in a task's thread, as a shard runs (the second: its arena made)
                   for worker in client.scheduler_info()["workers"]}
+        top_faults = {worker: min(client.submit(faults_of_a_top_block, workers=[worker], pure=False).result()
+                                  for _ in range(2)) for worker in client.scheduler_info()["workers"]}
         tls = client.run(prefect_clients_share_a_verifying_tls_context)
         buffers = client.run(counting_buffers)
     assert len(temp_folders) == 2 and tempfile.gettempdir() not in temp_folders
@@ -92,6 +94,8 @@ def test_a_cluster_sharing_only_the_store_publishes_what_one_process_does(tmp_pa
     # worker plugin put back the adaptive one: a freed 16 MB block is reused. And it made their Prefect
     # clients share one TLS context (each task run makes two clients).
     assert trim_thresholds == {"65536"} and max(faults.values()) <= 2
+    # It also keeps the heap's freed top for the next shard, which that threshold gave back at once.
+    assert max(top_faults.values()) <= 2
     assert set(tls.values()) == {True}
     # The co-occurrence stage gave back the counting buffers its shards kept from one to the next.
     assert set(buffers.values()) == {0}
