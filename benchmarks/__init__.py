@@ -1,3 +1,3 @@
 """Side-by-side benchmarks against peer libraries; `python -m benchmarks NAME` (see harness.py)."""
 
-import lexiflow  # noqa: F401, E402 - first: polars in a benchmark's process then runs as in the pipeline's (POLARS_ALLOCATOR)
+import lexiflow  # noqa: F401 - first: polars in a benchmark's process then runs as in the pipeline's (POLARS_ALLOCATOR)

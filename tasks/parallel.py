@@ -83,8 +83,8 @@ SHARD_TASK: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False,
 _log = logging.getLogger("lexiflow.parallel")
 # What a Dask worker process needs in its environment before it starts. Its one task thread is its core, and
 # polars sizes its own pool once, from the cores: N workers on N cores would run N² polars threads (the corpus
-# stage on 2 workers, 2 cores: 25 CPU s and 18 s, against 20 and 15 with this).
-# A worker's environment before it starts: one polars thread per task thread, lexiflow's polars allocator setting.
+# stage on 2 workers, 2 cores: 25 CPU s and 18 s, against 20 and 15 with this). And polars' allocator as lexiflow
+# sets it (freed pages kept 3 s: `lexiflow.POLARS_ALLOCATOR`).
 WORKER_ENVIRONMENT = {"POLARS_MAX_THREADS": "1", "_RJEM_MALLOC_CONF": POLARS_ALLOCATOR}
 # A Dask cluster with no worker for this long fails the stage (workers that died, or never came).
 NO_WORKER_SECONDS = 120.0
@@ -368,8 +368,8 @@ class _Pool:
             for future, _ in self.futures.values():
                 with suppress(Exception):
                     future.wrapped_future.cancel()
-        if self.dask:  # the heap the workers kept from shard to shard (`keep_freed_heap`) goes back now
-            with suppress(Exception):
+        if self.dask and exc_info[0] is None:  # the heap the workers kept from shard to shard goes back now
+            with suppress(Exception):  # (`keep_freed_heap`; after a failure, at the next stage's end)
                 self.runner.client.run(release_freed_memory)
         self.runner.__exit__(*exc_info)
 

@@ -9,7 +9,7 @@ import sys
 
 import numpy as np
 import pytest
-from lexiflow.models.heap import _glibc, adaptive_mmap_threshold, keep_freed_heap, reuse_freed_memory
+from lexiflow.models.heap import _glibc, adaptive_mmap_threshold, reuse_freed_memory
 
 
 def _page_faults_of_a_second_large_array() -> int:
