@@ -7,6 +7,7 @@ with one line naming the stage, the shard and the worker's exception, instead of
 
 from __future__ import annotations
 
+import functools
 import os
 import ssl
 import sys
@@ -200,6 +201,28 @@ def test_a_failing_shard_fails_the_stage_naming_the_shard_worker_and_exception(t
     assert "shard 1/3 (rows 0-10) failed" in str(failed.value) and "OSError: rows 0-10: the disk went away" in \
         str(failed.value)
     assert len(list(marks.glob("0-*"))) == 3
+
+
+def mark_worker(folder: str) -> None:
+    (Path(folder) / str(os.getpid())).touch()
+
+
+@pytest.mark.slow  # the module's cluster of worker processes: ~20 s to start here
+def test_a_stage_gives_back_the_heap_its_workers_kept_from_shard_to_shard_when_it_ends(tmp_path, cluster,
+                                                                                      monkeypatch):
+    released, marks = tmp_path / "released", tmp_path / "marks"
+    released.mkdir(), marks.mkdir()
+    monkeypatch.setattr(parallel, "release_freed_memory", functools.partial(mark_worker, str(released)))
+    calls = [{"start": a, "stop": a + 10, "broken": -1, "marks": str(marks)} for a in (0, 10, 20)]
+    with ArtifactStore(tmp_path / "store").writer("corpus", "ab" * 8) as out:
+        map_shards(count_rows_shard, calls, on(cluster), "counting", out)
+    assert len(list(released.iterdir())) == 2  # on each worker, once
+    for mark in released.iterdir():
+        mark.unlink()
+    # A failed stage leaves it to the next stage's end: its cluster may be unreachable.
+    with ArtifactStore(tmp_path / "store").writer("corpus", "cd" * 8) as out, pytest.raises(ShardError):
+        map_shards(count_rows_shard, [{**call, "broken": 10} for call in calls], on(cluster), "counting", out)
+    assert not list(released.iterdir())
 
 
 class Unimportable(WorkerPlugin):
