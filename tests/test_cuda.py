@@ -9,12 +9,22 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
+from lexiflow.models.elmo import BiLM, BiLMConfig
+from lexiflow.models.encoder import BERT_SPECIALS, EncoderConfig, EncoderModel
+from lexiflow.models.finetune import UPOS_TAGS, Classifier, FineTuneConfig, accuracy, ewt_examples, finetune, merge_lora
 from lexiflow.models.glove import GloVe
 from lexiflow.models.lm import registry
 from lexiflow.models.lm.rnn import RNNLM, RNNConfig
+from lexiflow.models.lm.train import TrainConfig
 from lexiflow.models.lm.transformer import TransformerLM
+from lexiflow.models.neural_tagger import BiLSTMTagger
+from lexiflow.models.seq2seq.rnn import RNNSeq2SeqConfig
+from lexiflow.models.seq2seq.translator import TokenizerConfig, Translator
+from lexiflow.models.tokenizers.wordpiece import WordPiece
 
+from tests.test_finetune import EWT, _texts
 from tests.test_lm_neural import BOS, TRAIN, VALID, V, quick, small_transformer
+from tests.test_neural_tagger import WORD_SENTS, lookahead_corpus, tiny, train_cfg
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 
@@ -47,3 +57,70 @@ def test_glove_trains_on_cuda_like_on_the_cpu():
     losses = [h["loss"] for h in cuda.history_]
     assert losses[-1] < 0.8 * losses[0] and np.isfinite(cuda.vectors_).all()  # CPU: 1.09 -> 0.76
     assert losses[-1] == pytest.approx(cpu.history_[-1]["loss"], rel=0.05)
+
+
+# ---- the models on the shared trainer (models/lm/train.py): the translator, the BiLSTM tagger with ELMo,
+# fine-tuning with LoRA. Each trains on `cuda` (bf16 autocast) to its CPU test's bar; a model saved there
+# loads on the CPU and agrees with it (both fp32 at inference, so only rounding may flip a near tie).
+
+
+def test_translator_trains_on_cuda_and_its_saved_copy_translates_alike_on_cuda_and_the_cpu(shared_data, tmp_path):
+    lines = (shared_data / "tatoeba-eng-fra" / "train.tsv").read_text(encoding="utf-8").splitlines()[:300]
+    src, tgt = (list(side) for side in zip(*(line.split("\t") for line in lines), strict=True))
+    tr = Translator("rnn", RNNSeq2SeqConfig(0, 0, emb_dim=16, hidden_dim=16, attention="additive", dropout=0.1),
+                    TokenizerConfig("word", 500),
+                    TrainConfig(epochs=2, batch_size=32, lr=3e-3, clip_grad_norm=1.0, device="cuda"))
+    tr.fit(src, tgt, valid=(src[:40], tgt[:40]))
+    assert tr.device_.type == "cuda"
+    assert tr.history_[-1]["valid_loss"] < tr.history_[0]["train_loss"]  # test_seq2seq's bar
+    [run] = tr.translate(["Run!"], return_attention=True)
+    np.testing.assert_allclose(run.attention.sum(1), 1.0, rtol=1e-4)
+    tr.save(tmp_path / "m")
+    on_cuda, on_cpu = Translator.load(tmp_path / "m", device="cuda"), Translator.load(tmp_path / "m", device="cpu")
+    assert on_cuda.translate(src[:20], beam_width=3) == tr.translate(src[:20], beam_width=3)
+    gpu, cpu = tr.translate(src[:20], beam_width=3, n_best=2), on_cpu.translate(src[:20], beam_width=3, n_best=2)
+    assert sum(g[0].target_tokens == c[0].target_tokens for g, c in zip(gpu, cpu, strict=True)) >= 18
+    assert [g[0].score for g in gpu] == pytest.approx([c[0].score for c in cpu], rel=1e-2)  # cuDNN's RNNs may round in TF32
+
+
+def test_bilstm_tagger_with_elmo_trains_on_cuda_to_the_cpu_bar_and_tags_alike_on_the_cpu(tmp_path):
+    on_cuda = train_cfg(epochs=12, lr=2e-2, device="cuda")
+    bilm = BiLM(BiLMConfig(dim=6, hidden_dim=10, num_layers=2, char_dim=4, char_filters=3, char_kernels=(1, 2),
+                           min_count=1, train=train_cfg(device="cuda"))).fit(WORD_SENTS)
+    tagger = BiLSTMTagger(tiny(elmo=True, train=on_cuda, word_dropout_alpha=0.0)).fit(lookahead_corpus(200, 2),
+                                                                                       bilm=bilm)
+    assert next(tagger.module_.parameters()).device.type == "cuda"
+    test = lookahead_corpus(40, 1)
+    words, gold = [[w for w, _, _ in s] for s in test], [t for s in test for _, t, _ in s]
+    tags = tagger.tag_many(words)
+    assert np.mean(np.array([t for s in tags for t in s]) == np.array(gold)) > 0.97  # test_neural_tagger's bar
+    tagger.save(tmp_path / "m")
+    back = BiLSTMTagger.load(tmp_path / "m")  # on the CPU
+    assert next(back.module_.parameters()).device.type == "cpu"
+    assert np.mean(np.array([t for s in back.tag_many(words) for t in s]) == [t for s in tags for t in s]) > 0.99
+    assert sum(back.elmo_weights()["weights"]) == pytest.approx(1.0)
+
+
+def test_fine_tuning_with_lora_learns_upos_on_cuda_and_merging_keeps_its_outputs():
+    """test_finetune's EWT task and bar (NOUN, the majority tag, is ~17 %), LoRA on a tiny encoder."""
+    dev = EWT / "en_ewt-ud-dev.conllu"
+    tok = WordPiece(vocab_size=800, special_tokens=BERT_SPECIALS).fit(_texts(dev))
+    examples = ewt_examples(dev, tok, "upos", UPOS_TAGS, max_len=64)
+    train, held = examples[:600], examples[600:800]
+    torch.manual_seed(0)
+    model = Classifier(EncoderModel(EncoderConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=1, n_heads=2,
+                                                  d_ff=64, max_len=64)), "token", len(UPOS_TAGS))
+    metrics = finetune(model, FineTuneConfig(mode="full"), train, held,
+                       TrainConfig(epochs=8, batch_size=16, lr=5e-3, warmup_steps=10, log_every_s=1e9,
+                                   checkpoint_every=0, clip_grad_norm=1.0, device="cuda"))
+    assert next(model.parameters()).device.type == "cuda"
+    assert accuracy(model, held, "cuda") > 0.4
+    lora = FineTuneConfig(mode="lora", lora_rank=4, lora_alpha=8)
+    metrics = finetune(model, lora, train, held, TrainConfig(epochs=2, batch_size=16, lr=5e-3, log_every_s=1e9,
+                                                             checkpoint_every=0, device="cuda"))
+    assert metrics["trainable"] < metrics["total"]
+    ids = torch.tensor([held[0].ids], device="cuda")
+    with torch.no_grad():
+        before = model.eval()(ids)
+        merge_lora(model)
+        torch.testing.assert_close(model(ids), before, atol=1e-4, rtol=1e-4)
