@@ -242,12 +242,12 @@ def merge_task(combine: Callable[[list[Any]], Any], results: list[Any], part: st
     return delivered if isinstance(merged, tuple) else delivered[0]
 
 
-def partition_count(n_shards: int, params: ParallelParams) -> int:
-    """Key-space partitions of a partitioned reduction on a pool: about one merge task per MERGE_FAN_IN
-    shards, so a merge holds about that many shard results' worth of counts whatever the corpus size (flat
-    memory per worker), in whole rounds of the workers (one per worker at least)."""
-    rounds = math.ceil(n_shards / MERGE_FAN_IN / params.workers)
-    return params.workers * max(1, rounds)  # whole rounds: no worker idles through the last one
+def partition_count(n_shards: int, slots: int) -> int:
+    """Key-space partitions of a partitioned reduction on a pool running `slots` tasks at once: about one
+    merge task per MERGE_FAN_IN shards, so a merge holds about that many shard results' worth of counts
+    whatever the corpus size (flat memory per worker), in whole rounds of the slots (one each at least)."""
+    rounds = math.ceil(n_shards / MERGE_FAN_IN / slots)
+    return slots * max(1, rounds)  # whole rounds: no worker idles through the last one
 
 
 def reduce_partitioned(fn: Any, calls: Sequence[dict[str, Any]], merge: Callable[[list[Any]], Any],
@@ -271,13 +271,13 @@ def reduce_partitioned(fn: Any, calls: Sequence[dict[str, Any]], merge: Callable
 
         consumed = _drained(inline(), consume)
         return [merge(blocks)], consumed
-    partitions = partition_count(len(calls), params)
     folder = _parts_folder(params, out, parts=True)
     shards: dict[int, Any] = {}
     merged: dict[str, Any] = {}
     start = time.perf_counter()
     with Progress(f"{name} shards", total=len(calls), unit="shards", callback=out.progress) as bar, \
             _Pool(params, name, folder) as pool:
+        partitions = partition_count(len(calls), pool.slots())
         pool.submit_shards(fn, [{**call, "partitions": partitions} for call in calls])
 
         def in_order() -> Iterator[tuple]:
@@ -349,7 +349,7 @@ class _Pool:
 
     def __init__(self, params: ParallelParams, name: str, folder: str | None) -> None:
         self.runner, self.name, self.folder = task_runner(params), name, folder
-        self.dask = params.runner == "dask"
+        self.dask, self.workers = params.runner == "dask", params.workers
         self.done: queue.Queue = queue.Queue()
         self.futures: dict[Any, tuple[Any, str]] = {}  # key -> (future, label)
         self.probed: set[str] = set()  # task names whose first call a worker has loaded
@@ -372,6 +372,12 @@ class _Pool:
             with suppress(Exception):  # (`keep_freed_heap`; after a failure, at the next stage's end)
                 self.runner.client.run(release_freed_memory)
         self.runner.__exit__(*exc_info)
+
+    def slots(self) -> int:
+        """Tasks the pool runs at once: a Dask cluster's worker threads now (a cluster at `dask_address` has
+        however many it has; `workers` sizes only the clusters lexiflow starts), else `workers`."""
+        threads = sum(self.runner.client.nthreads().values()) if self.dask else 0
+        return threads or self.workers
 
     def submit_shards(self, fn: Any, calls: Sequence[dict[str, Any]]) -> None:
         """A stage's shards: task i runs fn(**calls[i]), keyed i, labelled for errors."""

@@ -14,14 +14,25 @@ import sys
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 import pytest
+import scipy.sparse as sp
 from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster, WorkerPlugin
 from lexiflow import POLARS_ALLOCATOR
 from lexiflow.flows.cli import main
 from lexiflow.storage import ArtifactStore, Catalog
 from lexiflow.tasks import parallel
-from lexiflow.tasks.parallel import SHARD_TASK, ShardError, deliver, map_shards, reduce_shards
+from lexiflow.tasks.parallel import (
+    SHARD_TASK,
+    ShardError,
+    deliver,
+    deliver_partitions,
+    map_shards,
+    reduce_partitioned,
+    reduce_shards,
+    row_partitions,
+)
 from lexiflow.tasks.params import ParallelParams
 from prefect import task
 from prefect.testing.utilities import prefect_test_harness
@@ -125,10 +136,11 @@ def test_prefect_clients_share_one_tls_context_per_setting(monkeypatch):
         client = orchestration.SyncPrefectClient("http://127.0.0.1:9", httpx_settings=httpx_settings or None)
         return client._client._transport._pool._ssl_context
 
+    for client in (orchestration.SyncPrefectClient, orchestration.PrefectClient):  # Prefect's own, put back after,
+        # whatever ran in this process before (a stage on the threads runner shares the context here too)
+        monkeypatch.setattr(client, "__init__", getattr(client.__init__, "__wrapped__", client.__init__))
     before = [context(), context()]
     assert before[0] is not before[1] and before[0].verify_mode == ssl.CERT_REQUIRED
-    monkeypatch.setattr(orchestration.SyncPrefectClient, "__init__", orchestration.SyncPrefectClient.__init__)
-    monkeypatch.setattr(orchestration.PrefectClient, "__init__", orchestration.PrefectClient.__init__)
     parallel.share_prefect_tls_context()
     parallel.share_prefect_tls_context()  # once: not wrapped twice
     shared = context()
@@ -201,6 +213,31 @@ def test_a_failing_shard_fails_the_stage_naming_the_shard_worker_and_exception(t
     assert "shard 1/3 (rows 0-10) failed" in str(failed.value) and "OSError: rows 0-10: the disk went away" in \
         str(failed.value)
     assert len(list(marks.glob("0-*"))) == 3
+
+
+@task(name="keyed-counts-shard", **SHARD_TASK)
+def keyed_counts_shard(start: int, stop: int, partitions: int, part: str | None):
+    """One count for each key start..stop-1 of 0..39, in `partitions` key partitions."""
+    keys = np.arange(start, stop)
+    counts = sp.csr_matrix((np.ones(len(keys)), (keys, np.zeros(len(keys), dtype=int))), shape=(40, 1))
+    return deliver_partitions(row_partitions(counts, partitions), part, "pairs"), stop - start
+
+
+def add_blocks(blocks: list[sp.spmatrix]) -> sp.csr_matrix:
+    return sp.csr_matrix(sum(blocks[1:], blocks[0]))
+
+
+@pytest.mark.slow  # the module's cluster of worker processes: ~20 s to start here
+def test_a_clusters_partition_merges_run_one_per_worker_thread_whatever_the_workers_setting(tmp_path, cluster):
+    """`workers` sizes the clusters lexiflow starts; a cluster at an address merges on all its threads."""
+    calls = [{"start": a, "stop": a + 10} for a in (0, 10, 20, 30)]
+    params = on(cluster).model_copy(update={"workers": 1})
+    with ArtifactStore(tmp_path / "store").writer("cooccurrence", "ef" * 8) as out:
+        merged, rests = reduce_partitioned(keyed_counts_shard, calls, add_blocks, params, "counting", out)
+        out.write_parquet("rows.parquet", pl.DataFrame({"rows": [n for n, in rests]}))
+    assert len(merged) == 2  # 4 shards, one merge per MERGE_FAN_IN, in whole rounds of the cluster's 2 threads
+    assert [sorted(m.nonzero()[0] % 2) for m in merged] == [[0] * 20, [1] * 20]  # keys ≡ p (mod 2)
+    assert (sum(merged).toarray() == 1).all() and rests == [(10,)] * 4
 
 
 def mark_worker(folder: str) -> None:
