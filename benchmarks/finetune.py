@@ -137,7 +137,7 @@ def run(quick: bool = False) -> list[Row]:
                 if best is None or m["dev_accuracy"] > best[2]["dev_accuracy"]:
                     best = (lr, model, m)
             lr, model, m = best
-            test = accuracy(model, data["test"], next(model.parameters()).device)
+            test = accuracy(model, data["test"])
             log.info("%s %s %s %s: chose lr %g; test accuracy %.4f", task, body_kind, start, mode, lr, test)
             results[(body_kind, start, mode)] = test
             case = f"EWT {task} test, {body_kind} {'from scratch' if start == 'scratch' else 'pretrained'}, {mode}"

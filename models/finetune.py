@@ -304,9 +304,10 @@ class ClassifyTask(TrainTask):
 
 
 @torch.no_grad()
-def accuracy(model: Classifier, examples: list[Example], device: torch.device | str = "cpu") -> float:
+def accuracy(model: Classifier, examples: list[Example], device: torch.device | str | None = None) -> float:
     """Word accuracy (token task: the first sub-token's label; words cut by max_len count as wrong) or
-    sentence accuracy (sequence task)."""
+    sentence accuracy (sequence task), computed where the model is unless `device` says otherwise."""
+    device = device if device is not None else next(model.parameters()).device
     model.eval()
     correct = total = 0
     for i in range(0, len(examples), 64):
@@ -337,5 +338,5 @@ def finetune(model: Classifier, config: FineTuneConfig, train: list[Example], de
     out = {**counts, "trainable_share": counts["trainable"] / counts["total"], "epochs": len(history),
            "tokens_per_s": float(np.mean([h["tokens_per_s"] for h in history])) if history else None}
     if dev:
-        out["dev_accuracy"] = accuracy(model, dev, trainer.device)
+        out["dev_accuracy"] = accuracy(model, dev)
     return out

@@ -2,6 +2,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 from hypothesis import settings
 from lexiflow.flows import prefect_env
 
@@ -14,6 +15,19 @@ prefect_env.apply()  # quiet, offline Prefect for every test, as the CLI runs it
 settings.register_profile("fixed", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
+
+@pytest.fixture(scope="module", autouse=True)
+def cpu_unless_a_cuda_test(request):
+    """The suite's known answers are CPU fp32 numbers (exact resumes, bit-equal reloads), so on a machine with a
+    GPU `device="auto"` still picks the CPU, for a module's own fixtures too; tests/test_cuda.py holds the CUDA
+    paths to what their precision allows."""
+    if request.module.__name__ == "tests.test_cuda" or not torch.cuda.is_available():
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.cuda, "is_available", lambda: False)
+        yield
+
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 EWT = SHARED_DATA / "ud-english-ewt"

@@ -80,7 +80,8 @@ def test_translator_trains_on_cuda_and_its_saved_copy_translates_alike_on_cuda_a
     assert on_cuda.translate(src[:20], beam_width=3) == tr.translate(src[:20], beam_width=3)
     gpu, cpu = tr.translate(src[:20], beam_width=3, n_best=2), on_cpu.translate(src[:20], beam_width=3, n_best=2)
     assert sum(g[0].target_tokens == c[0].target_tokens for g, c in zip(gpu, cpu, strict=True)) >= 18
-    assert [g[0].score for g in gpu] == pytest.approx([c[0].score for c in cpu], rel=1e-2)  # cuDNN's RNNs may round in TF32
+    # cuDNN's RNNs may round in TF32
+    assert [g[0].score for g in gpu] == pytest.approx([c[0].score for c in cpu], rel=1e-2)
 
 
 def test_bilstm_tagger_with_elmo_trains_on_cuda_to_the_cpu_bar_and_tags_alike_on_the_cpu(tmp_path):
@@ -114,7 +115,7 @@ def test_fine_tuning_with_lora_learns_upos_on_cuda_and_merging_keeps_its_outputs
                        TrainConfig(epochs=8, batch_size=16, lr=5e-3, warmup_steps=10, log_every_s=1e9,
                                    checkpoint_every=0, clip_grad_norm=1.0, device="cuda"))
     assert next(model.parameters()).device.type == "cuda"
-    assert accuracy(model, held, "cuda") > 0.4
+    assert accuracy(model, held) > 0.4  # where the model is (the fine-tuning stage calls it so on a GPU worker)
     lora = FineTuneConfig(mode="lora", lora_rank=4, lora_alpha=8)
     metrics = finetune(model, lora, train, held, TrainConfig(epochs=2, batch_size=16, lr=5e-3, log_every_s=1e9,
                                                              checkpoint_every=0, device="cuda"))
