@@ -16,6 +16,7 @@ settings.register_profile("fixed", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
 
+
 @pytest.fixture(scope="module", autouse=True)
 def cpu_unless_a_cuda_test(request):
     """The suite's known answers are CPU fp32 numbers (exact resumes, bit-equal reloads), so on a machine with a
