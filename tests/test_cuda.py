@@ -111,9 +111,9 @@ def test_fine_tuning_with_lora_learns_upos_on_cuda_and_merging_keeps_its_outputs
     torch.manual_seed(0)
     model = Classifier(EncoderModel(EncoderConfig(vocab_size=tok.vocab_size, d_model=32, n_layers=1, n_heads=2,
                                                   d_ff=64, max_len=64)), "token", len(UPOS_TAGS))
-    metrics = finetune(model, FineTuneConfig(mode="full"), train, held,
-                       TrainConfig(epochs=8, batch_size=16, lr=5e-3, warmup_steps=10, log_every_s=1e9,
-                                   checkpoint_every=0, clip_grad_norm=1.0, device="cuda"))
+    finetune(model, FineTuneConfig(mode="full"), train, held,
+             TrainConfig(epochs=8, batch_size=16, lr=5e-3, warmup_steps=10, log_every_s=1e9, checkpoint_every=0,
+                         clip_grad_norm=1.0, device="cuda"))
     assert next(model.parameters()).device.type == "cuda"
     assert accuracy(model, held) > 0.4  # where the model is (the fine-tuning stage calls it so on a GPU worker)
     lora = FineTuneConfig(mode="lora", lora_rank=4, lora_alpha=8)
