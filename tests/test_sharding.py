@@ -468,6 +468,32 @@ def test_row_partitions_interleave_and_add_back_to_the_matrix():
     assert (sum_matrices(blocks) != matrix).nnz == 0
 
 
+def test_matrix_parts_come_back_exactly_in_half_the_bytes_where_values_fit_int32(tmp_path):
+    """A shard's counts cross processes as int32 triplets (the same entries, read back int64 so that sums of
+    them stay exact); counts past int32, float weights and unsorted or duplicate entries come back as given."""
+    from lexiflow.tasks.parallel import Part, deliver, deliver_partitions, received
+
+    counts = sp.random(50, 3000, density=0.05, random_state=3, format="csr")
+    counts.data = np.arange(1, counts.nnz + 1, dtype=np.int64)
+    wide = counts.copy()
+    wide.data[-1] = 2**40  # one count past int32: the values stay int64
+    weights = sp.csr_matrix(counts, dtype=np.float64) / 7
+    messy = sp.csr_matrix((np.array([2, 3, 4], dtype=np.int64), np.array([5, 1, 5]), np.array([0, 3, 3])),
+                          shape=(2, 9))  # row 0: columns 5, 1, 5 (unsorted, a duplicate)
+    for name, matrix in {"counts": counts, "wide": wide, "weights": weights, "messy": messy,
+                         "empty": sp.csr_matrix((4, 6), dtype=np.int64)}.items():
+        back = received(deliver(matrix, str(tmp_path / "shard"), name))
+        assert back.shape == matrix.shape and back.dtype == matrix.dtype, name
+        assert (back != matrix).nnz == 0 and back.has_canonical_format, name
+    assert received(Part(str(tmp_path / "shard-messy.arrow"))).toarray()[0].tolist() == [0, 3, 0, 0, 0, 6, 0, 0, 0]
+    size = {name: (tmp_path / f"shard-{name}.arrow").stat().st_size for name in ("counts", "wide")}
+    # bytes an entry: 4 + 4 + 4 (int64 triplets were 24), and 4 + 4 + 8 with the count past int32
+    assert 12 * counts.nnz < size["counts"] < 13 * counts.nnz and 16 * counts.nnz < size["wide"] < 17 * counts.nnz
+    blocks = row_partitions(counts, 3)
+    for block, part in zip(blocks, deliver_partitions(blocks, str(tmp_path / "parts"), "pairs"), strict=True):
+        assert (received(part) != block).nnz == 0
+
+
 def test_a_concurrent_build_of_the_same_version_leaves_this_builds_shard_parts(tmp_path, monkeypatch):
     """Shard parts (processes and dask runners) live in the writer's own work folder: another run
     building the same version meanwhile neither clears them when it starts nor removes them at its end."""
