@@ -104,7 +104,7 @@ class ParallelParams(Params):
     shard_bytes: int = Field(64 << 20, ge=1, le=1 << 40, description="Shard size: large plain-text and JSONL "
                              "files are cut into byte ranges of this size (smaller files are grouped up to it), and "
                              "vocabulary and encoding shards hold this much of the documents table.")
-    shard_rows: int | None = Field(None, ge=1, le=1 << 40, description="Shard size in table rows (documents; "
+    shard_rows: int | None = Field(None, ge=1, le=1 << 40, description="Shard size in table rows, at most (documents; "
                                    "sentences for co-occurrence), overriding the defaults: documents by `shard_bytes`, "
                                    f"{COOCCURRENCE_SHARD_SENTENCES:,} sentences per co-occurrence shard.")
 
