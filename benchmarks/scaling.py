@@ -1,6 +1,6 @@
 """The corpus rebuild at size: ingest -> vocabulary -> encoding -> co-occurrence -> PPMI -> SVD, on one
-process and on warm Dask LocalClusters of 1 and 2 worker processes (one thread each), side by side
-in one run, at three corpus sizes (0.25, 0.5 and 1 GB of text; `--quick`: 8, 16 and 32 MB).
+process and on warm Dask LocalClusters of 1 and 2 worker processes (one thread each, each cluster
+started for its own run: an idle one costs ~0.03 of a core), side by side in one run, at three corpus sizes (0.25, 0.5 and 1 GB of text; `--quick`: 8, 16 and 32 MB).
 
 The text is real: WikiText-2 valid lines, UD English-EWT sentences and the enwiki excerpt's documents
 (gensim), each document three random lines of that pool, so documents are distinct (dedupe keeps
@@ -16,7 +16,7 @@ is checked equal (version and bytes) to the single-process one. The last rows sp
 (Prefect task run, part file, merge) on the 2-worker cluster (docs/scaling.md).
 
 Sizes: window 5 (harmonic), vocabulary min count 5 and at most 30 000 words, SVD 100 dimensions; the
-full run should take ~25-30 minutes on 2 quiet cores (docs/scaling.md); the quick one ~3.5 minutes.
+full run takes ~11 minutes on 2 quiet cores (docs/scaling.md); the quick one ~2 minutes.
 
 Options (`--option KEY=VALUE`), for a machine with more cores (docs/scaling.md, "On free cores"):
 `workers=1,2,4,8` the worker counts run on the largest size (default 1,2); `sizes_gb=1` the corpus sizes;
@@ -27,7 +27,6 @@ lines, one per line, for a machine without ../shared (write it here with
 
 from __future__ import annotations
 
-import contextlib
 import json
 import tempfile
 import time
@@ -266,8 +265,8 @@ def _rows_of_run(label: str, name: str, n_workers: int, result: dict[str, Any], 
                         f"{seconds:.1f} s vs {base:.1f} s single; peak RSS: flow process {peak[0]:.2f} GB"
                         + (f", largest worker {peak[1]:.2f} GB" if peak[1] == peak[1] else "")
                         + f"; {peak[2]}; identical artifact"))
-    print(f"{label}, {name}:", "; ".join(f"{stage} {row.notes}" for stage, row in zip(result, rows, strict=True)),
-          flush=True)
+    print(f"{label}, {name}:", *(f"  {stage}: {row.notes}" for stage, row in zip(result, rows, strict=True)),
+          sep="\n", flush=True)
     return rows
 
 
@@ -279,10 +278,8 @@ def run(quick: bool = False, workers: str = "1,2", sizes_gb: str = "", stages: s
     sizes = tuple(float(gb) * GB for gb in sizes_gb.split(",")) if sizes_gb else SIZES[quick]
     curve, shards = sorted({int(n) for n in workers.split(",")} | {2}), SHARDS[quick]
     lines = Path(pool).read_text(encoding="utf-8").split("\n")[:-1] if pool else line_pool()
-    with tempfile.TemporaryDirectory() as tmp, prefect_test_harness(server_startup_timeout=120), \
-            contextlib.ExitStack() as started:
-        clusters = {n: started.enter_context(cluster(n)) for n in curve}
-        two, whole = clusters[2], "sharded stages" if stages == "sharded" else "whole rebuild"
+    with tempfile.TemporaryDirectory() as tmp, prefect_test_harness(server_startup_timeout=120):
+        whole = "sharded stages" if stages == "sharded" else "whole rebuild"
         for size in sizes:
             label = f"{size / GB:.2f} GB" if size >= 0.1 * GB else f"{size / 1e6:.0f} MB"
             source = corpus_text(Path(tmp) / f"corpus-{size:.0f}.txt", size, lines)
@@ -291,21 +288,25 @@ def run(quick: bool = False, workers: str = "1,2", sizes_gb: str = "", stages: s
                            sharded_only=sharded_only)
             work = work_done(single["corpus"][2].store, single)
             megabytes = source.stat().st_size / 1e6
-            runs = [("single process", 1, None)] + [
-                (f"{n} Dask worker{'s' * (n > 1)}", n, dask) for n, dask in clusters.items()
-                if n == 2 or size == sizes[-1]]  # the memory check at every size, the curve at the largest
-            for name, n, dask in runs:
-                result = single if dask is None else chain(
-                    str(Path(tmp) / f"dask{n}-{size:.0f}"), source,
-                    ParallelParams(runner="dask", dask_address=dask.scheduler_address, **shards), dask, sharded_only)
+            runs = [("single process", 1)] + [(f"{n} Dask worker{'s' * (n > 1)}", n) for n in curve
+                                              if n == 2 or size == sizes[-1]]  # the memory check at every size
+            for name, n in runs:
+                if name == "single process":
+                    result = single
+                else:  # each cluster only for its own run: an idle one costs ~0.03 of a core (a quiet machine)
+                    with cluster(n) as dask:
+                        result = chain(str(Path(tmp) / f"dask{n}-{size:.0f}"), source,
+                                       ParallelParams(runner="dask", dask_address=dask.scheduler_address, **shards),
+                                       dask, sharded_only)
                 rows += _rows_of_run(label, name, n, result, single, work, megabytes)
                 total = sum(seconds for seconds, _, _ in result.values())
                 rows.append(Row("scaling", f"{label} text, {whole}, {name}", "MB/s", megabytes / total,
                                 megabytes / sum(s for s, _, _ in single.values()), "single process", True, "", None,
                                 f"{total:.1f} s; shards: {json.dumps(shards)}"))
         n_rows = shards.get("shard_rows", COOCCURRENCE_SHARD_SENTENCES)
-        rows += breakdown(two, str(Path(tmp) / "breakdown"), single["tokenized_corpus"][2], single["tokenizer"][2],
-                          n_rows)
+        with cluster(2) as two:
+            rows += breakdown(two, str(Path(tmp) / "breakdown"), single["tokenized_corpus"][2],
+                              single["tokenizer"][2], n_rows)
     return rows
 
 
