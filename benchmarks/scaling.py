@@ -1,6 +1,7 @@
 """The corpus rebuild at size: ingest -> vocabulary -> encoding -> co-occurrence -> PPMI -> SVD, on one
-process and on warm Dask LocalClusters of 1 and 2 worker processes (one thread each, each cluster
-started for its own run: an idle one costs ~0.03 of a core), side by side in one run, at three corpus sizes (0.25, 0.5 and 1 GB of text; `--quick`: 8, 16 and 32 MB).
+process and on warm Dask LocalClusters of 1 and 2 worker processes (one thread each; each cluster up
+only for its own run: an idle one costs ~0.03 of a core), side by side in one run, at three corpus
+sizes (0.25, 0.5 and 1 GB of text; `--quick`: 8, 16 and 32 MB).
 
 The text is real: WikiText-2 valid lines, UD English-EWT sentences and the enwiki excerpt's documents
 (gensim), each document three random lines of that pool, so documents are distinct (dedupe keeps
