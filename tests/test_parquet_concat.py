@@ -1,9 +1,7 @@
 """Parquet files of whole row groups joined byte for byte (storage/parquet_concat.py): the known answer is
 pyarrow's own file of the same rows, written in one go."""
 
-import errno
 import io
-import os
 
 import numpy as np
 import polars as pl
@@ -129,63 +127,3 @@ def test_more_row_groups_than_an_i16_counts_are_numbered_as_pyarrow_numbers_them
     joined = assembled([parquet(whole.slice(0, 20_000), 1), parquet(whole.slice(20_000), 1)])
     assert joined == parquet(whole, 1)
     assert pq.read_table(io.BytesIO(joined)).equals(whole)
-
-
-class _NoFileNumber(io.RawIOBase):
-    """A seekable file with no OS file behind it (as an object store's): only read and seek."""
-
-    def __init__(self, data: bytes) -> None:
-        self.inner = io.BytesIO(data)
-
-    def readable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        return self.inner.readinto(buffer)
-
-    def seek(self, offset: int, whence: int = 0) -> int:
-        return self.inner.seek(offset, whence)
-
-
-@pytest.mark.skipif(not hasattr(os, "copy_file_range"), reason="the kernel copy is Linux's")
-def test_pages_copied_by_the_kernel_from_memory_or_through_a_buffer_give_the_same_file(tmp_path, monkeypatch):
-    """Pages between two OS files go by copy_file_range; where it fails (another file system, no support) or
-    stops part way, the rest goes through a buffer; from memory or a file without an OS file, from their
-    bytes: the same file each way."""
-    whole = table()
-    bounds = [0, 1234, 4999, ROWS]
-    parts = [parquet(whole.slice(a, b - a), 1000) for a, b in zip(bounds, bounds[1:], strict=False)]
-    paths = []
-    for i, data in enumerate(parts):
-        paths.append(tmp_path / f"part{i}.parquet")
-        paths[-1].write_bytes(data)
-    expected = assembled(parts)  # from memory
-    calls = []
-    kernel_copy = os.copy_file_range
-
-    def partial(src, dst, count, at_source, at_sink):  # 1000 bytes a call, then the call fails
-        calls.append(count)
-        if len(calls) % 3 == 0:
-            raise OSError(errno.EXDEV, "Invalid cross-device link")
-        return kernel_copy(src, dst, min(count, 1000), at_source, at_sink)
-
-    def assembled_from(opener) -> bytes:
-        with open(tmp_path / "out.parquet", "wb") as sink:
-            assembler = ParquetAssembler(sink)  # its magic bytes still in the sink's buffer
-            for i, path in enumerate(paths):
-                with opener(path, i) as source:
-                    assembler.append(source)
-            assembler.close()
-        return (tmp_path / "out.parquet").read_bytes()
-
-    counted = []
-    monkeypatch.setattr(os, "copy_file_range", lambda *a: counted.append(a) or kernel_copy(*a))
-    assert assembled_from(lambda path, i: open(path, "rb")) == expected
-    assert len(counted) >= len(parts)  # the kernel copied them
-    monkeypatch.setattr(os, "copy_file_range", partial)
-    assert assembled_from(lambda path, i: open(path, "rb")) == expected
-    assert len(calls) >= len(parts) + 2  # some copied by the kernel, some failed and went through the buffer
-    assert assembled_from(lambda path, i: _NoFileNumber(parts[i])) == expected
