@@ -67,6 +67,7 @@ from lexiflow import POLARS_ALLOCATOR
 from lexiflow.models.errors import LexiflowError
 from lexiflow.models.heap import adaptive_mmap_threshold, keep_freed_heap, release_freed_memory
 from lexiflow.models.progress import Progress
+from lexiflow.models.shards import equal_ranges
 from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import table_size
 from lexiflow.storage.parquet_concat import Segment
@@ -132,15 +133,7 @@ def shard_ranges(ref: ArtifactRef, name: str, parallel: ParallelParams,
     footer), so that documents of any length make shards of like work and memory."""
     rows, size = table_size(ref, name)
     per_shard = parallel.shard_rows or rows_per_shard or max(1, parallel.shard_bytes * rows // max(size, 1))
-    return row_ranges(rows, per_shard)
-
-
-def row_ranges(n_rows: int, shard_rows: int) -> list[tuple[int, int]]:
-    """[start, stop) ranges of at most `shard_rows` rows covering `n_rows` (one range when empty): as few as
-    that allows, of equal sizes to a row: with 15 full shards and a short 16th, one of 2 workers ran 8 full
-    ones while the other idled after its 7th and the short one; 16 equal shards end together."""
-    n = max(1, math.ceil(n_rows / shard_rows))
-    return [(i * n_rows // n, (i + 1) * n_rows // n) for i in range(n)]
+    return equal_ranges(rows, per_shard)
 
 
 def map_shards(fn: Any, calls: Sequence[dict[str, Any]], params: ParallelParams, name: str,

@@ -33,6 +33,7 @@ from lexiflow.models.ingest import (
     merge_shards,
     plan_shards,
 )
+from lexiflow.models.shards import equal_ranges, shard_count
 from lexiflow.models.vocab import SPECIALS
 from lexiflow.storage import ArtifactRef, ArtifactStore
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, by_columns, read_matrix, write_matrix_columns
@@ -452,11 +453,26 @@ def test_document_shards_hold_shard_bytes_of_the_table_whatever_the_documents_le
     assert len(ranges) == 8 and 250 <= ranges[0][1] <= (256 << 10) // 1004 and ranges[-1][1] == 2000
     assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))  # contiguous, in order
     assert shard_ranges(ref, "short.parquet", by_bytes) == [(0, 2000)]
-    # Set rows win over both the stage's own count (co-occurrence: sentences) and the byte size; 800 rows at
-    # most make 3 shards of 2000, as even as rows allow (not 800, 800 and a short 400: its worker would idle).
-    assert shard_ranges(ref, "short.parquet", by_bytes, rows_per_shard=800) == [(0, 666), (666, 1333), (1333, 2000)]
+    # Set rows win over both the stage's own count (co-occurrence: sentences) and the byte size; 2000 rows at
+    # most 800 each need 3 shards, made 4 (`shard_count`) of equal size (not 800, 800 and a short 400).
+    assert shard_ranges(ref, "short.parquet", by_bytes, rows_per_shard=800) == [(0, 500), (500, 1000), (1000, 1500),
+                                                                                (1500, 2000)]
+    assert shard_ranges(ref, "short.parquet", by_bytes, rows_per_shard=1999) == [(0, 1000), (1000, 2000)]
     assert len(shard_ranges(ref, "long.parquet", ParallelParams(shard_bytes=256 << 10, shard_rows=1000),
                             rows_per_shard=800)) == 2
+
+
+def test_shard_counts_let_1_2_4_and_8_workers_end_their_last_wave_together():
+    # The scaling benchmark's 1 GB of text in 64 MiB shards needs 15 (ingestion), its sentences in shards
+    # of 500 000 need 14 (co-occurrence): both become 16, two full waves of 8 workers.
+    needed = [1, 2, 3, 4, 5, 8, 9, 14, 15, 16, 17, 100]
+    assert [shard_count(n, 1) for n in needed] == [1, 2, 4, 4, 8, 8, 16, 16, 16, 16, 24, 104]
+    assert shard_count(int(1e9), 64 << 20) == 16 and shard_count(0, 10) == 1
+    for total, most in [(0, 5), (7, 5), (1000, 64), (10**9 + 7, 64 << 20)]:
+        ranges = equal_ranges(total, most)
+        sizes = [b - a for a, b in ranges]
+        assert ranges[0][0] == 0 and ranges[-1][1] == total and max(sizes) - min(sizes) <= 1 and max(sizes) <= most
+        assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:], strict=False))
 
 
 def test_row_partitions_interleave_and_add_back_to_the_matrix():

@@ -294,7 +294,7 @@ def test_a_shard_task_that_cannot_start_on_the_workers_fails_the_run_in_one_line
         assert len(client.nthreads()) == 2  # the workers are still there
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2
-    assert error.startswith("error: tokenizer shard 1/3 (rows 0-97) cannot start on the Dask workers: "
+    assert error.startswith("error: tokenizer shard 1/4 (rows 0-73) cannot start on the Dask workers: "
                             "ModuleNotFoundError: import of lexiflow.tasks.vocabulary halted")
 
 

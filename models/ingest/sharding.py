@@ -30,6 +30,7 @@ from lexiflow.models.ingest.readers import (
 from lexiflow.models.ingest.sources import IngestOptions, file_split, format_of, tagged_files
 from lexiflow.models.ingest.stats import CorpusCounts, DistinctWords, in_threads, per_document, words_of
 from lexiflow.models.progress import Progress
+from lexiflow.models.shards import equal_ranges
 from lexiflow.models.text import clean_series
 
 DOCUMENT_COLUMNS = ("doc_id", "source", "split", "text")
@@ -121,10 +122,10 @@ _WORDS_SCHEMA = {"file": pl.UInt32, "word": pl.String}
 
 
 def plan_shards(files: list[Path], options: IngestOptions, shard_bytes: int) -> list[list[FileRange | Streams]]:
-    """Shards of about `shard_bytes`, in file then offset order: byte ranges of the large files
-    that can be cut at newlines (uncompressed UTF-8 plain text with line documents, or JSONL), ranges
-    of bz2 streams of large Wikipedia multistream dumps with their index (`multistream`), consecutive
-    other files grouped whole (a large compressed file is one shard, read in chunks: logged)."""
+    """Shards of about `shard_bytes` at most, in file then offset order: equal byte ranges (`models.shards`)
+    of the large files that can be cut at newlines (uncompressed UTF-8 plain text with line documents, or
+    JSONL), ranges of bz2 streams of large Wikipedia multistream dumps with their index (`multistream`),
+    consecutive other files grouped whole (a large compressed file is one shard, read in chunks: logged)."""
     if shard_bytes < 1:
         raise ParameterError(f"shard_bytes={shard_bytes}: must be at least 1")
     shards: list[list[FileRange]] = []
@@ -150,7 +151,7 @@ def plan_shards(files: list[Path], options: IngestOptions, shard_bytes: int) -> 
 def _ranges(path: Path, i: int, size: int, options: IngestOptions, shard_bytes: int) -> list | None:
     """The ranges a file larger than a shard is cut in, or None (read whole)."""
     if _splittable(path, size, options):
-        return [FileRange(str(path), i, a, min(a + shard_bytes, size)) for a in range(0, size, shard_bytes)]
+        return [FileRange(str(path), i, a, b) for a, b in equal_ranges(size, shard_bytes)]
     fmt, compression = format_of(path)
     if compression == "bz2" and fmt in ("wiki", "text") and (streams := plan_streams(path, i, shard_bytes)):
         return streams
