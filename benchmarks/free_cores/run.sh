@@ -1,7 +1,8 @@
 # The scaling benchmark's sharded stages at 1 GB on one process and 2, 4 and 8 Dask workers, on a machine
 # with free cores and no package registry, from the repository's root, with `.devkit` carried there
 # (`python -m benchmarks.free_cores.pack` makes it): WORKERS=4,8 SIZES=1 bash benchmarks/free_cores/run.sh
-# Results: scaling.md and scaling.parquet in $OUT (else ./free-cores-results), the whole log beside them.
+# Results: scaling.md and scaling.parquet in $OUT (else ./free-cores-results), the whole log beside them; their rows
+# go to benchmarks/results/free_cores.md.
 set -o pipefail
 OUT=${OUT:-$PWD/free-cores-results}
 mkdir -p /tmp/site /tmp/lx /tmp/bench "$OUT"
