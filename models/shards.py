@@ -3,7 +3,9 @@ encoding, co-occurrence) and bytes of a large text file (ingestion)."""
 
 from __future__ import annotations
 
+import bisect
 import math
+from collections.abc import Sequence
 
 # Shard counts above this are a multiple of it: 1, 2, 4 or 8 workers then end their last wave together.
 WAVE = 8
@@ -24,3 +26,22 @@ def equal_ranges(total: int, most: int) -> list[tuple[int, int]]:
     its last full one."""
     n = shard_count(total, most)
     return [(i * total // n, (i + 1) * total // n) for i in range(n)]
+
+
+def aligned(ranges: list[tuple[int, int]], starts: Sequence[int], slack: float = 1 / 8) -> list[tuple[int, int]]:
+    """`ranges` with each cut between two moved to the nearest of `starts` (a table's row-group starts, sorted)
+    when one lies within `slack` of a shard's size of it. A shard reads whole row groups (`read_rows`), so a
+    cut a few rows off a group boundary made two shards decode that group: the documents' groups are the
+    ingestion shards, the vocabulary shards are cut by bytes, and 2 of the 4 shards of a 256 MB corpus read
+    two or three 64 MiB groups for one (0.23-0.98 s against 0.10 s, most of it the fresh memory). With
+    `slack` < 1/2 the cuts stay in order and no shard is empty."""
+    if len(ranges) < 2 or not starts:
+        return ranges
+    width = (ranges[-1][1] - ranges[0][0]) / len(ranges)
+    cuts = []
+    for _, cut in ranges[:-1]:
+        i = bisect.bisect_left(starts, cut)
+        nearest = min(starts[max(0, i - 1):i + 1], key=lambda start: abs(start - cut))
+        cuts.append(nearest if abs(nearest - cut) <= slack * width else cut)
+    bounds = [ranges[0][0], *cuts, ranges[-1][1]]
+    return list(zip(bounds[:-1], bounds[1:], strict=True))

@@ -148,12 +148,20 @@ def read_table(ref: ArtifactRef, name: str) -> pl.DataFrame:
 
 
 @retry_transient  # open and read: one store operation, retried as ArtifactStore's reads are
-def table_size(ref: ArtifactRef, name: str) -> tuple[int, int]:
-    """Rows and uncompressed bytes of a Parquet file of an artifact, from its footer (nothing else is read)."""
+def row_groups(ref: ArtifactRef, name: str) -> list[tuple[int, int]]:
+    """Rows and uncompressed bytes of each row group of a Parquet file of an artifact, from its footer
+    (nothing else is read)."""
     store = ArtifactStore(ref.store)
     with store.open(ref.kind, ref.version, name) as f, store.damage_check(ref.kind, ref.version, name):
         footer = pq.ParquetFile(f).metadata
-        return footer.num_rows, sum(footer.row_group(i).total_byte_size for i in range(footer.num_row_groups))
+        return [(footer.row_group(i).num_rows, footer.row_group(i).total_byte_size)
+                for i in range(footer.num_row_groups)]
+
+
+def table_size(ref: ArtifactRef, name: str) -> tuple[int, int]:
+    """Rows and uncompressed bytes of a Parquet file of an artifact, from its footer."""
+    groups = row_groups(ref, name)
+    return sum(rows for rows, _ in groups), sum(size for _, size in groups)
 
 
 @retry_transient

@@ -42,6 +42,7 @@ fails it too.
 from __future__ import annotations
 
 import functools
+import itertools
 import json
 import logging
 import math
@@ -67,9 +68,9 @@ from lexiflow import POLARS_ALLOCATOR
 from lexiflow.models.errors import LexiflowError
 from lexiflow.models.heap import adaptive_mmap_threshold, keep_freed_heap, release_freed_memory
 from lexiflow.models.progress import Progress
-from lexiflow.models.shards import equal_ranges
+from lexiflow.models.shards import aligned, equal_ranges
 from lexiflow.storage import ArtifactRef, ArtifactWriter
-from lexiflow.storage.formats import table_size
+from lexiflow.storage.formats import row_groups
 from lexiflow.storage.parquet_concat import Segment
 from lexiflow.storage.store import storage_options_for, write_segment
 from lexiflow.tasks.params import ParallelParams
@@ -130,10 +131,12 @@ def shard_ranges(ref: ArtifactRef, name: str, parallel: ParallelParams,
                  rows_per_shard: int | None = None) -> list[tuple[int, int]]:
     """Row ranges of an artifact's Parquet table, one per shard: `parallel.shard_rows` rows each when set, else
     `rows_per_shard`, else as many rows as hold ~`parallel.shard_bytes` of the table uncompressed (from its
-    footer), so that documents of any length make shards of like work and memory."""
-    rows, size = table_size(ref, name)
+    footer), so that documents of any length make shards of like work and memory; cut at the table's row-group
+    boundaries where one is near (`shards.aligned`: a shard reads whole row groups)."""
+    groups = row_groups(ref, name)
+    rows, size = sum(n for n, _ in groups), sum(b for _, b in groups)
     per_shard = parallel.shard_rows or rows_per_shard or max(1, parallel.shard_bytes * rows // max(size, 1))
-    return equal_ranges(rows, per_shard)
+    return aligned(equal_ranges(rows, per_shard), list(itertools.accumulate(n for n, _ in groups[:-1])))
 
 
 def map_shards(fn: Any, calls: Sequence[dict[str, Any]], params: ParallelParams, name: str,
