@@ -16,6 +16,7 @@ stages running at once in threads of one process share it.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -30,6 +31,11 @@ Threads = Annotated[int, Field(ge=1, le=256, description="CPU threads of this st
                                                          "polars fan-out): 1 per worker; more only where the worker "
                                                          "has the cores to itself.")]
 _current: ContextVar[int | None] = ContextVar("lexiflow_threads", default=None)
+
+
+def machine_cores() -> int:
+    """Cores this process may run on (its CPU affinity, where the OS has one)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def current_threads(available: int) -> int:

@@ -5,7 +5,11 @@ lexiflow: see docs/artifacts.md."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import partial
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -13,7 +17,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 from lexiflow.storage.parquet_concat import Segment
-from lexiflow.storage.store import PARQUET_OPTIONS, ArtifactRef, ArtifactStore, ArtifactWriter, retry_transient
+from lexiflow.storage.store import (
+    PARQUET_OPTIONS,
+    ArtifactRef,
+    ArtifactStore,
+    ArtifactWriter,
+    retry_transient,
+    write_segment,
+)
 
 # Row groups of the tables that row-range shards read (documents, tokenized sentences): a shard
 # reads only the groups holding its rows (`read_rows`), not the whole file.
@@ -43,12 +54,37 @@ def vectors_schema(dim: int) -> pa.Schema:
                       ("vector", pa.list_(pa.float32(), dim))])
 
 
-def write_matrix(out: ArtifactWriter, name: str, matrix: sp.spmatrix) -> None:
-    """A sparse matrix as (row, col, value) rows; the shape is in the Parquet key-value metadata."""
-    coo = sp.coo_matrix(matrix)
-    table = pa.table({"row": coo.row.astype(np.uint32), "col": coo.col.astype(np.uint32),
-                      "value": coo.data.astype(np.float64)}, schema=matrix_schema(coo.shape))
-    pq.write_table(table, out.path(name), row_group_size=MATRIX_ROW_GROUP, **PARQUET_OPTIONS)
+def write_matrix(out: ArtifactWriter, name: str, matrix: sp.spmatrix, threads: int = 1) -> None:
+    """A sparse matrix as (row, col, value) rows by row, then column; the shape is in the Parquet key-value
+    metadata. Its row groups are encoded `threads` at a time (pyarrow's encoders release the GIL) and appended
+    in order: the bytes one writer makes (`parquet_concat`), whatever `threads`."""
+    csr = sp.csr_matrix(matrix)
+    if not csr.has_canonical_format:
+        csr = csr.copy()
+        csr.sum_duplicates()
+    schema = matrix_schema(csr.shape)
+    table = pa.table({"row": np.repeat(np.arange(csr.shape[0], dtype=np.uint32), np.diff(csr.indptr)),
+                      "col": csr.indices.astype(np.uint32), "value": csr.data.astype(np.float64)}, schema=schema)
+    groups = [table.slice(i, MATRIX_ROW_GROUP) for i in range(0, table.num_rows, MATRIX_ROW_GROUP)]
+    with out.parquet_parts(name, schema, MATRIX_ROW_GROUP) as write:
+        for segment in _in_order(partial(write_segment, schema=schema, row_group_size=MATRIX_ROW_GROUP),
+                                 groups, threads):
+            write(segment)
+
+
+def _in_order(fn: Callable[[Any], Any], items: list[Any], threads: int) -> Iterator[Any]:
+    """fn(item) for each item, `threads` at a time, in order; at most 2·threads results wait to be taken."""
+    if threads <= 1:
+        yield from map(fn, items)
+        return
+    with ThreadPoolExecutor(threads) as pool:
+        running: deque[Future] = deque()
+        for item in items:
+            running.append(pool.submit(fn, item))
+            if len(running) >= 2 * threads:
+                yield running.popleft().result()
+        while running:
+            yield running.popleft().result()
 
 
 def by_columns(matrix: sp.spmatrix) -> pl.DataFrame:

@@ -29,6 +29,7 @@ from lexiflow.tasks.parallel import (
     deliver,
     deliver_partitions,
     deliver_row_groups,
+    join_rows,
     on_every_worker,
     reduce_partitioned,
     row_partitions,
@@ -131,19 +132,19 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
         return counted
 
     try:
-        forward, counted = reduce_partitioned(cooccurrence_shard, calls, merge, parallel, "cooccurrence", out,
-                                              write_termdoc)
+        forward, counted, threads = reduce_partitioned(cooccurrence_shard, calls, merge, parallel, "cooccurrence",
+                                                       out, write_termdoc)
     finally:  # the counting buffers, kept from shard to shard, go when the stage ends (else a worker holds ~0.5
         _counting_done()  # GB through the next stages: their peaks 1.1 -> 1.7 GB at the next corpus)
         on_every_worker(parallel, _counting_done)
     n_tokens, n_kept, n_corpus = (sum(column) for column in zip(*counted, strict=True))
-    matrix = cooccurrence.symmetric(sum_matrices(forward))
+    matrix = cooccurrence.symmetric(join_rows(forward))
     if not matrix.nnz:  # an empty result is no artifact: every later stage would fail on it, less clearly
         raise InputError(f"no two words co-occur in the train split of {corpus_sources(tokens)} ({n_tokens} "
                          f"tokens of vocabulary words, {n_kept} after subsampling): nothing for embeddings "
                          "to learn from; give more text with words, or lower vocabulary.min_count or "
                          "cooccurrence.subsample")
-    write_matrix(out, "matrix.parquet", matrix)
+    write_matrix(out, "matrix.parquet", matrix, threads)  # the shards are done: their cores encode it
     out.write_parquet("vocab.parquet", vocabulary, VOCAB)
     out.metrics.update({"nonzeros": int(matrix.nnz), "tokens": n_tokens, "tokens_after_subsampling": n_kept,
                         "corpus_tokens": n_corpus,

@@ -69,6 +69,7 @@ from lexiflow.models.errors import LexiflowError
 from lexiflow.models.heap import adaptive_mmap_threshold, keep_freed_heap, release_freed_memory
 from lexiflow.models.progress import Progress
 from lexiflow.models.shards import aligned, equal_ranges
+from lexiflow.models.threads import machine_cores
 from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import row_groups
 from lexiflow.storage.parquet_concat import Segment
@@ -251,10 +252,12 @@ def partition_count(n_shards: int, slots: int) -> int:
 
 def reduce_partitioned(fn: Any, calls: Sequence[dict[str, Any]], merge: Callable[[list[Any]], Any],
                        params: ParallelParams, name: str, out: ArtifactWriter,
-                       consume: Callable[[Iterator[tuple]], Any] = list) -> tuple[list[Any], Any]:
+                       consume: Callable[[Iterator[tuple]], Any] = list) -> tuple[list[Any], Any, int]:
     """Run fn(**call, partitions=P, part=...) for every call; its result is (partitions, *rest), where
     partitions[p] holds the shard's counts of key partition p (`deliver_partitions(row_partitions(...))`).
-    Returns ([merge(partition p of every shard) for p < P], consume(rests)): `consume` takes an iterator
+    Returns ([merge(partition p of every shard) for p < P], consume(rests), threads), `threads` being what the
+    caller's last steps here may use: the tasks the runner ran at once (1 inline), idle by now, at most this
+    machine's cores. `consume` takes an iterator
     over each shard's rest in call order, each as soon as it and those before it are done (a streamed
     write works while later shards run), its tables as LazyFrames over their parts (as `map_shards(lazy=True)`).
     On a pool, once every shard is done, the P merges run as tasks on the runner (each reads its row group
@@ -269,14 +272,15 @@ def reduce_partitioned(fn: Any, calls: Sequence[dict[str, Any]], merge: Callable
                 yield tuple(result[1:])
 
         consumed = _drained(inline(), consume)
-        return [merge(blocks)], consumed
+        return [merge(blocks)], consumed, 1
     folder = _parts_folder(params, out, parts=True)
     shards: dict[int, Any] = {}
     merged: dict[str, Any] = {}
     start = time.perf_counter()
     with Progress(f"{name} shards", total=len(calls), unit="shards", callback=out.progress) as bar, \
             _Pool(params, name, folder) as pool:
-        partitions = partition_count(len(calls), pool.slots())
+        slots = pool.slots()
+        partitions = partition_count(len(calls), slots)
         pool.submit_shards(fn, [{**call, "partitions": partitions} for call in calls])
 
         def in_order() -> Iterator[tuple]:
@@ -301,7 +305,7 @@ def reduce_partitioned(fn: Any, calls: Sequence[dict[str, Any]], merge: Callable
     for fs, path in map(_fs, sorted({block.path for i in shards for block in shards[i][0]})):
         with suppress(OSError):  # the partitions are merged; the rest stays until the writer ends
             fs.rm(path)
-    return [merged[f"p{p:06d}"] for p in range(partitions)], consumed
+    return [merged[f"p{p:06d}"] for p in range(partitions)], consumed, min(slots, machine_cores())
 
 
 def _drained(items: Iterator[Any], consume: Callable[[Iterator[Any]], Any]) -> Any:
@@ -735,6 +739,22 @@ def sum_matrices(matrices: list[sp.spmatrix], shape: tuple[int, int] | None = No
     while len(level) > 1:
         level = [level[i] + level[i + 1] if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
     return level[0]
+
+
+def join_rows(blocks: list[sp.csr_matrix]) -> sp.csr_matrix:
+    """One matrix from blocks of the same shape holding disjoint rows (the merges of `row_partitions`):
+    each row's entries moved, not added (a sum would merge every row with the others' empty ones)."""
+    lengths = [np.diff(block.indptr) for block in blocks]
+    if int(np.max(np.sum([length > 0 for length in lengths], axis=0), initial=0)) > 1:
+        raise ValueError("join_rows: two blocks hold entries of the same row; add them (sum_matrices)")
+    indptr = np.concatenate(([0], np.cumsum(np.sum(lengths, axis=0, dtype=np.int64))))
+    indices = np.empty(indptr[-1], dtype=np.result_type(*(block.indices for block in blocks)))
+    data = np.empty(indptr[-1], dtype=np.result_type(*(block.data for block in blocks)))
+    for block, length in zip(blocks, lengths, strict=True):
+        # entry k of row r sits at block.indptr[r] + j in the block, at indptr[r] + j in the whole
+        where = np.repeat(indptr[:-1] - block.indptr[:-1], length) + np.arange(block.nnz)
+        indices[where], data[where] = block.indices, block.data
+    return sp.csr_matrix((data, indices, indptr), shape=blocks[0].shape)
 
 
 def row_partitions(matrix: sp.spmatrix, partitions: int) -> list[sp.csr_matrix]:

@@ -1,16 +1,21 @@
-"""Parquet files of whole row groups joined byte for byte (storage/parquet_concat.py): the known answer is
-pyarrow's own file of the same rows, written in one go."""
+"""Parquet files of whole row groups joined byte for byte (storage/parquet_concat.py, and the writers built on it:
+`ArtifactWriter.parquet_parts`, `write_matrix`): the known answer is pyarrow's own file of the same rows,
+written in one go."""
 
+import hashlib
 import io
+from pathlib import Path
 
 import numpy as np
 import polars as pl
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+import scipy.sparse as sp
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from lexiflow.storage import ArtifactStore
+from lexiflow.storage import ArtifactRef, ArtifactStore
+from lexiflow.storage.formats import MATRIX_ROW_GROUP, matrix_schema, read_matrix, write_matrix
 from lexiflow.storage.parquet_concat import ParquetAssembler, ParquetConcatError, Segment, write_row_groups
 from lexiflow.storage.store import PARQUET_OPTIONS
 
@@ -127,3 +132,33 @@ def test_more_row_groups_than_an_i16_counts_are_numbered_as_pyarrow_numbers_them
     joined = assembled([parquet(whole.slice(0, 20_000), 1), parquet(whole.slice(20_000), 1)])
     assert joined == parquet(whole, 1)
     assert pq.read_table(io.BytesIO(joined)).equals(whole)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_a_matrix_written_row_group_by_row_group_in_threads_is_one_writers_file(tmp_path, threads):
+    """`write_matrix` encodes its row groups `threads` at a time and appends them: the bytes pyarrow writes of
+    the matrix's (row, col, value) rows in one go; the manifest's sha256, taken as the file was written, is
+    the file's."""
+    matrix = sp.random(2000, 3000, density=0.4, format="csr", random_state=5)  # 2.4 M entries: 3 row groups
+    rows = pa.table({"row": np.repeat(np.arange(2000, dtype=np.uint32), np.diff(matrix.indptr)),
+                     "col": matrix.indices.astype(np.uint32), "value": matrix.data}, schema=matrix_schema(matrix.shape))
+    store = ArtifactStore(tmp_path / "store")
+    with store.writer("ppmi", "ab" * 8) as out:
+        write_matrix(out, "matrix.parquet", matrix, threads)
+    data = (Path(store.path("ppmi", "ab" * 8)) / "matrix.parquet").read_bytes()
+    assert data == parquet(rows, MATRIX_ROW_GROUP) and pq.ParquetFile(io.BytesIO(data)).num_row_groups == 3
+    (entry,) = store.manifest("ppmi", "ab" * 8)["files"]
+    assert entry["sha256"] == hashlib.sha256(data).hexdigest() and entry["size"] == len(data)
+    assert (read_matrix(ArtifactRef(store=str(tmp_path / "store"), kind="ppmi", version="ab" * 8)) != matrix).nnz == 0
+
+
+def test_a_file_changed_after_it_was_hashed_is_hashed_again(tmp_path):
+    """The digest taken while `parquet_parts` wrote a file stands only while the file is the one written."""
+    store = ArtifactStore(tmp_path / "store")
+    with store.writer("ppmi", "cd" * 8) as out:
+        with out.parquet_parts("t.parquet", table().schema, 1000) as write:
+            write(table())
+        out.write_parquet("t.parquet", table(100))  # the same name, other rows
+    (entry,) = store.manifest("ppmi", "cd" * 8)["files"]
+    data = (Path(store.path("ppmi", "cd" * 8)) / "t.parquet").read_bytes()
+    assert entry["sha256"] == hashlib.sha256(data).hexdigest() and pq.read_table(io.BytesIO(data)).num_rows == 100

@@ -40,7 +40,7 @@ from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, by_columns, r
 from lexiflow.storage.store import ArtifactWriter, write_segment
 from lexiflow.tasks.corpus import documents_writer, ingest_corpus
 from lexiflow.tasks.matrices import count_cooccurrence, termdoc_pieces
-from lexiflow.tasks.parallel import row_partitions, shard_ranges, sum_matrices
+from lexiflow.tasks.parallel import join_rows, row_partitions, shard_ranges, sum_matrices
 from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
 from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
 
@@ -501,6 +501,22 @@ def test_row_partitions_interleave_and_add_back_to_the_matrix():
         assert block.shape == matrix.shape
         assert set(block.nonzero()[0]) == {r for r in matrix.nonzero()[0] if r % 3 == p}
     assert (sum_matrices(blocks) != matrix).nnz == 0
+
+
+def test_blocks_of_disjoint_rows_join_into_the_matrix_they_came_from():
+    """`join_rows` (the co-occurrence stage's join of its partition merges) moves each row's entries: the
+    same arrays, bit for bit, as the matrix the rows came from, and as their sum; rows two blocks share are
+    refused (they need adding)."""
+    matrix = sp.random(300, 500, density=0.05, random_state=4, format="csr")
+    matrix.data = np.random.default_rng(0).random(matrix.nnz)  # floats: a moved value is the same bits
+    for partitions in (1, 2, 7):
+        joined = join_rows(row_partitions(matrix, partitions))
+        for got, want in ((joined, matrix), (joined, sum_matrices(row_partitions(matrix, partitions)))):
+            assert got.shape == want.shape and got.has_sorted_indices
+            assert all(np.array_equal(getattr(got, a), getattr(want, a)) for a in ("indptr", "indices", "data"))
+    assert join_rows([sp.csr_matrix((3, 4)), sp.csr_matrix((3, 4))]).nnz == 0
+    with pytest.raises(ValueError, match="same row"):
+        join_rows([matrix, matrix[:, ::-1].tocsr()])
 
 
 def test_matrix_parts_come_back_exactly_in_half_the_bytes_where_values_fit_int32(tmp_path):

@@ -21,6 +21,7 @@ import scipy.sparse as sp
 from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster, WorkerPlugin
 from lexiflow import POLARS_ALLOCATOR
 from lexiflow.flows.cli import main
+from lexiflow.models.threads import machine_cores
 from lexiflow.storage import ArtifactStore, Catalog
 from lexiflow.tasks import parallel
 from lexiflow.tasks.parallel import (
@@ -233,11 +234,12 @@ def test_a_clusters_partition_merges_run_one_per_worker_thread_whatever_the_work
     calls = [{"start": a, "stop": a + 10} for a in (0, 10, 20, 30)]
     params = on(cluster).model_copy(update={"workers": 1})
     with ArtifactStore(tmp_path / "store").writer("cooccurrence", "ef" * 8) as out:
-        merged, rests = reduce_partitioned(keyed_counts_shard, calls, add_blocks, params, "counting", out)
+        merged, rests, threads = reduce_partitioned(keyed_counts_shard, calls, add_blocks, params, "counting", out)
         out.write_parquet("rows.parquet", pl.DataFrame({"rows": [n for n, in rests]}))
     assert len(merged) == 2  # 4 shards, one merge per MERGE_FAN_IN, in whole rounds of the cluster's 2 threads
     assert [sorted(m.nonzero()[0] % 2) for m in merged] == [[0] * 20, [1] * 20]  # keys ≡ p (mod 2)
     assert (sum(merged).toarray() == 1).all() and rests == [(10,)] * 4
+    assert threads == min(2, machine_cores())  # the cluster's threads, idle once the merges are done
 
 
 def mark_worker(folder: str) -> None:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import scipy.sparse as sp
 from distributed import LocalCluster
+from lexiflow.models.threads import machine_cores
 from lexiflow.storage import ArtifactStore
 from lexiflow.tasks import parallel
 from lexiflow.tasks.corpus import ingest_corpus
@@ -102,10 +103,11 @@ def test_a_partitioned_reduction_hands_each_shards_rest_over_while_later_shards_
         return got
 
     with ArtifactStore(tmp_path).writer("cooccurrence", "ab" * 8) as out:
-        merged, rests = reduce_partitioned(counts_waiting_for_the_first, [{"i": i} for i in range(4)],
-                                           lambda blocks: sum(blocks).tocsr(), ParallelParams(workers=2),
-                                           "streaming", out, consume)
+        merged, rests, threads = reduce_partitioned(counts_waiting_for_the_first, [{"i": i} for i in range(4)],
+                                                    lambda blocks: sum(blocks).tocsr(), ParallelParams(workers=2),
+                                                    "streaming", out, consume)
     assert rests == [(0, True), (1, True), (2, True), (3, True)]
+    assert threads == min(2, machine_cores())  # the pool's two threads, idle once the merges are done
     assert (sum(merged) != sp.identity(4)).nnz == 0  # every count, in its partition
 
 
