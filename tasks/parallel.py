@@ -21,7 +21,7 @@ Count merges run on the runner, two ways. `reduce_shards` (word counts): a balan
 results finish, four results of the same level merged by a merge task (reading their parts, writing
 one), so the driver receives one merged result. `reduce_partitioned` (co-occurrence counts, whose total
 grows with the corpus): each shard cuts its counts into key-space partitions (word ids ≡ p mod P), one
-Parquet row group each; once the shards are done, P merge tasks each read their row group of every
+record batch each of one Arrow file; once the shards are done, P merge tasks each read their batch of every
 shard and add them, in parallel and in one pass, so no worker ever holds more than one partition.
 
 On Dask, each stage readies the workers: a worker plugin gives them back glibc's adaptive mmap threshold
@@ -260,8 +260,8 @@ def reduce_partitioned(fn: Any, calls: Sequence[dict[str, Any]], merge: Callable
     machine's cores. `consume` takes an iterator
     over each shard's rest in call order, each as soon as it and those before it are done (a streamed
     write works while later shards run), its tables as LazyFrames over their parts (as `map_shards(lazy=True)`).
-    On a pool, once every shard is done, the P merges run as tasks on the runner (each reads its row group
-    of every shard's part: one pass, in parallel, no worker holding more than its partition) and come back
+    On a pool, once every shard is done, the P merges run as tasks on the runner (each reads its record
+    batch of every shard's part: one pass, in parallel, no worker holding more than its partition) and come back
     read. Inline (local runner, one call): one partition, merged here."""
     if len(calls) <= 1 or params.runner == "local":
         blocks: list[Any] = []
@@ -751,7 +751,7 @@ def join_rows(blocks: list[sp.csr_matrix]) -> sp.csr_matrix:
     indices = np.empty(indptr[-1], dtype=np.result_type(*(block.indices for block in blocks)))
     data = np.empty(indptr[-1], dtype=np.result_type(*(block.data for block in blocks)))
     for block, length in zip(blocks, lengths, strict=True):
-        # entry k of row r sits at block.indptr[r] + j in the block, at indptr[r] + j in the whole
+        # the j-th entry of row r: at block.indptr[r] + j in the block, at indptr[r] + j in the whole
         where = np.repeat(indptr[:-1] - block.indptr[:-1], length) + np.arange(block.nnz)
         indices[where], data[where] = block.indices, block.data
     return sp.csr_matrix((data, indices, indptr), shape=blocks[0].shape)
