@@ -54,17 +54,24 @@ def vectors_schema(dim: int) -> pa.Schema:
                       ("vector", pa.list_(pa.float32(), dim))])
 
 
+def by_rows(matrix: sp.spmatrix, index: type = np.uint32) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A sparse matrix's entries as (row, col, value) arrays by row, then column, duplicates added; indices of
+    dtype `index`, values as stored (the row-major counterpart of `by_columns`)."""
+    csr = sp.csr_matrix(matrix)
+    if not csr.has_canonical_format:
+        csr = csr.copy()
+        csr.sum_duplicates()  # also sorts each row's columns
+    rows = np.repeat(np.arange(csr.shape[0], dtype=index), np.diff(csr.indptr))
+    return rows, csr.indices.astype(index, copy=False), csr.data
+
+
 def write_matrix(out: ArtifactWriter, name: str, matrix: sp.spmatrix, threads: int = 1) -> None:
     """A sparse matrix as (row, col, value) rows by row, then column; the shape is in the Parquet key-value
     metadata. Its row groups are encoded `threads` at a time (pyarrow's encoders release the GIL) and appended
     in order: the bytes one writer makes (`parquet_concat`), whatever `threads`."""
-    csr = sp.csr_matrix(matrix)
-    if not csr.has_canonical_format:
-        csr = csr.copy()
-        csr.sum_duplicates()
-    schema = matrix_schema(csr.shape)
-    table = pa.table({"row": np.repeat(np.arange(csr.shape[0], dtype=np.uint32), np.diff(csr.indptr)),
-                      "col": csr.indices.astype(np.uint32), "value": csr.data.astype(np.float64)}, schema=schema)
+    schema = matrix_schema(matrix.shape)
+    rows, cols, values = by_rows(matrix)
+    table = pa.table({"row": rows, "col": cols, "value": values.astype(np.float64)}, schema=schema)
     groups = [table.slice(i, MATRIX_ROW_GROUP) for i in range(0, table.num_rows, MATRIX_ROW_GROUP)]
     with out.parquet_parts(name, schema, MATRIX_ROW_GROUP) as write:
         for segment in _in_order(partial(write_segment, schema=schema, row_group_size=MATRIX_ROW_GROUP),
@@ -192,12 +199,6 @@ def row_groups(ref: ArtifactRef, name: str) -> list[tuple[int, int]]:
         footer = pq.ParquetFile(f).metadata
         return [(footer.row_group(i).num_rows, footer.row_group(i).total_byte_size)
                 for i in range(footer.num_row_groups)]
-
-
-def table_size(ref: ArtifactRef, name: str) -> tuple[int, int]:
-    """Rows and uncompressed bytes of a Parquet file of an artifact, from its footer."""
-    groups = row_groups(ref, name)
-    return sum(rows for rows, _ in groups), sum(size for _, size in groups)
 
 
 @retry_transient

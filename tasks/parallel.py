@@ -71,7 +71,7 @@ from lexiflow.models.progress import Progress
 from lexiflow.models.shards import aligned, equal_ranges
 from lexiflow.models.threads import machine_cores
 from lexiflow.storage import ArtifactRef, ArtifactWriter
-from lexiflow.storage.formats import row_groups
+from lexiflow.storage.formats import by_rows, row_groups
 from lexiflow.storage.parquet_concat import Segment
 from lexiflow.storage.store import storage_options_for, write_segment
 from lexiflow.tasks.params import ParallelParams
@@ -654,17 +654,11 @@ def _triplets(matrix: sp.spmatrix) -> pa.RecordBatch:
     shape in the schema's metadata. Indices are int32 where the shape allows and integer values int32 where
     they fit (a shard's counts): half the bytes of int64 to write, to move through an object store and to
     read back (`_from_triplets`)."""
-    csr = sp.csr_matrix(matrix)
-    if not csr.has_canonical_format:
-        csr = csr.copy()
-        csr.sum_duplicates()  # also sorts each row's columns
-    index = np.int32 if max(csr.shape) <= np.iinfo(np.int32).max else np.int64
-    values = csr.data
+    rows, cols, values = by_rows(matrix, np.int32 if max(matrix.shape) <= np.iinfo(np.int32).max else np.int64)
     if values.dtype.kind == "i" and _fits_int32(values):
         values = values.astype(np.int32)
-    rows = np.repeat(np.arange(csr.shape[0], dtype=index), np.diff(csr.indptr))
-    batch = pa.record_batch({"row": rows, "col": csr.indices.astype(index, copy=False), "value": values})
-    return batch.replace_schema_metadata({"shape": json.dumps(list(csr.shape))})
+    batch = pa.record_batch({"row": rows, "col": cols, "value": values})
+    return batch.replace_schema_metadata({"shape": json.dumps(list(matrix.shape))})
 
 
 def _fits_int32(values: np.ndarray) -> bool:
