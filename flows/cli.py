@@ -601,7 +601,7 @@ def build_parser() -> argparse.ArgumentParser:
     rel.add_argument("--as", dest="alias", default="production", metavar="NAME",
                      help="the alias to move (default production)")
     rel.add_argument("--rollback", action="store_true", help="move the alias back one release")
-    rel.add_argument("--reason", default="", help="why, for the release log")
+    rel.add_argument("--reason", default="", metavar="TEXT", help="why, for the release log")
     rel.set_defaults(func=cmd_release)
 
     artifacts = sub.add_parser("artifacts", help="inspect the artifact store")
