@@ -79,7 +79,7 @@ def release_history(log: list[dict[str, Any]]) -> list[str]:
     stack: list[str] = []
     for entry in log:
         if entry["action"] == "rollback":
-            stack.pop()
+            del stack[-1:]
         else:
             stack.append(entry["to"])
     return stack
@@ -380,6 +380,7 @@ class Catalog:
         except (ValueError, UnicodeDecodeError) as exc:  # entries are created whole: only tampering does this
             raise StoreError(f"release log entry {path}: not valid JSON ({exc}); restore it from a backup") from None
         if not (isinstance(entry, dict) and isinstance(entry.get("to"), str) and entry.get("action") in
-                ("release", "rollback") and f"{entry.get('seq', -1):08d}.json" == path.rsplit("/", 1)[-1]):
+                ("release", "rollback") and isinstance(entry.get("seq"), int)
+                and f"{entry['seq']:08d}.json" == path.rsplit("/", 1)[-1]):
             raise StoreError(f"release log entry {path}: not a release log entry; restore it from a backup")
         return entry

@@ -350,6 +350,14 @@ def test_release_command_moves_rolls_back_and_lists_aliases(store_url, capsys):
     assert main(["release", "--rollback", "corpus", "--store", store_url]) == 0
     assert capsys.readouterr().out.strip() == f"corpus@production: {V2} -> {V1} (rollback)"
     assert Catalog(store_url).aliases() == {"corpus": {"production": V1, "staging": V2}}
+    assert main(["release", "--log", "corpus", "--store", store_url]) == 0
+    moves = [line.split(" ", 3)[:2] + [line.split(" ", 3)[3]] for line in capsys.readouterr().out.splitlines()]
+    assert moves == [["corpus@production", "#1", f"release  (none) -> {V1}"],  # less the time of each move
+                     ["corpus@production", "#2", f"release  {V1} -> {V2}  reason: new dump"],
+                     ["corpus@production", "#3", f"rollback {V2} -> {V1}"],
+                     ["corpus@staging", "#1", f"release  (none) -> {V2}"]]
+    assert main(["release", "--log", "corpus", "--as", "staging", "--json", "--store", store_url]) == 0
+    assert json.loads(capsys.readouterr().out) == Catalog(store_url).release_log("corpus", "staging")
     assert main(["release", "corpus", "--store", store_url]) == 2
     assert one_error_line(capsys) == ("corpus: give KIND:VERSION to release (`lexiflow artifacts list` shows them), "
                                       "or --rollback KIND")
@@ -409,3 +417,7 @@ def test_verify_reports_a_damaged_log_entry_and_an_alias_naming_a_missing_artifa
     assert lines[1] == (f"corpus@staging names corpus:{V2}, which is not in the store; release another version: "
                         "lexiflow release corpus:VERSION --as staging")
     assert lines[2] == "1 artifacts checked (sizes), 2 problems"
+    put(store, f"{store.root}/.aliases/corpus/canary/00000001.json",
+        json.dumps({"seq": "1", "action": "release", "to": V1}).encode())  # valid JSON, not an entry
+    with pytest.raises(StoreError, match="release log entry .*canary/00000001.json: not a release log entry"):
+        Catalog(store_url).released("corpus", "canary")
