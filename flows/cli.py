@@ -390,7 +390,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """Continue a prompt with a trained language model and its own tokenizer."""
     from lexiflow.loaders import load
     from lexiflow.models.errors import ParameterError
-    from lexiflow.models.lm.decoding import generate
+    from lexiflow.models.lm.decoding import generate, never_generated
     from lexiflow.models.text import normalize
 
     options: dict[str, Any] = {}
@@ -402,6 +402,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
             options[name] = getattr(args, name)
     if args.max_tokens < 0:
         raise ParameterError(f"--max-tokens={args.max_tokens}: generate 0 tokens or more")
+    if not 0 < args.repetition_penalty < float("inf"):
+        raise ParameterError(f"--repetition-penalty={args.repetition_penalty}: use a number > 0 (1 is off, "
+                             f"1.2 a mild penalty)")
+    if args.no_repeat_ngram < 0:
+        raise ParameterError(f"--no-repeat-ngram={args.no_repeat_ngram}: use 0 (off) or an n-gram size >= 1")
     catalog = read_catalog(args.store)
     manifest = pick(catalog, "lm" if args.lm == "latest" else f"lm:{args.lm}")
     model = load(catalog, "lm", manifest["version"])
@@ -409,7 +414,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     tokenizer = load(catalog, "tokenizer", tokenizer_manifest["version"])
     text = normalize(args.prompt, lowercase=catalog.lowercased(tokenizer_manifest))  # as the corpus text was
     prompt = tokenizer.encode(text)
-    options.update(max_new_tokens=args.max_tokens, eos_id=tokenizer.eos_id)
+    options.update(max_new_tokens=args.max_tokens, eos_id=tokenizer.eos_id,
+                   banned=never_generated(tokenizer, allow_unk=args.allow_unk),
+                   repetition_penalty=args.repetition_penalty, no_repeat_ngram=args.no_repeat_ngram)
     new = generate(model.log_probs_batch, [tokenizer.bos_id, *prompt], strategy=args.strategy, **options)
     print(tokenizer.decode(prompt + new))
     return 0
@@ -525,7 +532,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="lm artifact version, or a model kind (lstm, ngram, ...) for its latest "
                           "(default: the latest)")
     gen.add_argument("--prompt", required=True, help="the text to continue")
-    gen.add_argument("--strategy", choices=["greedy", "beam", "sample"], default="greedy", help="decoding")
+    gen.add_argument("--strategy", choices=["greedy", "beam", "sample"], default="greedy",
+                     help="decoding (default greedy: the most readable on the default corpus; beam writes short "
+                          "sentences, sampling varied but less grammatical ones)")
     gen.add_argument("--max-tokens", type=int, default=30, help="tokens to generate at most")
     gen.add_argument("--width", type=int, help="beam width (--strategy beam; default 4)")
     gen.add_argument("--temperature", type=float, help="sampling temperature, 0 = greedy (--strategy sample; "
@@ -533,6 +542,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, help="sample among the k most likely tokens (--strategy sample)")
     gen.add_argument("--top-p", type=float, help="nucleus: the smallest set with mass >= p (--strategy sample)")
     gen.add_argument("--seed", type=int, help="sampling seed (--strategy sample; default 0)")
+    gen.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R",
+                     help="a token already in the text has its log-probability multiplied by R, its probability "
+                          "raised to the power R (HF's repetition_penalty; default 1: off)")
+    gen.add_argument("--no-repeat-ngram", type=int, default=3, metavar="N",
+                     help="never repeat an N-gram of the text (HF's no_repeat_ngram_size; default 3, which stops "
+                          "greedy search looping on the default corpus's n-gram LM; 0: off)")
+    gen.add_argument("--allow-unk", action="store_true",
+                     help="let the model write <unk> (never by default; <s> and <pad> never)")
     gen.add_argument("--store", default=DEFAULT_STORE, help=f"artifact store (default {DEFAULT_STORE})")
     gen.set_defaults(func=cmd_generate)
 

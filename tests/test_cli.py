@@ -416,6 +416,43 @@ def test_generate_cleans_and_lowercases_the_prompt_as_the_corpus_was(tmp_path, c
     assert capsys.readouterr().out.strip() == "the café sat on"
 
 
+def test_generate_writes_no_special_token_where_unk_is_the_likeliest_word(tmp_path, capsys):
+    """Most words after "the" occur once, below vocabulary.min_count: the model's likeliest next word is <unk>."""
+    from lexiflow.storage import ArtifactStore
+    from lexiflow.tasks.corpus import ingest_corpus
+    from lexiflow.tasks.lm import train_lm
+    from lexiflow.tasks.params import CorpusParams, NgramParams, VocabularyParams
+    from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
+
+    text = tmp_path / "docs.txt"
+    text.write_text("\n".join([f"The w{i} ran." for i in range(40)] + ["The dog ran."] * 5))
+    store = ArtifactStore(tmp_path / "store")
+    corpus = publish(store, ingest_corpus, params=CorpusParams(sources=[str(text)], dedupe=False))
+    words = publish(store, learn_vocabulary, corpus=corpus, params=VocabularyParams(min_count=2))
+    tokens = publish(store, encode_corpus, corpus=corpus, tokenizer=words)
+    publish(store, train_lm, tokens=tokens, tokenizer=words, model="ngram", params=NgramParams(order=3))
+    capsys.readouterr()
+    command = ["generate", "--store", store.url, "--prompt", "the", "--max-tokens", "20"]
+    assert main([*command, "--allow-unk"]) == 0
+    assert capsys.readouterr().out.split()[1] == "<unk>"  # what the default prevents
+    for options in ([], ["--strategy", "beam"], ["--strategy", "sample", "--temperature", "3", "--seed", "1"],
+                    ["--no-repeat-ngram", "0"], ["--repetition-penalty", "1.5"]):
+        assert main([*command, *options]) == 0
+        out = capsys.readouterr().out.split()
+        assert not {"<unk>", "<s>", "</s>", "<pad>"} & set(out), (options, out)
+    assert main(command) == 0
+    assert capsys.readouterr().out.strip() == "the dog ran ."
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--repetition-penalty", "0"], "--repetition-penalty=0.0: use a number > 0"),
+    (["--no-repeat-ngram", "-2"], "--no-repeat-ngram=-2: use 0 (off) or an n-gram size >= 1"),
+])
+def test_generate_names_its_repetition_options(tmp_path, capsys, options, message):
+    assert main(["generate", "--prompt", "the", "--store", str(tmp_path), *options]) == 2
+    assert one_error_line(capsys).startswith(message)
+
+
 def test_lm_stage_refuses_tokens_encoded_with_another_tokenizer(tmp_path):
     """train-lm takes its inputs by version: tokens of one tokenizer with another tokenizer's vocabulary
     would silently train on the wrong words (and `generate` would decode with the wrong tokenizer)."""
