@@ -60,12 +60,21 @@ def serve_api_url(home: Path) -> str | None:
     return state["api_url"] if healthy(state["api_url"]) else None
 
 
-def choose(home: Path, say: Callable[[str], None]) -> str:
-    """The API URL the run reports to (see the module docstring); starts a temporary server if needed."""
+def user_api_url() -> str | None:
+    """The user's server: the environment, a Prefect profile, or a settings context (a test harness)."""
     from prefect.settings import get_current_settings
 
-    # The user's server: the environment, a Prefect profile, or a settings context (a test harness)
-    if url := os.environ.get("PREFECT_API_URL") or get_current_settings().api.url:
+    return os.environ.get("PREFECT_API_URL") or get_current_settings().api.url
+
+
+def running(home: Path) -> str | None:
+    """The API URL of a server a run can report to without starting one: the user's, or a `lexiflow serve`'s."""
+    return user_api_url() or serve_api_url(home)
+
+
+def choose(home: Path, say: Callable[[str], None]) -> str:
+    """The API URL the run reports to (see the module docstring); starts a temporary server if needed."""
+    if url := user_api_url():
         return url
     if url := serve_api_url(home):
         say(f"Using the Prefect server of `lexiflow serve` ({url.removesuffix('/api')}): this run shows in its UI")
