@@ -292,9 +292,8 @@ def tagger_manifests(catalog, versions: list[str]) -> dict[str, dict[str, Any]]:
     from lexiflow.storage import StoreError
 
     if versions == ["latest"]:
-        manifests = catalog.list("tagger")  # oldest first: the latest of a tag set comes last and stays
-        if not manifests:
-            raise StoreError(f"no tagger artifact in {catalog.store.url}; run the pipeline on CoNLL-U sources first")
+        manifests = catalog.list("tagger") or [catalog.get("tagger")]  # oldest first: a tag set's latest stays;
+        # none: get's "not found", with what builds one
     elif "latest" in versions:
         raise ParameterError("--tagger latest picks the latest tagger of each tag set: give it alone, or versions")
     else:
@@ -434,6 +433,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
     if args.beam < 1:
         raise ParameterError(f"--beam={args.beam}: use 1 (greedy) or more")
+    catalog = read_catalog(args.store)
+    model = catalog.get("seq2seq", None if args.model == "latest" else args.model)  # before waiting for the input
     if args.input == "-":
         lines = sys.stdin.read().splitlines()
     else:
@@ -446,7 +447,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
             line = source.read_bytes()[: exc.start].count(b"\n") + 1
             raise InputError(f"{source}:{line}: invalid UTF-8; re-encode the file as UTF-8") from None
 
-    translator = load(read_catalog(args.store), "seq2seq", None if args.model == "latest" else args.model)
+    translator = load(catalog, "seq2seq", model["version"])
     out = [t + "\n" for t in translator.translate(lines, beam_width=args.beam)]
     if args.output is None:
         sys.stdout.writelines(out)

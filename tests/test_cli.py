@@ -522,3 +522,71 @@ def test_artifact_listings_are_strict_json_and_headlines_show_non_finite_figures
     assert _table([{"valid_perplexity": "Infinity", "test_perplexity": None}], ("valid_perplexity", "test_perplexity"))[
         2] == "| inf | – |"
     assert chart_png([{"embeddings": "svd", "ws353_spearman": None, "analogy_add_accuracy": 0.5}])[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("command, expected", [
+    (["translate", "-"], "no seq2seq artifact in {store}; build one: lexiflow run --store {store} "
+                         "--set 'translation.sources=[\"PAIRS.tsv\"]'"),
+    (["tag", "text.txt"], "no tagger artifact in {store}; build one: lexiflow run --store {store} "
+                          "--corpus TREEBANK.conllu"),
+    (["generate", "--prompt", "the"], "no lm artifact in {store}; build one: lexiflow run --store {store}"),
+    (["generate", "--prompt", "the", "--lm", "lstm"],
+     "no lm artifact with model=lstm in {store}; build one: lexiflow run --store {store} --set 'lm=[\"lstm\"]'"),
+    (["artifacts", "show", "embeddings:glove"], "no embeddings artifact with method=glove in {store}; build one: "
+                                               "lexiflow run --store {store} --set 'embeddings=[\"glove\"]'"),
+    (["artifacts", "export", "elmo", "out"], "no elmo artifact in {store}; build one: lexiflow run --store {store} "
+                                             "--corpus TREEBANK.conllu --set 'tagger.kinds=[\"bilstm+elmo\"]'"),
+    (["artifacts", "show", "lm:0123456789abcdef"],
+     "no artifact lm:0123456789abcdef in {store}; `lexiflow artifacts list --kind lm --store {store}` shows the "
+     "versions there, or build one: lexiflow run --store {store}"),
+    (["artifacts", "show", "custom"], "no custom artifact in {store}; `lexiflow artifacts list --store {store}` "
+                                      "shows what the store holds"),
+])
+def test_not_found_says_what_builds_the_artifact_in_one_line(tmp_path, capsys, monkeypatch, command, expected):
+    monkeypatch.chdir(tmp_path)
+    Path("text.txt").write_text("the cat sat.")
+    store = tmp_path / "store"
+    store.mkdir()
+    assert main([*command, "--store", str(store)]) == 2
+    assert one_error_line(capsys) == expected.format(store=store)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store", "text.txt"]  # nothing written
+
+
+def test_the_loaders_say_what_builds_a_missing_artifact(tmp_path):
+    from lexiflow.loaders import load
+    from lexiflow.storage import StoreError
+
+    with pytest.raises(StoreError, match=r"^no encoder artifact in .*; build one: lexiflow run --store .* "
+                                         r"--corpus TREEBANK.conllu --set 'finetune.tasks=\[\"upos\"\]'$"):
+        load(tmp_path, "encoder")
+
+
+def test_every_next_step_is_a_run_that_builds_the_kind(tmp_path):
+    """Each command of the table parses and validates, and asks for what builds the kind (or its tag)."""
+    import shlex
+
+    from lexiflow.flows.cli import build_parser, pipeline_params
+    from lexiflow.loaders import LOADERS
+    from lexiflow.storage.built_by import BUILT_BY, next_step
+    from lexiflow.storage.formats import DISTINGUISHED_BY
+
+    assert set(BUILT_BY) == set(LOADERS)  # every kind the pipeline makes
+    tags = {"embeddings": "glove", "evaluation": "lsi", "tokenizer": "bpe", "lm": "lstm", "tagger": "xpos"}
+    assert set(tags) == set(DISTINGUISHED_BY)
+    for kind in BUILT_BY:
+        for selector in ({}, {DISTINGUISHED_BY[kind]: tags[kind]} if kind in DISTINGUISHED_BY else {}):
+            words = shlex.split(next_step(kind, str(tmp_path), selector).removeprefix("build one: lexiflow "))
+            params = pipeline_params(build_parser().parse_args(words))
+            assert params.store == str(tmp_path)
+            if kind in ("tagged_corpus", "tagger", "elmo", "encoder", "finetuned"):
+                assert params.corpus.sources == ["TREEBANK.conllu"]
+            if kind in ("parallel_corpus", "seq2seq"):
+                assert params.translation.sources == ["PAIRS.tsv"]
+            if kind == "elmo":
+                assert "bilstm+elmo" in params.tagger.kinds
+            if kind in ("encoder", "finetuned"):
+                assert params.finetune.tasks
+            if selector:
+                section = {"embeddings": params.embeddings, "evaluation": params.embeddings, "lm": params.lm,
+                           "tokenizer": [params.tokenizer.kind], "tagger": params.tagger.columns}[kind]
+                assert section == [tags[kind]], (kind, section)
