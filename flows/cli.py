@@ -86,13 +86,17 @@ def pipeline_params(args: argparse.Namespace):
 
 def cmd_run(args: argparse.Namespace) -> int:
     params = pipeline_params(args)
+    from lexiflow.flows import server
+    from lexiflow.flows.pipeline import reuse_all, run_pipeline
     from lexiflow.storage import ArtifactStore
 
     ArtifactStore(params.store).check_root()  # before Prefect starts: one line, not a failed run
-    with prefect_api(prefect_env.default_home()):
-        from lexiflow.flows.pipeline import run_pipeline
-
-        refs = run_pipeline(params)
+    home = prefect_env.default_home()
+    # With no server to report to, a rerun that finds every artifact starts none (docs/design.md, "Caching")
+    refs = reuse_all(params) if server.running(home) is None else None
+    if refs is None:
+        with prefect_api(home):
+            refs = run_pipeline(params)
     store = ArtifactStore(params.store)
     print(f"\nArtifacts in {store.root}:")
     for name, ref in refs.items():
@@ -344,9 +348,8 @@ def tagger_manifests(catalog, versions: list[str]) -> dict[str, dict[str, Any]]:
     from lexiflow.storage import StoreError
 
     if versions == ["latest"]:
-        manifests = catalog.list("tagger")  # oldest first: the latest of a tag set comes last and stays
-        if not manifests:
-            raise StoreError(f"no tagger artifact in {catalog.store.url}; run the pipeline on CoNLL-U sources first")
+        manifests = catalog.list("tagger") or [catalog.get("tagger")]  # oldest first: a tag set's latest stays;
+        # none: get's "not found", with what builds one
     elif "latest" in versions:
         raise ParameterError("--tagger latest picks the latest tagger of each tag set: give it alone, or versions")
     else:
@@ -446,7 +449,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     """Continue a prompt with a trained language model and its own tokenizer."""
     from lexiflow.loaders import load
     from lexiflow.models.errors import ParameterError
-    from lexiflow.models.lm.decoding import generate
+    from lexiflow.models.lm.decoding import generate, never_generated
     from lexiflow.models.text import normalize
 
     options: dict[str, Any] = {}
@@ -458,6 +461,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
             options[name] = getattr(args, name)
     if args.max_tokens < 0:
         raise ParameterError(f"--max-tokens={args.max_tokens}: generate 0 tokens or more")
+    if not 0 < args.repetition_penalty < float("inf"):
+        raise ParameterError(f"--repetition-penalty={args.repetition_penalty}: use a number > 0 (1 is off, "
+                             f"1.2 a mild penalty)")
+    if args.no_repeat_ngram < 0:
+        raise ParameterError(f"--no-repeat-ngram={args.no_repeat_ngram}: use 0 (off) or an n-gram size >= 1")
     catalog = read_catalog(args.store)
     manifest = pick(catalog, "lm" if args.lm == "latest" else f"lm:{args.lm}")
     model = load(catalog, "lm", manifest["version"])
@@ -465,7 +473,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     tokenizer = load(catalog, "tokenizer", tokenizer_manifest["version"])
     text = normalize(args.prompt, lowercase=catalog.lowercased(tokenizer_manifest))  # as the corpus text was
     prompt = tokenizer.encode(text)
-    options.update(max_new_tokens=args.max_tokens, eos_id=tokenizer.eos_id)
+    options.update(max_new_tokens=args.max_tokens, eos_id=tokenizer.eos_id,
+                   banned=never_generated(tokenizer, allow_unk=args.allow_unk),
+                   repetition_penalty=args.repetition_penalty, no_repeat_ngram=args.no_repeat_ngram)
     new = generate(model.log_probs_batch, [tokenizer.bos_id, *prompt], strategy=args.strategy, **options)
     print(tokenizer.decode(prompt + new))
     return 0
@@ -479,6 +489,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
 
     if args.beam < 1:
         raise ParameterError(f"--beam={args.beam}: use 1 (greedy) or more")
+    catalog = read_catalog(args.store)
+    model = catalog.get("seq2seq", None if args.model == "latest" else args.model)  # before waiting for the input
     if args.input == "-":
         lines = sys.stdin.read().splitlines()
     else:
@@ -491,7 +503,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
             line = source.read_bytes()[: exc.start].count(b"\n") + 1
             raise InputError(f"{source}:{line}: invalid UTF-8; re-encode the file as UTF-8") from None
 
-    translator = load(read_catalog(args.store), "seq2seq", None if args.model == "latest" else args.model)
+    translator = load(catalog, "seq2seq", model["version"])
     out = [t + "\n" for t in translator.translate(lines, beam_width=args.beam)]
     if args.output is None:
         sys.stdout.writelines(out)
@@ -582,7 +594,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="lm artifact version, a model kind (lstm, ngram, ...) for its latest, or an alias "
                           "(lm@production) (default: the latest)")
     gen.add_argument("--prompt", required=True, help="the text to continue")
-    gen.add_argument("--strategy", choices=["greedy", "beam", "sample"], default="greedy", help="decoding")
+    gen.add_argument("--strategy", choices=["greedy", "beam", "sample"], default="greedy",
+                     help="decoding (default greedy: the most readable on the default corpus; beam writes short "
+                          "sentences, sampling varied but less grammatical ones)")
     gen.add_argument("--max-tokens", type=int, default=30, help="tokens to generate at most")
     gen.add_argument("--width", type=int, help="beam width (--strategy beam; default 4)")
     gen.add_argument("--temperature", type=float, help="sampling temperature, 0 = greedy (--strategy sample; "
@@ -590,6 +604,14 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, help="sample among the k most likely tokens (--strategy sample)")
     gen.add_argument("--top-p", type=float, help="nucleus: the smallest set with mass >= p (--strategy sample)")
     gen.add_argument("--seed", type=int, help="sampling seed (--strategy sample; default 0)")
+    gen.add_argument("--repetition-penalty", type=float, default=1.0, metavar="R",
+                     help="a token already in the text has its log-probability multiplied by R, its probability "
+                          "raised to the power R (HF's repetition_penalty; default 1: off)")
+    gen.add_argument("--no-repeat-ngram", type=int, default=3, metavar="N",
+                     help="never repeat an N-gram of the text (HF's no_repeat_ngram_size; default 3, which stops "
+                          "greedy search looping on the default corpus's n-gram LM; 0: off)")
+    gen.add_argument("--allow-unk", action="store_true",
+                     help="let the model write <unk> (never by default; <s> and <pad> never)")
     gen.add_argument("--store", default=DEFAULT_STORE, help=f"artifact store (default {DEFAULT_STORE})")
     gen.set_defaults(func=cmd_generate)
 

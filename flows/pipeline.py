@@ -29,7 +29,7 @@ from lexiflow.tasks.corpus import ingest_corpus, ingest_tagged
 from lexiflow.tasks.evaluation import evaluate_embeddings
 from lexiflow.tasks.matrices import compute_ppmi, count_cooccurrence
 from lexiflow.tasks.report import publish_lineage, publish_report, write_report
-from lexiflow.tasks.stage import published_manifest
+from lexiflow.tasks.stage import MustRun, looking_up, lookup_only, published_manifest
 from lexiflow.tasks.tagger import train_tagger
 from lexiflow.tasks.translation import ingest_parallel
 from lexiflow.tasks.vocabulary import encode_corpus, learn_subword, learn_vocabulary
@@ -109,7 +109,6 @@ def build_all(**sections: Any) -> dict[str, ArtifactRef]:
     report = write_report(store, evaluations=list(evaluations.values()), lms=list(lms.values()) or None,
                           taggers=list(taggers.values()) or None, translations=list(translators.values()) or None,
                           finetuned=list(finetuned.values()) or None)
-    publish_report(report)
     refs = {"corpus": docs, "tokenizer": words, "tokenized_corpus": word_ids, "cooccurrence": counts,
             **({"ppmi": pmi} if "svd" in vectors else {}), **subword,
             **({"tagged_corpus": tagged} if tagged else {}),
@@ -120,8 +119,10 @@ def build_all(**sections: Any) -> dict[str, ArtifactRef]:
             **({"elmo": bilm} if bilm is not None else {}),
             **({"encoder": encoder} if encoder else {}), **{f"finetuned.{k}": v for k, v in finetuned.items()},
             "report": report}
-    publish_lineage(refs)  # on this run, reused artifacts included
-    get_run_logger().info("pipeline: %s", ", ".join(f"{name}={ref.version}" for name, ref in refs.items()))
+    if not looking_up():  # the Prefect UI's copies, on this run (`reuse_all` runs without Prefect)
+        publish_report(report)
+        publish_lineage(refs)  # reused artifacts included
+        get_run_logger().info("pipeline: %s", ", ".join(f"{name}={ref.version}" for name, ref in refs.items()))
     return refs
 
 
@@ -133,3 +134,15 @@ pipeline = flow(name="pipeline", log_prints=True)(build_all)
 
 def run_pipeline(params: PipelineParams) -> dict[str, ArtifactRef]:
     return pipeline(**{name: getattr(params, name) for name in PipelineParams.model_fields})
+
+
+def reuse_all(params: PipelineParams) -> dict[str, ArtifactRef] | None:
+    """What `run_pipeline` returns when the store already holds every artifact it would make, found without
+    Prefect (the recipe above with each stage only looking its version up: `stage.lookup_only`); None as
+    soon as one stage must run, or a read fails (the run, with its retries, then does it again). Nothing is
+    written, and no flow run is recorded."""
+    try:
+        with lookup_only():
+            return build_all(**{name: getattr(params, name) for name in PipelineParams.model_fields})
+    except (MustRun, OSError):
+        return None

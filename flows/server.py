@@ -2,7 +2,8 @@
 
 In order: the server in `PREFECT_API_URL` (configured by the user); the server of a `lexiflow serve`
 running from the same `PREFECT_HOME` (its runs then show in that UI); else a temporary server, started
-here, that lives as long as this process. Prefect's own temporary server would outlive a killed parent
+here, that lives as long as this process (`lexiflow run` asks for one only when a stage must run:
+`running` says whether there is a server without starting one). Prefect's own temporary server would outlive a killed parent
 (re-parented to PID 1, one leaked server per kill) and end a slow start in a RuntimeError traceback;
 this one is tied to its parent three ways: SIGTERM when the parent dies (Linux `PR_SET_PDEATHSIG`, set
 by the child itself, so no `preexec_fn`), a watchdog thread for other systems, and a stop at exit.
@@ -60,12 +61,21 @@ def serve_api_url(home: Path) -> str | None:
     return state["api_url"] if healthy(state["api_url"]) else None
 
 
-def choose(home: Path, say: Callable[[str], None]) -> str:
-    """The API URL the run reports to (see the module docstring); starts a temporary server if needed."""
+def user_api_url() -> str | None:
+    """The user's server: the environment, a Prefect profile, or a settings context (a test harness)."""
     from prefect.settings import get_current_settings
 
-    # The user's server: the environment, a Prefect profile, or a settings context (a test harness)
-    if url := os.environ.get("PREFECT_API_URL") or get_current_settings().api.url:
+    return os.environ.get("PREFECT_API_URL") or get_current_settings().api.url
+
+
+def running(home: Path) -> str | None:
+    """The API URL of a server a run can report to without starting one: the user's, or a `lexiflow serve`'s."""
+    return user_api_url() or serve_api_url(home)
+
+
+def choose(home: Path, say: Callable[[str], None]) -> str:
+    """The API URL the run reports to (see the module docstring); starts a temporary server if needed."""
+    if url := user_api_url():
         return url
     if url := serve_api_url(home):
         say(f"Using the Prefect server of `lexiflow serve` ({url.removesuffix('/api')}): this run shows in its UI")

@@ -51,7 +51,7 @@ from lexiflow.tasks.params import (
 )
 from lexiflow.tasks.pretraining import finetune as finetune_stage
 from lexiflow.tasks.pretraining import pretrain as pretrain_stage
-from lexiflow.tasks.stage import published_manifest
+from lexiflow.tasks.stage import looking_up, published_manifest
 from lexiflow.tasks.tagger import train_tagger
 from lexiflow.tasks.translation import train_seq2seq as seq2seq_stage
 from prefect import flow, get_run_logger
@@ -299,7 +299,7 @@ def train(trainer: Trainer, method: str, store: str, inputs: dict[str, ArtifactR
     published."""
     inputs = {name: ref for name, ref in inputs.items() if ref is not None}
     arguments = {**inputs, **trainer.fixed, "params": params}
-    if not training.remote or not trainer.gpu:
+    if not training.remote or not trainer.gpu or looking_up():  # a lookup finds what a remote run publishes
         return trainer.stage(store, **arguments)
     # The same arguments the remote run's stage call gets (`_run_here`); version_of fills in the defaults.
     version = trainer.stage.version_of({"store": store, **arguments})

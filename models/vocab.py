@@ -75,6 +75,7 @@ class Vocabulary:
     bos_id: ClassVar[int] = BOS_ID
     eos_id: ClassVar[int] = EOS_ID
     pad_id: ClassVar[int] = PAD_ID
+    special_ids: ClassVar[tuple[int, ...]] = tuple(range(len(SPECIALS)))
 
     @classmethod
     def load(cls, directory: str | Path) -> Vocabulary:

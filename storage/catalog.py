@@ -24,6 +24,7 @@ import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from lexiflow.storage.built_by import next_step
 from lexiflow.storage.formats import DISTINGUISHED_BY  # noqa: F401  (re-exported: the catalog selects by it)
 from lexiflow.storage.store import (
     KIND_PATTERN,
@@ -153,9 +154,14 @@ class Catalog:
             manifest = self.latest(kind, **selector)
             if manifest is None:
                 which = "".join(f" with {k}={v}" for k, v in selector.items())
-                raise StoreError(f"no {kind} artifact{which} in {self.store.url}")
+                raise ArtifactNotFound(f"no {kind} artifact{which} in {self.store.url}; "
+                                       f"{next_step(kind, self.store.url, selector)}")
             return manifest
-        manifest = self.store.manifest(kind, validate_version(version))
+        try:
+            manifest = self.store.manifest(kind, validate_version(version))
+        except ArtifactNotFound as exc:
+            raise ArtifactNotFound(f"{exc}; `lexiflow artifacts list --kind {kind} --store {self.store.url}` shows "
+                                   f"the versions there, or {next_step(kind, self.store.url)}") from None
         manifest["path"] = self.store.location(kind, version)
         return manifest
 
@@ -186,7 +192,8 @@ class Catalog:
         self.store.refresh()
         matches = self.store.fs.glob(f"{self.store.root}/*/{version}/{MANIFEST}")
         if not matches:
-            raise StoreError(f"no artifact with version {version} in {self.store.url}")
+            raise ArtifactNotFound(f"no artifact with version {version} in {self.store.url}; "
+                                   f"{next_step('', self.store.url)}")
         return self.get(matches[0].rsplit("/", 3)[-3], version)
 
     def ref(self, kind: str, version: str | None = None, /, **selector: Any) -> ArtifactRef:

@@ -14,6 +14,10 @@ A builder is `build(out: ArtifactWriter, **arguments) -> None`, where arguments 
 3. otherwise builds it into a staging folder and publishes it atomically; a second run of the same
    version on this machine waits for the first and reuses its artifact (`ArtifactStore.build_lock`).
 
+Inside `lookup_only()` a stage task runs without Prefect (no server, no task run): it returns its
+artifact's reference if the store holds that version sound, else raises `MustRun`. `lexiflow run` runs the
+pipeline's recipe that way first, so a rerun that finds every artifact needs no Prefect server at all.
+
 Prefect's cache key is the same version, given only while the artifact exists and is sound, so a cache hit
 can never return a reference to a deleted artifact. Retries (with backoff) cover transient I/O
 errors only; `LexiflowError` (bad input or parameters) fails at once.
@@ -23,12 +27,13 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import contextvars
 import functools
 import hashlib
 import importlib
 import inspect
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from types import CodeType, ModuleType
 from typing import Any
 
@@ -37,7 +42,7 @@ from lexiflow.models.threads import DEFAULT_THREADS, limit_threads
 from lexiflow.storage import ArtifactRef, ArtifactStore, StoreError, content_version
 from lexiflow.storage.formats import read_manifest
 from lexiflow.storage.store import ArtifactNotFound, is_transient
-from prefect import get_run_logger, task
+from prefect import Task, get_run_logger
 from prefect.artifacts import (
     create_link_artifact,
     create_markdown_artifact,
@@ -93,7 +98,40 @@ STAGE_RETRIES: dict[str, Any] = {"retries": 3, "retry_delay_seconds": [1, 2, 4],
                                  "retry_condition_fn": retry_transient_only}
 
 
-@task(name="read-manifest", cache_policy=NO_CACHE, persist_result=False, **STAGE_RETRIES)
+class MustRun(Exception):  # noqa: N818 -- a signal, not an error: the stage named must be built
+    """Raised by a stage task inside `lookup_only()` when the store lacks its artifact (or holds it damaged)."""
+
+
+_LOOKUP_ONLY = contextvars.ContextVar("lookup_only", default=False)
+
+
+@contextlib.contextmanager
+def lookup_only() -> Iterator[None]:
+    """Tasks called inside run without Prefect: stages only look their artifact up (`MustRun` when it must be
+    built), other `LookupTask`s (store reads) call their function."""
+    token = _LOOKUP_ONLY.set(True)
+    try:
+        yield
+    finally:
+        _LOOKUP_ONLY.reset(token)
+
+
+def looking_up() -> bool:
+    return _LOOKUP_ONLY.get()
+
+
+class LookupTask(Task):
+    """A Prefect task that, inside `lookup_only()`, runs `lookup` (default: its own function) instead."""
+
+    lookup: Callable[..., Any] | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if looking_up():
+            return (self.lookup or self.fn)(*args, **kwargs)
+        return super().__call__(*args, **kwargs)
+
+
+@functools.partial(LookupTask, name="read-manifest", cache_policy=NO_CACHE, persist_result=False, **STAGE_RETRIES)
 def published_manifest(ref: ArtifactRef) -> dict[str, Any] | None:
     """An artifact's manifest, or None when it is not published: for a flow's own reads of the store
     (a flow body has no retries of its own, a task run has the stages')."""
@@ -380,12 +418,21 @@ def stage(kind: str, fingerprint: Callable[[dict], Any] | None = None,
             link_artifact(artifacts, kind, version)
             return ref
 
+        def lookup(*args: Any, **kwargs: Any) -> ArtifactRef:
+            """The artifact's reference if the store holds it sound; else `MustRun` (no work, no Prefect)."""
+            arguments = signature.bind(*args, **kwargs).arguments
+            artifacts, version = ArtifactStore(arguments["store"]), describe(arguments)[2]
+            if not reusable(artifacts, kind, version):
+                raise MustRun(f"{kind}:{version}")
+            return artifacts.ref(kind, version)
+
         run.__signature__ = signature
         # No tags: Prefect 3.8 acquires a tag-concurrency lease per tagged task run (an API round
         # trip measured at ~2 s here), which made cached reruns slower than the work they skip.
         options = {"name": kind, **STAGE_RETRIES, "cache_key_fn": cache_key,
                    "persist_result": True, "result_serializer": "json", **task_options}
-        prefect_task = task(**options)(run)
+        prefect_task = LookupTask(run, **options)
+        prefect_task.lookup = lookup
         prefect_task.code_modules = modules_for  # what the code version hashes, per arguments
         prefect_task.describe = describe  # for tests that publish without Prefect, and planning
         prefect_task.version_of = lambda arguments: describe(arguments)[2]

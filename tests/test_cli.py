@@ -422,6 +422,43 @@ def test_generate_cleans_and_lowercases_the_prompt_as_the_corpus_was(tmp_path, c
     assert capsys.readouterr().out.strip() == "the café sat on"
 
 
+def test_generate_writes_no_special_token_where_unk_is_the_likeliest_word(tmp_path, capsys):
+    """Most words after "the" occur once, below vocabulary.min_count: the model's likeliest next word is <unk>."""
+    from lexiflow.storage import ArtifactStore
+    from lexiflow.tasks.corpus import ingest_corpus
+    from lexiflow.tasks.lm import train_lm
+    from lexiflow.tasks.params import CorpusParams, NgramParams, VocabularyParams
+    from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
+
+    text = tmp_path / "docs.txt"
+    text.write_text("\n".join([f"The w{i} ran." for i in range(40)] + ["The dog ran."] * 5))
+    store = ArtifactStore(tmp_path / "store")
+    corpus = publish(store, ingest_corpus, params=CorpusParams(sources=[str(text)], dedupe=False))
+    words = publish(store, learn_vocabulary, corpus=corpus, params=VocabularyParams(min_count=2))
+    tokens = publish(store, encode_corpus, corpus=corpus, tokenizer=words)
+    publish(store, train_lm, tokens=tokens, tokenizer=words, model="ngram", params=NgramParams(order=3))
+    capsys.readouterr()
+    command = ["generate", "--store", store.url, "--prompt", "the", "--max-tokens", "20"]
+    assert main([*command, "--allow-unk"]) == 0
+    assert capsys.readouterr().out.split()[1] == "<unk>"  # what the default prevents
+    for options in ([], ["--strategy", "beam"], ["--strategy", "sample", "--temperature", "3", "--seed", "1"],
+                    ["--no-repeat-ngram", "0"], ["--repetition-penalty", "1.5"]):
+        assert main([*command, *options]) == 0
+        out = capsys.readouterr().out.split()
+        assert not {"<unk>", "<s>", "</s>", "<pad>"} & set(out), (options, out)
+    assert main(command) == 0
+    assert capsys.readouterr().out.strip() == "the dog ran ."
+
+
+@pytest.mark.parametrize("options, message", [
+    (["--repetition-penalty", "0"], "--repetition-penalty=0.0: use a number > 0"),
+    (["--no-repeat-ngram", "-2"], "--no-repeat-ngram=-2: use 0 (off) or an n-gram size >= 1"),
+])
+def test_generate_names_its_repetition_options(tmp_path, capsys, options, message):
+    assert main(["generate", "--prompt", "the", "--store", str(tmp_path), *options]) == 2
+    assert one_error_line(capsys).startswith(message)
+
+
 def test_lm_stage_refuses_tokens_encoded_with_another_tokenizer(tmp_path):
     """train-lm takes its inputs by version: tokens of one tokenizer with another tokenizer's vocabulary
     would silently train on the wrong words (and `generate` would decode with the wrong tokenizer)."""
@@ -491,3 +528,71 @@ def test_artifact_listings_are_strict_json_and_headlines_show_non_finite_figures
     assert _table([{"valid_perplexity": "Infinity", "test_perplexity": None}], ("valid_perplexity", "test_perplexity"))[
         2] == "| inf | – |"
     assert chart_png([{"embeddings": "svd", "ws353_spearman": None, "analogy_add_accuracy": 0.5}])[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("command, expected", [
+    (["translate", "-"], "no seq2seq artifact in {store}; build one: lexiflow run --store {store} "
+                         "--set 'translation.sources=[\"PAIRS.tsv\"]'"),
+    (["tag", "text.txt"], "no tagger artifact in {store}; build one: lexiflow run --store {store} "
+                          "--corpus TREEBANK.conllu"),
+    (["generate", "--prompt", "the"], "no lm artifact in {store}; build one: lexiflow run --store {store}"),
+    (["generate", "--prompt", "the", "--lm", "lstm"],
+     "no lm artifact with model=lstm in {store}; build one: lexiflow run --store {store} --set 'lm=[\"lstm\"]'"),
+    (["artifacts", "show", "embeddings:glove"], "no embeddings artifact with method=glove in {store}; build one: "
+                                               "lexiflow run --store {store} --set 'embeddings=[\"glove\"]'"),
+    (["artifacts", "export", "elmo", "out"], "no elmo artifact in {store}; build one: lexiflow run --store {store} "
+                                             "--corpus TREEBANK.conllu --set 'tagger.kinds=[\"bilstm+elmo\"]'"),
+    (["artifacts", "show", "lm:0123456789abcdef"],
+     "no artifact lm:0123456789abcdef in {store}; `lexiflow artifacts list --kind lm --store {store}` shows the "
+     "versions there, or build one: lexiflow run --store {store}"),
+    (["artifacts", "show", "custom"], "no custom artifact in {store}; `lexiflow artifacts list --store {store}` "
+                                      "shows what the store holds"),
+])
+def test_not_found_says_what_builds_the_artifact_in_one_line(tmp_path, capsys, monkeypatch, command, expected):
+    monkeypatch.chdir(tmp_path)
+    Path("text.txt").write_text("the cat sat.")
+    store = tmp_path / "store"
+    store.mkdir()
+    assert main([*command, "--store", str(store)]) == 2
+    assert one_error_line(capsys) == expected.format(store=store)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["store", "text.txt"]  # nothing written
+
+
+def test_the_loaders_say_what_builds_a_missing_artifact(tmp_path):
+    from lexiflow.loaders import load
+    from lexiflow.storage import StoreError
+
+    with pytest.raises(StoreError, match=r"^no encoder artifact in .*; build one: lexiflow run --store .* "
+                                         r"--corpus TREEBANK.conllu --set 'finetune.tasks=\[\"upos\"\]'$"):
+        load(tmp_path, "encoder")
+
+
+def test_every_next_step_is_a_run_that_builds_the_kind(tmp_path):
+    """Each command of the table parses and validates, and asks for what builds the kind (or its tag)."""
+    import shlex
+
+    from lexiflow.flows.cli import build_parser, pipeline_params
+    from lexiflow.loaders import LOADERS
+    from lexiflow.storage.built_by import BUILT_BY, next_step
+    from lexiflow.storage.formats import DISTINGUISHED_BY
+
+    assert set(BUILT_BY) == set(LOADERS)  # every kind the pipeline makes
+    tags = {"embeddings": "glove", "evaluation": "lsi", "tokenizer": "bpe", "lm": "lstm", "tagger": "xpos"}
+    assert set(tags) == set(DISTINGUISHED_BY)
+    for kind in BUILT_BY:
+        for selector in ({}, {DISTINGUISHED_BY[kind]: tags[kind]} if kind in DISTINGUISHED_BY else {}):
+            words = shlex.split(next_step(kind, str(tmp_path), selector).removeprefix("build one: lexiflow "))
+            params = pipeline_params(build_parser().parse_args(words))
+            assert params.store == str(tmp_path)
+            if kind in ("tagged_corpus", "tagger", "elmo", "encoder", "finetuned"):
+                assert params.corpus.sources == ["TREEBANK.conllu"]
+            if kind in ("parallel_corpus", "seq2seq"):
+                assert params.translation.sources == ["PAIRS.tsv"]
+            if kind == "elmo":
+                assert "bilstm+elmo" in params.tagger.kinds
+            if kind in ("encoder", "finetuned"):
+                assert params.finetune.tasks
+            if selector:
+                section = {"embeddings": params.embeddings, "evaluation": params.embeddings, "lm": params.lm,
+                           "tokenizer": [params.tokenizer.kind], "tagger": params.tagger.columns}[kind]
+                assert section == [tags[kind]], (kind, section)

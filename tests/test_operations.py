@@ -95,7 +95,8 @@ def test_artifacts_of_one_kind_are_told_apart_and_selected_by_their_tag(tmp_path
     assert main(["artifacts", "show", "tokenizer:word", "--store", str(tmp_path)]) == 0
     assert json.loads(capsys.readouterr().out)["version"] == "a" * 16
     assert main(["artifacts", "show", "embeddings:sgns", "--store", str(tmp_path)]) == 2
-    assert capsys.readouterr().err.strip() == f"error: no embeddings artifact with method=sgns in {tmp_path}"
+    assert capsys.readouterr().err.strip() == (f"error: no embeddings artifact with method=sgns in {tmp_path}; build "
+                                               f"one: lexiflow run --store {tmp_path} --set 'embeddings=[\"sgns\"]'")
 
 
 def _recording_progress(monkeypatch):

@@ -104,6 +104,38 @@ def test_cli_run_and_listing(tmp_path, capsys):
     assert main(["artifacts", "verify", "--store", str(store), "--full"]) == 0
 
 
+def test_a_rerun_that_finds_every_artifact_prints_the_same_summary_without_starting_prefect(tmp_path, capsys,
+                                                                                          monkeypatch):
+    from lexiflow.flows import server
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    store = tmp_path / "store"
+    corpus = tmp_path / "docs.txt"
+    corpus.write_text("\n".join(f"The cat number {i} sat on the mat. A dog {i % 7} barked." for i in range(200)))
+    command = ["run", "--store", str(store), "--corpus", str(corpus), "--set", "vocabulary.min_count=1",
+               "--set", "svd.dim=5", "--set", 'embeddings=["svd"]', "--set", "lm=[\"ngram\"]",
+               "--set", "evaluation.analogy_vocabulary=100", "--set", "evaluation.projection_words=0"]
+    assert main(command) == 0  # cold, through the session's server
+    cold = capsys.readouterr().out
+    before = created(store)
+
+    def no_server(*_args, **_kwargs):
+        raise server.ServerError("the temporary Prefect server cannot start in this test")
+
+    monkeypatch.setattr(server, "start_temporary", no_server)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "home"))  # no `lexiflow serve` there
+    with temporary_settings(restore_defaults={PREFECT_API_URL}):  # no server of the user's either
+        assert main(command) == 0
+        assert capsys.readouterr().out == cold and "lm.ngram" in cold
+        assert created(store) == before  # nothing rebuilt, nothing written
+        # one artifact missing: the stage must run, so Prefect must start (and here cannot)
+        ArtifactStore(store).delete("report", Catalog(store).get("report")["version"])
+        assert main(command) == 2
+        assert "cannot start in this test" in capsys.readouterr().err
+        assert set(created(store)) == {key for key in before if key[0] != "report"}  # and the lookup wrote nothing
+
+
 @pytest.mark.parametrize("content, message", [
     (b"fine line\nbad \xff byte\n", "bad.txt:2: invalid UTF-8"),
     (b"\x00\x00binary", "bad.txt: looks like a binary file"),

@@ -13,6 +13,19 @@ Strategies:
   top-k (the k most probable tokens, Fan et al. 2018) and top-p / nucleus (the smallest set of most
   probable tokens whose mass is >= p, Holtzman et al. 2020); the kept mass is renormalised.
 
+Before every choice (all three strategies), the scorer's log-probabilities are adjusted by `adjust`:
+- `banned` tokens get probability 0: by default the special tokens other than `</s>` (`<unk> <s> <pad>`,
+  ids 0, 1, 3 in every lexiflow vocabulary), so a model that learned `<unk>` as a likely word never
+  writes it; pass the tokenizer's (`never_generated(tokenizer)`), or `banned=()` to allow everything.
+- `repetition_penalty` (Keskar et al. 2019, HF's `repetition_penalty`): a token already in the context
+  (prompt included) has its score multiplied by the penalty when negative, divided when positive; the
+  scores here are log-probabilities (<= 0), so a penalty > 1 makes a seen token less likely. 1 is off.
+- `no_repeat_ngram` = n (HF's `no_repeat_ngram_size`): a token that would complete an n-gram already in
+  the context (prompt included) gets probability 0. 0 is off.
+Beam search adds the adjusted scores to its hypotheses' totals (as HF's beam search does); sampling
+applies temperature, top-k and top-p after the adjustment. A step where no token is left allowed ends
+the generation.
+
 A context passed to the scorer is ``prompt_ids + generated`` (start the prompt with `<s>`).
 Every function returns the generated ids only (not the prompt), ending with `eos_id` when the model
 produced it; generation stops there or after `max_new_tokens`.
@@ -21,34 +34,73 @@ produced it; generation stops there or after `max_new_tokens`.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 import numpy as np
 from lexiflow.models.errors import ParameterError
+from lexiflow.models.vocab import BOS_ID, PAD_ID, UNK_ID
 
 LogProbsBatch = Callable[[Sequence[Sequence[int]]], np.ndarray]  # B contexts -> (B, V) natural-log probabilities
 STRATEGIES = ("greedy", "beam", "sample")
 
+NEVER_GENERATED = (UNK_ID, BOS_ID, PAD_ID)  # the default `banned`: every special token but </s>
+
 _TIE = 1e-12  # relative slack when comparing a cumulative mass with p (probabilities come from exp(log p))
 
 
-def _check_common(max_new_tokens: int) -> None:
+def never_generated(tokenizer, allow_unk: bool = False) -> tuple[int, ...]:
+    """A tokenizer's special tokens but `</s>` (and `<unk>` with `allow_unk`): `banned` for its LM."""
+    allowed = {tokenizer.eos_id, *([tokenizer.unk_id] if allow_unk else [])}
+    return tuple(i for i in tokenizer.special_ids if i not in allowed)
+
+
+def _check_common(max_new_tokens: int, repetition_penalty: float, no_repeat_ngram: int) -> None:
     if not isinstance(max_new_tokens, int | np.integer) or max_new_tokens < 0:
         raise ParameterError(f"max_new_tokens={max_new_tokens!r}: must be an integer >= 0")
+    if not 0 < repetition_penalty < np.inf:  # NaN fails too
+        raise ParameterError(f"repetition_penalty={repetition_penalty!r}: must be a finite number > 0 (1 is off)")
+    if not isinstance(no_repeat_ngram, int | np.integer) or no_repeat_ngram < 0:
+        raise ParameterError(f"no_repeat_ngram={no_repeat_ngram!r}: must be an integer >= 0 (0 is off)")
 
 
-def next_log_probs(log_probs_batch: LogProbsBatch, context: Sequence[int]) -> np.ndarray:
-    """(V,) the scorer's distribution after one context."""
-    return np.asarray(log_probs_batch([context]), dtype=np.float64)[0]
+def repeated_ngram_ends(context: Sequence[int], n: int) -> list[int]:
+    """The tokens that would complete an n-gram already in `context` (HF's `no_repeat_ngram_size`)."""
+    if n < 1 or len(context) + 1 < n:
+        return []
+    prefix = list(context[len(context) - n + 1:])  # the last n - 1 tokens ([] for n = 1)
+    return [context[i + n - 1] for i in range(len(context) - n + 1) if list(context[i:i + n - 1]) == prefix]
+
+
+def adjust(log_probs: np.ndarray, contexts: Sequence[Sequence[int]], banned: Collection[int] = NEVER_GENERATED,
+           repetition_penalty: float = 1.0, no_repeat_ngram: int = 0) -> np.ndarray:
+    """(B, V) the scores a choice is made from, one row per context (see the module docstring)."""
+    scores = np.array(log_probs, dtype=np.float64).reshape(len(contexts), -1)  # a copy: the scorer's stays intact
+    scores[:, list(banned)] = -np.inf
+    for row, context in zip(scores, contexts, strict=True):
+        if repetition_penalty != 1.0 and len(context):
+            seen = np.unique(np.asarray(context, dtype=np.int64))
+            row[seen] = np.where(row[seen] < 0, row[seen] * repetition_penalty, row[seen] / repetition_penalty)
+        row[repeated_ngram_ends(context, no_repeat_ngram)] = -np.inf
+    return scores
+
+
+def next_scores(log_probs_batch: LogProbsBatch, context: Sequence[int], **adjustments) -> np.ndarray:
+    """(V,) the adjusted scores after one context."""
+    return adjust(log_probs_batch([context]), [context], **adjustments)[0]
 
 
 def greedy(log_probs_batch: LogProbsBatch, prompt_ids: Sequence[int], max_new_tokens: int = 50,
-           eos_id: int = 2) -> list[int]:
-    """Pick the most probable next token until `eos_id` or `max_new_tokens` (ties: lowest id)."""
-    _check_common(max_new_tokens)
+           eos_id: int = 2, banned: Collection[int] = NEVER_GENERATED, repetition_penalty: float = 1.0,
+           no_repeat_ngram: int = 0) -> list[int]:
+    """Pick the most probable allowed next token until `eos_id` or `max_new_tokens` (ties: lowest id)."""
+    _check_common(max_new_tokens, repetition_penalty, no_repeat_ngram)
     context, out = [int(t) for t in prompt_ids], []
     for _ in range(max_new_tokens):
-        token = int(np.argmax(next_log_probs(log_probs_batch, context)))
+        scores = next_scores(log_probs_batch, context, banned=banned, repetition_penalty=repetition_penalty,
+                             no_repeat_ngram=no_repeat_ngram)
+        token = int(np.argmax(scores))
+        if scores[token] == -np.inf:
+            break  # no token allowed
         out.append(token)
         context.append(token)
         if token == eos_id:
@@ -102,15 +154,22 @@ def sample(
     top_k: int | None = None,
     top_p: float | None = None,
     seed: int | np.random.Generator = 0,
+    banned: Collection[int] = NEVER_GENERATED,
+    repetition_penalty: float = 1.0,
+    no_repeat_ngram: int = 0,
 ) -> list[int]:
-    """Ancestral sampling from `filter_probs(<the scorer's distribution>, temperature, top_k, top_p)`."""
-    _check_common(max_new_tokens)
+    """Ancestral sampling from `filter_probs(<the adjusted scores>, temperature, top_k, top_p)`."""
+    _check_common(max_new_tokens, repetition_penalty, no_repeat_ngram)
     if not isinstance(seed, np.random.Generator) and (not isinstance(seed, int | np.integer) or seed < 0):
         raise ParameterError(f"seed={seed!r}: must be an integer >= 0 or a numpy.random.Generator")
     rng = seed if isinstance(seed, np.random.Generator) else np.random.default_rng(seed)
     context, out = [int(t) for t in prompt_ids], []
     for _ in range(max_new_tokens):
-        probs = filter_probs(next_log_probs(log_probs_batch, context), temperature, top_k, top_p)
+        scores = next_scores(log_probs_batch, context, banned=banned, repetition_penalty=repetition_penalty,
+                             no_repeat_ngram=no_repeat_ngram)
+        if scores.max() == -np.inf:
+            break  # no token allowed
+        probs = filter_probs(scores, temperature, top_k, top_p)
         # inverse CDF: one uniform draw per step, so a seed gives the same tokens on every platform
         token = int(np.searchsorted(np.cumsum(probs), rng.random() * probs.sum(), side="right"))
         token = min(token, probs.size - 1)
@@ -130,13 +189,16 @@ def beam(
     eos_id: int = 2,
     width: int = 4,
     alpha: float = 0.6,
+    banned: Collection[int] = NEVER_GENERATED,
+    repetition_penalty: float = 1.0,
+    no_repeat_ngram: int = 0,
 ) -> list[int]:
     """Beam search: keep the `width` best partial hypotheses by total log-probability; a candidate
     ending in `eos_id` that ranks within the best `width` candidates of its step is finished. At the end
     (no live hypothesis, or `max_new_tokens` reached) the best of the finished and still-live
     hypotheses by ``log P(Y) / |Y| ** alpha`` wins. The live hypotheses of a step are scored in one
-    call of `log_probs_batch`."""
-    _check_common(max_new_tokens)
+    call of `log_probs_batch`; each hypothesis's scores are adjusted for its own context."""
+    _check_common(max_new_tokens, repetition_penalty, no_repeat_ngram)
     if not isinstance(width, int | np.integer) or width < 1:
         raise ParameterError(f"width={width!r}: the beam width must be an integer >= 1")
     if alpha < 0:
@@ -147,7 +209,10 @@ def beam(
     for _ in range(max_new_tokens):
         if not live:
             break
-        scores = np.asarray(log_probs_batch([prompt + toks for toks, _ in live]), dtype=np.float64)  # (B, V)
+        contexts = [prompt + toks for toks, _ in live]
+        scores = adjust(log_probs_batch(contexts), contexts, banned, repetition_penalty, no_repeat_ngram)  # (B, V)
+        # a hypothesis with no token allowed ends as it is
+        finished += [h for h, row in zip(live, scores, strict=True) if h[0] and row.max() == -np.inf]
         totals = scores + np.array([s for _, s in live])[:, None]  # (B, V)
         V = totals.shape[1]
         n_cand = min(2 * width, totals.size)  # width live + up to width finished per step
@@ -176,7 +241,8 @@ def beam(
 def generate(log_probs_batch: LogProbsBatch, prompt_ids: Sequence[int], strategy: str = "greedy",
              **options) -> list[int]:
     """One entry point: `strategy` in greedy / beam / sample, `options` those of the function
-    (max_new_tokens, eos_id; beam: width, alpha; sample: temperature, top_k, top_p, seed)."""
+    (all: max_new_tokens, eos_id, banned, repetition_penalty, no_repeat_ngram; beam: width, alpha;
+    sample: temperature, top_k, top_p, seed)."""
     functions = {"greedy": greedy, "beam": beam, "sample": sample}
     if strategy not in functions:
         raise ParameterError(f"strategy={strategy!r}: choose one of {', '.join(STRATEGIES)}")

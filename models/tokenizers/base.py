@@ -179,6 +179,10 @@ class SubwordTokenizer(Estimator):
     def pad_id(self) -> int | None:
         return self._role(3)
 
+    @property
+    def special_ids(self) -> tuple[int, ...]:
+        return tuple(range(len(self._specials)))  # the specials come first
+
     # ---- learned state helpers ---------------------------------------------------------------
     def _set_vocab(self, tokens: list[str]) -> None:
         self.vocab_ = tokens
