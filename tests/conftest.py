@@ -1,4 +1,6 @@
+import logging
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +17,19 @@ prefect_env.apply()  # quiet, offline Prefect for every test, as the CLI runs it
 settings.register_profile("fixed", derandomize=True)
 settings.register_profile("explore", derandomize=False)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "fixed"))
+
+
+@pytest.fixture(autouse=True)
+def prefect_console_on_a_live_stream():
+    """Prefect's console handler (on the `prefect` and `lexiflow` loggers) keeps the stream it was made with: one
+    made while a test captured stderr (capsys) would write every later log line to that closed capture, and a
+    test reading its own stderr would read the logging error instead. Such a handler is pointed back at stderr."""
+    yield
+    for logger in (logging.getLogger(), *logging.Logger.manager.loggerDict.values()):
+        for handler in getattr(logger, "handlers", ()):
+            console = getattr(handler, "console", None)
+            if console is not None and getattr(console.file, "closed", False):
+                console.file = sys.__stderr__
 
 
 @pytest.fixture(scope="module", autouse=True)
