@@ -5,9 +5,9 @@ running from the same `PREFECT_HOME` (its runs then show in that UI); else a tem
 here, that lives as long as this process (`lexiflow run` asks for one only when a stage must run:
 `running` says whether there is a server without starting one). Prefect's own temporary server would
 outlive a killed parent (re-parented to PID 1, one leaked server per kill) and end a slow start in a
-RuntimeError traceback;
-this one is tied to its parent three ways: SIGTERM when the parent dies (Linux `PR_SET_PDEATHSIG`, set
-by the child itself, so no `preexec_fn`), a watchdog thread for other systems, and a stop at exit.
+RuntimeError traceback; this one is tied to its parent three ways: SIGTERM when the parent dies (Linux
+`PR_SET_PDEATHSIG`, set by the child itself, so no `preexec_fn`), a watchdog thread for other systems, and
+a stop at exit.
 A slow start prints a progress line every 15 s and gives up with one line naming the setting to raise.
 
 `python -m lexiflow.flows.server PARENT_PID uvicorn-arguments...` is the child's entry point.
