@@ -38,7 +38,7 @@ from lexiflow.models.config import check
 from lexiflow.models.conllu import read_conllu
 from lexiflow.models.encoder import CLS_ID, PAD_ID, SEP_ID, EncoderModel, pad_rows
 from lexiflow.models.errors import InputError, ParameterError
-from lexiflow.models.lm.train import IGNORE, TrainConfig, Trainer, TrainTask, autocast, length_batches
+from lexiflow.models.lm.train import IGNORE, TrainConfig, Trainer, TrainTask, autocast, length_batches, to_device
 from lexiflow.models.lm.transformer import Transformer
 from pydantic import Field
 from torch import nn
@@ -272,20 +272,24 @@ class ClassifyTask(TrainTask):
 
     @staticmethod
     def tensors(examples: list[Example], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = pad_rows([e.ids for e in examples], PAD_ID).to(device)
-        if isinstance(examples[0].labels, int):
-            return ids, torch.tensor([e.labels for e in examples], device=device)
-        return ids, pad_rows([e.labels for e in examples], IGNORE).to(device)
+        return tuple(to_device(t, device) for t in ClassifyTask.host_tensors(examples))
 
     @staticmethod
-    def nll(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, int]:
+    def host_tensors(examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = pad_rows([e.ids for e in examples], PAD_ID)
+        if isinstance(examples[0].labels, int):
+            return ids, torch.tensor([e.labels for e in examples])
+        return ids, pad_rows([e.labels for e in examples], IGNORE)
+
+    @staticmethod
+    def nll(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         flat = logits.float().reshape(-1, logits.shape[-1])
-        return F.cross_entropy(flat, y.reshape(-1), ignore_index=IGNORE, reduction="sum"), int((y != IGNORE).sum())
+        return F.cross_entropy(flat, y.reshape(-1), ignore_index=IGNORE, reduction="sum")
 
     def loss(self, fwd, batch, state, device):
-        ids, y = self.tensors([self.train[i] for i in batch], device)
-        nll, n = self.nll(fwd(ids), y)
-        return nll, n, int((ids != PAD_ID).sum()), None
+        ids, y = self.host_tensors([self.train[i] for i in batch])
+        n, n_input = int((y != IGNORE).sum()), int((ids != PAD_ID).sum())  # counted on the host: no wait for the device
+        return self.nll(fwd(to_device(ids, device)), to_device(y, device)), n, n_input, None
 
     @torch.no_grad()
     def evaluate(self, module, device, precision):
@@ -297,8 +301,8 @@ class ClassifyTask(TrainTask):
         for i in range(0, len(self.dev), 64):
             ids, y = self.tensors(self.dev[i:i + 64], device)
             with autocast(device, precision):
-                nll, n = self.nll(module(ids), y)
-            total, count = total + float(nll), count + n
+                nll = self.nll(module(ids), y)
+            total, count = total + float(nll), count + int((y != IGNORE).sum())
         module.train(was)
         return total, count
 
