@@ -12,7 +12,7 @@ Modes (what trains besides the head):
     adapters  Houlsby et al. (2019) bottlenecks h <- h + W_up f(W_down h) after each attention output projection
               and each feed-forward block (with the LayerNorms, as Houlsby trains them); W_up starts at zero, so
               the adapted model starts as the pretrained one
-    lora      Hu et al. (2022) on the attention projections (W^Q, W^K, W^V, W^O; the LM's fused QKV):
+    lora      Hu et al. (2022) on the attention projections (W^Q, W^K, W^V, W^O; the encoder's and the LM's alike):
               h = x W^T + (α / r) x A^T B^T, A (r, d_in) random, B (d_out, r) zero; `merge_lora` folds
               W' = W + (α / r) B A into plain Linear layers for inference (same outputs, no extra cost)
 
@@ -111,19 +111,19 @@ class LoRALinear(nn.Module):
         return out.to(self.base.weight.device)
 
 
+def _layers(body: nn.Module) -> nn.ModuleList:
+    """The body's layers; each has `attn` (a models.attention.MultiHeadAttention) and `ffn`."""
+    return body.encoder.layers if isinstance(body, EncoderModel) else body.blocks
+
+
 def _projections(body: nn.Module) -> list[tuple[nn.Module, str]]:
     """(parent, attribute) of each attention projection (LoRA's targets)."""
-    if isinstance(body, EncoderModel):
-        return [(layer.attn, name) for layer in body.encoder.layers
-                for name in ("q_proj", "k_proj", "v_proj", "out_proj")]
-    return [(block.attn, name) for block in body.blocks for name in ("qkv", "proj")]
+    return [(layer.attn, name) for layer in _layers(body) for name in ("q_proj", "k_proj", "v_proj", "out_proj")]
 
 
 def _adapter_sites(body: nn.Module) -> list[tuple[nn.Module, str]]:
     """(parent, attribute) of the modules an adapter follows: each attention output projection and FFN."""
-    if isinstance(body, EncoderModel):
-        return [site for layer in body.encoder.layers for site in ((layer.attn, "out_proj"), (layer, "ffn"))]
-    return [site for block in body.blocks for site in ((block.attn, "proj"), (block, "ffn"))]
+    return [site for layer in _layers(body) for site in ((layer.attn, "out_proj"), (layer, "ffn"))]
 
 
 def merge_lora(module: nn.Module) -> nn.Module:

@@ -16,7 +16,7 @@ from lexiflow.models.encoder import BERT_SPECIALS, EncoderConfig, EncoderModel, 
 from lexiflow.models.finetune import UPOS_TAGS, Classifier, FineTuneConfig, accuracy, ewt_examples, finetune, merge_lora
 from lexiflow.models.glove import GloVe
 from lexiflow.models.lm import registry
-from lexiflow.models.lm.rnn import RNNLM, RNNConfig
+from lexiflow.models.lm.rnn import RNN, RNNLM, RNNConfig
 from lexiflow.models.lm.train import LMStreamTask, TrainConfig, Trainer, to_stream
 from lexiflow.models.lm.transformer import Transformer, TransformerLM
 from lexiflow.models.neural_tagger import BiLSTMTagger
@@ -25,7 +25,7 @@ from lexiflow.models.seq2seq.translator import TokenizerConfig, Translator
 from lexiflow.models.tokenizers.wordpiece import WordPiece
 
 from tests.test_finetune import EWT, _texts
-from tests.test_lm_neural import BOS, TRAIN, VALID, V, quick, small_transformer
+from tests.test_lm_neural import BOS, TRAIN, VALID, V, quick, small_rnn, small_transformer
 from tests.test_neural_tagger import WORD_SENTS, lookahead_corpus, tiny, train_cfg
 from tests.test_train_loop import PlantedTask, snapshot
 
@@ -173,8 +173,14 @@ def test_the_loop_uses_fused_adamw_and_tf32_on_cuda_and_restores_the_setting():
     assert seen == ["high"] * 3 and torch.get_float32_matmul_precision() == before
 
 
-def test_a_planted_nan_is_skipped_on_cuda():
-    trainer, batches = _cuda_lm_trainer()
+@pytest.mark.parametrize("sparse_sgd", [False, True])
+def test_a_planted_nan_is_skipped_on_cuda(sparse_sgd):
+    plain_sgd = {"optimizer": "sgd", "lr": 0.5, "clip_grad_norm": None}
+    trainer, batches = _cuda_lm_trainer(**(plain_sgd if sparse_sgd else {}))
+    if sparse_sgd:  # the RNN LM's embedding takes sparse gradients: the gradients are zeroed on the device
+        torch.manual_seed(0)
+        trainer = Trainer(RNN(small_rnn()), trainer.task, trainer.cfg)
+        assert trainer.sparse
     trainer.task = PlantedTask(trainer.task, bad={2})
     trainer.step(batches[0])
     before = snapshot(trainer)

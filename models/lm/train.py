@@ -286,9 +286,13 @@ def skip_step_unless(finite: torch.Tensor, opt: torch.optim.Optimizer) -> None:
 
     The fused kernels take GradScaler's `found_inf`: a non-zero value skips the update and leaves the moments
     and the step count as they were. The one non-fused case, plain SGD on sparse gradients (no momentum, no
-    weight decay: `sparse_embedding_grads`), applies p -= lr * g, so zeroed gradients change nothing."""
+    weight decay: `sparse_embedding_grads`), applies p -= lr * g: on the CPU the flag is read (host memory, no
+    wait), on a GPU the gradients are zeroed where it is False, which changes nothing."""
     if opt.defaults.get("fused"):
         opt.grad_scale, opt.found_inf = None, (~finite).float()
+    elif finite.device.type == "cpu":
+        if not finite.item():
+            return
     else:
         for p in (p for group in opt.param_groups for p in group["params"] if p.grad is not None):
             (p.grad._values() if p.grad.is_sparse else p.grad).masked_fill_(~finite, 0.0)
@@ -644,12 +648,12 @@ class Trainer:
                                  every_s=cfg.log_every_s if self.rank == 0 else math.inf,
                                  done=self.pos.step * task.tokens_per_step,
                                  callback=progress if self.rank == 0 else None)  # e.g. a Prefect progress artifact
-        self._t0 = self._read_at = time.perf_counter()
+        self._t0 = self._logged_at = time.perf_counter()
         # On the device, summed over the steps since the last `_flush`: NLL, predicted tokens, skipped steps.
         self._sums = torch.zeros(3, dtype=torch.float64, device=device)
         self._bad_run = torch.zeros((), dtype=torch.float64, device=device)  # non-finite steps in a row, now
         self._worst_run = torch.zeros((), dtype=torch.float64, device=device)  # ... and the longest since a read
-        self._last_read = (0.0, 0, 0)  # pos's sums at the last read-back (the log line's span)
+        self._logged, self._warned = (0.0, 0), 0  # the epoch's (NLL, count) at the last log line; skips warned of
 
     def checkpoint(self) -> None:
         if self.ckpt_path is None:
@@ -691,9 +695,10 @@ class Trainer:
         self.progress.update(n_input)
         now = time.perf_counter()
         if pos.step % cfg.max_nonfinite_steps == 0:  # at the same step on every rank: all stop together
-            self._read_back(now, check=True)
-        elif self.rank == 0 and now - self._read_at >= cfg.log_every_s:
-            self._read_back(now, check=False)
+            self._read_back(check=True)
+        if self.rank == 0 and now - self._logged_at >= cfg.log_every_s:
+            self._logged_at = now
+            self._read_back(log=True)
         if cfg.checkpoint_every and pos.step % cfg.checkpoint_every == 0:
             self._flush()  # waits for the device: its work up to here is training time
             self._lap()
@@ -704,34 +709,34 @@ class Trainer:
     def _flush(self) -> None:
         """Move the device's sums into `pos` (at checkpoints and epoch ends: the same steps in a resumed run as in
         an uninterrupted one, so their float sums agree), after checking the non-finite steps."""
-        self._read_back(time.perf_counter(), check=True)
+        self._read_back(check=True)
         nll, count, skipped = self._sums.tolist()
         self._sums.zero_()
         self.pos.epoch_loss += nll
         self.pos.epoch_count += round(count)
         self.pos.epoch_skipped += round(skipped)
 
-    def _read_back(self, now: float, check: bool) -> None:
-        """The one read of the device between flushes: log the train loss since the last read and any skipped
-        steps; with `check` (at steps every rank reaches alike), stop once `max_nonfinite_steps` steps in a row
-        were non-finite."""
-        self._read_at = now
+    def _read_back(self, check: bool = False, log: bool = False) -> None:
+        """A read of the device's sums: warn of steps skipped since the last warning; with `check` (at steps every
+        rank reaches alike) stop once `max_nonfinite_steps` steps in a row were non-finite; with `log`, log the
+        train loss since the last log line."""
         nll, count, skipped, worst = torch.cat((self._sums, self._worst_run[None])).tolist()
+        pos, limit = self.pos, self.cfg.max_nonfinite_steps
+        total = (pos.epoch_loss + nll, pos.epoch_count + round(count), pos.epoch_skipped + round(skipped))
+        if self.rank == 0 and total[2] > self._warned:
+            logger.warning("%s: %d optimizer step(s) up to step %d skipped: non-finite loss or gradient (the weights "
+                           "stay as they were)", self.name, total[2] - self._warned, pos.step)
+            self._warned = total[2]
         if check:
             self._worst_run.zero_()
-        pos, limit, last = self.pos, self.cfg.max_nonfinite_steps, self._last_read
-        total = (pos.epoch_loss + nll, pos.epoch_count + round(count), pos.epoch_skipped + round(skipped))
-        self._last_read = total
-        nll, count, skipped = (t - t0 for t, t0 in zip(total, last, strict=True))
-        if self.rank == 0 and skipped:
-            logger.warning("%s: %d optimizer step(s) up to step %d skipped: non-finite loss or gradient (the weights "
-                           "stay as they were)", self.name, skipped, pos.step)
-        if check and worst >= limit:
-            raise ParameterError(f"training stopped at step {pos.step}: {int(worst)} steps in a row had a non-finite "
-                                 f"loss or gradient (TrainConfig.max_nonfinite_steps={limit}); lower TrainConfig.lr, "
-                                 "set clip_grad_norm, or train with precision='fp32'")
-        if self.rank == 0 and count:
-            logger.info("%s: step %d, train loss %.4f", self.name, pos.step, nll / count)
+            if worst >= limit:
+                raise ParameterError(f"training stopped at step {pos.step}: {int(worst)} steps in a row had a "
+                                     f"non-finite loss or gradient (TrainConfig.max_nonfinite_steps={limit}); lower "
+                                     "TrainConfig.lr, set clip_grad_norm, or train with precision='fp32'")
+        if log and total[1] > self._logged[1]:
+            logger.info("%s: step %d, train loss %.4f", self.name, pos.step,
+                        (total[0] - self._logged[0]) / (total[1] - self._logged[1]))
+            self._logged = total
 
     def _lap(self) -> None:
         """Add the time since the last lap to the epoch's training time (checkpoint writing is not training)."""
@@ -765,7 +770,7 @@ class Trainer:
         pos.epoch += 1
         pos.batch = 0
         pos.epoch_loss, pos.epoch_count, pos.epoch_tokens, pos.epoch_seconds, pos.epoch_skipped = 0.0, 0, 0, 0.0, 0
-        self._last_read = (0.0, 0, 0)
+        self._logged, self._warned = (0.0, 0), 0
         self.checkpoint()
         return row
 
