@@ -68,9 +68,12 @@ class RefGPT(nn.Module):
         self.blocks = nn.ModuleList(RefBlock(c.d_model, c.n_heads) for _ in range(c.n_layers))
         self.ln_f, self.head = nn.LayerNorm(c.d_model), nn.Linear(c.d_model, c.vocab_size, bias=False)
         self.head.weight = self.wte.weight
-        for name, p in self.named_parameters():
-            std = 0.02 / math.sqrt(2 * c.n_layers) if name.endswith(("proj.weight", "out.weight")) else 0.02
-            nn.init.normal_(p, std=std) if p.dim() > 1 else None
+        for name, p in self.named_parameters():  # GPT-2's init: N(0, 0.02), residual outputs scaled, biases 0
+            if p.dim() > 1:
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * len(self.blocks)) if name.endswith(("proj.weight",
+                                                                                            "out.weight")) else 0.02)
+            elif "ln" not in name:
+                nn.init.zeros_(p)
 
     def forward(self, idx: torch.Tensor) -> torch.Tensor:
         x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1], device=idx.device))
