@@ -94,9 +94,10 @@ class TrainConfig:
     clip_grad_norm: float | None = 0.25
     device: Device = "auto"
     precision: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 on CPU) | "bf16" | "fp32"
-    # CPU: 0.9x eager tokens/s at the benchmark sizes (docs/neural_lm.md); CUDA: `python -m benchmarks gpu`
-    compile: Annotated[bool, Field(description="torch.compile the module for training (compiles on the first "
-                                                "steps; pays on a GPU, not on the CPU).")] = False
+    # Off by measurement: on the CPU 0.81x eager's speed a step after minutes of compiling (docs/neural_lm.md);
+    # on CUDA `python -m benchmarks gpu` measures both, and its first run decides.
+    compile: Annotated[bool, Field(description="torch.compile the module for training (minutes of compiling "
+                                                "first; slower than eager on the CPU).")] = False
     max_nonfinite_steps: Annotated[int, Field(ge=1, le=100_000, description=(
         "Steps in a row with a non-finite loss or gradient (each skipped, nothing updated) before training "
         "stops with an error."))] = 20
