@@ -94,7 +94,7 @@ class TrainConfig:
     clip_grad_norm: float | None = 0.25
     device: Device = "auto"
     precision: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 on CPU) | "bf16" | "fp32"
-    # Off by measurement: on the CPU 0.81x eager's speed a step after minutes of compiling (docs/neural_lm.md);
+    # Off by measurement: on the CPU 0.81-0.93x eager's speed a step after minutes of compiling (docs/neural_lm.md);
     # on CUDA `python -m benchmarks gpu` measures both, and its first run decides.
     compile: Annotated[bool, Field(description="torch.compile the module for training (minutes of compiling "
                                                 "first; slower than eager on the CPU).")] = False
