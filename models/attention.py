@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from lexiflow.models.errors import ParameterError
 from torch import nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 
 def causal_mask(t_q: int, t_k: int | None = None, device: torch.device | None = None) -> torch.Tensor:
@@ -182,18 +183,25 @@ class MultiHeadAttention(nn.Module):
         p = self.dropout if self.training else 0.0
         if need_weights:
             y, weights = scaled_dot_product_attention(q, k, v, mask, causal, p)
+        elif mask is None and (not causal or q.shape[-2] == k.shape[-2]):  # flash kernel: no mask tensor at all
+            y, weights = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal), None
         else:
             y, weights = _fused_attention(q, k, v, _combine(mask, causal, q.shape[-2], k.shape[-2], q.device), p), None
         B, _, T, _ = y.shape
         return self.out_proj(y.transpose(1, 2).reshape(B, T, -1)), weights
 
 
+# Every fused kernel but cuDNN's for masked attention: in bf16 on H100/H200 (the default backend since torch 2.11)
+# its backward returns NaN query gradients for some masked shapes (pytorch/pytorch#196678); it diverged the
+# encoder's MLM pretraining in bf16, while fp32 (which cuDNN's kernel does not take) trained through.
+MASKED_KERNELS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+
+
 def _fused_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
                      dropout_p: float) -> torch.Tensor:
-    """torch's fused softmax(q kᵀ/sqrt(d)) v (flash / memory-efficient kernels on CUDA). The mask goes in as
-    a finite additive bias so a fully masked row cannot produce NaN, and such rows are zeroed after."""
-    if mask is None:
-        return F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p)
+    """torch's fused softmax(q kᵀ/sqrt(d)) v (memory-efficient kernel on CUDA) under a mask. The mask goes in
+    as a finite additive bias so a fully masked row cannot produce NaN, and such rows are zeroed after."""
     bias = torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill(~mask, torch.finfo(q.dtype).min)
-    y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
+    with sdpa_kernel(MASKED_KERNELS):
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, dropout_p=dropout_p)
     return y * mask.any(dim=-1, keepdim=True).to(y.dtype)

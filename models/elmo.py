@@ -234,7 +234,7 @@ class BiLM:
             return self.perplexity_loss(dev_s), 1  # the mean NLL (both directions) per predicted token
 
         task = SentenceTask([len(s) + 2 for s in sents], batch_loss, cfg.train, dev_loss if dev_s else None,
-                            "elmo.train")
+                            "elmo.train", valid_metric="ppl")
         self.history_ = Trainer(module, task, cfg.train, name="elmo.train").run()
         return self
 

@@ -42,6 +42,7 @@ from lexiflow.models.lm.train import (
     length_batches,
     load_module_tensors,
     module_tensors,
+    to_device,
 )
 from lexiflow.models.mlm import mask_tokens
 from lexiflow.models.transformer_blocks import BlockConfig, Embeddings, Encoder
@@ -190,13 +191,14 @@ class MLMTask(TrainTask):
 
     def batch_loss(self, fwd, inputs, segments, labels, nsp, device) -> tuple[torch.Tensor, int]:
         model = getattr(fwd, "module", fwd)  # DDP / compiled wrappers
-        hidden = fwd(inputs.to(device), segments.to(device))
-        labels = labels.to(device)
-        chosen = labels != IGNORE
-        nll = F.cross_entropy(model.mlm_logits(hidden[chosen]).float(), labels[chosen], reduction="sum")
-        n = int(chosen.sum())
+        hidden = fwd(to_device(inputs, device), to_device(segments, device))
+        # The chosen positions found on the host: a boolean index on the device would wait for it every step.
+        chosen = (labels != IGNORE).flatten().nonzero().squeeze(1)
+        nll = F.cross_entropy(model.mlm_logits(hidden.flatten(0, 1)[to_device(chosen, device)]).float(),
+                              to_device(labels.flatten()[chosen], device), reduction="sum")
+        n = len(chosen)
         if nsp is not None:  # NSP counts as one more predicted token per pair
-            nll = nll + F.cross_entropy(model.nsp_logits(hidden).float(), nsp.to(device), reduction="sum")
+            nll = nll + F.cross_entropy(model.nsp_logits(hidden).float(), to_device(nsp, device), reduction="sum")
             n += len(nsp)
         return nll, n
 

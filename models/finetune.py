@@ -12,7 +12,7 @@ Modes (what trains besides the head):
     adapters  Houlsby et al. (2019) bottlenecks h <- h + W_up f(W_down h) after each attention output projection
               and each feed-forward block (with the LayerNorms, as Houlsby trains them); W_up starts at zero, so
               the adapted model starts as the pretrained one
-    lora      Hu et al. (2022) on the attention projections (W^Q, W^K, W^V, W^O; the LM's fused QKV):
+    lora      Hu et al. (2022) on the attention projections (W^Q, W^K, W^V, W^O; the encoder's and the LM's alike):
               h = x W^T + (α / r) x A^T B^T, A (r, d_in) random, B (d_out, r) zero; `merge_lora` folds
               W' = W + (α / r) B A into plain Linear layers for inference (same outputs, no extra cost)
 
@@ -38,7 +38,7 @@ from lexiflow.models.config import check
 from lexiflow.models.conllu import read_conllu
 from lexiflow.models.encoder import CLS_ID, PAD_ID, SEP_ID, EncoderModel, pad_rows
 from lexiflow.models.errors import InputError, ParameterError
-from lexiflow.models.lm.train import IGNORE, TrainConfig, Trainer, TrainTask, autocast, length_batches
+from lexiflow.models.lm.train import IGNORE, TrainConfig, Trainer, TrainTask, autocast, length_batches, to_device
 from lexiflow.models.lm.transformer import Transformer
 from pydantic import Field
 from torch import nn
@@ -111,19 +111,19 @@ class LoRALinear(nn.Module):
         return out.to(self.base.weight.device)
 
 
+def _layers(body: nn.Module) -> nn.ModuleList:
+    """The body's layers; each has `attn` (a models.attention.MultiHeadAttention) and `ffn`."""
+    return body.encoder.layers if isinstance(body, EncoderModel) else body.blocks
+
+
 def _projections(body: nn.Module) -> list[tuple[nn.Module, str]]:
     """(parent, attribute) of each attention projection (LoRA's targets)."""
-    if isinstance(body, EncoderModel):
-        return [(layer.attn, name) for layer in body.encoder.layers
-                for name in ("q_proj", "k_proj", "v_proj", "out_proj")]
-    return [(block.attn, name) for block in body.blocks for name in ("qkv", "proj")]
+    return [(layer.attn, name) for layer in _layers(body) for name in ("q_proj", "k_proj", "v_proj", "out_proj")]
 
 
 def _adapter_sites(body: nn.Module) -> list[tuple[nn.Module, str]]:
     """(parent, attribute) of the modules an adapter follows: each attention output projection and FFN."""
-    if isinstance(body, EncoderModel):
-        return [site for layer in body.encoder.layers for site in ((layer.attn, "out_proj"), (layer, "ffn"))]
-    return [site for block in body.blocks for site in ((block.attn, "proj"), (block, "ffn"))]
+    return [site for layer in _layers(body) for site in ((layer.attn, "out_proj"), (layer, "ffn"))]
 
 
 def merge_lora(module: nn.Module) -> nn.Module:
@@ -272,20 +272,24 @@ class ClassifyTask(TrainTask):
 
     @staticmethod
     def tensors(examples: list[Example], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-        ids = pad_rows([e.ids for e in examples], PAD_ID).to(device)
-        if isinstance(examples[0].labels, int):
-            return ids, torch.tensor([e.labels for e in examples], device=device)
-        return ids, pad_rows([e.labels for e in examples], IGNORE).to(device)
+        return tuple(to_device(t, device) for t in ClassifyTask.host_tensors(examples))
 
     @staticmethod
-    def nll(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, int]:
+    def host_tensors(examples: list[Example]) -> tuple[torch.Tensor, torch.Tensor]:
+        ids = pad_rows([e.ids for e in examples], PAD_ID)
+        if isinstance(examples[0].labels, int):
+            return ids, torch.tensor([e.labels for e in examples])
+        return ids, pad_rows([e.labels for e in examples], IGNORE)
+
+    @staticmethod
+    def nll(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         flat = logits.float().reshape(-1, logits.shape[-1])
-        return F.cross_entropy(flat, y.reshape(-1), ignore_index=IGNORE, reduction="sum"), int((y != IGNORE).sum())
+        return F.cross_entropy(flat, y.reshape(-1), ignore_index=IGNORE, reduction="sum")
 
     def loss(self, fwd, batch, state, device):
-        ids, y = self.tensors([self.train[i] for i in batch], device)
-        nll, n = self.nll(fwd(ids), y)
-        return nll, n, int((ids != PAD_ID).sum()), None
+        ids, y = self.host_tensors([self.train[i] for i in batch])
+        n, n_input = int((y != IGNORE).sum()), int((ids != PAD_ID).sum())  # counted on the host: no wait for the device
+        return self.nll(fwd(to_device(ids, device)), to_device(y, device)), n, n_input, None
 
     @torch.no_grad()
     def evaluate(self, module, device, precision):
@@ -297,8 +301,8 @@ class ClassifyTask(TrainTask):
         for i in range(0, len(self.dev), 64):
             ids, y = self.tensors(self.dev[i:i + 64], device)
             with autocast(device, precision):
-                nll, n = self.nll(module(ids), y)
-            total, count = total + float(nll), count + n
+                nll = self.nll(module(ids), y)
+            total, count = total + float(nll), count + int((y != IGNORE).sum())
         module.train(was)
         return total, count
 

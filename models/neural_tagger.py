@@ -287,7 +287,7 @@ class BiLSTMTagger:
             return float(np.sum(np.asarray(pred, dtype=object) != np.asarray(dev_gold, dtype=object))), len(dev_gold)
 
         task = SentenceTask([len(s) for s in words_of], batch_loss, cfg.train, dev_errors if dev_items else None,
-                            "tagger.train")
+                            "tagger.train", valid_metric="error")
         self.history_ = Trainer(module, task, cfg.train, name="tagger.train", on_step=on_step).run()
         self.dev_accuracy_ = dev_accuracy(self.history_)
         return self

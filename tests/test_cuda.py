@@ -1,4 +1,5 @@
-"""The CUDA paths, on a machine with a GPU (skipped elsewhere: CI has none): `pytest tests/test_cuda.py`.
+"""The CUDA paths, on a machine with a GPU (skipped elsewhere: CI has none): `pytest tests/test_cuda.py`, or the
+whole device check, `python -m benchmarks device` (docs/operations.md).
 
 The rest of the suite's known answers are CPU fp32 numbers, so its models run on the CPU whatever the
 machine; here they train on `cuda` with the default precision (bf16 autocast for the LMs), and are
@@ -9,22 +10,24 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import torch
+from lexiflow.models.attention import _fused_attention
 from lexiflow.models.elmo import BiLM, BiLMConfig
-from lexiflow.models.encoder import BERT_SPECIALS, EncoderConfig, EncoderModel
+from lexiflow.models.encoder import BERT_SPECIALS, EncoderConfig, EncoderModel, MLMTask
 from lexiflow.models.finetune import UPOS_TAGS, Classifier, FineTuneConfig, accuracy, ewt_examples, finetune, merge_lora
 from lexiflow.models.glove import GloVe
 from lexiflow.models.lm import registry
-from lexiflow.models.lm.rnn import RNNLM, RNNConfig
-from lexiflow.models.lm.train import TrainConfig
-from lexiflow.models.lm.transformer import TransformerLM
+from lexiflow.models.lm.rnn import RNN, RNNLM, RNNConfig
+from lexiflow.models.lm.train import LMStreamTask, TrainConfig, Trainer, to_stream
+from lexiflow.models.lm.transformer import Transformer, TransformerLM
 from lexiflow.models.neural_tagger import BiLSTMTagger
 from lexiflow.models.seq2seq.rnn import RNNSeq2SeqConfig
 from lexiflow.models.seq2seq.translator import TokenizerConfig, Translator
 from lexiflow.models.tokenizers.wordpiece import WordPiece
 
 from tests.test_finetune import EWT, _texts
-from tests.test_lm_neural import BOS, TRAIN, VALID, V, quick, small_transformer
+from tests.test_lm_neural import BOS, TRAIN, VALID, V, quick, small_rnn, small_transformer
 from tests.test_neural_tagger import WORD_SENTS, lookahead_corpus, tiny, train_cfg
+from tests.test_train_loop import PlantedTask, snapshot
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
 
@@ -125,3 +128,88 @@ def test_fine_tuning_with_lora_learns_upos_on_cuda_and_merging_keeps_its_outputs
         before = model.eval()(ids)
         merge_lora(model)
         torch.testing.assert_close(model(ids), before, atol=1e-4, rtol=1e-4)
+
+
+# ---- the loop at the hardware's speed (issue 44): no host sync per step, fused AdamW, TF32, skip on device
+
+
+def _cuda_lm_trainer(**kw):
+    cfg = quick(**{"bptt": 24, "batch_size": 4, "device": "cuda", "log_every_s": 1e9, **kw})
+    torch.manual_seed(0)
+    task = LMStreamTask(to_stream(TRAIN, BOS, 2, V), None, cfg, bos_id=BOS, pad_id=3, window=24)
+    return Trainer(Transformer(small_transformer(positional="learned")), task, cfg), task.epoch_batches(0)
+
+
+def test_a_cuda_training_step_never_waits_for_the_device():
+    """torch's sync debug mode raises on any host-device synchronisation (.item(), a blocking copy, a boolean
+    index); steps 2-4 of the Transformer LM and of the MLM (padded batches, chosen positions) run under it."""
+    trainer, batches = _cuda_lm_trainer(max_nonfinite_steps=100)
+    rng = np.random.default_rng(0)
+    sents = [rng.integers(5, 30, size=rng.integers(3, 14)) for _ in range(64)]
+    config = EncoderConfig(vocab_size=30, d_model=32, n_layers=1, n_heads=2, d_ff=64, max_len=16)
+    mlm_cfg = TrainConfig(epochs=1, batch_size=8, device="cuda", log_every_s=1e9, checkpoint_every=0,
+                          max_nonfinite_steps=100)
+    mlm_task = MLMTask(sents, None, config, mlm_cfg)
+    mlm = Trainer(EncoderModel(config), mlm_task, mlm_cfg)
+    for t, bs in ((trainer, batches), (mlm, mlm_task.epoch_batches(0))):
+        t.step(bs[0])  # allocator, kernel choice
+        torch.cuda.synchronize()
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            for b in bs[1:4]:
+                t.step(b)
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+        assert t.end_epoch()["skipped_steps"] == 0
+
+
+def test_the_loop_uses_fused_adamw_and_tf32_on_cuda_and_restores_the_setting():
+    trainer, batches = _cuda_lm_trainer(max_steps=3)
+    assert trainer.opt.defaults["fused"]
+    seen = []
+    trainer.on_step = lambda step, loss: seen.append(torch.get_float32_matmul_precision())
+    before = torch.get_float32_matmul_precision()
+    trainer.run()
+    assert seen == ["high"] * 3 and torch.get_float32_matmul_precision() == before
+
+
+@pytest.mark.parametrize("sparse_sgd", [False, True])
+def test_a_planted_nan_is_skipped_on_cuda(sparse_sgd):
+    plain_sgd = {"optimizer": "sgd", "lr": 0.5, "clip_grad_norm": None}
+    trainer, batches = _cuda_lm_trainer(**(plain_sgd if sparse_sgd else {}))
+    if sparse_sgd:  # the RNN LM's embedding takes sparse gradients: the gradients are zeroed on the device
+        torch.manual_seed(0)
+        trainer = Trainer(RNN(small_rnn()), trainer.task, trainer.cfg)
+        assert trainer.sparse
+    trainer.task = PlantedTask(trainer.task, bad={2})
+    trainer.step(batches[0])
+    before = snapshot(trainer)
+    trainer.step(batches[1])
+    after = snapshot(trainer)
+    for key in before:
+        torch.testing.assert_close(after[key], before[key], rtol=0, atol=0, msg=key)
+    assert trainer.end_epoch()["skipped_steps"] == 1
+
+
+@pytest.mark.parametrize("length", [64, 192])
+def test_masked_bf16_attention_gives_finite_gradients_where_cudnns_kernel_gave_nan(length):
+    """The bf16 MLM divergence's cause (pytorch/pytorch#196678): cuDNN's attention backward, with a mask, a length
+    of 64 mod 128 and a row whose logsumexp is below ln(FLT_MAX) = -88.7, returned NaN query gradients. The shared
+    attention's masked path keeps cuDNN out: finite gradients, equal to fp32 math's to bf16's precision."""
+    torch.manual_seed(0)
+    d = 64
+    q = torch.randn(1, 1, length, d, device="cuda") * 0.1
+    k = torch.randn(1, 1, length, d, device="cuda") * 0.1
+    v = torch.randn(1, 1, length, d, device="cuda")
+    q[..., 0], k[..., 0] = 1.0, -120 * d**0.5  # every logit ~ -120
+    mask = torch.ones(1, 1, 1, length, dtype=torch.bool, device="cuda")
+    mask[..., length - 5:] = False  # key padding, as the encoder's batches have
+    grad = torch.randn(1, 1, length, d, device="cuda")
+    grads = []
+    for dtype in (torch.bfloat16, torch.float32):
+        leaves = [t.to(dtype).requires_grad_() for t in (q, k, v)]
+        _fused_attention(*leaves, mask, 0.0).backward(grad.to(dtype))
+        grads.append([t.grad.float() for t in leaves])
+    for low, high in zip(*grads, strict=True):
+        assert torch.isfinite(low).all()
+        torch.testing.assert_close(low, high, atol=0.05, rtol=0.05)

@@ -61,7 +61,7 @@ def test_lora_starts_as_the_base_model_and_merging_changes_nothing(kind):
         counts = prepare(model, FineTuneConfig(mode="lora", lora_rank=2, lora_alpha=4))
         torch.testing.assert_close(model(BATCH), base)  # B = 0
         loras = [m for m in model.modules() if isinstance(m, LoRALinear)]
-        assert len(loras) == (8 if kind == "encoder" else 4)
+        assert len(loras) == 8  # 2 layers x W^Q, W^K, W^V, W^O
         for m in loras:
             m.B.normal_(std=0.5)
         unmerged = model(BATCH)
@@ -70,7 +70,7 @@ def test_lora_starts_as_the_base_model_and_merging_changes_nothing(kind):
         assert not any(isinstance(m, LoRALinear) for m in model.modules())
         torch.testing.assert_close(model(BATCH), unmerged, atol=1e-5, rtol=1e-4)
     # trainable: A and B of each projection (r (d_in + d_out)) and the head
-    lora = 2 * 2 * (16 + 16) * 4 if kind == "encoder" else 2 * 2 * ((16 + 48) + (16 + 16))  # layers r (d_in + d_out)
+    lora = 2 * 2 * (16 + 16) * 4  # layers r (d_in + d_out) projections
     assert counts["trainable"] == lora + 16 * 5 + 5
 
 

@@ -144,10 +144,10 @@ def test_attention_matches_torch_multihead_attention_with_causal_mask():
     ours = CausalSelfAttention(c).eval()
     peer = nn.MultiheadAttention(c.d_model, c.n_heads, batch_first=True).eval()
     with torch.no_grad():
-        peer.in_proj_weight.copy_(ours.qkv.weight)
-        peer.in_proj_bias.copy_(ours.qkv.bias)
-        peer.out_proj.weight.copy_(ours.proj.weight)
-        peer.out_proj.bias.copy_(ours.proj.bias)
+        peer.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]))
+        peer.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.k_proj.bias, ours.v_proj.bias]))
+        peer.out_proj.weight.copy_(ours.out_proj.weight)
+        peer.out_proj.bias.copy_(ours.out_proj.bias)
     x = torch.randn(3, 7, c.d_model)
     mask = torch.triu(torch.ones(7, 7, dtype=torch.bool), diagonal=1)  # True = not allowed to attend
     expected, _ = peer(x, x, x, attn_mask=mask, need_weights=False)

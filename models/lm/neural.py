@@ -9,7 +9,8 @@ learned state ends with `_`.
 The `lm` artifact is a directory of exactly:
 - `config.json`: {"kind", "config" (the model's dataclass), "train" (TrainConfig), "pretrained_init"}
 - `model.safetensors`: the weights (tied matrices stored once)
-- `metrics.parquet`: one row per epoch: epoch, step, train/valid loss and perplexity, tokens/s, seconds
+- `metrics.parquet`: one row per epoch: epoch, step, train/valid loss and perplexity, tokens/s, seconds, steps
+  skipped for a non-finite loss or gradient
 - `loss_curve.png`: train and valid loss per epoch
 """
 
@@ -41,6 +42,7 @@ from torch import nn
 METRIC_COLUMNS = {
     "epoch": pl.Int64, "step": pl.Int64, "train_loss": pl.Float64, "train_ppl": pl.Float64,
     "valid_loss": pl.Float64, "valid_ppl": pl.Float64, "tokens_per_s": pl.Float64, "seconds": pl.Float64,
+    "skipped_steps": pl.Int64,
 }
 
 State = tuple[torch.Tensor, ...] | None

@@ -14,7 +14,18 @@ detached, so gradients stop at the window edge while the forward pass sees the w
 
 Optimisation: AdamW (Loshchilov & Hutter 2019) or SGD (+momentum), linear warmup then cosine decay
 (Loshchilov & Hutter 2017), gradient-norm clipping (Pascanu et al. 2013), bf16 autocast on CUDA,
-optional `torch.compile`. Checkpoints (safetensors + JSON, no pickle) every `checkpoint_every`
+optional `torch.compile`.
+
+Speed on a GPU: a step never waits for the device. Batches are copied from pinned memory without
+blocking; the loss, its count and the skipped steps are summed on the device and read back only at a
+log line (every `log_every_s`), a checkpoint, an epoch's end, every `max_nonfinite_steps` steps, or for
+an `on_step` callback; the optimizers are torch's fused kernels, which take the step's "skip" flag on
+the device; fp32 matmuls may use TF32 while the loop runs.
+
+Non-finite steps: a step whose loss or gradient norm is inf or NaN (a bf16 overflow, one bad batch)
+changes nothing (weights, moments and step counts stay as they were); it is counted (`skipped_steps`
+in the epoch's row) and logged. Only `max_nonfinite_steps` such steps in a row stop the run, with one
+line saying what to change. Checkpoints (safetensors + JSON, no pickle) every `checkpoint_every`
 steps and at each epoch end hold the weights, optimizer moments, RNG state, carried state and the
 position in the data, so a killed run resumes where it stopped and ends where an uninterrupted run
 would (bit-for-bit on CPU).
@@ -35,7 +46,7 @@ import math
 import shutil
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import nullcontext
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -83,7 +94,13 @@ class TrainConfig:
     clip_grad_norm: float | None = 0.25
     device: Device = "auto"
     precision: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 on CPU) | "bf16" | "fp32"
-    compile: bool = False  # torch.compile the module for training
+    # Off by measurement: on the CPU 0.81-0.93x eager's speed a step after minutes of compiling (docs/neural_lm.md);
+    # on CUDA `python -m benchmarks gpu` measures both, and its first run decides.
+    compile: Annotated[bool, Field(description="torch.compile the module for training (minutes of compiling "
+                                                "first; slower than eager on the CPU).")] = False
+    max_nonfinite_steps: Annotated[int, Field(ge=1, le=100_000, description=(
+        "Steps in a row with a non-finite loss or gradient (each skipped, nothing updated) before training "
+        "stops with an error."))] = 20
     checkpoint_dir: str | None = None  # resume from here when a checkpoint exists
     patience: Annotated[int | None, Field(ge=1, description="Early stopping: epochs without validation gain.")] = None
     checkpoint_every: Annotated[int, Field(ge=0, description="Steps between checkpoints (0: epoch ends only).")] = 200
@@ -131,6 +148,32 @@ def autocast(device: torch.device, precision: str):
     """bf16 autocast on CUDA by default (`auto`); `bf16` forces it on CPU too (same code path)."""
     use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
+
+
+def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A CPU batch on `device`. On CUDA it is copied from pinned (page-locked) memory with `non_blocking`:
+    the host goes on preparing the next step while the copy runs (torch keeps the pinned block until the
+    copy is done)."""
+    if device.type != "cuda" or t.device.type != "cpu":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
+@contextmanager
+def tf32_matmuls(device: torch.device) -> Iterator[None]:
+    """On CUDA, let fp32 matmuls and convolutions use TF32 tensor cores (10-bit mantissa products, fp32
+    sums: what bf16 autocast leaves in fp32, and fp32 runs) while the loop runs; the setting is restored after."""
+    if device.type != "cuda":
+        yield
+        return
+    matmul, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cudnn.allow_tf32 = True
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(matmul)
+        torch.backends.cudnn.allow_tf32 = cudnn
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,14 +270,34 @@ def lr_at(step: int, cfg: TrainConfig, total_steps: int) -> float:
     return floor + 0.5 * (cfg.lr - floor) * (1.0 + math.cos(math.pi * progress))
 
 
-def make_optimizer(module: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+def make_optimizer(module: torch.nn.Module, cfg: TrainConfig, sparse: bool = False) -> torch.optim.Optimizer:
+    """AdamW or SGD as torch's fused kernels (one kernel for every parameter, on CUDA and the CPU; they skip
+    a step on the device: `skip_step_unless`); with sparse gradients, which the fused kernels refuse, plain
+    SGD's multi-tensor loop."""
     params = [p for p in module.parameters() if p.requires_grad]
-    # foreach: one multi-tensor kernel per update instead of a Python loop over parameters (CPU too).
+    kernel = {"foreach": True} if sparse else {"fused": True}
     if cfg.optimizer == "sgd":
-        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay,
-                               foreach=True)
+        return torch.optim.SGD(params, lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay, **kernel)
     return torch.optim.AdamW(params, lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), weight_decay=cfg.weight_decay,
-                             foreach=True)
+                             **kernel)
+
+
+def skip_step_unless(finite: torch.Tensor, opt: torch.optim.Optimizer) -> None:
+    """`opt.step()` that changes nothing where the 0-dim bool `finite` is False, decided on the device.
+
+    The fused kernels take GradScaler's `found_inf`: a non-zero value skips the update and leaves the moments
+    and the step count as they were. The one non-fused case, plain SGD on sparse gradients (no momentum, no
+    weight decay: `sparse_embedding_grads`), applies p -= lr * g: on the CPU the flag is read (host memory, no
+    wait), on a GPU the gradients are zeroed where it is False, which changes nothing."""
+    if opt.defaults.get("fused"):
+        opt.grad_scale, opt.found_inf = None, (~finite).float()
+    elif finite.device.type == "cpu":
+        if not finite.item():
+            return
+    else:
+        for p in (p for group in opt.param_groups for p in group["params"] if p.grad is not None):
+            (p.grad._values() if p.grad.is_sparse else p.grad).masked_fill_(~finite, 0.0)
+    opt.step()
 
 
 def sparse_embedding_grads(module: torch.nn.Module, cfg: TrainConfig, world: int) -> bool:
@@ -255,9 +318,10 @@ def sparse_embedding_grads(module: torch.nn.Module, cfg: TrainConfig, world: int
     return not any(getattr(m, "weight", None) is emb.weight for m in module.modules() if m is not emb)  # tied
 
 
-def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float) -> torch.Tensor:
+def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float | None) -> torch.Tensor:
     """`torch.nn.utils.clip_grad_norm_` that also takes sparse gradients (coalesced first: a row a
-    batch used twice is one row of the gradient, and it is the rows' norm that counts)."""
+    batch used twice is one row of the gradient, and it is the rows' norm that counts). Returns the total
+    norm before clipping; `max_norm` None only measures it."""
     grads = []
     for p in parameters:
         if p.grad is not None:
@@ -265,7 +329,8 @@ def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float) ->
                 p.grad = p.grad.coalesce()
             grads.append(p.grad._values() if p.grad.is_sparse else p.grad)
     total = torch.nn.utils.get_total_norm(grads)
-    torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))  # as torch's: no branch, no sync
+    if max_norm is not None:
+        torch._foreach_mul_(grads, torch.clamp(max_norm / (total + 1e-6), max=1.0))  # as torch's: no branch, no sync
     return total
 
 
@@ -301,6 +366,7 @@ class _Position:
     epoch_count: int = 0  # predicted tokens of the current epoch so far
     epoch_tokens: int = 0  # input tokens of the current epoch so far
     epoch_seconds: float = 0.0  # training time of the current epoch so far
+    epoch_skipped: int = 0  # optimizer steps of the current epoch skipped for a non-finite loss or gradient
     best_valid: float = math.inf
     bad_epochs: int = 0
     done: bool = False
@@ -420,6 +486,9 @@ class TrainTask:
     """
 
     tokens_per_step: float = 1.0  # input tokens of one global batch (progress and its ETA)
+    # What `evaluate`'s mean is, for the log: "ppl" (an LM's NLL per token, logged as exp), "error" (a
+    # tagger's error rate), "loss" (any other mean loss).
+    valid_metric: str = "loss"
 
     def epoch_batches(self, epoch: int) -> Sequence[Any]:  # pragma: no cover
         raise NotImplementedError
@@ -427,7 +496,8 @@ class TrainTask:
     def loss(self, fwd: Callable, batch: Any, state: Any, device: torch.device,
              ) -> tuple[torch.Tensor, int, int, Any]:  # pragma: no cover
         """(summed NLL of this rank's rows (a tensor with a graph), predicted tokens in the global batch,
-        input tokens in the global batch, the carried state)."""
+        input tokens in the global batch, the carried state). The counts are ints taken from the batch on the
+        host: reading them off the device would wait for it every step."""
         raise NotImplementedError
 
     def evaluate(self, module: torch.nn.Module, device: torch.device, precision: str) -> tuple[float, int] | None:
@@ -438,6 +508,8 @@ class TrainTask:
 class LMStreamTask(TrainTask):
     """Next-token prediction on one batchified stream, in bptt windows with the state carried (see the
     module docstring); under data parallelism this rank's rows of every batch."""
+
+    valid_metric = "ppl"
 
     def __init__(self, train_stream: np.ndarray, valid_stream: np.ndarray | None, cfg: TrainConfig, *,
                  bos_id: int, pad_id: int, window: int) -> None:
@@ -452,17 +524,19 @@ class LMStreamTask(TrainTask):
             if valid_stream is not None else None
         self.bos_id, self.pad_id, self.window, self.world = bos_id, pad_id, window, world
         self.tokens_per_step = cfg.batch_size * window
+        # Predicted tokens of the global batch up to each column, counted once here (every rank holds the whole
+        # stream): a step's count costs no communication and no read of the device.
+        per_column = (targets_of(self.full[:, 1:], bos_id, pad_id) != IGNORE).sum(0).numpy()
+        self.predicted = np.concatenate(([0], np.cumsum(per_column)))
 
     def epoch_batches(self, epoch: int) -> list[tuple[int, int]]:
         return list(windows(self.data.shape[1], self.window))
 
     def loss(self, fwd, batch, state, device):
         i, length = batch
-        x = self.data[:, i : i + length].to(device, non_blocking=True)
-        y = targets_of(self.data[:, i + 1 : i + 1 + length], self.bos_id, self.pad_id).to(device, non_blocking=True)
-        # Tokens predicted in the global batch (every rank holds the whole stream: no communication).
-        n = int((targets_of(self.full[:, i + 1 : i + 1 + length], self.bos_id, self.pad_id) != IGNORE).sum()) \
-            if self.world > 1 else int((y != IGNORE).sum())
+        x = to_device(self.data[:, i : i + length], device)
+        y = to_device(targets_of(self.data[:, i + 1 : i + 1 + length], self.bos_id, self.pad_id), device)
+        n = int(self.predicted[i + length] - self.predicted[i])
         if state is not None:
             state = tuple(s.detach() for s in state)  # truncated BPTT: keep the values, drop the graph
         logits, state = fwd(x, state)
@@ -494,14 +568,15 @@ class SentenceTask(TrainTask):
     """Batches of whole sentences (taggers, the biLM: a backward direction reads from the sentence's
     end) in `length_batches` order. `batch_loss(indices, device) -> (summed loss, items counted)`;
     `evaluate() -> (summed loss, count)` on dev, lower is better: a tagger gives (errors, tokens), so
-    the loop's early stopping on `valid_loss` is early stopping on dev accuracy."""
+    the loop's early stopping on `valid_loss` is early stopping on dev accuracy (`valid_metric="error"`)."""
 
     def __init__(self, lengths: Sequence[int], batch_loss: Callable[[np.ndarray, torch.device], tuple[Any, int]],
                  cfg: TrainConfig, evaluate: Callable[[], tuple[float, int]] | None = None,
-                 name: str = "train") -> None:
+                 name: str = "train", valid_metric: str = "loss") -> None:
         if len(lengths) == 0:
             raise ParameterError(f"{name}: no training sentences; give at least one")
         self.lengths, self.batch_loss, self.cfg, self._evaluate = np.asarray(lengths), batch_loss, cfg, evaluate
+        self.valid_metric = valid_metric
         self.tokens_per_step = float(self.lengths.sum()) / math.ceil(len(self.lengths) / cfg.batch_size)
 
     def epoch_batches(self, epoch: int) -> list[np.ndarray]:
@@ -523,8 +598,9 @@ class Trainer:
 
     `step(batch)` is one optimizer step; `end_epoch()` scores validation, keeps the best weights, decides
     early stopping and checkpoints. `on_step(step, loss)` is called after every optimizer step with the
-    global batch's mean loss (raise StopTraining to simulate a kill). Inside a torch.distributed group every
-    rank runs the same loop on its shard of each batch (see the module docstring).
+    global batch's mean loss (raise StopTraining to simulate a kill); reading it waits for the device each
+    step. Inside a torch.distributed group every rank runs the same loop on its shard of each batch (see the
+    module docstring).
     """
 
     def __init__(self, module: torch.nn.Module, task: TrainTask, cfg: TrainConfig, *, name: str = "lm.train",
@@ -545,9 +621,9 @@ class Trainer:
         per_epoch = len(task.epoch_batches(0))
         self.total_steps = cfg.epochs * per_epoch if cfg.max_steps is None else min(cfg.max_steps,
                                                                                    cfg.epochs * per_epoch)
-        self.opt = make_optimizer(module, cfg)
         self.embedding = getattr(module, "embedding", None)
         self.sparse = sparse_embedding_grads(module, cfg, self.world)
+        self.opt = make_optimizer(module, cfg, self.sparse)
         if isinstance(self.embedding, torch.nn.Embedding):
             self.embedding.sparse = self.sparse  # set on every run: one that was killed may have left it on
         fwd = torch.compile(module) if cfg.compile else module
@@ -573,11 +649,17 @@ class Trainer:
                                  every_s=cfg.log_every_s if self.rank == 0 else math.inf,
                                  done=self.pos.step * task.tokens_per_step,
                                  callback=progress if self.rank == 0 else None)  # e.g. a Prefect progress artifact
-        self._t0 = time.perf_counter()
+        self._t0 = self._logged_at = time.perf_counter()
+        # On the device, summed over the steps since the last `_flush`: NLL, predicted tokens, skipped steps.
+        self._sums = torch.zeros(3, dtype=torch.float64, device=device)
+        self._bad_run = torch.zeros((), dtype=torch.float64, device=device)  # non-finite steps in a row, now
+        self._worst_run = torch.zeros((), dtype=torch.float64, device=device)  # ... and the longest since a read
+        self._logged, self._warned = (0.0, 0), 0  # the epoch's (NLL, count) at the last log line; skips warned of
 
     def checkpoint(self) -> None:
         if self.ckpt_path is None:
             return
+        self._flush()
         carry, rank_rng = self.state or (), None
         if self.world > 1:  # collective: every rank sends its rows and RNG state, rank 0 writes
             carry = _gather_rows(carry, getattr(self.module, "state_batch_dim", 0))
@@ -585,8 +667,8 @@ class Trainer:
         if self.rank == 0:
             _save_checkpoint(self.ckpt_path, self.module, self.opt, self.pos, carry, self.history, self.best, rank_rng)
 
-    def step(self, batch: Any) -> float:
-        """One optimizer step on `batch`; returns the global batch's mean loss."""
+    def step(self, batch: Any) -> None:
+        """One optimizer step on `batch`, skipped on the device when its loss or gradient is not finite."""
         pos, cfg, opt = self.pos, self.cfg, self.opt
         lr = lr_at(pos.step, cfg, self.total_steps)
         for group in opt.param_groups:
@@ -597,28 +679,65 @@ class Trainer:
         loss = nll * (self.world / max(n, 1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        if cfg.clip_grad_norm is not None:
-            clip_grad_norm(self.module.parameters(), cfg.clip_grad_norm)
-        opt.step()
+        norm = clip_grad_norm(self.module.parameters(), cfg.clip_grad_norm)  # of the averaged gradient under DDP
+        nll = nll.detach()
         if self.world > 1:
-            nll = nll.detach().clone()
+            nll = nll.clone()
             dist.all_reduce(nll)  # the global batch's summed NLL, for the reported loss
-        loss_value = nll.item() / max(n, 1)
+        finite = torch.isfinite(nll) & torch.isfinite(norm)  # the same on every rank
+        skip_step_unless(finite, opt)
+        bad = (~finite).double()
+        self._sums += torch.stack((torch.where(finite, nll.double(), 0.0), finite.double() * n, bad))
+        self._bad_run = (self._bad_run + 1) * bad
+        self._worst_run = torch.maximum(self._worst_run, self._bad_run)
         pos.step += 1
         pos.batch += 1
-        pos.epoch_loss += loss_value * n
-        pos.epoch_count += n
         pos.epoch_tokens += n_input
         self.progress.update(n_input)
-        if not math.isfinite(loss_value):
-            raise ParameterError(f"training diverged at step {pos.step} (loss {loss_value}): "
-                                 "lower TrainConfig.lr or set clip_grad_norm")
+        now = time.perf_counter()
+        if pos.step % cfg.max_nonfinite_steps == 0:  # at the same step on every rank: all stop together
+            self._read_back(check=True)
+        if self.rank == 0 and now - self._logged_at >= cfg.log_every_s:
+            self._logged_at = now
+            self._read_back(log=True)
         if cfg.checkpoint_every and pos.step % cfg.checkpoint_every == 0:
+            self._flush()  # waits for the device: its work up to here is training time
             self._lap()
             self.checkpoint()
-        if self.on_step is not None:
-            self.on_step(pos.step, loss_value)
-        return loss_value
+        if self.on_step is not None:  # the one per-step read of the device, for a caller who asked
+            self.on_step(pos.step, float(nll) / max(n, 1))
+
+    def _flush(self) -> None:
+        """Move the device's sums into `pos` (at checkpoints and epoch ends: the same steps in a resumed run as in
+        an uninterrupted one, so their float sums agree), after checking the non-finite steps."""
+        self._read_back(check=True)
+        nll, count, skipped = self._sums.tolist()
+        self._sums.zero_()
+        self.pos.epoch_loss += nll
+        self.pos.epoch_count += round(count)
+        self.pos.epoch_skipped += round(skipped)
+
+    def _read_back(self, check: bool = False, log: bool = False) -> None:
+        """A read of the device's sums: warn of steps skipped since the last warning; with `check` (at steps every
+        rank reaches alike) stop once `max_nonfinite_steps` steps in a row were non-finite; with `log`, log the
+        train loss since the last log line."""
+        nll, count, skipped, worst = torch.cat((self._sums, self._worst_run[None])).tolist()
+        pos, limit = self.pos, self.cfg.max_nonfinite_steps
+        total = (pos.epoch_loss + nll, pos.epoch_count + round(count), pos.epoch_skipped + round(skipped))
+        if self.rank == 0 and total[2] > self._warned:
+            logger.warning("%s: %d optimizer step(s) up to step %d skipped: non-finite loss or gradient (the weights "
+                           "stay as they were)", self.name, total[2] - self._warned, pos.step)
+            self._warned = total[2]
+        if check:
+            self._worst_run.zero_()
+            if worst >= limit:
+                raise ParameterError(f"training stopped at step {pos.step}: {int(worst)} steps in a row had a "
+                                     f"non-finite loss or gradient (TrainConfig.max_nonfinite_steps={limit}); lower "
+                                     "TrainConfig.lr, set clip_grad_norm, or train with precision='fp32'")
+        if log and total[1] > self._logged[1]:
+            logger.info("%s: step %d, train loss %.4f", self.name, pos.step,
+                        (total[0] - self._logged[0]) / (total[1] - self._logged[1]))
+            self._logged = total
 
     def _lap(self) -> None:
         """Add the time since the last lap to the epoch's training time (checkpoint writing is not training)."""
@@ -629,14 +748,16 @@ class Trainer:
     def end_epoch(self) -> dict:
         """Validation, best weights, early stopping, the epoch's metrics row, a checkpoint."""
         pos, cfg = self.pos, self.cfg
+        self._flush()  # waits for the device: its work up to here is training time
         self._lap()
         scored = self.task.evaluate(self.module, self.device, cfg.precision)
         row = epoch_row(pos, scored[0] / max(scored[1], 1) if scored is not None else None)
         valid_loss = row["valid_loss"]
         self.history.append(row)
         if self.rank == 0:
-            logger.info("epoch %d: train ppl %.2f, valid ppl %s, %.0f tokens/s", row["epoch"], row["train_ppl"],
-                        f"{row['valid_ppl']:.2f}" if valid_loss is not None else "-", row["tokens_per_s"])
+            logger.info("epoch %d: %s, %.0f tokens/s%s", row["epoch"], epoch_summary(row, self.task.valid_metric),
+                        row["tokens_per_s"], f", {pos.epoch_skipped} steps skipped (non-finite)"
+                        if pos.epoch_skipped else "")
         if valid_loss is not None:
             if valid_loss < pos.best_valid:
                 pos.best_valid, pos.bad_epochs = valid_loss, 0
@@ -649,12 +770,13 @@ class Trainer:
                     pos.done = True
         pos.epoch += 1
         pos.batch = 0
-        pos.epoch_loss, pos.epoch_count, pos.epoch_tokens, pos.epoch_seconds = 0.0, 0, 0, 0.0
+        pos.epoch_loss, pos.epoch_count, pos.epoch_tokens, pos.epoch_seconds, pos.epoch_skipped = 0.0, 0, 0, 0.0, 0
+        self._logged, self._warned = (0.0, 0), 0
         self.checkpoint()
         return row
 
     def run(self) -> list[dict]:
-        with limit_threads(self.cfg.threads, "TrainConfig.threads"):
+        with limit_threads(self.cfg.threads, "TrainConfig.threads"), tf32_matmuls(self.device):
             return self._run()
 
     def _run(self) -> list[dict]:
@@ -689,7 +811,19 @@ def epoch_row(pos: _Position, valid_loss: float | None) -> dict:
         "epoch": pos.epoch + 1, "step": pos.step, "train_loss": train_loss, "train_ppl": perplexity(train_loss),
         "valid_loss": valid_loss, "valid_ppl": perplexity(valid_loss) if valid_loss is not None else None,
         "tokens_per_s": pos.epoch_tokens / max(pos.epoch_seconds, 1e-9), "seconds": pos.epoch_seconds,
+        "skipped_steps": pos.epoch_skipped,
     }
+
+
+def epoch_summary(row: dict, valid_metric: str) -> str:
+    """The epoch log's figures, named for what they are: perplexities for an LM (`valid_metric` "ppl"), the
+    dev error rate for a tagger ("error"), mean losses otherwise."""
+    train = f"train ppl {row['train_ppl']:.2f}" if valid_metric == "ppl" else f"train loss {row['train_loss']:.4f}"
+    if row["valid_loss"] is None:
+        return train
+    if valid_metric == "ppl":
+        return f"{train}, valid ppl {row['valid_ppl']:.2f}"
+    return f"{train}, valid {valid_metric} {row['valid_loss']:.4f}"
 
 
 def train(module: LMModule, train_stream: np.ndarray, valid_stream: np.ndarray | None, cfg: TrainConfig, *,

@@ -2,7 +2,7 @@
 2018/2019, GPT / GPT-2), after nanoGPT's `model.py`.
 
     x = token embedding + position embedding (sinusoidal, Vaswani §3.5, or learned)
-    for each layer:  x = x + MHA(LN(x))   (causal, scaled dot product via F.scaled_dot_product_attention)
+    for each layer:  x = x + MHA(LN(x))   (causal; models/attention.py's, F.scaled_dot_product_attention)
                      x = x + FFN(LN(x))   (Linear d -> 4d, GELU, Linear 4d -> d)
     logits = LN(x) @ E^T                  (weight tying: the output matrix is the token embedding)
 
@@ -21,6 +21,7 @@ from typing import Annotated, Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
+from lexiflow.models.attention import MultiHeadAttention
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.lm import train as training
 from lexiflow.models.lm.neural import LMConfig, LMModule, NeuralLM, State, TieWeights
@@ -58,22 +59,26 @@ def count_parameters(c: TransformerConfig) -> int:
     return n + (c.max_len * d if c.positional == "learned" else 0)
 
 
-class CausalSelfAttention(nn.Module):
+class CausalSelfAttention(MultiHeadAttention):
+    """The decoder's masked self-attention: models/attention.py's one attention (F.scaled_dot_product_attention,
+    is_causal: the flash kernel on CUDA), then the residual dropout."""
+
     def __init__(self, c: TransformerConfig) -> None:
-        super().__init__()
-        self.n_heads, self.dropout = c.n_heads, c.dropout
-        self.qkv = nn.Linear(c.d_model, 3 * c.d_model)
-        self.proj = nn.Linear(c.d_model, c.d_model)
+        super().__init__(c.d_model, c.n_heads, c.dropout)
         self.resid_drop = nn.Dropout(c.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, D = x.shape
-        q, k, v = self.qkv(x).split(D, dim=2)  # each (B, T, D)
-        q, k, v = (t.view(B, T, self.n_heads, D // self.n_heads).transpose(1, 2) for t in (q, k, v))  # (B, H, T, hd)
-        # softmax(q k^T / sqrt(hd) + causal mask) v, fused (flash / memory-efficient kernels on CUDA)
-        y = F.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout if self.training else 0.0, is_causal=True)
-        y = y.transpose(1, 2).reshape(B, T, D)  # (B, T, D)
-        return self.resid_drop(self.proj(y))
+        return self.resid_drop(super().forward(x, causal=True)[0])
+
+
+def _split_fused_qkv(state_dict: dict, prefix: str, *args) -> None:
+    """Weights saved before the LM used the shared attention (one `qkv` projection, `proj`) load as
+    q_proj/k_proj/v_proj and out_proj: the same function, so the same model."""
+    for key in [k for k in state_dict if k.startswith(prefix) and ".attn.qkv." in k]:
+        for name, part in zip(("q_proj", "k_proj", "v_proj"), state_dict.pop(key).chunk(3), strict=True):
+            state_dict[key.replace(".qkv.", f".{name}.")] = part
+    for key in [k for k in state_dict if k.startswith(prefix) and ".attn.proj." in k]:
+        state_dict[key.replace(".attn.proj.", ".attn.out_proj.")] = state_dict.pop(key)
 
 
 class Block(nn.Module):
@@ -120,10 +125,11 @@ class Transformer(LMModule):
         if config.positional == "sinusoidal":
             nn.init.normal_(self.embedding.weight, std=D**-0.5)
         for name, p in self.named_parameters():
-            if name.endswith("proj.weight") or name.endswith("ffn.2.weight"):  # residual outputs (GPT-2 scaling)
+            if name.endswith("out_proj.weight") or name.endswith("ffn.2.weight"):  # residual outputs (GPT-2 scaling)
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * config.n_layers))
         if config.tie_weights:
             self.lm_head.weight = self.embedding.weight  # E = V^T
+        self._register_load_state_dict_pre_hook(_split_fused_qkv)
 
     @staticmethod
     def _init(m: nn.Module) -> None:

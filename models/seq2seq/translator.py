@@ -48,6 +48,7 @@ from lexiflow.models.lm.train import (
     length_batches,
     load_module_tensors,
     module_tensors,
+    to_device,
 )
 from lexiflow.models.seq2seq.decoding import Hypothesis, beam_search, greedy
 from lexiflow.models.seq2seq.rnn import RNNSeq2Seq, RNNSeq2SeqConfig
@@ -168,10 +169,10 @@ class Seq2SeqTask(TrainTask):
         return length_batches(self.src_lengths, self.cfg.batch_size, self.cfg.seed, epoch)  # by source length
 
     def tensors(self, src: list[np.ndarray], tgt: list[np.ndarray], device: torch.device):
-        s = pad_batch(src, self.pad_id).to(device, non_blocking=True)
-        tgt_in = pad_batch(tgt, self.pad_id, prefix=self.bos_id).to(device, non_blocking=True)
+        s = to_device(pad_batch(src, self.pad_id), device)
+        tgt_in = to_device(pad_batch(tgt, self.pad_id, prefix=self.bos_id), device)
         tgt_out = pad_batch(tgt, self.pad_id, suffix=self.eos_id)
-        tgt_out = tgt_out.masked_fill(tgt_out == self.pad_id, IGNORE).to(device, non_blocking=True)
+        tgt_out = to_device(tgt_out.masked_fill(tgt_out == self.pad_id, IGNORE), device)
         return s, s != self.pad_id, tgt_in, tgt_out
 
     def loss(self, fwd, batch, state, device):
