@@ -8,6 +8,7 @@ from typing import Any
 from lexiflow.models.errors import ParameterError
 from lexiflow.storage import ArtifactRef, Catalog, StoreError
 from lexiflow.tasks.params import (
+    ChecksParams,
     CooccurrenceParams,
     CorpusParams,
     ElmoParams,
@@ -23,6 +24,7 @@ from lexiflow.tasks.params import (
     Params,
     PPMIParams,
     PretrainParams,
+    ReleaseParams,
     Seq2SeqParams,
     SVDParams,
     TaggerParams,
@@ -110,6 +112,10 @@ class PipelineParams(Params):
     finetune: FineTuneParams = Field(FineTuneParams(), description="Fine-tuning the encoder on the tagged corpus: "
                                                                    "tasks (upos, genre) and modes (scratch, frozen, "
                                                                    "full, adapters, lora).")
+    checks: ChecksParams = Field(ChecksParams(), description="Quality checks of each artifact against the released "
+                                                             "version (thresholds; first builds: floors).")
+    release: ReleaseParams = Field(ReleaseParams(), description="Whether this run releases its artifacts (moves "
+                                                                "their alias) when every blocking check passes.")
 
     @model_validator(mode="after")
     def _combinations_work(self) -> PipelineParams:
