@@ -10,14 +10,16 @@ run created with enforcement switched off still fails at its flow's entry, befor
 Prefect validates the flow's signature and our pydantic sections (`extra="forbid"`, bounds).
 
     pipeline           cpu pool, manual: the full parameter form
-    corpus-rebuild     cpu pool, cron (weekly by default): the pipeline on the configured sources;
-                       unchanged sources give the same artifact versions, so nothing is recomputed
+    corpus-rebuild     cpu pool, cron (weekly by default): the pipeline on the configured sources,
+                       released when its checks pass; unchanged sources give the same artifact
+                       versions, so nothing is recomputed
     train-embeddings   gpu pool: embeddings from artifacts in the store (the pipeline's hand-off)
     train-lm           gpu pool: a language model on the tokenized corpus
     train-seq2seq      gpu pool: a translation model on the parallel corpus
     train-tagger       gpu pool: a neural tagger (BiLSTM, BiLSTM+ELMo) or the ELMo biLM
     pretrain           gpu pool: the BERT-style encoder (masked LM) on the corpus
     finetune           gpu pool: the encoder fine-tuned on the tagged corpus (one task, one mode)
+    serve-release      cpu pool, triggered by each release of the embeddings: the example downstream job
 
 Add a deployment: one `DeploymentSpec(...)` line in `DEPLOYMENTS`.
 """
@@ -52,6 +54,9 @@ class DeployConfig(BaseModel):
                               description="Cron of corpus-rebuild (5 fields).")
     timezone: str = Field("UTC", description="Time zone of the cron.")
     remote_training: bool = Field(True, description="Deployed pipelines hand training to the gpu pool.")
+    serving: str = Field(str(ROOT / "serving"), description="Folder the example downstream job (serve-release) "
+                                                             "exports the released embeddings and tokenizer to.")
+    alias: str = Field("production", description="The alias corpus-rebuild releases to and serve-release serves.")
     cpu_pool: str = "cpu"
     gpu_pool: str = "gpu"
 
@@ -65,6 +70,16 @@ class DeploymentSpec:
     parameters: Callable[[DeployConfig], dict[str, Any]] = lambda c: {"store": c.store}
     cron: Callable[[DeployConfig], str | None] = lambda c: None
     tags: tuple[str, ...] = field(default_factory=tuple)
+    triggers: Callable[[DeployConfig], list[Any]] = lambda c: []
+
+
+def _released_embeddings(c: DeployConfig) -> list[Any]:
+    """Start on each release of this store's embeddings under the alias (tasks/stage.py's RELEASED event)."""
+    from lexiflow.tasks.stage import RELEASED
+    from prefect.events import DeploymentEventTrigger
+
+    return [DeploymentEventTrigger(name="on-release", expect={RELEASED}, match={
+        "lexiflow.kind": "embeddings", "lexiflow.alias": c.alias, "lexiflow.store": c.store})]
 
 
 def _pipeline_parameters(c: DeployConfig) -> dict[str, Any]:
@@ -76,9 +91,11 @@ DEPLOYMENTS: list[DeploymentSpec] = [
                    "The full pipeline, every parameter in the form. Unchanged stages are reused.",
                    _pipeline_parameters, tags=("manual",)),
     DeploymentSpec("corpus-rebuild", "flows/pipeline.py:pipeline", "cpu",
-                   "Scheduled rebuild of the corpus from its configured sources and of every stage downstream. "
-                   "Unchanged sources give the same versions: nothing is recomputed.",
-                   lambda c: {**_pipeline_parameters(c), "corpus": {"sources": c.sources}},
+                   "Scheduled rebuild of the corpus from its configured sources and of every stage downstream, "
+                   "released (alias moved) when every blocking check passes. Unchanged sources give the same "
+                   "versions: nothing is recomputed.",
+                   lambda c: {**_pipeline_parameters(c), "corpus": {"sources": c.sources},
+                              "release": {"when": "always", "alias": c.alias}},
                    cron=lambda c: c.rebuild_cron, tags=("scheduled",)),
     DeploymentSpec("train-embeddings", "flows/training.py:train_embeddings", "gpu",
                    "Train word embeddings from artifacts in the store (started by the pipeline, or by hand).",
@@ -96,6 +113,11 @@ DEPLOYMENTS: list[DeploymentSpec] = [
     DeploymentSpec("finetune", "flows/training.py:finetune", "gpu",
                    "Fine-tune the pretrained encoder on the tagged corpus (method <task>-<mode>).",
                    tags=("training",)),
+    DeploymentSpec("serve-release", "flows/downstream.py:serve_release", "cpu",
+                   "Example downstream job: export the released embeddings and tokenizer to a serving folder. "
+                   "Starts on each release of the embeddings (a deployment trigger on lexiflow.artifact.released).",
+                   lambda c: {"store": c.store, "folder": c.serving, "alias": c.alias}, triggers=_released_embeddings,
+                   tags=("downstream",)),
 ]
 
 
@@ -167,7 +189,8 @@ def deploy(config: DeployConfig, only: list[str] | None = None) -> dict[str, str
             name=spec.name, work_pool_name=pool_name(spec, config), description=spec.description + when,
             parameters=spec.parameters(config), tags=["lexiflow", *spec.tags], enforce_parameter_schema=True,
             paused=existing.paused if existing else None,
-            schedules=None if cron is None else [_cron_schedule(cron, config.timezone, active)])
+            schedules=None if cron is None else [_cron_schedule(cron, config.timezone, active)],
+            triggers=spec.triggers(config) or None)
         deployment._parameter_openapi_schema = _strict(deployment._parameter_openapi_schema)
         ids[f"{flow.name}/{spec.name}"] = str(deployment.apply())
     return ids

@@ -53,14 +53,19 @@ def test_deployments_registry_pools_and_schedule():
     config = DeployConfig(store="/data/store", sources=["/corpus/*.txt"])
     by_name = {spec.name: spec for spec in DEPLOYMENTS}
     assert set(by_name) == {"pipeline", "corpus-rebuild", "train-embeddings", "train-lm", "train-seq2seq",
-                            "train-tagger", "pretrain", "finetune"}
+                            "train-tagger", "pretrain", "finetune", "serve-release"}
     assert {name: pool_name(spec, config) for name, spec in by_name.items()} == {
         "pipeline": "cpu", "corpus-rebuild": "cpu", "train-embeddings": "gpu", "train-lm": "gpu",
-        "train-seq2seq": "gpu", "train-tagger": "gpu", "pretrain": "gpu", "finetune": "gpu"}
+        "train-seq2seq": "gpu", "train-tagger": "gpu", "pretrain": "gpu", "finetune": "gpu", "serve-release": "cpu"}
     assert by_name["corpus-rebuild"].cron(config) == DEFAULT_CRON == "0 3 * * 1"
     assert by_name["pipeline"].cron(config) is None
     assert by_name["corpus-rebuild"].parameters(config) == {
-        "store": "/data/store", "corpus": {"sources": ["/corpus/*.txt"]}, "training": {"remote": True}}
+        "store": "/data/store", "corpus": {"sources": ["/corpus/*.txt"]}, "training": {"remote": True},
+        "release": {"when": "always", "alias": "production"}}  # a rebuild releases what passes its checks
+    trigger, = by_name["serve-release"].triggers(config)  # the downstream example starts on a release
+    assert trigger.expect == {"lexiflow.artifact.released"}
+    assert trigger.match.root == {"lexiflow.kind": "embeddings", "lexiflow.alias": "production",
+                             "lexiflow.store": "/data/store"}
     # one list of choices (tasks/params.py) for the pipeline's form and the training flows' drop-downs
     assert set(EMBEDDING_TRAINERS) == set(get_args(EmbeddingMethod)) == {"svd", "lsi", "sgns", "cbow", "glove"}
     assert set(LM_TRAINERS) == set(get_args(LMKind)) == {"ngram", "ffnn", "rnn", "lstm", "gru", "transformer"}
