@@ -237,7 +237,7 @@ def audit(store_root: Path) -> list[str]:
     from lexiflow.storage import ArtifactStore, Catalog
 
     store = ArtifactStore(str(store_root))
-    _checked, problems = store.audit(full=True)
+    _checked, problems = Catalog(store).audit(full=True)
     if store_root.exists():
         for folder in store_root.glob("*/*"):
             if not folder.parts[-2].startswith(".") and not (folder / "manifest.json").is_file():

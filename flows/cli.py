@@ -1,12 +1,15 @@
 """The `lexiflow` command line.
 
     lexiflow run [--store DIR] [--corpus SOURCE ...] [--config FILE] [--set key=value ...]
+    lexiflow release KIND:VERSION [--as NAME] [--reason TEXT] [--store DIR]    (NAME: default production)
+    lexiflow release --rollback KIND [--as NAME] [--reason TEXT] [--store DIR]
     lexiflow artifacts list [--store DIR] [--kind KIND] [--json]
-    lexiflow artifacts show KIND[:VERSION|:TAG] [--store DIR]       (TAG: method, tokenizer kind, model, column)
+    lexiflow artifacts show KIND[:VERSION|:TAG|@NAME] [--store DIR]  (TAG: method, tokenizer kind, model, column)
     lexiflow artifacts verify [--store DIR] [--full]
-    lexiflow generate --prompt TEXT [--lm VERSION] [--strategy greedy|beam|sample] [--top-k K] [--top-p P]
-    lexiflow tag INPUT [-o OUTPUT] [--tagger VERSION ...] [--method viterbi|greedy|beam]
-    lexiflow artifacts export KIND[:VERSION|:TAG] DIR [--store DIR]
+    lexiflow generate --prompt TEXT [--lm VERSION|lm@NAME] [--strategy greedy|beam|sample] [--top-k K] [--top-p P]
+    lexiflow tag INPUT [-o OUTPUT] [--tagger VERSION|tagger@NAME ...] [--method viterbi|greedy|beam]
+    lexiflow translate [INPUT] [-o OUTPUT] [--model VERSION|seq2seq@NAME] [--beam N]
+    lexiflow artifacts export KIND[:VERSION|:TAG|@NAME] DIR [--store DIR]
     lexiflow artifacts rm KIND:VERSION [--force] [--store DIR]
     lexiflow artifacts gc [--keep N] [--older-than SECONDS] [--dry-run] [--store DIR]
     lexiflow serve [--home DIR] [--port N] [--store DIR] [--corpus SOURCE ...] [--cron CRON] [--timezone TZ]
@@ -171,10 +174,16 @@ def read_catalog(store: str):
     return catalog
 
 
-def _listing(manifest: dict[str, Any]) -> dict[str, Any]:
+def _listing(manifest: dict[str, Any], aliases: dict[str, dict[str, str]]) -> dict[str, Any]:
     return {"kind": manifest["kind"], "version": manifest["version"], "created": manifest["created"],
+            "aliases": names_of(aliases, manifest["kind"], manifest["version"]),
             "inputs": {name: ref["version"] for name, ref in manifest["inputs"].items()},
             "parameters": manifest["parameters"], "metrics": manifest["metrics"], "path": manifest["path"]}
+
+
+def names_of(aliases: dict[str, dict[str, str]], kind: str, version: str) -> list[str]:
+    """The aliases (`Catalog.aliases()`) that name `kind:version`."""
+    return sorted(name for name, named in aliases.get(kind, {}).items() if named == version)
 
 
 def strict_json(obj: Any) -> str:
@@ -188,7 +197,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     from lexiflow.storage.formats import DISTINGUISHED_BY
 
     catalog = read_catalog(args.store)
-    manifests = [_listing(m) for m in catalog.list(args.kind)]
+    aliases = catalog.aliases(args.kind)
+    manifests = [_listing(m, aliases) for m in catalog.list(args.kind)]
     for reason in catalog.left_out:
         print(f"warning: left out: {reason}", file=sys.stderr)
     if args.json:
@@ -199,23 +209,26 @@ def cmd_list(args: argparse.Namespace) -> int:
     for m in manifests:
         inputs = ", ".join(f"{k}={v}" for k, v in m["inputs"].items()) or "-"
         tag = m["metrics"].get(DISTINGUISHED_BY.get(m["kind"], ""), "-")  # what tells it from others of its kind
-        print(f"{m['kind']:<17} {m['version']}  {tag!s:<11} {m['created'][:19]}  inputs: {inputs}")
+        released = "".join(f"@{name} " for name in m["aliases"])
+        print(f"{m['kind']:<17} {m['version']}  {tag!s:<11} {m['created'][:19]}  {released}inputs: {inputs}")
     return 0
 
 
 def pick(catalog, spec: str) -> dict[str, Any]:
-    """The manifest `KIND`, `KIND:VERSION` or `KIND:TAG` names: the latest of the kind, a version (16 hex
-    digits), or the latest with that method / tokenizer kind / model / tag column (`embeddings:glove`,
-    `tokenizer:bpe`, `lm:lstm`, `tagger:upos`)."""
+    """The manifest `KIND`, `KIND:VERSION`, `KIND:TAG` or `KIND@NAME` names: the latest of the kind, a version
+    (16 hex digits), the latest with that method / tokenizer kind / model / tag column (`embeddings:glove`,
+    `tokenizer:bpe`, `lm:lstm`, `tagger:upos`), or the version an alias names (`embeddings@production`;
+    `lm:lm@production` too, as `--lm` builds it)."""
     import re
 
     from lexiflow.models.errors import ParameterError
+    from lexiflow.storage.catalog import split_alias
     from lexiflow.storage.formats import DISTINGUISHED_BY
     from lexiflow.storage.store import validate_kind
 
     kind, _, which = spec.partition(":")
-    validate_kind(kind)  # a hostile name is refused as such, before it is read as a tag
-    if not which or re.fullmatch(r"[0-9a-f]{16}", which):
+    validate_kind(split_alias(kind)[0])  # a hostile name is refused as such, before it is read as a tag
+    if not which or "@" in which or re.fullmatch(r"[0-9a-f]{16}", which):
         return catalog.get(kind, which or None)
     if kind not in DISTINGUISHED_BY:
         raise ParameterError(f"{spec}: {which!r} is not a version (16 hex digits), and {kind} artifacts have no "
@@ -226,13 +239,14 @@ def pick(catalog, spec: str) -> dict[str, Any]:
 def cmd_show(args: argparse.Namespace) -> int:
     catalog = read_catalog(args.store)
     manifest = pick(catalog, args.artifact)
+    manifest["aliases"] = names_of(catalog.aliases(manifest["kind"]), manifest["kind"], manifest["version"])
     manifest["lineage"] = catalog.lineage(manifest["version"])
     print(strict_json(manifest))
     return 0
 
 
 def cmd_verify(args: argparse.Namespace) -> int:
-    checked, problems = read_catalog(args.store).store.audit(full=args.full)
+    checked, problems = read_catalog(args.store).audit(full=args.full)
     for problem in problems:
         print(problem)
     print(f"{checked} artifacts checked ({'checksums' if args.full else 'sizes'}), {len(problems)} problems")
@@ -246,10 +260,15 @@ def cmd_rm(args: argparse.Namespace) -> int:
     kind, _, version = args.artifact.partition(":")
     if not version:
         raise ParameterError(f"{args.artifact}: give KIND:VERSION (`lexiflow artifacts list` shows them)")
-    store = read_catalog(args.store).store
+    catalog = read_catalog(args.store)
+    store = catalog.store
     if not store.exists(kind, version):
         raise StoreError(f"no artifact {kind}:{version} in {store.url}")
-    built_from_it = store.dependents(kind, version)
+    released = names_of(catalog.aliases(kind), kind, version)
+    if released and not args.force:
+        raise StoreError(f"{kind}:{version} is released as {', '.join(f'{kind}@{name}' for name in released)}; "
+                         "release another version first, or add --force (the alias then names a missing artifact)")
+    built_from_it = catalog.dependents(kind, version)
     if built_from_it and not args.force:
         raise StoreError(f"{kind}:{version}: {len(built_from_it)} artifact(s) were built from it "
                          f"({', '.join(built_from_it[:5])}{', ...' if len(built_from_it) > 5 else ''}); remove them "
@@ -264,9 +283,10 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
-    store = read_catalog(args.store).store
+    catalog = read_catalog(args.store)
+    store = catalog.store
     leftovers = store.leftovers(older_than=args.older_than)
-    versions = store.unreferenced(args.keep) if args.keep is not None else []
+    versions = catalog.unreferenced(args.keep) if args.keep is not None else []
     verb = "would remove" if args.dry_run else "removed"
     if not args.dry_run:
         store.remove_leftovers(leftovers)
@@ -276,9 +296,32 @@ def cmd_gc(args: argparse.Namespace) -> int:
         print(f"{verb} leftover {entry}")
     for kind, version in versions:
         print(f"{verb} {kind}:{version}")
-    policy = (f"keeping the {args.keep} newest of each kind and what they were built from" if args.keep is not None
+    policy = (f"keeping the {args.keep} newest of each kind, the released ones and what they were built from"
+              if args.keep is not None
               else "no --keep: every artifact kept")
     print(f"{verb} {len(leftovers)} leftovers of killed writers and {len(versions)} artifacts ({policy})")
+    return 0
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    """Move an alias to a version (`KIND:VERSION`, or `KIND:TAG`/`KIND@OTHER` for the version they name), or
+    back one release (`--rollback KIND`); prints the move the release log records."""
+    from lexiflow.models.errors import ParameterError
+
+    catalog = read_catalog(args.store)
+    if args.rollback:
+        if ":" in args.artifact or "@" in args.artifact:
+            raise ParameterError(f"--rollback {args.artifact}: give the kind alone (e.g. --rollback embeddings), "
+                                 "with --as NAME for an alias other than production")
+        entry = catalog.rollback(args.artifact, args.alias, reason=args.reason)
+    else:
+        if ":" not in args.artifact and "@" not in args.artifact:
+            raise ParameterError(f"{args.artifact}: give KIND:VERSION to release (`lexiflow artifacts list` shows "
+                                 "them), or --rollback KIND")
+        manifest = pick(catalog, args.artifact)
+        entry = catalog.release(manifest["kind"], manifest["version"], args.alias, reason=args.reason)
+    print(f"{entry['kind']}@{entry['alias']}: {entry['from'] or '(none)'} -> {entry['to']}"
+          + (" (rollback)" if entry["action"] == "rollback" else ""))
     return 0
 
 
@@ -518,17 +561,18 @@ def build_parser() -> argparse.ArgumentParser:
     tag = sub.add_parser("tag", help="tag a CoNLL-U or plain-text file with trained taggers (HMM or neural)")
     tag.add_argument("input", help="a UTF-8 .conllu file (its UPOS and XPOS columns are replaced) or plain text")
     tag.add_argument("-o", "--output", help="output CoNLL-U file, not the input (default: standard output)")
-    tag.add_argument("--tagger", nargs="+", default=["latest"], metavar="VERSION",
-                     help="tagger artifact versions, one per tag set (default: latest, the latest tagger of each "
-                          "tag set, UPOS and XPOS); a tag set no tagger predicts is written as _")
+    tag.add_argument("--tagger", nargs="+", default=["latest"], metavar="VERSION|tagger@NAME",
+                     help="tagger artifact versions or aliases (tagger@production), one per tag set (default: latest, "
+                          "the latest tagger of each tag set, UPOS and XPOS); a tag set no tagger predicts is written "
+                          "as _")
     tag.add_argument("--method", choices=["viterbi", "greedy", "beam"], default="viterbi", help="decoding")
     tag.add_argument("--store", default=DEFAULT_STORE, help=f"artifact store (default {DEFAULT_STORE})")
     tag.set_defaults(func=cmd_tag)
 
     gen = sub.add_parser("generate", help="continue a prompt with a trained language model")
-    gen.add_argument("--lm", default="latest", metavar="VERSION|MODEL",
-                     help="lm artifact version, or a model kind (lstm, ngram, ...) for its latest "
-                          "(default: the latest)")
+    gen.add_argument("--lm", default="latest", metavar="VERSION|MODEL|lm@NAME",
+                     help="lm artifact version, a model kind (lstm, ngram, ...) for its latest, or an alias "
+                          "(lm@production) (default: the latest)")
     gen.add_argument("--prompt", required=True, help="the text to continue")
     gen.add_argument("--strategy", choices=["greedy", "beam", "sample"], default="greedy", help="decoding")
     gen.add_argument("--max-tokens", type=int, default=30, help="tokens to generate at most")
@@ -546,10 +590,24 @@ def build_parser() -> argparse.ArgumentParser:
                                                           "standard input)")
     tr.add_argument("-o", "--output", help="output file, written whole once every line is translated (default: "
                                            "standard output)")
-    tr.add_argument("--model", default="latest", metavar="VERSION", help="seq2seq artifact version (default: latest)")
+    tr.add_argument("--model", default="latest", metavar="VERSION|seq2seq@NAME",
+                    help="seq2seq artifact version or alias, e.g. seq2seq@production (default: latest)")
     tr.add_argument("--beam", type=int, default=5, help="beam width (1 = greedy; default 5)")
     tr.add_argument("--store", default=DEFAULT_STORE, help=f"artifact store (default {DEFAULT_STORE})")
     tr.set_defaults(func=cmd_translate)
+
+    rel = sub.add_parser("release", help="name a version for downstream jobs (an alias: KIND@NAME), or roll it back",
+                         description="Point the alias KIND@NAME (default production) at a version, or with --rollback "
+                                     "back at the version it named before; every move is appended to the alias's "
+                                     "release log in the store. Downstream jobs read KIND@NAME.")
+    rel.add_argument("artifact", metavar="KIND:VERSION | KIND",
+                     help="the version to release, e.g. embeddings:3f2a... (also KIND:TAG or KIND@OTHER); with "
+                          "--rollback the kind alone")
+    rel.add_argument("--as", dest="alias", default="production", metavar="NAME",
+                     help="the alias to move (default production)")
+    rel.add_argument("--rollback", action="store_true", help="move the alias back one release")
+    rel.add_argument("--reason", default="", help="why, for the release log")
+    rel.set_defaults(func=cmd_release)
 
     artifacts = sub.add_parser("artifacts", help="inspect the artifact store")
     art = artifacts.add_subparsers(dest="artifacts_command", required=True)
@@ -559,35 +617,40 @@ def build_parser() -> argparse.ArgumentParser:
                     help="JSON: kind, version, created, inputs, parameters, metrics, path per artifact")
     ls.set_defaults(func=cmd_list)
     show = art.add_parser("show", help="one artifact's manifest and lineage")
-    show.add_argument("artifact", metavar="KIND[:VERSION|:TAG]",
-                      help="e.g. embeddings (the latest), embeddings:glove (the latest GloVe) or embeddings:3f2a...")
+    show.add_argument("artifact", metavar="KIND[:VERSION|:TAG|@NAME]",
+                      help="e.g. embeddings (the latest), embeddings:glove (the latest GloVe), embeddings:3f2a... or "
+                           "embeddings@production (the released one)")
     show.set_defaults(func=cmd_show)
     verify = art.add_parser("verify", help="check every artifact's files against its manifest")
     verify.add_argument("--full", action="store_true", help="also compare SHA-256 checksums")
     verify.set_defaults(func=cmd_verify)
     exp = art.add_parser("export", help="copy an artifact into a folder in open formats (Parquet, word2vec, "
                                         "tokenizer.json, safetensors)")
-    exp.add_argument("artifact", metavar="KIND[:VERSION|:TAG]",
-                     help="e.g. embeddings (the latest), tokenizer:bpe (the latest BPE) or tokenizer:3f2a...")
+    exp.add_argument("artifact", metavar="KIND[:VERSION|:TAG|@NAME]",
+                     help="e.g. embeddings (the latest), tokenizer:bpe (the latest BPE), tokenizer:3f2a... or "
+                          "embeddings@production")
     exp.add_argument("dest", metavar="DIR", help="destination folder (created if missing)")
     exp.set_defaults(func=cmd_export)
-    rm = art.add_parser("rm", help="remove one artifact (refused when others were built from it, unless --force)")
+    rm = art.add_parser("rm", help="remove one artifact (refused when others were built from it or an alias names "
+                                   "it, unless --force)")
     rm.add_argument("artifact", metavar="KIND:VERSION", help="e.g. corpus:3f2a...")
     rm.add_argument("--force", action="store_true",
-                    help="remove it although artifacts were built from it (they stay; it is rebuilt when needed)")
+                    help="remove it although artifacts were built from it or an alias names it (they stay; it is "
+                         "rebuilt when needed)")
     rm.set_defaults(func=cmd_rm)
     gc = art.add_parser("gc", help="remove what killed writers left and, with --keep, old unreferenced artifacts",
                         description="Removes staging folders and temporary copies of killed writers (a live writer "
                                     "holds a lock and is never touched) and, with --keep N, every artifact that is "
-                                    "neither among the N newest of its kind nor an input (transitively) of one "
-                                    "of those: the latest reports keep their whole lineage.")
+                                    "neither among the N newest of its kind, nor released (an alias names it, or "
+                                    "its rollback returns to it), nor an input (transitively) of one of those: "
+                                    "the latest reports and the released versions keep their whole lineage.")
     gc.add_argument("--keep", type=int, metavar="N", help="keep the N newest artifacts of each kind (and their inputs)")
     gc.add_argument("--older-than", type=float, default=3600, metavar="SECONDS",
                     help="age after which leftovers no lock protects (object-store uploads, saved scratch state, "
                          "staging without a lock file) count as abandoned (default 3600)")
     gc.add_argument("--dry-run", action="store_true", help="only print what would be removed")
     gc.set_defaults(func=cmd_gc)
-    for p in (ls, show, verify, exp, rm, gc):
+    for p in (rel, ls, show, verify, exp, rm, gc):
         p.add_argument("--store", default=DEFAULT_STORE, help=f"artifact store (default {DEFAULT_STORE})")
 
     srv = sub.add_parser("serve", help="one box: Prefect server, work pools, deployments, CPU and GPU workers",

@@ -1,17 +1,27 @@
-"""The catalog: what artifacts a store holds, the latest of a kind, and lineage.
+"""The catalog: what artifacts a store holds, the latest of a kind, lineage, and release aliases.
 
 It is derived from the manifests themselves (a listing of `<root>/*/*/manifest.json`), not kept
 in a separate index, so it is correct by construction when several runs publish at once: an
 artifact is in the catalog exactly when its manifest exists. On object stores every listing
 starts from the store itself, not the client's listing cache, so one catalog sees artifacts that
 other processes or clients published after it was opened.
+
+Aliases (`embeddings@production`) name the version downstream jobs read. An alias is its release
+log, `<root>/.aliases/<kind>/<alias>/<seq>.json`: one immutable entry per move (from, to, when, why,
+the flow run), each created exclusively under the next sequence number (`ArtifactStore.create_file`),
+and the alias is the last entry's `to`. Two writers that move one alias at once both try the same
+number; one creates it, the other reads the log again and appends after it, so no move is lost and
+the alias always equals the log's last entry, on a local folder and an object store alike.
 """
 
 from __future__ import annotations
 
+import datetime as dt
+import json
 import logging
 import os
-from collections.abc import Mapping
+import re
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from lexiflow.storage.formats import DISTINGUISHED_BY  # noqa: F401  (re-exported: the catalog selects by it)
@@ -29,6 +39,48 @@ from lexiflow.storage.store import (
 )
 
 log = logging.getLogger("lexiflow")
+
+ALIASES = ".aliases"  # <root>/.aliases/<kind>/<alias>/<seq>.json: the release log, one file per move
+DEFAULT_ALIAS = "production"
+ALIAS_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
+_LOG_ENTRY = re.compile(r"^([0-9]{8})\.json$")  # zero-padded: listings sort as the sequence does
+_MOVE_ATTEMPTS = 1000  # each failed attempt means another writer moved the alias: progress, not a spin
+
+
+def validate_alias(name: str) -> str:
+    if not isinstance(name, str) or not ALIAS_PATTERN.fullmatch(name):
+        raise StoreError(f"invalid alias name {name!r}: use lowercase letters, digits, '_' and '-', starting with a "
+                         "letter (e.g. production)")
+    return name
+
+
+def split_alias(spec: str) -> tuple[str, str | None]:
+    """`KIND@NAME` → (kind, name); anything without '@' → (it, None). The one parse of alias references
+    (the catalog, the loaders, the CLI and the flows' inputs all come here)."""
+    if "@" not in spec:
+        return spec, None
+    kind, _, name = spec.partition("@")
+    if not (KIND_PATTERN.fullmatch(kind) and ALIAS_PATTERN.fullmatch(name)):
+        raise StoreError(f"{spec!r} is not an alias reference: write KIND@NAME, e.g. embeddings@production (NAME: "
+                         "lowercase letters, digits, '_' and '-')")
+    return kind, name
+
+
+def release_command(kind: str, alias: str) -> str:
+    """The command that moves `kind@alias`, for error messages."""
+    return f"lexiflow release {kind}:VERSION" + ("" if alias == DEFAULT_ALIAS else f" --as {alias}")
+
+
+def release_history(log: list[dict[str, Any]]) -> list[str]:
+    """The versions an alias has named, as a stack replayed from its log: a release pushes its version, a
+    rollback pops back to the one before. The alias names the last; a rollback returns to the one before it."""
+    stack: list[str] = []
+    for entry in log:
+        if entry["action"] == "rollback":
+            stack.pop()
+        else:
+            stack.append(entry["to"])
+    return stack
 
 
 class Catalog:
@@ -82,7 +134,18 @@ class Catalog:
         return found[-1] if found else None
 
     def get(self, kind: str, version: str | None = None, /, **selector: Any) -> dict[str, Any]:
-        """A manifest by kind and version (the latest of the kind, matching `selector`, when version is None)."""
+        """A manifest by kind and version (the latest of the kind, matching `selector`, when version is None),
+        or by alias: `get("embeddings@production")`, or `get("embeddings", "embeddings@production")` where the
+        kind is known (a flow's input, a CLI option)."""
+        kind, version, alias = self.resolve(kind, version)
+        if alias is not None:
+            try:
+                manifest = self.store.manifest(kind, version)
+            except ArtifactNotFound:
+                raise ArtifactNotFound(f"{kind}@{alias} names {kind}:{version}, which is no longer in {self.store.url} "
+                                       f"(removed); release another version: {release_command(kind, alias)}") from None
+            manifest["path"] = self.store.location(kind, version)
+            return manifest
         if version is None:
             manifest = self.latest(kind, **selector)
             if manifest is None:
@@ -92,6 +155,27 @@ class Catalog:
         manifest = self.store.manifest(kind, validate_version(version))
         manifest["path"] = self.store.location(kind, version)
         return manifest
+
+    def resolve(self, kind: str, version: str | None = None) -> tuple[str, str | None, str | None]:
+        """(kind, version, alias) a reference names: `KIND` with a version or None (the latest), `KIND@NAME`,
+        or a kind with `KIND@NAME` as its version; an alias is resolved to the version it names, and an
+        unknown one is a StoreError saying how to release one."""
+        kind, alias = split_alias(kind)
+        if alias is not None and version is not None:
+            raise StoreError(f"{kind}@{alias} {version}: give an alias or a version, not both")
+        if version is not None and "@" in version:
+            named, alias = split_alias(version)
+            if named != kind:
+                raise StoreError(f"{version} names a {named} artifact where a {kind} one is wanted; give "
+                                 f"{kind}@{alias} or a {kind} version")
+        validate_kind(kind)
+        if alias is None:
+            return kind, version, None
+        released = self.released(kind, alias)
+        if released is None:
+            raise StoreError(f"no alias {alias!r} for {kind} in {self.store.url}; release a version first: "
+                             f"{release_command(kind, alias)}")
+        return kind, released, alias
 
     def find(self, version: str) -> dict[str, Any]:
         """The manifest of a version, whatever its kind."""
@@ -127,3 +211,155 @@ class Catalog:
             "parameters": manifest["parameters"],
             "inputs": {name: self.lineage(ref["version"], ref["kind"]) for name, ref in manifest["inputs"].items()},
         }
+
+    # ---- whole-store views ----------------------------------------------------------------
+    def dependents(self, kind: str, version: str) -> list[str]:
+        """`kind:version` of every artifact built directly from `kind:version` (their manifests' inputs)."""
+        return [f"{m['kind']}:{m['version']}" for m in self.list()
+                if any((ref["kind"], ref["version"]) == (kind, version) for ref in m["inputs"].values())]
+
+    def unreferenced(self, keep: int) -> list[tuple[str, str]]:
+        """(kind, version) of the artifacts a keep-last-`keep` policy removes, newest first: kept are
+        the `keep` newest of each kind (by `created`), so the latest reports too, every version an alias
+        names and the one its rollback returns to (`protected`), and everything a kept artifact was built
+        from, transitively (a report's whole lineage). Artifacts whose manifest cannot be read are not
+        listed: `verify` reports them, `rm` removes them."""
+        if keep < 1:
+            raise StoreError(f"keep={keep}: keep at least the newest artifact of each kind")
+        manifests = self.list()  # oldest first
+        inputs = {(m["kind"], m["version"]): [(r["kind"], r["version"]) for r in m["inputs"].values()]
+                  for m in manifests}
+        kept = self.protected()
+        for kind in {m["kind"] for m in manifests}:
+            kept.update([key for key in inputs if key[0] == kind][-keep:])
+        todo = list(kept)
+        while todo:
+            for ref in inputs.get(todo.pop(), []):
+                if ref not in kept:
+                    kept.add(ref)
+                    todo.append(ref)
+        return [key for key in reversed(list(inputs)) if key not in kept]
+
+    def audit(self, full: bool = False) -> tuple[int, list[str]]:
+        """(artifacts checked, problems) over the whole store: every manifest must parse and every
+        file it lists must match (sizes; checksums with `full`). Used by `lexiflow artifacts verify`."""
+        checked, problems = 0, []
+        for kind, version in self.entries():
+            checked += 1
+            try:
+                problems.extend(self.store.verify(kind, version, full=full))
+            except StoreError as exc:
+                problems.append(str(exc))
+        return checked, problems
+
+    # ---- aliases and the release log --------------------------------------------------------
+    def release(self, kind: str, version: str, alias: str = DEFAULT_ALIAS, *, reason: str = "",
+                flow_run: Any = None) -> dict[str, Any]:
+        """Point `kind@alias` at `kind:version` and append the move to the release log; returns the log
+        entry. A release of the version the alias already names writes nothing and returns the entry
+        that moved it there."""
+        validate_kind(kind), validate_version(version), validate_alias(alias)
+        if not self.store.exists(kind, version):
+            raise ArtifactNotFound(f"no artifact {kind}:{version} in {self.store.url}; `lexiflow artifacts list "
+                                   f"--kind {kind}` shows the versions there")
+        return self._move(kind, alias, lambda log: ("release", version), reason, flow_run)
+
+    def rollback(self, kind: str, alias: str = DEFAULT_ALIAS, *, reason: str = "",
+                 flow_run: Any = None) -> dict[str, Any]:
+        """Move `kind@alias` back one release (to the version it named before the current one) and log it.
+        If another writer moves the alias meanwhile, nothing is written: roll back what you have seen."""
+        validate_kind(kind), validate_alias(alias)
+        seen: list[str] = []
+
+        def back(log: list[dict[str, Any]]) -> tuple[str, str]:
+            history = release_history(log)
+            if not history:
+                raise StoreError(f"no alias {alias!r} for {kind} in {self.store.url}; nothing to roll back")
+            seen.append(history[-1])
+            if seen[0] != history[-1]:
+                raise StoreError(f"{kind}@{alias} moved to {history[-1]} while rolling back {seen[0]}; nothing "
+                                 "rolled back, check the release log and try again")
+            if len(history) < 2:
+                raise StoreError(f"{kind}@{alias} names {history[-1]}, its first release: no earlier version to "
+                                 "roll back to")
+            if not self.store.exists(kind, history[-2]):
+                raise StoreError(f"{kind}@{alias}: the version before, {kind}:{history[-2]}, is no longer in "
+                                 f"{self.store.url}; release another version: {release_command(kind, alias)}")
+            return "rollback", history[-2]
+
+        return self._move(kind, alias, back, reason, flow_run)
+
+    def released(self, kind: str, alias: str = DEFAULT_ALIAS) -> str | None:
+        """The version `kind@alias` names (the last entry of its log), None if never released."""
+        entries = self._log_files(validate_kind(kind), validate_alias(alias)).get((kind, alias))
+        return self._read_entry(entries[-1])["to"] if entries else None
+
+    def release_log(self, kind: str, alias: str | None = None) -> list[dict[str, Any]]:
+        """The moves of a kind's aliases (of one alias with `alias`), per alias in sequence order, each entry
+        with `kind`, `alias`, `seq`, `action` (release or rollback), `from` (None for the first), `to`,
+        `at` (UTC, ISO-8601), `reason` and `flow_run`."""
+        validate_kind(kind)
+        files = self._log_files(kind, None if alias is None else validate_alias(alias))
+        return [self._read_entry(path) for key in sorted(files) for path in files[key]]
+
+    def aliases(self, kind: str | None = None) -> dict[str, dict[str, str]]:
+        """kind -> {alias: version} for every alias in the store (of one kind with `kind`)."""
+        found: dict[str, dict[str, str]] = {}
+        for (found_kind, alias), paths in sorted(self._log_files(kind and validate_kind(kind)).items()):
+            found.setdefault(found_kind, {})[alias] = self._read_entry(paths[-1])["to"]
+        return found
+
+    def protected(self) -> set[tuple[str, str]]:
+        """(kind, version) of what `gc` must keep whatever its age: every alias's version, and the one a
+        rollback would return to."""
+        kept: set[tuple[str, str]] = set()
+        for (kind, _alias), paths in self._log_files().items():
+            kept.update((kind, version) for version in release_history([self._read_entry(p) for p in paths])[-2:])
+        return kept
+
+    def _move(self, kind: str, alias: str, decide: Callable[[list[dict[str, Any]]], tuple[str, str]],
+              reason: str, flow_run: Any) -> dict[str, Any]:
+        """Append one move to the log of `kind@alias`: read the log, `decide(log)` -> (action, version), create
+        the next entry exclusively; when another writer created that number first, read again and retry."""
+        for _ in range(_MOVE_ATTEMPTS):
+            entries = self.release_log(kind, alias)
+            action, version = decide(entries)
+            last = entries[-1] if entries else None
+            if action == "release" and last is not None and last["to"] == version:
+                return last  # already there: not a move
+            entry = {"kind": kind, "alias": alias, "seq": last["seq"] + 1 if last else 1, "action": action,
+                     "from": last and last["to"], "to": version, "at": dt.datetime.now(dt.UTC).isoformat(),
+                     "reason": reason, "flow_run": flow_run}
+            data = json.dumps(entry, indent=2, default=str).encode()
+            if self.store.create_file(f"{self._alias_folder(kind, alias)}/{entry['seq']:08d}.json", data):
+                log.info("%s@%s: %s -> %s (%s)", kind, alias, entry["from"], version, action)
+                return json.loads(data)
+        raise StoreError(f"{kind}@{alias}: the release log kept moving under {_MOVE_ATTEMPTS} attempts; try again")
+
+    def _alias_folder(self, kind: str, alias: str | None = None) -> str:
+        return "/".join([self.store.root, ALIASES, kind, *([alias] if alias else [])])
+
+    @retry_transient
+    def _log_files(self, kind: str | None = None, alias: str | None = None) -> dict[tuple[str, str], list[str]]:
+        """(kind, alias) -> paths of its log entries in sequence order, from one listing of the store."""
+        self.store.refresh()
+        top = f"{self.store.root}/{ALIASES}" if kind is None else self._alias_folder(kind, alias)
+        found: dict[tuple[str, str], list[str]] = {}
+        for path in sorted(self.store.fs.find(top)):
+            parts = path[len(self.store.root) + len(ALIASES) + 2:].split("/")
+            if len(parts) == 3 and KIND_PATTERN.fullmatch(parts[0]) and ALIAS_PATTERN.fullmatch(parts[1]) \
+                    and _LOG_ENTRY.fullmatch(parts[2]):
+                found.setdefault((parts[0], parts[1]), []).append(path)
+        return found
+
+    @retry_transient
+    def _read_entry(self, path: str) -> dict[str, Any]:
+        try:
+            with self.store.fs.open(path, "r") as f:
+                entry = json.load(f)
+        except (ValueError, UnicodeDecodeError) as exc:  # entries are created whole: only tampering does this
+            raise StoreError(f"release log entry {path}: not valid JSON ({exc}); restore it from a backup") from None
+        if not (isinstance(entry, dict) and isinstance(entry.get("to"), str) and entry.get("action") in
+                ("release", "rollback") and f"{entry.get('seq', -1):08d}.json" == path.rsplit("/", 1)[-1]):
+            raise StoreError(f"release log entry {path}: not a release log entry; restore it from a backup")
+        return entry

@@ -632,12 +632,39 @@ class ArtifactStore:
         self.fs.rm(self.path(kind, version, MANIFEST))
         self.fs.rm(self.path(kind, version), recursive=True)
 
-    def dependents(self, kind: str, version: str) -> list[str]:
-        """`kind:version` of every artifact built directly from `kind:version` (their manifests' inputs)."""
-        from lexiflow.storage.catalog import Catalog
-
-        return [f"{m['kind']}:{m['version']}" for m in Catalog(self).list()
-                if any((ref["kind"], ref["version"]) == (kind, version) for ref in m["inputs"].values())]
+    def create_file(self, path: str, data: bytes) -> bool:
+        """Write a small file at `path` (under the root) whole, unless one is there: an exclusive create,
+        True when this call made it, False when the file was there already. Readers see all of it or
+        nothing: local stores link a complete temporary file into place (a link never replaces a file),
+        object stores upload it in one PUT with `If-None-Match: *` (`put_file(mode="create")`, as
+        manifests are committed). A retried upload whose first acknowledgement was lost finds its own
+        bytes there, which counts as made by this call."""
+        if self.is_local:
+            folder = Path(self.root) / STAGING
+            folder.mkdir(parents=True, exist_ok=True)
+            temporary = folder / f"create-{os.urandom(6).hex()}.tmp"  # no lock: gc removes it when old
+            try:
+                temporary.write_bytes(data)
+                _fsync(temporary)
+                Path(path).parent.mkdir(parents=True, exist_ok=True)
+                try:
+                    os.link(temporary, path)
+                except FileExistsError:
+                    return False
+                _fsync(Path(path).parent)
+                return True
+            finally:
+                temporary.unlink(missing_ok=True)
+        with tempfile.NamedTemporaryFile(prefix="lexiflow-") as temporary:
+            temporary.write(data)
+            temporary.flush()
+            try:
+                retry_transient(self.fs.put_file)(temporary.name, path, mode="create")
+            except FileExistsError:
+                self.refresh()
+                with self.fs.open(path, "rb") as f:
+                    return f.read() == data
+        return True
 
     def clean_staging(self, older_than: float = 0.0) -> int:
         """Remove what killed writers left (`leftovers`); returns how many entries were removed."""
@@ -709,29 +736,6 @@ class ArtifactStore:
             else:
                 Path(entry).unlink(missing_ok=True)
 
-    def unreferenced(self, keep: int) -> list[tuple[str, str]]:
-        """(kind, version) of the artifacts a keep-last-`keep` policy removes, newest first: kept are
-        the `keep` newest of each kind (by `created`), so the latest reports too, and everything a kept
-        artifact was built from, transitively (a report's whole lineage). Artifacts whose manifest
-        cannot be read are not listed: `verify` reports them, `rm` removes them."""
-        from lexiflow.storage.catalog import Catalog
-
-        if keep < 1:
-            raise StoreError(f"keep={keep}: keep at least the newest artifact of each kind")
-        manifests = Catalog(self).list()  # oldest first
-        inputs = {(m["kind"], m["version"]): [(r["kind"], r["version"]) for r in m["inputs"].values()]
-                  for m in manifests}
-        kept: set[tuple[str, str]] = set()
-        for kind in {m["kind"] for m in manifests}:
-            kept.update([key for key in inputs if key[0] == kind][-keep:])
-        todo = list(kept)
-        while todo:
-            for ref in inputs.get(todo.pop(), []):
-                if ref not in kept:
-                    kept.add(ref)
-                    todo.append(ref)
-        return [key for key in reversed(list(inputs)) if key not in kept]
-
     @retry_transient
     def verify(self, kind: str, version: str, full: bool = False) -> list[str]:
         """Problems with an artifact: its manifest against the schema, its files against the manifest
@@ -758,20 +762,6 @@ class ArtifactStore:
                     if _sha256(f) != entry["sha256"]:
                         problems.append(f"{kind}:{version}/{name}: checksum differs from the manifest")
         return problems
-
-    def audit(self, full: bool = False) -> tuple[int, list[str]]:
-        """(artifacts checked, problems) over the whole store: every manifest must parse and every
-        file it lists must match (sizes; checksums with `full`). Used by `lexiflow artifacts verify`."""
-        from lexiflow.storage.catalog import Catalog
-
-        checked, problems = 0, []
-        for kind, version in Catalog(self).entries():
-            checked += 1
-            try:
-                problems.extend(self.verify(kind, version, full=full))
-            except StoreError as exc:
-                problems.append(str(exc))
-        return checked, problems
 
 
 def write_segment(rows: pl.DataFrame | pa.Table, schema: pa.Schema, row_group_size: int,

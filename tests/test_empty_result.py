@@ -35,7 +35,7 @@ def test_a_corpus_of_punctuation_ends_with_one_line_naming_it_and_publishes_only
     assert message.isprintable() and "lower vocabulary.min_count" in message
     catalog = Catalog(store)
     assert sorted(catalog.kinds()) == ["corpus", "tokenized_corpus", "tokenizer"]  # no co-occurrence
-    assert store.audit(full=True) == (3, []) and store.leftovers() == []
+    assert catalog.audit(full=True) == (3, []) and store.leftovers() == []
     assert load(catalog, "corpus")["text"].to_list() == PUNCTUATION  # deduplicated, as documented
     assert catalog.latest("corpus")["metrics"]["tokens"] == 14
 

@@ -1,6 +1,6 @@
 """Layering rules, read from the code: no lexiflow module imports another one's private (`_name`)
-names, `storage/` imports nothing above it, and every language-model class is in the explicit
-registry (nothing registers itself as an import side effect)."""
+names, `storage/` imports nothing above it (and its store not the catalog), and every language-model
+class is in the explicit registry (nothing registers itself as an import side effect)."""
 
 from __future__ import annotations
 
@@ -84,6 +84,14 @@ def test_storage_imports_only_storage():
                         else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             above = [m for m in imported if m.startswith("lexiflow") and not m.startswith("lexiflow.storage")]
             assert not above, f"{path.name}:{node.lineno} imports {above}: storage/ sits below models/ and loaders"
+
+
+def test_the_store_sits_below_the_catalog():
+    """`storage/store.py` (bytes, versions, publish) never imports the catalog (listings, lineage, aliases), not
+    even inside a function: the catalog is built on the store, so no import cycle between them."""
+    path, tree = module_source("lexiflow.storage.store")
+    imported = [(node.lineno, node.module) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
+    assert [(line, m) for line, m in imported if m and "catalog" in m] == [], path.name
 
 
 def test_every_language_model_class_is_in_the_registry():

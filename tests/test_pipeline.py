@@ -343,7 +343,7 @@ def test_damaged_artifacts_are_rebuilt_or_refused_through_the_pipeline(tmp_path,
     assert main([*run, "--set", "svd.dim=5"]) == 0
     rebuilt = {key for key, when in created(store).items() if when != before.get(key)}
     assert rebuilt == {("ppmi", ppmi["version"])} and matrix.exists()  # every other stage reused
-    assert ArtifactStore(store).audit(full=True)[1] == []
+    assert Catalog(store).audit(full=True)[1] == []
 
     data = bytearray(matrix.read_bytes())
     data[len(data) // 3] ^= 0x01
@@ -357,4 +357,4 @@ def test_damaged_artifacts_are_rebuilt_or_refused_through_the_pipeline(tmp_path,
                               "again to rebuild it")
     assert main(["artifacts", "rm", f"ppmi:{ppmi['version']}", "--force", "--store", str(store)]) == 0
     assert main([*run, "--set", "svd.dim=4"]) == 0
-    assert ArtifactStore(store).audit(full=True)[1] == []
+    assert Catalog(store).audit(full=True)[1] == []

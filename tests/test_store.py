@@ -142,7 +142,7 @@ def test_a_damaged_manifest_is_left_out_of_the_catalog_and_hides_nothing_else(st
     assert [m["version"] for m in catalog.list()] == [V1]
     assert catalog.latest("evaluation")["version"] == V1
     assert f"evaluation:{V2}: manifest is not valid JSON" in caplog.text
-    assert Catalog(store_url).store.audit()[1]  # verify still reports it
+    assert Catalog(store_url).audit()[1]  # verify still reports it
 
 
 def test_a_catalog_sees_what_another_client_published_after_it_listed(store_url):

@@ -151,8 +151,9 @@ def lineage_store(store_url) -> ArtifactStore:
 
 def test_gc_keeps_the_newest_of_each_kind_and_their_whole_lineage(store_url, capsys):
     store = lineage_store(store_url)
-    assert store.unreferenced(1) == [("report", V3), ("tokenizer", V2)]  # corpus V1: input of the kept tokenizer
-    assert store.unreferenced(2) == []
+    # corpus V1: an input of the kept tokenizer
+    assert Catalog(store).unreferenced(1) == [("report", V3), ("tokenizer", V2)]
+    assert Catalog(store).unreferenced(2) == []
     before = files(store)
     assert main(["artifacts", "gc", "--keep", "1", "--dry-run", "--store", store_url]) == 0
     out = capsys.readouterr().out.splitlines()
@@ -160,8 +161,8 @@ def test_gc_keeps_the_newest_of_each_kind_and_their_whole_lineage(store_url, cap
     assert files(store) == before
     assert main(["artifacts", "gc", "--keep", "1", "--store", store_url]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == ("removed 0 leftovers of killed writers and 2 artifacts "
-                                                         "(keeping the 1 newest of each kind and what they were "
-                                                         "built from)")
+                                                         "(keeping the 1 newest of each kind, the released ones "
+                                                         "and what they were built from)")
     assert sorted(v for _, v in Catalog(store_url).entries()) == sorted([V1, V4, V5])
     assert main(["artifacts", "verify", "--store", store_url]) == 0
 
