@@ -46,10 +46,9 @@ class Result:
         return f"{self.artifact}.{self.check}"
 
     def line(self) -> str:
-        """`lm.ngram valid_word_perplexity 412.3 > 380.2 (released 362.1 × (1 + 0.05))`."""
+        """`lm.ngram.valid_word_perplexity 412.3 fails ≤ released 362.1 × (1 + 0.05) = 380.2`."""
         shown = "not measured" if _missing(self.value) else f"{self.value:.4g}"
-        op = "meets" if self.passed else "fails"
-        return f"{self.name} {shown} {op} {self.rule} (limit {self.limit:.4g})"
+        return f"{self.name} {shown} {'meets' if self.passed else 'fails'} {self.rule}"
 
     def row(self) -> dict[str, Any]:
         return asdict(self)
@@ -59,12 +58,11 @@ def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
-def at_least(artifact: str, check: str, value: Any, released: Any, delta: float, floor: float,
-             unit: str = "") -> Result:
+def at_least(artifact: str, check: str, value: Any, released: Any, delta: float, floor: float) -> Result:
     """value ≥ released − delta; with nothing released, value ≥ floor."""
     first = _missing(released)
     limit = floor if first else released - delta
-    rule = f"≥ floor {floor:.4g}{unit}" if first else f"≥ released {released:.4g} − {delta:.4g}{unit}"
+    rule = f"≥ floor {floor:.4g}" if first else f"≥ released {released:.4g} − {delta:.4g} = {limit:.4g}"
     return Result(artifact, check, value, None if first else released, limit, rule,
                   not _missing(value) and value >= limit)
 
@@ -74,7 +72,7 @@ def at_most_ratio(artifact: str, check: str, value: Any, released: Any, epsilon:
     """value ≤ released × (1 + epsilon); with nothing released, value ≤ ceiling."""
     first = _missing(released)
     limit = ceiling if first else released * (1 + epsilon)
-    rule = ceiling_rule if first else f"≤ released {released:.4g} × (1 + {epsilon:.4g})"
+    rule = ceiling_rule if first else f"≤ released {released:.4g} × (1 + {epsilon:.4g}) = {limit:.4g}"
     return Result(artifact, check, value, None if first else released, limit, rule,
                   not _missing(value) and value <= limit)
 
@@ -86,7 +84,8 @@ def within(artifact: str, check: str, value: Any, released: Any, tolerance: floa
     low, high = released * (1 - tolerance), released * (1 + tolerance)
     ok = not _missing(value) and low <= value <= high
     limit = low if not _missing(value) and value < low else high
-    return Result(artifact, check, value, released, limit, f"within ±{tolerance:.0%} of released {released:.4g}", ok)
+    rule = f"within ±{tolerance:.0%} of released {released:.4g}: [{low:.4g}, {high:.4g}]"
+    return Result(artifact, check, value, released, limit, rule, ok)
 
 
 # ---- corpus ------------------------------------------------------------------------------------
@@ -184,7 +183,8 @@ def lm_checks(artifact: str, figures: dict, released: dict | None, t: LMChecks) 
                               released["valid_word_perplexity"], t.perplexity_epsilon, math.inf, "")]
     size = figures.get("vocabulary_size") or 0
     return [at_most_ratio(artifact, "valid_perplexity", figures.get("valid_perplexity"), None, 0,
-                          t.perplexity_ceiling * size, f"≤ {t.perplexity_ceiling:.4g} × vocabulary size {size}")]
+                          t.perplexity_ceiling * size,
+                          f"≤ {t.perplexity_ceiling:.4g} × vocabulary size {size} = {t.perplexity_ceiling * size:.4g}")]
 
 
 # ---- taggers, translation, fine-tuned classifiers: accuracy-like scores ---------------------------------
