@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from lexiflow.flows.training_kinds import TRAINING_FLOWS
 from pydantic import BaseModel, ConfigDict, Field
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,22 +98,9 @@ DEPLOYMENTS: list[DeploymentSpec] = [
                    lambda c: {**_pipeline_parameters(c), "corpus": {"sources": c.sources},
                               "release": {"when": "always", "alias": c.alias}},
                    cron=lambda c: c.rebuild_cron, tags=("scheduled",)),
-    DeploymentSpec("train-embeddings", "flows/training.py:train_embeddings", "gpu",
-                   "Train word embeddings from artifacts in the store (started by the pipeline, or by hand).",
-                   tags=("training",)),
-    DeploymentSpec("train-lm", "flows/training.py:train_lm", "gpu",
-                   "Train a language model on the tokenized corpus in the store.", tags=("training",)),
-    DeploymentSpec("train-seq2seq", "flows/training.py:train_seq2seq", "gpu",
-                   "Train a translation model (RNN or Transformer encoder-decoder) on the parallel corpus.",
-                   tags=("training",)),
-    DeploymentSpec("train-tagger", "flows/training.py:train_tagger_flow", "gpu",
-                   "Train a neural part-of-speech tagger (BiLSTM, BiLSTM+ELMo) or the ELMo biLM from artifacts in "
-                   "the store.", tags=("training",)),
-    DeploymentSpec("pretrain", "flows/training.py:pretrain", "gpu",
-                   "Pretrain the BERT-style encoder (masked LM) on the corpus in the store.", tags=("training",)),
-    DeploymentSpec("finetune", "flows/training.py:finetune", "gpu",
-                   "Fine-tune the pretrained encoder on the tagged corpus (method <task>-<mode>).",
-                   tags=("training",)),
+    *(DeploymentSpec(spec.name, f"flows/training.py:{spec.entrypoint}", "gpu",
+                     f"Train {spec.what} (started by the pipeline, or by hand).", tags=("training",))
+      for spec in TRAINING_FLOWS),  # the table of trainer kinds
     DeploymentSpec("serve-release", "flows/downstream.py:serve_release", "cpu",
                    "Example downstream job: export the released embeddings and tokenizer to a serving folder. "
                    "Starts on each release of the embeddings (a deployment trigger on lexiflow.artifact.released).",
