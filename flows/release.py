@@ -53,7 +53,7 @@ def released_versions(refs: dict[str, ArtifactRef], alias: str) -> dict[str, Art
     catalog, found = Catalog(next(iter(refs.values())).store), {}
     for name, ref in refs.items():
         version = catalog.released(ref.kind, own_alias(name, ref.kind, alias))
-        if version is not None:
+        if version is not None and catalog.store.exists(ref.kind, version):  # removed with --force: a first build
             found[name] = catalog.store.ref(ref.kind, version)
     return found
 
