@@ -5,6 +5,7 @@ deployment trigger on the `lexiflow.artifact.released` event."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -42,8 +43,8 @@ def downstream_runs(box: Box) -> list[dict]:
     return box.flow_runs(deployment_id={"any_": [box.deployment_id("serve-release")]})
 
 
-def released_events(box: Box, since: str) -> list[dict]:
-    body = {"filter": {"event": {"name": [RELEASED]}, "occurred": {"since": since}}, "limit": 50}
+def released_events(box: Box, since: str, name: str = RELEASED) -> list[dict]:
+    body = {"filter": {"event": {"name": [name]}, "occurred": {"since": since}}, "limit": 50}
     return box.api.post("/events/filter", json=body).json()["events"]
 
 
@@ -57,8 +58,6 @@ def checks_table(box: Box, run: dict) -> list[dict]:
     found = box.api.post("/artifacts/filter", json={"artifacts": {
         "flow_run_id": {"any_": [run["id"]]}, "key": {"any_": ["release-checks"]}}}).json()
     assert len(found) == 1 and found[0]["type"] == "table"
-    import json
-
     data = found[0]["data"]
     return json.loads(data) if isinstance(data, str) else data
 
@@ -95,6 +94,11 @@ def test_a_rebuild_that_passes_its_checks_moves_production_and_starts_the_downst
     assert {(r["lexiflow.version"], r["lexiflow.alias"], r["lexiflow.store"]) for r in labels} == {
         (embeddings["version"], "production", box.config.store),
         (embeddings["version"], "production-svd", box.config.store)}
+    # every artifact the run made was announced as published (no alias yet)
+    published = {(e["resource"]["lexiflow.kind"], e["resource"]["lexiflow.version"], e["resource"]["lexiflow.alias"])
+                 for e in released_events(box, run["start_time"], "lexiflow.artifact.published")}
+    assert {("embeddings", embeddings["version"], ""), ("corpus", corpus["version"], "")} <= published
+    assert {kind for kind, _, _ in published} >= {"checks", "report", "evaluation", "tokenized_corpus"}
     assert len(started) == 1 and started[0]["state"]["type"] == "COMPLETED", box.logs_tail()
     served = Path(box.config.serving)
     for kind in ("embeddings", "tokenizer"):
