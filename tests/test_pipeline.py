@@ -94,7 +94,7 @@ def test_cli_run_and_listing(tmp_path, capsys):
     assert code == 0 and "Evaluation report:" in out and "ws353_spearman" in out
     assert main(["artifacts", "list", "--store", str(store), "--json"]) == 0
     listing = json.loads(capsys.readouterr().out)
-    assert len(listing) == 8
+    assert len(listing) == 9  # the run's checks too
     assert set(listing[0]) == {"kind", "version", "created", "inputs", "parameters", "metrics", "path"}
     emb = next(a for a in listing if a["kind"] == "embeddings")
     assert emb["parameters"]["params"]["dim"] == 5 and set(emb["inputs"]) == {"ppmi"}
