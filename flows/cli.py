@@ -3,6 +3,7 @@
     lexiflow run [--store DIR] [--corpus SOURCE ...] [--config FILE] [--set key=value ...]
     lexiflow release KIND:VERSION [--as NAME] [--reason TEXT] [--store DIR]    (NAME: default production)
     lexiflow release --rollback KIND [--as NAME] [--reason TEXT] [--store DIR]
+    lexiflow release --log KIND [--as NAME] [--json] [--store DIR]
     lexiflow artifacts list [--store DIR] [--kind KIND] [--json]
     lexiflow artifacts show KIND[:VERSION|:TAG|@NAME] [--store DIR]  (TAG: method, tokenizer kind, model, column)
     lexiflow artifacts verify [--store DIR] [--full]
@@ -305,21 +306,33 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def cmd_release(args: argparse.Namespace) -> int:
     """Move an alias to a version (`KIND:VERSION`, or `KIND:TAG`/`KIND@OTHER` for the version they name), or
-    back one release (`--rollback KIND`); prints the move the release log records."""
+    back one release (`--rollback KIND`), and print the move; or print a kind's release log (`--log KIND`)."""
     from lexiflow.models.errors import ParameterError
+    from lexiflow.storage.catalog import DEFAULT_ALIAS
 
     catalog = read_catalog(args.store)
+    action = "--rollback" if args.rollback else "--log" if args.log else None
+    if action and (":" in args.artifact or "@" in args.artifact):
+        raise ParameterError(f"{action} {args.artifact}: give the kind alone (e.g. {action} embeddings), with --as "
+                             "NAME for one alias")
+    if args.log:
+        entries = catalog.release_log(args.artifact, args.alias)
+        if args.json:
+            print(strict_json(entries))
+        for e in [] if args.json else entries:
+            print(f"{e['kind']}@{e['alias']} #{e['seq']} {e['at'][:19]} {e['action']:<8} {e['from'] or '(none)'} -> "
+                  f"{e['to']}" + (f"  reason: {e['reason']}" if e["reason"] else "")
+                  + (f"  flow run: {e['flow_run']}" if e["flow_run"] else ""))
+        return 0
+    alias = args.alias or DEFAULT_ALIAS
     if args.rollback:
-        if ":" in args.artifact or "@" in args.artifact:
-            raise ParameterError(f"--rollback {args.artifact}: give the kind alone (e.g. --rollback embeddings), "
-                                 "with --as NAME for an alias other than production")
-        entry = catalog.rollback(args.artifact, args.alias, reason=args.reason)
+        entry = catalog.rollback(args.artifact, alias, reason=args.reason)
     else:
         if ":" not in args.artifact and "@" not in args.artifact:
             raise ParameterError(f"{args.artifact}: give KIND:VERSION to release (`lexiflow artifacts list` shows "
                                  "them), or --rollback KIND")
         manifest = pick(catalog, args.artifact)
-        entry = catalog.release(manifest["kind"], manifest["version"], args.alias, reason=args.reason)
+        entry = catalog.release(manifest["kind"], manifest["version"], alias, reason=args.reason)
     print(f"{entry['kind']}@{entry['alias']}: {entry['from'] or '(none)'} -> {entry['to']}"
           + (" (rollback)" if entry["action"] == "rollback" else ""))
     return 0
@@ -599,14 +612,18 @@ def build_parser() -> argparse.ArgumentParser:
     rel = sub.add_parser("release", help="name a version for downstream jobs (an alias: KIND@NAME), or roll it back",
                          description="Point the alias KIND@NAME (default production) at a version, or with --rollback "
                                      "back at the version it named before; every move is appended to the alias's "
-                                     "release log in the store. Downstream jobs read KIND@NAME.")
+                                     "release log in the store (--log prints it). Downstream jobs read KIND@NAME.")
     rel.add_argument("artifact", metavar="KIND:VERSION | KIND",
                      help="the version to release, e.g. embeddings:3f2a... (also KIND:TAG or KIND@OTHER); with "
-                          "--rollback the kind alone")
-    rel.add_argument("--as", dest="alias", default="production", metavar="NAME",
-                     help="the alias to move (default production)")
-    rel.add_argument("--rollback", action="store_true", help="move the alias back one release")
-    rel.add_argument("--reason", default="", help="why, for the release log")
+                          "--rollback or --log the kind alone")
+    rel.add_argument("--as", dest="alias", metavar="NAME", help="the alias to move (default production; --log: "
+                                                                "every alias of the kind)")
+    mode = rel.add_mutually_exclusive_group()
+    mode.add_argument("--rollback", action="store_true", help="move the alias back one release")
+    mode.add_argument("--log", action="store_true", help="print the kind's release log (every move, oldest first)")
+    rel.add_argument("--json", action="store_true", help="--log as JSON: kind, alias, seq, action, from, to, at, "
+                                                         "reason, flow_run per move")
+    rel.add_argument("--reason", default="", metavar="TEXT", help="why, for the release log")
     rel.set_defaults(func=cmd_release)
 
     artifacts = sub.add_parser("artifacts", help="inspect the artifact store")

@@ -2,6 +2,7 @@
 
     from lexiflow.loaders import load
     kv = load("artifacts", "embeddings")            # gensim KeyedVectors, the latest
+    kv = load("artifacts", "embeddings@production") # the version the alias names (what downstream jobs read)
     docs = load(catalog, "corpus", "3f2a...")       # polars DataFrame (a Catalog or a store URL)
 
 Layering: this module sits above `storage/` (bytes, schemas, versions, the catalog) and `models/`
@@ -208,7 +209,8 @@ LOADERS: dict[str, Loader] = {
 
 
 def load(catalog: Catalog | ArtifactStore | str | os.PathLike[str], kind: str, version: str | None = None) -> Any:
-    """The artifact `kind:version` (the latest of the kind when version is None) as a natural object:
+    """The artifact `kind:version` (the latest of the kind when version is None; `KIND@NAME`, as kind or version,
+    the version an alias names: `Catalog.get`) as a natural object:
     polars DataFrames (corpus, tokenized_corpus), a tokenizer, scipy + polars (cooccurrence, ppmi),
     gensim `KeyedVectors` (embeddings), a language model, a tagger, ... (`LOADERS`)."""
     catalog = catalog if isinstance(catalog, Catalog) else Catalog(catalog)

@@ -29,10 +29,12 @@ from lexiflow.storage.store import (
     KIND_PATTERN,
     MANIFEST,
     VERSION_PATTERN,
+    ArtifactDamaged,
     ArtifactNotFound,
     ArtifactRef,
     ArtifactStore,
     StoreError,
+    repair_hint,
     retry_transient,
     validate_kind,
     validate_version,
@@ -77,7 +79,7 @@ def release_history(log: list[dict[str, Any]]) -> list[str]:
     stack: list[str] = []
     for entry in log:
         if entry["action"] == "rollback":
-            stack.pop()
+            del stack[-1:]
         else:
             stack.append(entry["to"])
     return stack
@@ -91,6 +93,7 @@ class Catalog:
                  storage_options: Mapping[str, Any] | None = None) -> None:
         self.store = root if isinstance(root, ArtifactStore) else ArtifactStore(root, storage_options)
         self.left_out: list[str] = []  # why the last `list` left artifacts out (damaged manifests)
+        self._log_entries: dict[str, dict[str, Any]] = {}  # release log entries read, by path: they never change
 
     @retry_transient
     def entries(self, kind: str | None = None) -> list[tuple[str, str]]:
@@ -242,7 +245,8 @@ class Catalog:
 
     def audit(self, full: bool = False) -> tuple[int, list[str]]:
         """(artifacts checked, problems) over the whole store: every manifest must parse and every
-        file it lists must match (sizes; checksums with `full`). Used by `lexiflow artifacts verify`."""
+        file it lists must match (sizes; checksums with `full`); every release log entry must parse, and
+        every alias name an artifact in the store. Used by `lexiflow artifacts verify`."""
         checked, problems = 0, []
         for kind, version in self.entries():
             checked += 1
@@ -250,6 +254,15 @@ class Catalog:
                 problems.extend(self.store.verify(kind, version, full=full))
             except StoreError as exc:
                 problems.append(str(exc))
+        for (kind, alias), paths in sorted(self._log_files().items()):
+            try:
+                version = [self._read_entry(path) for path in paths][-1]["to"]
+            except StoreError as exc:
+                problems.append(str(exc))
+                continue
+            if not self.store.exists(kind, version):
+                problems.append(f"{kind}@{alias} names {kind}:{version}, which is not in the store; release another "
+                                f"version: {release_command(kind, alias)}")
         return checked, problems
 
     # ---- aliases and the release log --------------------------------------------------------
@@ -262,6 +275,8 @@ class Catalog:
         if not self.store.exists(kind, version):
             raise ArtifactNotFound(f"no artifact {kind}:{version} in {self.store.url}; `lexiflow artifacts list "
                                    f"--kind {kind}` shows the versions there")
+        if problems := self.store.verify(kind, version):  # sizes: one listing; downstream jobs would read it
+            raise ArtifactDamaged(f"not released: {problems[0]}; {repair_hint(kind, version)}")
         return self._move(kind, alias, lambda log: ("release", version), reason, flow_run)
 
     def rollback(self, kind: str, alias: str = DEFAULT_ALIAS, *, reason: str = "",
@@ -352,14 +367,20 @@ class Catalog:
                 found.setdefault((parts[0], parts[1]), []).append(path)
         return found
 
-    @retry_transient
     def _read_entry(self, path: str) -> dict[str, Any]:
+        if path not in self._log_entries:
+            self._log_entries[path] = self._load_entry(path)
+        return dict(self._log_entries[path])
+
+    @retry_transient
+    def _load_entry(self, path: str) -> dict[str, Any]:
         try:
             with self.store.fs.open(path, "r") as f:
                 entry = json.load(f)
         except (ValueError, UnicodeDecodeError) as exc:  # entries are created whole: only tampering does this
             raise StoreError(f"release log entry {path}: not valid JSON ({exc}); restore it from a backup") from None
         if not (isinstance(entry, dict) and isinstance(entry.get("to"), str) and entry.get("action") in
-                ("release", "rollback") and f"{entry.get('seq', -1):08d}.json" == path.rsplit("/", 1)[-1]):
+                ("release", "rollback") and isinstance(entry.get("seq"), int)
+                and f"{entry['seq']:08d}.json" == path.rsplit("/", 1)[-1]):
             raise StoreError(f"release log entry {path}: not a release log entry; restore it from a backup")
         return entry

@@ -393,7 +393,8 @@ def test_a_reader_that_stops_early_ends_the_output_quietly(tmp_path):
     assert (proc.wait(timeout=60), err) == (141, "")  # 128 + SIGPIPE, no traceback
 
 
-def test_generate_cleans_and_lowercases_the_prompt_as_the_corpus_was(tmp_path, capsys):
+def ngram_store(tmp_path):
+    """A store with a trigram LM of a lowercased corpus of "The café sat on the mat number N." lines."""
     from lexiflow.storage import ArtifactStore
     from lexiflow.tasks.corpus import ingest_corpus
     from lexiflow.tasks.lm import train_lm
@@ -407,6 +408,11 @@ def test_generate_cleans_and_lowercases_the_prompt_as_the_corpus_was(tmp_path, c
     words = publish(store, learn_vocabulary, corpus=corpus, params=VocabularyParams(min_count=1))
     tokens = publish(store, encode_corpus, corpus=corpus, tokenizer=words)
     publish(store, train_lm, tokens=tokens, tokenizer=words, model="ngram", params=NgramParams(order=3))
+    return store
+
+
+def test_generate_cleans_and_lowercases_the_prompt_as_the_corpus_was(tmp_path, capsys):
+    store = ngram_store(tmp_path)
     capsys.readouterr()
     prompt = "The\tCAFE\u0301"  # decomposed É: NFC, as ingestion does, makes it the corpus's é
     assert main(["generate", "--store", store.url, "--prompt", prompt, "--max-tokens", "2"]) == 0

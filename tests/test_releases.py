@@ -3,6 +3,8 @@ tests/backends.py): an alias names a version, each move is one log entry created
 replays the log, concurrent movers lose no entry, and `gc`/`rm` keep what an alias names."""
 
 import json
+import subprocess
+import sys
 import threading
 
 import polars as pl
@@ -12,7 +14,17 @@ from lexiflow.loaders import load
 from lexiflow.storage import ArtifactStore, Catalog, StoreError
 from lexiflow.storage.catalog import split_alias
 
-from tests.test_store import V1, V2, V3, files, publish
+from tests.test_cli import (  # noqa: F401  (quiet_logs: a fixture)
+    UPOS,
+    UPOS_TAGGER,
+    XPOS,
+    XPOS_TAGGER,
+    ngram_store,
+    publish_tagger,
+    quiet_logs,
+    token_rows,
+)
+from tests.test_store import V1, V2, V3, files, publish, put
 
 V4 = "00000000000000bb"
 
@@ -98,6 +110,12 @@ def test_malformed_and_unknown_aliases_are_one_line_errors_saying_what_to_do(sto
         catalog.release("corpus", V1, "Prod")
     with pytest.raises(StoreError, match=f"no artifact corpus:{V2} in .*artifacts list --kind corpus"):
         catalog.release("corpus", V2)
+    publish(store, "corpus", V2)
+    put(store, store.path("corpus", V2, "config.json"), b"{}")  # shorter than the manifest says
+    with pytest.raises(StoreError, match=f"not released: corpus:{V2}/config.json: size differs .*rm corpus:{V2} "
+                                         "--force"):
+        catalog.release("corpus", V2)
+    assert catalog.released("corpus") == V1
 
     assert main(["artifacts", "show", "corpus@staging", "--store", store_url]) == 2
     assert one_error_line(capsys) == (f"no alias 'staging' for corpus in {store_url}; release a version first: "
@@ -206,6 +224,41 @@ def test_many_concurrent_movers_leave_one_chain_with_every_move(store_url):
     assert sorted(e["reason"] for e in log) == sorted([v for v in versions[::2] for _ in range(rounds)])
 
 
+MOVER = """
+import json, sys
+from lexiflow.storage import Catalog
+from lexiflow.storage.store import register_storage_options
+register_storage_options(sys.argv[1], json.loads(sys.argv[2]) or None)
+catalog, versions = Catalog(sys.argv[1]), sys.argv[3:]
+print("ready", flush=True)
+sys.stdin.readline()  # the start gate: every mover is loaded before any moves
+for i in range({rounds}):
+    catalog.release("corpus", versions[i % 2], reason=versions[0])
+"""
+
+
+def test_movers_in_separate_processes_leave_one_chain_with_every_move(store_url):
+    """Separate processes (their own storage clients), started together through a gate."""
+    store = ArtifactStore(store_url)
+    versions = [f"{i:016x}" for i in range(1, 7)]
+    for version in versions:
+        publish(store, "corpus", version, rows=1)
+    options, rounds = json.dumps(store.fs.storage_options if not store.is_local else {}), 4
+    movers = [subprocess.Popen([sys.executable, "-c", MOVER.format(rounds=rounds), store_url, options, *pair],
+                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+              for pair in (versions[0:2], versions[2:4], versions[4:6])]
+    assert [m.stdout.readline().strip() for m in movers] == ["ready"] * 3
+    for m in movers:
+        m.stdin.write("go\n")
+        m.stdin.close()
+    assert [m.wait(timeout=300) for m in movers] == [0, 0, 0]
+    log = Catalog(store_url).release_log("corpus")
+    assert [e["seq"] for e in log] == list(range(1, 3 * rounds + 1))
+    assert log[0]["from"] is None and all(e["from"] == before["to"] for before, e in zip(log, log[1:], strict=False))
+    assert Catalog(store_url).released("corpus") == log[-1]["to"]
+    assert sorted(e["reason"] for e in log) == sorted([v for v in versions[::2] for _ in range(rounds)])
+
+
 def test_an_exclusive_create_never_replaces_a_file(store_url):
     store = ArtifactStore(store_url)
     path = f"{store.root}/.aliases/corpus/production/00000001.json"
@@ -297,8 +350,74 @@ def test_release_command_moves_rolls_back_and_lists_aliases(store_url, capsys):
     assert main(["release", "--rollback", "corpus", "--store", store_url]) == 0
     assert capsys.readouterr().out.strip() == f"corpus@production: {V2} -> {V1} (rollback)"
     assert Catalog(store_url).aliases() == {"corpus": {"production": V1, "staging": V2}}
+    assert main(["release", "--log", "corpus", "--store", store_url]) == 0
+    moves = [line.split(" ", 3)[:2] + [line.split(" ", 3)[3]] for line in capsys.readouterr().out.splitlines()]
+    assert moves == [["corpus@production", "#1", f"release  (none) -> {V1}"],  # less the time of each move
+                     ["corpus@production", "#2", f"release  {V1} -> {V2}  reason: new dump"],
+                     ["corpus@production", "#3", f"rollback {V2} -> {V1}"],
+                     ["corpus@staging", "#1", f"release  (none) -> {V2}"]]
+    assert main(["release", "--log", "corpus", "--as", "staging", "--json", "--store", store_url]) == 0
+    assert json.loads(capsys.readouterr().out) == Catalog(store_url).release_log("corpus", "staging")
     assert main(["release", "corpus", "--store", store_url]) == 2
     assert one_error_line(capsys) == ("corpus: give KIND:VERSION to release (`lexiflow artifacts list` shows them), "
                                       "or --rollback KIND")
     assert main(["release", "--rollback", f"corpus:{V1}", "--store", store_url]) == 2
     assert one_error_line(capsys).startswith(f"--rollback corpus:{V1}: give the kind alone")
+
+
+@pytest.mark.usefixtures("quiet_logs")
+def test_tag_and_generate_read_the_released_models(tmp_path, capsys):
+    tagger_store = ArtifactStore(tmp_path / "store")
+    for column, version, suffix in (("upos", UPOS_TAGGER, ""), ("xpos", XPOS_TAGGER, ""), ("upos", "c" * 16, "-new")):
+        publish_tagger(tagger_store, column, version, suffix)  # the latest UPOS tagger is not the one released
+    catalog = Catalog(tagger_store)
+    catalog.release("tagger", UPOS_TAGGER)
+    catalog.release("tagger", XPOS_TAGGER, "xpos")
+    source = tmp_path / "text.txt"
+    source.write_text("the cat sat. a dog ran.", encoding="utf-8")
+    assert main(["tag", str(source), "--store", tagger_store.url, "--tagger", "tagger@production"]) == 0
+    rows = token_rows(capsys.readouterr().out)
+    assert len(rows) == 8 and {r[3] for r in rows} <= UPOS and {r[4] for r in rows} == {"_"}
+    assert main(["tag", str(source), "--store", tagger_store.url, "--tagger", "tagger@production", "tagger@xpos"]) == 0
+    rows = token_rows(capsys.readouterr().out)
+    assert {r[3] for r in rows} <= UPOS and {r[4] for r in rows} <= XPOS
+    assert main(["tag", str(source), "--store", tagger_store.url, "--tagger", "tagger@staging"]) == 2
+    assert one_error_line(capsys).startswith("no alias 'staging' for tagger in ")
+
+    (tmp_path / "lm").mkdir()
+    store = ngram_store(tmp_path / "lm")
+    lm = Catalog(store).latest("lm")["version"]
+    Catalog(store).release("lm", lm)
+    capsys.readouterr()
+    assert main(["generate", "--store", store.url, "--prompt", "The", "--max-tokens", "2", "--lm", lm]) == 0
+    by_version = capsys.readouterr().out
+    assert main(["generate", "--store", store.url, "--prompt", "The", "--max-tokens", "2", "--lm", "lm@production"]) \
+        == 0
+    assert capsys.readouterr().out == by_version == "the café sat\n"
+    assert main(["generate", "--store", store.url, "--prompt", "The", "--lm", "tokenizer@production"]) == 2
+    assert one_error_line(capsys) == ("tokenizer@production names a tokenizer artifact where a lm one is wanted; give "
+                                      "lm@production or a lm version")
+
+
+def test_verify_reports_a_damaged_log_entry_and_an_alias_naming_a_missing_artifact(store_url, capsys):
+    store = ArtifactStore(store_url)
+    for version in (V1, V2):
+        publish(store, "corpus", version)
+    catalog = Catalog(store_url)
+    catalog.release("corpus", V1)
+    catalog.release("corpus", V2, "staging")
+    store.delete("corpus", V2)  # behind the CLI's back (rm would refuse)
+    damaged = f"{store.root}/.aliases/corpus/production/00000002.json"
+    put(store, damaged, b'{"seq": 2, "to": "0123')  # a truncated entry: only tampering makes one
+    with pytest.raises(StoreError, match="release log entry .*00000002.json: not valid JSON"):
+        Catalog(store_url).released("corpus")
+    assert main(["artifacts", "verify", "--store", store_url]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3 and "00000002.json: not valid JSON" in lines[0]
+    assert lines[1] == (f"corpus@staging names corpus:{V2}, which is not in the store; release another version: "
+                        "lexiflow release corpus:VERSION --as staging")
+    assert lines[2] == "1 artifacts checked (sizes), 2 problems"
+    put(store, f"{store.root}/.aliases/corpus/canary/00000001.json",
+        json.dumps({"seq": "1", "action": "release", "to": V1}).encode())  # valid JSON, not an entry
+    with pytest.raises(StoreError, match="release log entry .*canary/00000001.json: not a release log entry"):
+        Catalog(store_url).released("corpus", "canary")

@@ -86,6 +86,22 @@ def test_cli_translate_writes_whole_output(store, tmp_path, capsys):
     assert not (tmp_path / "o2.txt").exists()
 
 
+def test_cli_translate_with_the_released_model(store, tmp_path, capsys):
+    s, _, model, _ = store
+    Catalog(s).release("seq2seq", model.version)
+    src, out = tmp_path / "in.txt", tmp_path / "out.txt"
+    src.write_text("Run!\nWow!\n", encoding="utf-8")
+    released = ["--store", s.url, "--model", "seq2seq@production"]
+    assert cli(["translate", str(src), "-o", str(out), "--beam", "2", *released]) == 0
+    assert out.read_text(encoding="utf-8").splitlines() == load(s, "seq2seq", model.version).translate(
+        ["Run!", "Wow!"], beam_width=2)
+    for alias, error in (("seq2seq@staging", "no alias 'staging' for seq2seq in "),
+                         ("seq2seq@", "'seq2seq@' is not an alias reference: write KIND@NAME")):
+        assert cli(["translate", str(src), "--store", s.url, "--model", alias]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith(f"error: {error}")
+
+
 def test_bad_parallel_input_and_parameters(tmp_path):
     f = tmp_path / "x.tsv"
     f.write_text("a\tb\nno tab\n", encoding="utf-8")
