@@ -95,7 +95,7 @@ def test_cli_run_and_listing(tmp_path, capsys):
     assert main(["artifacts", "list", "--store", str(store), "--json"]) == 0
     listing = json.loads(capsys.readouterr().out)
     assert len(listing) == 9  # the run's checks too
-    assert set(listing[0]) == {"kind", "version", "created", "inputs", "parameters", "metrics", "path"}
+    assert set(listing[0]) == {"kind", "version", "created", "inputs", "parameters", "metrics", "path", "aliases"}
     emb = next(a for a in listing if a["kind"] == "embeddings")
     assert emb["parameters"]["params"]["dim"] == 5 and set(emb["inputs"]) == {"ppmi"}
     assert main(["artifacts", "show", "embeddings", "--store", str(store)]) == 0
