@@ -10,14 +10,16 @@ run created with enforcement switched off still fails at its flow's entry, befor
 Prefect validates the flow's signature and our pydantic sections (`extra="forbid"`, bounds).
 
     pipeline           cpu pool, manual: the full parameter form
-    corpus-rebuild     cpu pool, cron (weekly by default): the pipeline on the configured sources;
-                       unchanged sources give the same artifact versions, so nothing is recomputed
+    corpus-rebuild     cpu pool, cron (weekly by default): the pipeline on the configured sources,
+                       released when its checks pass; unchanged sources give the same artifact
+                       versions, so nothing is recomputed
     train-embeddings   gpu pool: embeddings from artifacts in the store (the pipeline's hand-off)
     train-lm           gpu pool: a language model on the tokenized corpus
     train-seq2seq      gpu pool: a translation model on the parallel corpus
     train-tagger       gpu pool: a neural tagger (BiLSTM, BiLSTM+ELMo) or the ELMo biLM
     pretrain           gpu pool: the BERT-style encoder (masked LM) on the corpus
     finetune           gpu pool: the encoder fine-tuned on the tagged corpus (one task, one mode)
+    serve-release      cpu pool, triggered by each release of the embeddings: the example downstream job
 
 Add a deployment: one `DeploymentSpec(...)` line in `DEPLOYMENTS`.
 """
@@ -33,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from lexiflow.flows.training_kinds import TRAINING_FLOWS
 from pydantic import BaseModel, ConfigDict, Field
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,6 +55,9 @@ class DeployConfig(BaseModel):
                               description="Cron of corpus-rebuild (5 fields).")
     timezone: str = Field("UTC", description="Time zone of the cron.")
     remote_training: bool = Field(True, description="Deployed pipelines hand training to the gpu pool.")
+    serving: str = Field(str(ROOT / "serving"), description="Folder the example downstream job (serve-release) "
+                                                             "exports the released embeddings and tokenizer to.")
+    alias: str = Field("production", description="The alias corpus-rebuild releases to and serve-release serves.")
     cpu_pool: str = "cpu"
     gpu_pool: str = "gpu"
 
@@ -65,6 +71,16 @@ class DeploymentSpec:
     parameters: Callable[[DeployConfig], dict[str, Any]] = lambda c: {"store": c.store}
     cron: Callable[[DeployConfig], str | None] = lambda c: None
     tags: tuple[str, ...] = field(default_factory=tuple)
+    triggers: Callable[[DeployConfig], list[Any]] = lambda c: []
+
+
+def _released_embeddings(c: DeployConfig) -> list[Any]:
+    """Start on each release of this store's embeddings under the alias (tasks/stage.py's RELEASED event)."""
+    from lexiflow.tasks.stage import RELEASED
+    from prefect.events import DeploymentEventTrigger
+
+    return [DeploymentEventTrigger(name="on-release", expect={RELEASED}, match={
+        "lexiflow.kind": "embeddings", "lexiflow.alias": c.alias, "lexiflow.store": c.store})]
 
 
 def _pipeline_parameters(c: DeployConfig) -> dict[str, Any]:
@@ -76,26 +92,20 @@ DEPLOYMENTS: list[DeploymentSpec] = [
                    "The full pipeline, every parameter in the form. Unchanged stages are reused.",
                    _pipeline_parameters, tags=("manual",)),
     DeploymentSpec("corpus-rebuild", "flows/pipeline.py:pipeline", "cpu",
-                   "Scheduled rebuild of the corpus from its configured sources and of every stage downstream. "
-                   "Unchanged sources give the same versions: nothing is recomputed.",
-                   lambda c: {**_pipeline_parameters(c), "corpus": {"sources": c.sources}},
+                   "Scheduled rebuild of the corpus from its configured sources and of every stage downstream, "
+                   "released (alias moved) when every blocking check passes. Unchanged sources give the same "
+                   "versions: nothing is recomputed.",
+                   lambda c: {**_pipeline_parameters(c), "corpus": {"sources": c.sources},
+                              "release": {"when": "always", "alias": c.alias}},
                    cron=lambda c: c.rebuild_cron, tags=("scheduled",)),
-    DeploymentSpec("train-embeddings", "flows/training.py:train_embeddings", "gpu",
-                   "Train word embeddings from artifacts in the store (started by the pipeline, or by hand).",
-                   tags=("training",)),
-    DeploymentSpec("train-lm", "flows/training.py:train_lm", "gpu",
-                   "Train a language model on the tokenized corpus in the store.", tags=("training",)),
-    DeploymentSpec("train-seq2seq", "flows/training.py:train_seq2seq", "gpu",
-                   "Train a translation model (RNN or Transformer encoder-decoder) on the parallel corpus.",
-                   tags=("training",)),
-    DeploymentSpec("train-tagger", "flows/training.py:train_tagger_flow", "gpu",
-                   "Train a neural part-of-speech tagger (BiLSTM, BiLSTM+ELMo) or the ELMo biLM from artifacts in "
-                   "the store.", tags=("training",)),
-    DeploymentSpec("pretrain", "flows/training.py:pretrain", "gpu",
-                   "Pretrain the BERT-style encoder (masked LM) on the corpus in the store.", tags=("training",)),
-    DeploymentSpec("finetune", "flows/training.py:finetune", "gpu",
-                   "Fine-tune the pretrained encoder on the tagged corpus (method <task>-<mode>).",
-                   tags=("training",)),
+    *(DeploymentSpec(spec.name, f"flows/training.py:{spec.entrypoint}", "gpu",
+                     f"Train {spec.what} (started by the pipeline, or by hand).", tags=("training",))
+      for spec in TRAINING_FLOWS),  # the table of trainer kinds
+    DeploymentSpec("serve-release", "flows/downstream.py:serve_release", "cpu",
+                   "Example downstream job: export the released embeddings and tokenizer to a serving folder. "
+                   "Starts on each release of the embeddings (a deployment trigger on lexiflow.artifact.released).",
+                   lambda c: {"store": c.store, "folder": c.serving, "alias": c.alias}, triggers=_released_embeddings,
+                   tags=("downstream",)),
 ]
 
 
@@ -167,7 +177,8 @@ def deploy(config: DeployConfig, only: list[str] | None = None) -> dict[str, str
             name=spec.name, work_pool_name=pool_name(spec, config), description=spec.description + when,
             parameters=spec.parameters(config), tags=["lexiflow", *spec.tags], enforce_parameter_schema=True,
             paused=existing.paused if existing else None,
-            schedules=None if cron is None else [_cron_schedule(cron, config.timezone, active)])
+            schedules=None if cron is None else [_cron_schedule(cron, config.timezone, active)],
+            triggers=spec.triggers(config) or None)
         deployment._parameter_openapi_schema = _strict(deployment._parameter_openapi_schema)
         ids[f"{flow.name}/{spec.name}"] = str(deployment.apply())
     return ids

@@ -76,6 +76,8 @@ def pipeline_params(args: argparse.Namespace):
         tree["store"] = args.store
     if args.corpus:
         set_dotted(tree, "corpus.sources", args.corpus)
+    if getattr(args, "release", False):
+        set_dotted(tree, "release.when", "always")
     for item in args.set or []:
         key, sep, value = item.partition("=")
         if not sep or not key:
@@ -576,6 +578,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--config", metavar="FILE", help="pipeline parameters as TOML or JSON (sections as in --set)")
     run.add_argument("--set", action="append", metavar="KEY=VALUE",
                      help="override a parameter by dotted name, e.g. --set svd.dim=200 --set corpus.lowercase=false")
+    run.add_argument("--release", action="store_true",
+                     help="release what the run built (move KIND@production; --set release.alias=NAME for another "
+                          "alias) when every blocking check passes; else the run fails naming the checks")
     run.set_defaults(func=cmd_run)
 
     tag = sub.add_parser("tag", help="tag a CoNLL-U or plain-text file with trained taggers (HMM or neural)")

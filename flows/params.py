@@ -5,9 +5,11 @@ from __future__ import annotations
 import inspect
 from typing import Any
 
+from lexiflow.flows.training_kinds import TRAINING_FLOWS
 from lexiflow.models.errors import ParameterError
 from lexiflow.storage import ArtifactRef, Catalog, StoreError
 from lexiflow.tasks.params import (
+    ChecksParams,
     CooccurrenceParams,
     CorpusParams,
     ElmoParams,
@@ -23,6 +25,7 @@ from lexiflow.tasks.params import (
     Params,
     PPMIParams,
     PretrainParams,
+    ReleaseParams,
     Seq2SeqParams,
     SVDParams,
     TaggerParams,
@@ -31,35 +34,29 @@ from lexiflow.tasks.params import (
     VocabularyParams,
     Word2VecParams,
 )
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, create_model, model_validator
 
 
-class TrainingParams(Params):
+class TrainingSettings(Params):
     remote: bool = Field(False, description="Hand the training stages (embeddings and language models) to the `gpu` "
                                             "work pool with run_deployment and continue with the artifact they "
                                             "publish in the store; off: the same stages run in this process.")
-    embeddings_deployment: str = Field("train-embeddings/train-embeddings", pattern=r"^[^/]+/[^/]+$",
-                                       description="The FLOW/DEPLOYMENT that trains embeddings remotely.")
-    lm_deployment: str = Field("train-lm/train-lm", pattern=r"^[^/]+/[^/]+$",
-                               description="The FLOW/DEPLOYMENT that trains language models remotely.")
-    seq2seq_deployment: str = Field("train-seq2seq/train-seq2seq", pattern=r"^[^/]+/[^/]+$",
-                                    description="The FLOW/DEPLOYMENT that trains translation models remotely.")
-    tagger_deployment: str = Field("train-tagger/train-tagger", pattern=r"^[^/]+/[^/]+$",
-                                   description="The FLOW/DEPLOYMENT that trains neural taggers and the ELMo biLM "
-                                               "remotely.")
-    pretrain_deployment: str = Field("pretrain/pretrain", pattern=r"^[^/]+/[^/]+$",
-                                     description="The FLOW/DEPLOYMENT that pretrains the encoder remotely.")
-    finetune_deployment: str = Field("finetune/finetune", pattern=r"^[^/]+/[^/]+$",
-                                     description="The FLOW/DEPLOYMENT that fine-tunes the encoder remotely.")
     timeout_minutes: float = Field(240, gt=0, le=10_080, description="How long to wait for a remote training run.")
 
     def deployment(self, kind: str) -> str:
         """The deployment that trains artifacts of `kind` (embeddings, lm, seq2seq, tagger, elmo, encoder,
-        finetuned) remotely."""
-        return {"embeddings": self.embeddings_deployment, "lm": self.lm_deployment,
-                "seq2seq": self.seq2seq_deployment, "tagger": self.tagger_deployment,
-                "elmo": self.tagger_deployment, "encoder": self.pretrain_deployment,
-                "finetuned": self.finetune_deployment}[kind]
+        finetuned) remotely: `<family>_deployment` of its training flow (flows/training_kinds.py)."""
+        family = next(spec.family for spec in TRAINING_FLOWS if kind in spec.kinds)
+        return getattr(self, f"{family}_deployment")
+
+
+# One `<family>_deployment` setting per training flow, from the table of trainer kinds.
+TrainingParams = create_model(
+    "TrainingParams", __base__=TrainingSettings, __module__=__name__,
+    **{f"{spec.family}_deployment": (str, Field(f"{spec.name}/{spec.name}", pattern=r"^[^/]+/[^/]+$",
+                                                description=f"The FLOW/DEPLOYMENT that trains {spec.what}, "
+                                                            "remotely."))
+       for spec in TRAINING_FLOWS})
 
 
 class PipelineParams(Params):
@@ -110,6 +107,10 @@ class PipelineParams(Params):
     finetune: FineTuneParams = Field(FineTuneParams(), description="Fine-tuning the encoder on the tagged corpus: "
                                                                    "tasks (upos, genre) and modes (scratch, frozen, "
                                                                    "full, adapters, lora).")
+    checks: ChecksParams = Field(ChecksParams(), description="Quality checks of each artifact against the released "
+                                                             "version (thresholds; first builds: floors).")
+    release: ReleaseParams = Field(ReleaseParams(), description="Whether this run releases its artifacts (moves "
+                                                                "their alias) when every blocking check passes.")
 
     @model_validator(mode="after")
     def _combinations_work(self) -> PipelineParams:

@@ -14,6 +14,7 @@ import inspect
 from typing import Any
 
 from lexiflow.flows.params import PipelineParams, args_doc, flow_signature, validate
+from lexiflow.flows.release import publish_checks, release, released_versions
 from lexiflow.flows.training import (
     EMBEDDING_TRAINERS,
     FINETUNE_TRAINERS,
@@ -25,6 +26,7 @@ from lexiflow.flows.training import (
 )
 from lexiflow.models import ingest
 from lexiflow.storage import ArtifactRef, ArtifactStore
+from lexiflow.tasks.checks import check_artifacts
 from lexiflow.tasks.corpus import ingest_corpus, ingest_tagged
 from lexiflow.tasks.evaluation import evaluate_embeddings
 from lexiflow.tasks.matrices import compute_ppmi, count_cooccurrence
@@ -106,9 +108,6 @@ def build_all(**sections: Any) -> dict[str, ArtifactRef]:
         translators = {kind: train(SEQ2SEQ_TRAINERS[kind], kind, store, {"pairs": pairs}, p.seq2seq, training)
                        for kind in p.seq2seq.models}
 
-    report = write_report(store, evaluations=list(evaluations.values()), lms=list(lms.values()) or None,
-                          taggers=list(taggers.values()) or None, translations=list(translators.values()) or None,
-                          finetuned=list(finetuned.values()) or None)
     refs = {"corpus": docs, "tokenizer": words, "tokenized_corpus": word_ids, "cooccurrence": counts,
             **({"ppmi": pmi} if "svd" in vectors else {}), **subword,
             **({"tagged_corpus": tagged} if tagged else {}),
@@ -117,12 +116,24 @@ def build_all(**sections: Any) -> dict[str, ArtifactRef]:
             **{f"lm.{k}": v for k, v in lms.items()}, **{f"tagger.{k}": v for k, v in taggers.items()},
             **({"parallel_corpus": pairs} if pairs else {}), **{f"seq2seq.{k}": v for k, v in translators.items()},
             **({"elmo": bilm} if bilm is not None else {}),
-            **({"encoder": encoder} if encoder else {}), **{f"finetuned.{k}": v for k, v in finetuned.items()},
-            "report": report}
-    if not looking_up():  # the Prefect UI's copies, on this run (`reuse_all` runs without Prefect)
-        publish_report(report)
-        publish_lineage(refs)  # reused artifacts included
-        get_run_logger().info("pipeline: %s", ", ".join(f"{name}={ref.version}" for name, ref in refs.items()))
+            **({"encoder": encoder} if encoder else {}), **{f"finetuned.{k}": v for k, v in finetuned.items()}}
+    # Each artifact against the version released under its name (flows/release.py), before the report shows it.
+    checked = check_artifacts(store, candidates=refs, released=released_versions(refs, p.release.alias) or None,
+                              params=p.checks)
+    report = write_report(store, evaluations=list(evaluations.values()), lms=list(lms.values()) or None,
+                          taggers=list(taggers.values()) or None, translations=list(translators.values()) or None,
+                          finetuned=list(finetuned.values()) or None, checks=checked)
+    refs.update({"checks": checked, "report": report})
+    if looking_up():  # `reuse_all`, without Prefect: nothing to show; a run that releases goes through Prefect
+        if p.release.when == "always":  # `scheduled` releases only a scheduled flow run, never a CLI run
+            raise MustRun("release")
+        return refs
+    publish_report(report)
+    results = published_manifest(checked)["metrics"]["results"]
+    publish_checks(checked, results)
+    publish_lineage(refs)  # on this run, reused artifacts included
+    get_run_logger().info("pipeline: %s", ", ".join(f"{name}={ref.version}" for name, ref in refs.items()))
+    release(refs, checked, results, p.release)  # last: a refused release fails the run after all is shown
     return refs
 
 

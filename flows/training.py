@@ -12,18 +12,22 @@ workers under the same name (a shared path or an object-store URL).
 
 `pretrain` and `finetune` do the same for the BERT-style encoder and its fine-tuned classifiers.
 A new trainer is one line in `EMBEDDING_TRAINERS`, `LM_TRAINERS`, `SEQ2SEQ_TRAINERS`, `TAGGER_TRAINERS`,
-`PRETRAIN_TRAINERS` or `FINETUNE_TRAINERS` (plus, for a new parameter section, one parameter of the flow).
+`PRETRAIN_TRAINERS` or `FINETUNE_TRAINERS`; the flows (their parameter sections those their trainers read),
+their deployments and the `training.<family>_deployment` settings derive from these tables and the table of
+trainer kinds (flows/training_kinds.py), where a new family is one line.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Any, get_args
+from typing import Any, Literal, get_args
 
-from lexiflow.flows.params import TrainingParams, artifact_ref
+from lexiflow.flows.params import PipelineParams, TrainingParams, artifact_ref
+from lexiflow.flows.training_kinds import TRAINING_FLOWS, TrainingFlow
 from lexiflow.models.device import gpu_warning
 from lexiflow.models.errors import ParameterError
 from lexiflow.storage import ArtifactRef, ArtifactStore, StoreError
@@ -31,30 +35,13 @@ from lexiflow.storage.formats import read_manifest
 from lexiflow.tasks.elmo import train_elmo
 from lexiflow.tasks.embeddings import glove_embeddings, lsi_embeddings, svd_embeddings, word2vec_embeddings
 from lexiflow.tasks.lm import train_lm as lm_stage
-from lexiflow.tasks.params import (
-    ElmoParams,
-    EmbeddingMethod,
-    FineTuneMode,
-    FineTuneParams,
-    FineTuneTask,
-    GloVeParams,
-    LMKind,
-    LSIParams,
-    NeuralLMParams,
-    NgramParams,
-    PretrainParams,
-    Seq2SeqKind,
-    Seq2SeqParams,
-    SVDParams,
-    TaggerParams,
-    Word2VecParams,
-)
+from lexiflow.tasks.params import FineTuneMode, FineTuneTask
 from lexiflow.tasks.pretraining import finetune as finetune_stage
 from lexiflow.tasks.pretraining import pretrain as pretrain_stage
 from lexiflow.tasks.stage import looking_up, published_manifest
-from lexiflow.tasks.tagger import train_tagger
+from lexiflow.tasks.tagger import train_tagger as tagger_stage
 from lexiflow.tasks.translation import train_seq2seq as seq2seq_stage
-from prefect import flow, get_run_logger
+from prefect import Flow, flow, get_run_logger
 from prefect.deployments import run_deployment
 from pydantic import BaseModel
 
@@ -72,6 +59,8 @@ class Trainer:
     fixed: dict[str, str] = field(default_factory=dict)
     optional: dict[str, str] = field(default_factory=dict)
     gpu: bool = True  # benefits from a GPU: `training.remote` hands it to the gpu pool; else it runs here
+    pretrained: str | None = None  # the optional input `<section>.pretrained` names (a flow's form: both or neither)
+    needs: tuple[str, ...] = ()  # optional inputs this one requires (the latest when not given)
 
     @property
     def kind(self) -> str:
@@ -92,7 +81,7 @@ EMBEDDING_TRAINERS: dict[str, Trainer] = {
 LM_TRAINERS: dict[str, Trainer] = {
     kind: Trainer(lm_stage, {"tokens": "tokenized_corpus", "tokenizer": "tokenizer"},
                   "ngram" if kind == "ngram" else "neural", {"model": kind}, {"embeddings": "embeddings"},
-                  gpu=kind != "ngram")
+                  gpu=kind != "ngram", pretrained=None if kind == "ngram" else "embeddings")
     for kind in ("ngram", "ffnn", "rnn", "lstm", "gru", "transformer")
 }
 SEQ2SEQ_TRAINERS: dict[str, Trainer] = {
@@ -104,8 +93,9 @@ SEQ2SEQ_TRAINERS: dict[str, Trainer] = {
 # the pipeline's own process (CPU, seconds).
 TAGGER_TRAINERS: dict[str, Trainer] = {
     "elmo": Trainer(train_elmo, {"corpus": "corpus"}, "elmo"),
-    **{f"{kind}:{column}": Trainer(train_tagger, {"tagged": "tagged_corpus"}, "tagger",
-                                   {"column": column, "kind": kind}, {"elmo": "elmo", "vectors": "embeddings"})
+    **{f"{kind}:{column}": Trainer(tagger_stage, {"tagged": "tagged_corpus"}, "tagger",
+                                   {"column": column, "kind": kind}, {"elmo": "elmo", "vectors": "embeddings"},
+                                   pretrained="vectors", needs=("elmo",) if kind == "bilstm+elmo" else ())
        for kind in ("bilstm", "bilstm+elmo") for column in ("upos", "xpos")},
 }
 PRETRAIN_TRAINERS: dict[str, Trainer] = {"encoder": Trainer(pretrain_stage, {"corpus": "corpus"}, "pretrain")}
@@ -150,96 +140,6 @@ def _run_here(trainer: Trainer, store: str, inputs: dict[str, str], params: Base
     return ref
 
 
-@flow(name="train-embeddings", log_prints=True)
-def train_embeddings(
-    store: str = "artifacts",
-    method: EmbeddingMethod = "svd",
-    inputs: dict[str, str] | None = None,
-    svd: SVDParams = SVDParams(),
-    lsi: LSIParams = LSIParams(),
-    word2vec: Word2VecParams = Word2VecParams(),
-    glove: GloVeParams = GloVeParams(),
-) -> ArtifactRef:
-    """Train word embeddings from artifacts in the store (GPU pool).
-
-    Args:
-        store: Artifact store (a folder or an fsspec URL) shared with the workers.
-        method: Which trainer.
-        inputs: Input artifact versions by argument name (e.g. {"ppmi": "3f2a..."}); missing ones are the latest.
-    """
-    trainer = EMBEDDING_TRAINERS[method]
-    sections = {"svd": svd, "lsi": lsi, "word2vec": word2vec, "glove": glove}
-    return _run_here(trainer, store, inputs or {}, sections[trainer.section])
-
-
-@flow(name="train-lm", log_prints=True)
-def train_lm(
-    store: str = "artifacts",
-    method: LMKind = "ngram",
-    inputs: dict[str, str] | None = None,
-    ngram: NgramParams = NgramParams(),
-    neural: NeuralLMParams = NeuralLMParams(),
-) -> ArtifactRef:
-    """Train a language model on the tokenized corpus in the store (GPU pool).
-
-    Args:
-        store: Artifact store (a folder or an fsspec URL) shared with the workers.
-        method: Which trainer.
-        inputs: Input artifact versions by argument name (tokens, tokenizer, optionally embeddings for a
-            pretrained initialisation); missing required ones are the latest.
-    """
-    trainer = LM_TRAINERS[method]
-    inputs = inputs or {}
-    if trainer.section == "neural":
-        _pretrained_agrees("neural", neural.pretrained, "embeddings", inputs)
-    return _run_here(trainer, store, inputs, {"ngram": ngram, "neural": neural}[trainer.section])
-
-
-@flow(name="train-seq2seq", log_prints=True)
-def train_seq2seq(
-    store: str = "artifacts",
-    method: Seq2SeqKind = "rnn",
-    inputs: dict[str, str] | None = None,
-    seq2seq: Seq2SeqParams = Seq2SeqParams(),
-) -> ArtifactRef:
-    """Train a translation model on a parallel corpus in the store (GPU pool).
-
-    Args:
-        store: Artifact store (a folder or an fsspec URL) shared with the workers.
-        method: Which model: rnn (encoder-decoder, with or without attention) or transformer.
-        inputs: Input artifact versions by argument name ({"pairs": <parallel_corpus version>}); missing: the latest.
-    """
-    return _run_here(SEQ2SEQ_TRAINERS[method], store, inputs or {}, seq2seq)
-
-
-@flow(name="train-tagger", log_prints=True)
-def train_tagger_flow(
-    store: str = "artifacts",
-    method: str = "bilstm:upos",
-    inputs: dict[str, str] | None = None,
-    tagger: TaggerParams = TaggerParams(),
-    elmo: ElmoParams = ElmoParams(),
-) -> ArtifactRef:
-    """Train a neural tagger (`bilstm:upos`, `bilstm+elmo:xpos`, ...) on the tagged corpus, or the ELMo biLM
-    (`elmo`) on the corpus, from artifacts in the store (GPU pool).
-
-    Args:
-        store: Artifact store (a folder or an fsspec URL) shared with the workers.
-        method: `elmo`, or KIND:COLUMN with KIND bilstm or bilstm+elmo and COLUMN upos or xpos.
-        inputs: Input artifact versions by argument name (tagged, elmo, vectors: the embeddings that initialise
-            the word embeddings with tagger.pretrained; corpus for the biLM); missing required ones are the latest.
-    """
-    if method not in TAGGER_TRAINERS:
-        raise ParameterError(f"method={method!r}: use one of {sorted(TAGGER_TRAINERS)}")
-    trainer = TAGGER_TRAINERS[method]
-    inputs = dict(inputs or {})
-    if method.startswith("bilstm+elmo") and "elmo" not in inputs:
-        inputs["elmo"] = "latest"  # an optional input of the trainer, required by this kind
-    if trainer.section == "tagger":
-        _pretrained_agrees("tagger", tagger.pretrained, "vectors", inputs)
-    return _run_here(trainer, store, inputs, {"tagger": tagger, "elmo": elmo}[trainer.section])
-
-
 def _pretrained_agrees(section: str, pretrained: str, name: str, inputs: dict[str, str]) -> None:
     """The stage initialises from `inputs[name]` (an embeddings version) whatever `{section}.pretrained` says:
     from a form, the two must agree (both or neither)."""
@@ -251,45 +151,52 @@ def _pretrained_agrees(section: str, pretrained: str, name: str, inputs: dict[st
             f"embeddings, or leave inputs.{name} out")
 
 
-def _run_method(trainers: dict[str, Trainer], method: str, store: str, inputs: dict[str, str] | None,
-                params: BaseModel) -> ArtifactRef:
-    if method not in trainers:  # a free-text method (deployments with many choices): checked here
-        raise ParameterError(f"method={method!r}: use one of {', '.join(trainers)}")
-    return _run_here(trainers[method], store, inputs or {}, params)
+def training_flow(spec: TrainingFlow) -> Flow:
+    """The flow of one row of the table of trainer kinds: `store`, `method` (a trainer of its family), `inputs`
+    (versions by argument name) and one parameter section per section its trainers read, typed and described as
+    in the pipeline's form (its signature and docstring, so its UI form, are derived)."""
+    trainers = TRAINERS[spec.family]
+    sections = list(dict.fromkeys(trainer.section for trainer in trainers.values()))
+    names = sorted({name for t in trainers.values() for name in (*t.inputs, *t.optional)})
+
+    def run(store: str = "artifacts", method: str = next(iter(trainers)), inputs: dict[str, str] | None = None,
+            **params: BaseModel) -> ArtifactRef:
+        if method not in trainers:  # a run created without the schema's check: refused here
+            raise ParameterError(f"method={method!r}: use one of {', '.join(trainers)}")
+        trainer = trainers[method]
+        inputs = {**dict.fromkeys(trainer.needs, "latest"), **(inputs or {})}
+        section = params.get(trainer.section) or PipelineParams.model_fields[trainer.section].default
+        if trainer.pretrained:
+            _pretrained_agrees(trainer.section, section.pretrained, trainer.pretrained, inputs)
+        return _run_here(trainer, store, inputs, section)
+
+    fields = PipelineParams.model_fields
+    run.__signature__ = inspect.Signature([
+        inspect.Parameter("store", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str, default="artifacts"),
+        inspect.Parameter("method", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=Literal[tuple(trainers)],
+                          default=next(iter(trainers))),
+        inspect.Parameter("inputs", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=dict[str, str] | None,
+                          default=None),
+        *(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=fields[name].annotation,
+                            default=fields[name].default) for name in sections)])
+    run.__doc__ = (f"Train {spec.what} (GPU pool).\n\nArgs:\n"
+                   "    store: Artifact store (a folder or an fsspec URL) shared with the workers.\n"
+                   f"    method: Which trainer: {', '.join(trainers)}.\n"
+                   f"    inputs: Input artifact versions by argument name ({', '.join(names)}); a required one not "
+                   "given comes from the lineage of those given, else it is the latest.\n"
+                   + "".join(f"    {name}: {fields[name].description}\n" for name in sections))
+    run.__name__ = run.__qualname__ = spec.entrypoint
+    return flow(name=spec.name, log_prints=True)(run)
 
 
-@flow(name="pretrain", log_prints=True)
-def pretrain(
-    store: str = "artifacts",
-    method: str = "encoder",
-    inputs: dict[str, str] | None = None,
-    pretrain: PretrainParams = PretrainParams(),
-) -> ArtifactRef:
-    """Pretrain the BERT-style encoder (masked LM) on the corpus in the store (GPU pool).
-
-    Args:
-        store: Artifact store (a folder or an fsspec URL) shared with the workers.
-        method: encoder (the only pretraining model).
-        inputs: Input artifact versions by argument name ({"corpus": <version>}); missing: the latest.
-    """
-    return _run_method(PRETRAIN_TRAINERS, method, store, inputs, pretrain)
-
-
-@flow(name="finetune", log_prints=True)
-def finetune(
-    store: str = "artifacts",
-    method: str = "upos-full",
-    inputs: dict[str, str] | None = None,
-    finetune: FineTuneParams = FineTuneParams(),
-) -> ArtifactRef:
-    """Fine-tune the pretrained encoder on the tagged corpus in the store (GPU pool).
-
-    Args:
-        store: Artifact store (a folder or an fsspec URL) shared with the workers.
-        method: <task>-<mode>: task upos or genre, mode scratch, frozen, full, adapters or lora.
-        inputs: Input artifact versions by argument name ({"encoder": ..., "tagged": ...}); missing: the latest.
-    """
-    return _run_method(FINETUNE_TRAINERS, method, store, inputs, finetune)
+# One trainer table per family of the table of trainer kinds (flows/training_kinds.py), and its flow, bound to the
+# name its deployment's entrypoint gives (`flows/training.py:train_lm`, ...).
+TRAINERS: dict[str, dict[str, Trainer]] = {
+    "embeddings": EMBEDDING_TRAINERS, "lm": LM_TRAINERS, "seq2seq": SEQ2SEQ_TRAINERS, "tagger": TAGGER_TRAINERS,
+    "pretrain": PRETRAIN_TRAINERS, "finetune": FINETUNE_TRAINERS}
+assert set(TRAINERS) == {spec.family for spec in TRAINING_FLOWS}, "flows/training_kinds.py and TRAINERS disagree"
+FLOWS: dict[str, Flow] = {spec.family: training_flow(spec) for spec in TRAINING_FLOWS}
+globals().update({spec.entrypoint: FLOWS[spec.family] for spec in TRAINING_FLOWS})
 
 
 def train(trainer: Trainer, method: str, store: str, inputs: dict[str, ArtifactRef], params: BaseModel,

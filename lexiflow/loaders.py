@@ -85,6 +85,11 @@ def load_report(store: ArtifactStore, manifest: dict[str, Any]) -> str:
     return store.read_text(manifest["kind"], manifest["version"], "report.md")
 
 
+def load_checks(store: ArtifactStore, manifest: dict[str, Any]) -> pl.DataFrame:
+    """A run's release checks, one row per check (artifact, check, value, released, limit, rule, passed, blocking)."""
+    return pl.DataFrame(manifest["metrics"]["results"], infer_schema_length=None)
+
+
 def load_matrix(store: ArtifactStore, manifest: dict[str, Any]) -> MatrixArtifact:
     ref, names = store.ref(manifest["kind"], manifest["version"]), {f["name"] for f in manifest["files"]}
     return MatrixArtifact(read_matrix(ref), store.read_parquet(ref.kind, ref.version, "vocab.parquet"),
@@ -199,6 +204,7 @@ LOADERS: dict[str, Loader] = {
     "parallel_corpus": table("pairs.parquet"),
     "seq2seq": load_seq2seq,
     "report": load_report,
+    "checks": load_checks,
 }
 
 

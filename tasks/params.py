@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal, get_args
 
-from lexiflow.models import lsi, ppmi, svd
+from lexiflow.models import checks, lsi, ppmi, svd
 from lexiflow.models.config import parameters
 from lexiflow.models.encoder import EncoderConfig
 from lexiflow.models.evaluation import DEFAULT_PROBES
@@ -280,3 +280,24 @@ FineTuneParams = section(
         "scratch (the same encoder randomly initialised, all trained), frozen (head only), full, adapters "
         "(Houlsby), lora (attention projections, merged after training)."))),
     **training("Sentences", epochs=1, batch_size=32, lr=1e-3, warmup_steps=100))
+
+
+# Release checks (models/checks.py): every kind's thresholds, one section; `advisory` demotes checks to reports.
+ChecksParams = section(
+    "ChecksParams", *(kind.thresholds for kind in checks.CHECKS.values()),
+    doc="Checks of each artifact against the version released under the same name (models/checks.py); a release "
+        "happens only when every blocking check passes.",
+    advisory=(list[str], Field([], description="Checks that are reported but do not block a release: ARTIFACT.CHECK "
+                                               "as the checks table names them (e.g. corpus.tokens, "
+                                               "lm.ngram.valid_word_perplexity), or KIND.CHECK for every artifact of "
+                                               "the kind.")))
+
+
+class ReleaseParams(Params):
+    """Whether a run releases what it built: moves an alias to each new version when every blocking check passes."""
+
+    when: Literal["never", "scheduled", "always"] = Field(
+        "scheduled", description="never; scheduled (only a run its deployment's schedule started: a cron rebuild); "
+                                 "always (a run from the UI or `lexiflow run --release` too).")
+    alias: str = Field("production", pattern=r"^[a-z][a-z0-9_-]{0,62}$",
+                       description="The alias the released versions get (KIND@ALIAS, e.g. embeddings@production).")

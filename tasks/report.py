@@ -29,7 +29,7 @@ KEY_METRIC = {"corpus": "tokens", "tagged_corpus": "sentences", "tokenizer": "vo
               "tokenized_corpus": "unk_rate", "cooccurrence": "nonzeros", "ppmi": "nonzeros", "embeddings": "dim",
               "evaluation": "ws353_spearman", "lm": "valid_perplexity", "tagger": "accuracy", "report": "embeddings",
               "parallel_corpus": "pairs", "seq2seq": "test_bleu", "elmo": "valid_loss",
-              "encoder": "mlm_accuracy", "finetuned": "accuracy"}
+              "encoder": "mlm_accuracy", "finetuned": "accuracy", "checks": "passed"}
 TAGGER_COLUMNS = ("column", "model", "evaluated_on", "accuracy", "known_accuracy", "unknown_accuracy", "tokens",
                   "unknown_tokens", "elmo_weights", "elmo_gamma")
 FIGURE_LINK = re.compile(r"!\[[^\]]*\]\(([^)\s]+\.png)\)")
@@ -100,7 +100,7 @@ def _table(rows: list[dict], columns: tuple[str, ...]) -> list[str]:
 @stage("report")
 def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[ArtifactRef] | None = None,
                  taggers: list[ArtifactRef] | None = None, translations: list[ArtifactRef] | None = None,
-                 finetuned: list[ArtifactRef] | None = None) -> None:
+                 finetuned: list[ArtifactRef] | None = None, checks: ArtifactRef | None = None) -> None:
     store = ArtifactStore(evaluations[0].store)
     lines = ["# lexiflow evaluation report", ""]
     manifests = [read_manifest(ref) for ref in evaluations]
@@ -155,12 +155,24 @@ def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[
         lines += _translation_section(out, translations)
     if finetuned:
         lines += _finetune_section(finetuned)
+    if checks:
+        lines += _checks_section(checks)
     lines += ["", "## Lineage", "", "Every artifact behind this report, inputs first.", ""]
     lines += _table(lineage_rows([*evaluations, *(lms or []), *(taggers or []), *(translations or [])]),
                     ("artifact", "tag", "key metric", "made from"))
     out.write_text("report.md", "\n".join(lines) + "\n")
     out.metrics.update({"embeddings": len(evaluations), "lms": len(lms or []), "taggers": len(taggers or []),
                         "translations": len(translations or []), "finetuned": len(finetuned or [])})
+
+
+def _checks_section(checks: ArtifactRef) -> list[str]:
+    """The release checks: each artifact against the version released under its name (first builds: floors)."""
+    metrics = read_manifest(checks)["metrics"]
+    verdict = ("every blocking check passed" if metrics["passed"] else
+               f"**{metrics['blocking_failures']} blocking check(s) failed**: a release would be refused")
+    table = ArtifactStore(checks.store).read_text(checks.kind, checks.version, "checks.md")
+    return ["", "## Release checks", "", f"Each artifact against the version released under its name, or the floors "
+            f"when none is (`{checks}`): {verdict}.", "", table.rstrip("\n")]
 
 
 def _finetune_section(finetuned: list[ArtifactRef]) -> list[str]:

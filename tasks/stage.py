@@ -280,7 +280,8 @@ def _is_refs(value: Any) -> bool:
 
 
 def _split_arguments(arguments: dict[str, Any]) -> tuple[dict[str, ArtifactRef], dict[str, Any]]:
-    """Input artifacts (a ref, or a list of refs named `name.0`, `name.1`, ...) and parameters."""
+    """Input artifacts (a ref; a list of refs named `name.0`, `name.1`, ...; a dict of refs named `name.key`)
+    and parameters."""
     inputs: dict[str, ArtifactRef] = {}
     params: dict[str, Any] = {}
     for k, v in arguments.items():
@@ -288,6 +289,8 @@ def _split_arguments(arguments: dict[str, Any]) -> tuple[dict[str, ArtifactRef],
             inputs[k] = v
         elif _is_refs(v):
             inputs.update({f"{k}.{i}": ref for i, ref in enumerate(v)})
+        elif isinstance(v, dict) and v and _is_refs(list(v.values())):
+            inputs.update({f"{k}.{name}": ref for name, ref in v.items()})
         elif k not in HOW:
             params[k] = v.model_dump(mode="json", exclude=HOW_FIELDS) if isinstance(v, BaseModel) else v
     return inputs, params
@@ -338,6 +341,24 @@ def link_artifact(store: ArtifactStore, kind: str, version: str) -> None:
                                  description=f"{kind} artifact in the store ({store.url})")
     except Exception:  # outside a run context, or the API is busy: the link is a nicety
         pass
+
+
+PUBLISHED, RELEASED = "lexiflow.artifact.published", "lexiflow.artifact.released"
+
+
+def emit_artifact_event(event: str, ref: ArtifactRef, alias: str = "", payload: dict[str, Any] | None = None) -> None:
+    """A Prefect event about an artifact (PUBLISHED when a stage made it, RELEASED when an alias moved to it):
+    the resource carries its kind, version, alias (empty for PUBLISHED) and store, which automations and
+    deployment triggers match on (docs/operations.md); inside a run, Prefect adds the run as a related resource."""
+    from prefect.events import emit_event
+
+    try:
+        emit_event(event, resource={"prefect.resource.id": f"lexiflow.artifact.{ref.kind}.{ref.version}",
+                                    "prefect.resource.name": f"{ref.kind}@{alias}" if alias else str(ref),
+                                    "lexiflow.kind": ref.kind, "lexiflow.version": ref.version,
+                                    "lexiflow.alias": alias, "lexiflow.store": ref.store}, payload=payload or {})
+    except Exception as exc:  # no server to send it to: the artifact (and an alias) stand regardless
+        logging.getLogger("lexiflow").warning("event %s for %s not sent: %s", event, ref, exc)
 
 
 def stage(kind: str, fingerprint: Callable[[dict], Any] | None = None,
@@ -416,6 +437,7 @@ def stage(kind: str, fingerprint: Callable[[dict], Any] | None = None,
             _PROGRESS.pop(str(task_run.id or ""), None)  # no later attempt will move this bar
             logger.info("%s: published %s at %s", kind, ref, artifacts.path(kind, version))
             link_artifact(artifacts, kind, version)
+            emit_artifact_event(PUBLISHED, ref)
             return ref
 
         def lookup(*args: Any, **kwargs: Any) -> ArtifactRef:

@@ -6,12 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from lexiflow.storage import ArtifactStore
+from lexiflow.tasks.checks import check_artifacts
 from lexiflow.tasks.corpus import ingest_corpus, ingest_tagged
 from lexiflow.tasks.embeddings import glove_embeddings, svd_embeddings
 from lexiflow.tasks.evaluation import evaluate_embeddings
 from lexiflow.tasks.lm import train_lm
 from lexiflow.tasks.matrices import compute_ppmi, count_cooccurrence
 from lexiflow.tasks.params import (
+    ChecksParams,
     CooccurrenceParams,
     CorpusParams,
     EvaluationParams,
@@ -54,5 +56,8 @@ def build(folder: Path) -> ArtifactStore:
     tagged = publish(store, ingest_tagged, params=CorpusParams(sources=[str(folder / "t-train.conllu"),
                                                                         str(folder / "t-dev.conllu")]))
     tagger = publish(store, train_tagger, tagged=tagged, column="upos", params=TaggerParams(order=2))
-    publish(store, write_report, evaluations=[evaluation], lms=lms, taggers=[tagger])
+    checked = publish(store, check_artifacts, candidates={"corpus": docs, "tokenized_corpus": ids, "evaluation.svd":
+                                                          evaluation, "lm.ngram": lms[0], "tagger.upos": tagger},
+                      released=None, params=ChecksParams())
+    publish(store, write_report, evaluations=[evaluation], lms=lms, taggers=[tagger], checks=checked)
     return store

@@ -45,7 +45,10 @@ TERMINAL = {"COMPLETED", "FAILED", "CRASHED", "CANCELLED"}
 # GloVe trains on a GPU worker (training.remote); SVD runs where the flow runs.
 SMALL = {"vocabulary": {"min_count": 2}, "svd": {"dim": 20}, "glove": {"dim": 20, "epochs": 2},
          "embeddings": ["svd", "glove"], "lm": [],
-         "evaluation": {"analogy_vocabulary": 1000, "projection_words": 0}}
+         "evaluation": {"analogy_vocabulary": 1000, "projection_words": 0},
+         # 20-dimensional vectors of a 60k-word corpus are near random on word similarity: reported, not blocking
+         # (corpus-rebuild releases what passes; tests/test_release_gate.py tests the gate)
+         "checks": {"advisory": ["evaluation.ws353_spearman", "evaluation.simlex999_spearman"]}}
 
 
 # ---- fast: definitions and parameter validation ----------------------------------------------
@@ -53,14 +56,19 @@ def test_deployments_registry_pools_and_schedule():
     config = DeployConfig(store="/data/store", sources=["/corpus/*.txt"])
     by_name = {spec.name: spec for spec in DEPLOYMENTS}
     assert set(by_name) == {"pipeline", "corpus-rebuild", "train-embeddings", "train-lm", "train-seq2seq",
-                            "train-tagger", "pretrain", "finetune"}
+                            "train-tagger", "pretrain", "finetune", "serve-release"}
     assert {name: pool_name(spec, config) for name, spec in by_name.items()} == {
         "pipeline": "cpu", "corpus-rebuild": "cpu", "train-embeddings": "gpu", "train-lm": "gpu",
-        "train-seq2seq": "gpu", "train-tagger": "gpu", "pretrain": "gpu", "finetune": "gpu"}
+        "train-seq2seq": "gpu", "train-tagger": "gpu", "pretrain": "gpu", "finetune": "gpu", "serve-release": "cpu"}
     assert by_name["corpus-rebuild"].cron(config) == DEFAULT_CRON == "0 3 * * 1"
     assert by_name["pipeline"].cron(config) is None
     assert by_name["corpus-rebuild"].parameters(config) == {
-        "store": "/data/store", "corpus": {"sources": ["/corpus/*.txt"]}, "training": {"remote": True}}
+        "store": "/data/store", "corpus": {"sources": ["/corpus/*.txt"]}, "training": {"remote": True},
+        "release": {"when": "always", "alias": "production"}}  # a rebuild releases what passes its checks
+    trigger, = by_name["serve-release"].triggers(config)  # the downstream example starts on a release
+    assert trigger.expect == {"lexiflow.artifact.released"}
+    assert trigger.match.root == {"lexiflow.kind": "embeddings", "lexiflow.alias": "production",
+                             "lexiflow.store": "/data/store"}
     # one list of choices (tasks/params.py) for the pipeline's form and the training flows' drop-downs
     assert set(EMBEDDING_TRAINERS) == set(get_args(EmbeddingMethod)) == {"svd", "lsi", "sgns", "cbow", "glove"}
     assert set(LM_TRAINERS) == set(get_args(LMKind)) == {"ngram", "ffnn", "rnn", "lstm", "gru", "transformer"}
@@ -541,7 +549,7 @@ class Box:
 def box(tmp_path_factory):
     home = tmp_path_factory.mktemp("prefect-home")  # an isolated PREFECT_HOME for this session
     store = tmp_path_factory.mktemp("store")
-    config = DeployConfig(store=str(store), sources=["builtin:lee"])
+    config = DeployConfig(store=str(store), sources=["builtin:lee"], serving=str(tmp_path_factory.mktemp("serving")))
     try:
         yield Box(serve.start(home, config, worker_poll_seconds=2, cpu_limit=3), config, home)
     finally:
@@ -622,7 +630,7 @@ def test_pipeline_run_hands_training_to_the_gpu_worker(box, runs):
 def test_catalog_shows_the_new_artifacts_with_lineage(box, runs):
     catalog = Catalog(box.config.store)
     assert set(catalog.kinds()) == {"corpus", "tokenizer", "tokenized_corpus", "cooccurrence", "ppmi", "embeddings",
-                                    "evaluation", "report"}
+                                    "evaluation", "checks", "report"}
     report = catalog.latest("evaluation", method="svd")
     assert report["run"]["flow_run_id"] == runs["pipeline"]["id"]
     lineage = catalog.lineage(report["version"])

@@ -45,17 +45,17 @@ def test_caching_reuses_unchanged_stages_and_recomputes_deleted_ones(tmp_path):
     store = tmp_path / "store"
     first = run_pipeline(small_params(store))
     assert set(Catalog(store).kinds()) == {"corpus", "tokenizer", "tokenized_corpus", "cooccurrence", "ppmi",
-                                           "embeddings", "evaluation", "report"}
+                                           "embeddings", "evaluation", "checks", "report"}
     before = created(store)
 
     # A second run recomputes nothing.
     assert run_pipeline(small_params(store)) == first
     assert created(store) == before
 
-    # Changing only the SVD dimension recomputes SVD and evaluation only (and the run's report).
+    # Changing only the SVD dimension recomputes SVD and evaluation only (and the run's checks and report).
     changed = run_pipeline(small_params(store, svd={"dim": 30}))
     new = set(created(store)) - set(before)
-    assert sorted(kind for kind, _ in new) == ["embeddings", "evaluation", "report"]
+    assert sorted(kind for kind, _ in new) == ["checks", "embeddings", "evaluation", "report"]
     assert all(changed[k] == first[k] for k in ("corpus", "tokenizer", "tokenized_corpus", "cooccurrence", "ppmi"))
 
     # A deleted artifact is rebuilt, not returned as a dangling (cached) reference.
@@ -94,8 +94,8 @@ def test_cli_run_and_listing(tmp_path, capsys):
     assert code == 0 and "Evaluation report:" in out and "ws353_spearman" in out
     assert main(["artifacts", "list", "--store", str(store), "--json"]) == 0
     listing = json.loads(capsys.readouterr().out)
-    assert len(listing) == 8
-    assert set(listing[0]) == {"kind", "version", "created", "inputs", "parameters", "metrics", "path"}
+    assert len(listing) == 9  # the run's checks too
+    assert set(listing[0]) == {"kind", "version", "created", "inputs", "parameters", "metrics", "path", "aliases"}
     emb = next(a for a in listing if a["kind"] == "embeddings")
     assert emb["parameters"]["params"]["dim"] == 5 and set(emb["inputs"]) == {"ppmi"}
     assert main(["artifacts", "show", "embeddings", "--store", str(store)]) == 0

@@ -1,0 +1,120 @@
+"""Releasing a run's artifacts: the names they are released under, the gate, and the events.
+
+Every artifact a pipeline run names (`corpus`, `embeddings.svd`, `lm.ngram`, `tagger.bilstm.upos`, ...)
+is released under an alias of its kind derived from that name and `release.alias` (production):
+`corpus@production`, `embeddings@production-svd`, `tagger@production-bilstm-upos`; the first artifact of
+each kind in the run also under the alias itself (`embeddings@production`: the first of `embeddings`,
+`tokenizer@production`: the word vocabulary). The checks compare each artifact with the version released
+under its name (tasks/checks.py). A run releases when `release.when` says so (`scheduled`: only runs a
+schedule started; `always`) and every blocking check passed; then each alias that moves is logged in the
+store's release log and announced by a `lexiflow.artifact.released` event, after all of them moved (a
+downstream job started by the first event finds the whole release).
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from typing import Any
+
+from lexiflow.models import checks
+from lexiflow.models.errors import LexiflowError
+from lexiflow.storage import ArtifactRef, Catalog
+from lexiflow.tasks.params import ReleaseParams
+from lexiflow.tasks.stage import RELEASED, STAGE_RETRIES, LookupTask, emit_artifact_event
+from prefect import get_run_logger, task
+from prefect.artifacts import create_table_artifact
+from prefect.cache_policies import NO_CACHE
+from prefect.runtime import flow_run
+
+
+class ReleaseRefused(LexiflowError):
+    """A blocking check failed: the aliases stay where they were (the message: each failure's numbers)."""
+
+
+def own_alias(name: str, kind: str, alias: str) -> str:
+    """The alias a run name is released under: `alias`, or `alias-<suffix>` (embeddings.svd: production-svd)."""
+    suffix = re.sub(r"[^a-z0-9]+", "-", name.removeprefix(kind).lower()).strip("-")
+    return f"{alias}-{suffix}" if suffix else alias
+
+
+def aliases(refs: dict[str, ArtifactRef], alias: str) -> dict[str, list[str]]:
+    """{run name: the aliases of its kind it is released under}: its own, and `alias` for the first of each kind."""
+    found: dict[str, list[str]] = {}
+    for name, ref in refs.items():
+        first = all(other.kind != ref.kind for other in map(refs.get, found))
+        found[name] = list(dict.fromkeys([alias] * first + [own_alias(name, ref.kind, alias)]))
+    return found
+
+
+@functools.partial(LookupTask, name="released-versions", cache_policy=NO_CACHE, persist_result=False, **STAGE_RETRIES)
+def released_versions(refs: dict[str, ArtifactRef], alias: str) -> dict[str, ArtifactRef]:
+    """{run name: the version released under its own name} for the names something is released under: what
+    the checks compare with."""
+    catalog, found = Catalog(next(iter(refs.values())).store), {}
+    for name, ref in refs.items():
+        version = catalog.released(ref.kind, own_alias(name, ref.kind, alias))
+        if version is not None and catalog.store.exists(ref.kind, version):  # removed with --force: a first build
+            found[name] = catalog.store.ref(ref.kind, version)
+    return found
+
+
+def publish_checks(checked: ArtifactRef, results: list[dict[str, Any]]) -> None:
+    """The checks as a table artifact of the run (`release-checks`), published whether the release happens or not."""
+    try:
+        create_table_artifact([{**row, "value": _cell(row["value"]), "released": _cell(row["released"]),
+                                "limit": _cell(row["limit"])} for row in results], key="release-checks",
+                              description=f"Release checks ({checked}): each artifact against the released version")
+    except Exception:  # no Prefect run context (a plain function call): nothing to show it in
+        pass
+
+
+def _cell(value: Any) -> Any:
+    return None if value is None or value != value else float(f"{value:.6g}")  # NaN: not measured
+
+
+def wanted(params: ReleaseParams) -> bool:
+    """Whether this run releases: `always`, or `scheduled` and a schedule created this flow run."""
+    if params.when != "scheduled":
+        return params.when == "always"
+    if not flow_run.id:
+        return False
+    from prefect import get_client
+
+    with get_client(sync_client=True) as client:
+        return bool(client.read_flow_run(flow_run.id).auto_scheduled)
+
+
+@task(name="release", cache_policy=NO_CACHE, persist_result=False, **STAGE_RETRIES)
+def move_aliases(refs: dict[str, ArtifactRef], checked: ArtifactRef, alias: str) -> list[tuple[ArtifactRef, str]]:
+    """Move every alias of the run's artifacts that does not name its version yet; [(ref, alias)] moved."""
+    catalog, moved = Catalog(checked.store), []
+    for name, names in aliases(refs, alias).items():
+        ref = refs[name]
+        for each in names:
+            if catalog.released(ref.kind, each) != ref.version:
+                catalog.release(ref.kind, ref.version, each, reason=f"checks passed ({checked})",
+                                flow_run=str(flow_run.id or "") or None)
+                moved.append((ref, each))
+    return moved
+
+
+def release(refs: dict[str, ArtifactRef], checked: ArtifactRef, results: list[dict[str, Any]],
+            params: ReleaseParams) -> list[tuple[ArtifactRef, str]]:
+    """The gate: release when wanted and every blocking check passed; refuse (ReleaseRefused, the run
+    fails) when wanted and one failed; else only say how the checks went."""
+    logger = get_run_logger()
+    failed = [checks.Result(**row) for row in results if row["blocking"] and not row["passed"]]
+    if not wanted(params):
+        if failed:
+            logger.warning("not releasing (release.when=%s); a release would be refused: %s", params.when,
+                           checks.failure_line(failed))
+        return []
+    if failed:
+        raise ReleaseRefused(checks.failure_line(failed))
+    moved = move_aliases(refs, checked, params.alias)
+    for ref, alias in moved:
+        emit_artifact_event(RELEASED, ref, alias, {"checks": checked.version})
+    logger.info("released: %s", ", ".join(f"{ref.kind}@{alias}={ref.version}" for ref, alias in moved) or
+                "every alias already names this run's versions")
+    return moved
