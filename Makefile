@@ -14,6 +14,7 @@ PROJECT ?= -e .
 # dev and bench extras) for `make test`; torch apart, in torch.txt.
 LOCKS := requirements
 TORCH := $(LOCKS)/torch.txt
+TORCH_PIN := $(shell grep -m1 '^torch==' $(TORCH))
 REQUIRES_PYTHON := $(shell sed -n 's/^requires-python = ">=\([0-9.]*\)"/\1/p' pyproject.toml)
 
 .PHONY: install install-dev python-version lock chromium run test lint bench clean
@@ -25,10 +26,9 @@ install-dev: $(VENV)/.installed-dev
 # comes from the lock (--no-deps: pip resolves nothing, downloads nothing else); `pip check` proves the set
 # complete. torch first, unless one is importable (a GPU machine keeps its own CUDA build).
 $(VENV)/.installed-%: $(LOCKS)/%.txt $(TORCH) pyproject.toml setup.py | python-version
-	@test ! -e $(VENV)/.installed-runtime -a ! -e $(VENV)/.installed-dev \
-		|| echo "$(VENV) predates $?: installing $< again"
+	@test ! -e $@ || echo "$(VENV) was installed before $? changed: installing $< again"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --no-deps -r $(TORCH)
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --no-deps "$(TORCH_PIN)"
 	$(PY) -m pip install -q --no-deps --require-hashes -r $<
 	$(PY) -m pip install -q --no-deps $(PROJECT)
 	@$(PY) -m pip check >/dev/null || { $(PY) -m pip check; exit 1; }

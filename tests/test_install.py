@@ -3,6 +3,7 @@ refuses an environment that no longer matches the checkout's lock."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -88,12 +89,26 @@ def test_make_run_and_make_test_install_the_same_version_of_each_runtime_package
     assert "pytest" in dev and "pytest" not in runtime and "moto" not in runtime
 
 
-def test_torch_stays_out_of_the_hashed_locks_so_a_cuda_build_satisfies_them():
-    for lock in EXTRAS:
-        assert "torch" not in install_check.locked_versions(LOCKS / lock)
-        assert "sympy" in install_check.locked_versions(LOCKS / lock)  # torch's own requirements are locked
+# torch's requirements, from the METADATA of the CPU wheel this machine installs and of the CUDA build seen on
+# a GPU machine (PyPI's torch-2.11.0-cp312-cp312-manylinux_2_28_x86_64.whl), less the CUDA packages that build
+# brings along and the optional extras.
+TORCH_REQUIRES = {
+    "2.13.0+cpu": ["filelock", "typing-extensions>=4.10.0", "setuptools>=77.0.3", "sympy>=1.13.3",
+                   "networkx>=2.5.1", "jinja2", "fsspec>=0.8.5"],
+    "2.11.0": ["filelock", "typing-extensions>=4.10.0", "setuptools<82", "sympy>=1.13.3", "networkx>=2.5.1",
+                     "jinja2", "fsspec>=0.8.5"],
+}
+
+
+@pytest.mark.parametrize("build", sorted(TORCH_REQUIRES))
+def test_torch_stays_out_of_the_hashed_locks_and_both_builds_accept_what_they_lock(build):
     (torch,) = (Requirement(x) for x in PYPROJECT["dependencies"] if x.startswith("torch"))
-    assert torch.specifier.contains("2.13.0+cpu") and torch.specifier.contains("2.11.0+cu128")
+    assert torch.specifier.contains(build)
+    for lock in EXTRAS:
+        locked = install_check.locked_versions(LOCKS / lock)
+        assert "torch" not in locked
+        for requirement in map(Requirement, TORCH_REQUIRES[build]):
+            assert requirement.specifier.contains(locked[requirement.name], prereleases=True), (lock, requirement)
 
 
 def edited(change) -> dict:
@@ -148,6 +163,18 @@ def test_make_refuses_a_python_older_than_pyproject_requires_before_creating_the
     assert not venv.exists()
     assert make("python-version", f"PYTHON={fake_python(tmp_path / 'new', (3, 11))}",
                 f"VENV={venv}").returncode == 0
+
+
+def test_make_installs_again_once_the_lock_is_newer_than_the_venv(tmp_path):
+    stamp = tmp_path / ".installed-runtime"
+    stamp.touch()
+    newer = (LOCKS / "runtime.txt").stat().st_mtime + 3600
+    os.utime(stamp, (newer, newer))
+    assert "--require-hashes" not in make("-n", "install", f"VENV={tmp_path}").stdout
+    os.utime(stamp, (0, 0))  # installed before the lock (and pyproject.toml) last changed: a `git pull` since
+    plan = make("-n", "install", f"VENV={tmp_path}").stdout
+    assert f"pip install -q --no-deps --require-hashes -r {Path('requirements', 'runtime.txt')}" in plan
+    assert f"{tmp_path} was installed before requirements/runtime.txt " in plan
 
 
 def site_packages(folder: Path, *installed: str) -> list[str]:
