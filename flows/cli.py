@@ -631,4 +631,4 @@ def command() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(command())
+    sys.exit(main())
