@@ -726,5 +726,16 @@ def main(argv: list[str] | None = None) -> int:
         return 141  # 128 + SIGPIPE, what a shell reports for a command a closed pipe stopped
 
 
+def command() -> int:
+    """The installed `lexiflow` command: `main` once the environment matches the checkout's lock."""
+    from lexiflow.install_check import stale_install
+
+    problem = stale_install()
+    if problem:
+        print(f"error: {problem}", file=sys.stderr)
+        return 2
+    return main()
+
+
 if __name__ == "__main__":
     sys.exit(main())
