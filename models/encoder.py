@@ -1,7 +1,7 @@
 """A BERT-style Transformer encoder and its masked-LM pretraining (Devlin et al. 2019; notes 000, 002, 004).
 
     input:    [CLS] sentence A [SEP] (sentence B [SEP])       WordPiece ids, specials BERT_SPECIALS
-    x       = E[token] + P[position] + S[segment]             learned positions, segment 0 for A, 1 for B
+    x       = E[token] + P[position] (+ S[segment] with NSP)  learned positions, segment 0 for A, 1 for B
     h       = Encoder(x, padding mask)                        models/transformer_blocks.py, unmasked attention
     MLM     = softmax(LN(GELU(W h_i)) E^T + b) at the chosen positions (models/mlm.py; output tied to E)
     NSP     = softmax(W_nsp tanh(W_p h_[CLS])) IsNext / NotNext (optional, off by default)
@@ -94,8 +94,9 @@ class EncoderModel(nn.Module):
         config.validate()
         self.config = c = config
         self.embed = Embeddings(c.vocab_size, c.d_model, c.max_len, "learned", c.dropout)
-        self.segment = nn.Embedding(2, c.d_model)
-        nn.init.normal_(self.segment.weight, std=0.02)
+        if c.nsp:  # segments only mean something with sentence pairs; without NSP a fixed vector is noise
+            self.segment = nn.Embedding(2, c.d_model)
+            nn.init.normal_(self.segment.weight, std=0.02)
         self.encoder = Encoder(c.blocks(), c.n_layers)
         self.mlm_dense = nn.Sequential(nn.Linear(c.d_model, c.d_model), nn.GELU(), nn.LayerNorm(c.d_model))
         self.mlm_bias = nn.Parameter(torch.zeros(c.vocab_size))
@@ -105,10 +106,8 @@ class EncoderModel(nn.Module):
 
     def forward(self, ids: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embed(ids)
-        if segments is not None:
-            x = x + self.segment(segments)
-        else:
-            x = x + self.segment.weight[0]
+        if self.config.nsp:
+            x = x + (self.segment.weight[0] if segments is None else self.segment(segments))
         return self.encoder(x, ids != PAD_ID)
 
     def mlm_logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -31,6 +31,22 @@ def test_padding_never_changes_a_sentences_outputs():
     torch.testing.assert_close(padded[0, :5], alone[0], atol=1e-6, rtol=1e-5)
 
 
+def test_without_nsp_the_input_is_token_plus_position_only():
+    # no segment vector without sentence pairs: the encoder's input is E[token] + P[position], nothing more
+    torch.manual_seed(0)
+    model = EncoderModel(tiny()).eval()
+    ids = torch.tensor([[CLS_ID, 7, 8, 9, SEP_ID]])
+    with torch.no_grad():
+        expected = model.encoder(model.embed.token(ids) + model.embed.pos.weight[:5], ids != PAD_ID)
+        torch.testing.assert_close(model(ids), expected, rtol=0, atol=0)
+        torch.testing.assert_close(model(ids, torch.zeros_like(ids)), expected, rtol=0, atol=0)
+    assert not any("segment" in name for name, _ in model.named_parameters())
+    with_nsp = EncoderModel(tiny(nsp=True)).eval()  # with NSP, segment A's vector is added
+    with torch.no_grad():
+        x = with_nsp.embed.token(ids) + with_nsp.embed.pos.weight[:5] + with_nsp.segment.weight[0]
+        torch.testing.assert_close(with_nsp(ids), with_nsp.encoder(x, ids != PAD_ID), rtol=0, atol=0)
+
+
 def test_with_specials_builds_cls_sep_and_segments():
     ids, seg = with_specials(np.array([7, 8]), 16, np.array([9]))
     assert ids == [CLS_ID, 7, 8, SEP_ID, 9, SEP_ID] and seg == [0, 0, 0, 0, 1, 1]
