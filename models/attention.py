@@ -169,6 +169,19 @@ class MultiHeadAttention(nn.Module):
         self.k_proj = nn.Linear(d_model, d_model, bias=bias)
         self.v_proj = nn.Linear(d_model, d_model, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """torch's MultiheadAttention init: xavier-uniform over the stacked (3D, D) in-projection [W^Q; W^K; W^V],
+        zero biases; W^O keeps nn.Linear's weight init. (nn.Linear's default adds random biases every token shares.)"""
+        w = torch.empty(3 * self.q_proj.out_features, self.q_proj.in_features)
+        nn.init.xavier_uniform_(w)
+        with torch.no_grad():
+            for proj, part in zip((self.q_proj, self.k_proj, self.v_proj), w.chunk(3), strict=True):
+                proj.weight.copy_(part)
+            for proj in (self.q_proj, self.k_proj, self.v_proj, self.out_proj):
+                if proj.bias is not None:
+                    proj.bias.zero_()
 
     def _heads(self, x: torch.Tensor) -> torch.Tensor:  # (B, T, D) -> (B, H, T, D/H)
         B, T, D = x.shape

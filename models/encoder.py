@@ -1,7 +1,7 @@
 """A BERT-style Transformer encoder and its masked-LM pretraining (Devlin et al. 2019; notes 000, 002, 004).
 
     input:    [CLS] sentence A [SEP] (sentence B [SEP])       WordPiece ids, specials BERT_SPECIALS
-    x       = E[token] + P[position] + S[segment]             learned positions, segment 0 for A, 1 for B
+    x       = E[token] + P[position] (+ S[segment] with NSP)  learned positions, segment 0 for A, 1 for B
     h       = Encoder(x, padding mask)                        models/transformer_blocks.py, unmasked attention
     MLM     = softmax(LN(GELU(W h_i)) E^T + b) at the chosen positions (models/mlm.py; output tied to E)
     NSP     = softmax(W_nsp tanh(W_p h_[CLS])) IsNext / NotNext (optional, off by default)
@@ -11,9 +11,10 @@ short single-sentence inputs (EWT, WikiText lines) the budget is better spent on
 Training goes through the one loop (`models.lm.train.Trainer`): checkpoints and resume, device, bf16
 autocast on CUDA, progress with rate and ETA, early stopping on the held-out masked-LM loss. Masks are drawn
 per batch from a generator seeded by (seed, epoch, batch), so every epoch sees new masks (dynamic masking)
-and a resumed run draws the masks an uninterrupted run would. Held-out figures: masked-LM accuracy and loss
-on fixed masks, and the pseudo-perplexity (Salazar et al. 2020) exp(-1/N Σ_i log P(w_i | w_\\i)), each token
-masked on its own.
+and a resumed run draws the masks an uninterrupted run would. Held-out figures, on fixed masks: accuracy and
+perplexity at the [MASK] positions, and apart at the random and the unchanged ones (where the answer is in the
+input, so copying scores), beside the unigram perplexity of the same tokens; and the pseudo-perplexity (Salazar
+et al. 2020) exp(-1/N Σ_i log P(w_i | w_\\i)), each token masked on its own, beside its unigram perplexity.
 """
 
 from __future__ import annotations
@@ -95,8 +96,9 @@ class EncoderModel(nn.Module):
         config.validate()
         self.config = c = config
         self.embed = Embeddings(c.vocab_size, c.d_model, c.max_len, "learned", c.dropout)
-        self.segment = nn.Embedding(2, c.d_model)
-        nn.init.normal_(self.segment.weight, std=0.02)
+        if c.nsp:  # segments only mean something with sentence pairs; without NSP a fixed vector is noise
+            self.segment = nn.Embedding(2, c.d_model)
+            nn.init.normal_(self.segment.weight, std=0.02)
         self.encoder = Encoder(c.blocks(), c.n_layers)
         self.mlm_dense = nn.Sequential(nn.Linear(c.d_model, c.d_model), nn.GELU(), nn.LayerNorm(c.d_model))
         self.mlm_bias = nn.Parameter(torch.zeros(c.vocab_size))
@@ -106,10 +108,8 @@ class EncoderModel(nn.Module):
 
     def forward(self, ids: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embed(ids)
-        if segments is not None:
-            x = x + self.segment(segments)
-        else:
-            x = x + self.segment.weight[0]
+        if self.config.nsp:
+            x = x + (self.segment.weight[0] if segments is None else self.segment(segments))
         return self.encoder(x, ids != PAD_ID)
 
     def mlm_logits(self, hidden: torch.Tensor) -> torch.Tensor:
@@ -234,22 +234,53 @@ class MLMTask(TrainTask):
 # held-out figures
 
 
+POSITION_KINDS = ("mask", "random", "unchanged")  # BERT's 80 / 10 / 10 of the chosen positions
+
+
+def position_kinds(inputs: torch.Tensor, labels: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Boolean masks of the chosen positions by what the input shows there: [MASK], a random token, or the token
+    itself (a random draw of the same token counts as unchanged: the answer is in the input)."""
+    chosen = labels != IGNORE
+    return {"mask": chosen & (inputs == MASK_ID), "random": chosen & (inputs != MASK_ID) & (inputs != labels),
+            "unchanged": chosen & (inputs == labels)}
+
+
 @torch.no_grad()
-def masked_lm_scores(model: EncoderModel, task: MLMTask, device: torch.device) -> dict[str, float]:
-    """Accuracy and mean NLL of the MLM at the chosen positions of the held-out sentences (fixed masks)."""
+def masked_lm_scores(model: EncoderModel, task: MLMTask, device: torch.device,
+                     prior: torch.Tensor | None = None) -> dict[str, float]:
+    """Held-out figures on fixed masks: accuracy and perplexity at the [MASK] positions, at the random-replaced
+    and at the unchanged ones (where copying the input scores), the mean loss over all chosen positions, and,
+    given `prior` (log P(token) of the training text), the unigram perplexity of the [MASK] positions' tokens:
+    the figure a model that ignores the context reaches."""
     model.eval()
-    correct = total = 0
-    nll = 0.0
+    sums = {k: np.zeros(4) for k in POSITION_KINDS}  # correct, nll, count, unigram nll
+    total_nll = 0.0
     for inputs, segments, labels, _ in task.valid_batches():
-        hidden = model(inputs.to(device), segments.to(device))
-        labels = labels.to(device)
         chosen = labels != IGNORE
-        logits = model.mlm_logits(hidden[chosen]).float()
-        correct += int((logits.argmax(-1) == labels[chosen]).sum())
-        nll += float(F.cross_entropy(logits, labels[chosen], reduction="sum"))
-        total += int(chosen.sum())
-    return {"masked_lm_accuracy": correct / max(total, 1), "masked_lm_loss": nll / max(total, 1),
-            "masked_tokens": total}
+        hidden = model(inputs.to(device), segments.to(device))
+        logits = model.mlm_logits(hidden[chosen.to(device)]).float()
+        y = labels[chosen]
+        nll = F.cross_entropy(logits, y.to(device), reduction="none").cpu().double()
+        hit = (logits.argmax(-1).cpu() == y).double()
+        uni = -prior[y].double() if prior is not None else torch.zeros_like(nll)
+        total_nll += float(nll.sum())
+        for kind, where in position_kinds(inputs, labels).items():
+            sel = where[chosen]
+            sums[kind] += [float(hit[sel].sum()), float(nll[sel].sum()), int(sel.sum()), float(uni[sel].sum())]
+    out: dict[str, float] = {}
+    for kind, (correct, nll, n, _) in sums.items():
+        out |= {f"{kind}_accuracy": correct / max(n, 1), f"{kind}_perplexity": math.exp(nll / max(n, 1)),
+                f"{kind}_tokens": int(n)}
+    out["masked_lm_loss"] = total_nll / max(sum(int(v[2]) for v in sums.values()), 1)
+    if prior is not None:
+        out["unigram_perplexity"] = math.exp(sums["mask"][3] / max(sums["mask"][2], 1))
+    return out
+
+
+def unigram_perplexity(prior: torch.Tensor, sentences: Sequence[np.ndarray]) -> float:
+    """exp(-1/N Σ log P(w)) of every token of `sentences` under the unigram `prior`: pseudo-perplexity's baseline."""
+    ids = torch.as_tensor(np.concatenate(sentences), dtype=torch.long)
+    return math.exp(-float(prior[ids].double().mean()))
 
 
 @torch.no_grad()
@@ -307,16 +338,18 @@ class MaskedLM:
         valid = check_sentences(valid_sentences, c.vocab_size, "held-out sentences") if valid_sentences else None
         torch.manual_seed(cfg.seed)
         self.model = EncoderModel(c)
+        prior = log_prior(train, c.vocab_size)
         with torch.no_grad():
-            self.model.mlm_bias.copy_(log_prior(train, c.vocab_size))
+            self.model.mlm_bias.copy_(prior)
         task = MLMTask(train, valid, c, cfg)
         trainer = Trainer(self.model, task, cfg, name="mlm.pretrain", on_step=on_step)
         self.history = trainer.run()
         self.metrics = {"parameters": self.n_parameters, "epochs": len(self.history),
                         "tokens_per_s": self.history[-1]["tokens_per_s"] if self.history else None}
         if valid:
-            self.metrics |= masked_lm_scores(self.model, task, trainer.device)
-            self.metrics["pseudo_perplexity"] = pseudo_perplexity(self.model, valid[:pppl_sentences], trainer.device)
+            self.metrics |= masked_lm_scores(self.model, task, trainer.device, prior)
+            self.metrics |= {"pseudo_perplexity": pseudo_perplexity(self.model, valid[:pppl_sentences], trainer.device),
+                             "unigram_pseudo_perplexity": unigram_perplexity(prior, valid[:pppl_sentences])}
         self.model.to("cpu").eval()
         return self
 

@@ -3,8 +3,8 @@ four ways to adapt the body.
 
 Heads (one Linear layer on the last layer's states):
     token classification     logits_i = W h_i on every token; a word's label is read at its first sub-token
-    sequence classification  logits = W h_[CLS] (encoder), W h_last (decoder-only LM: the last real token,
-                             the only one that has seen the whole sentence)
+    sequence classification  logits = W mean_i h_i (encoder: [CLS] is trained by NSP only, which is off), W h_last
+                             (decoder-only LM: the last real token, the only one that has seen the whole sentence)
 
 Modes (what trains besides the head):
     full      every weight (Devlin et al. 2019)
@@ -171,8 +171,9 @@ class Classifier(nn.Module):
         h = self.hidden(ids)
         if self.task == "token":
             return self.head(self.drop(h))
-        if isinstance(self.body, EncoderModel):
-            pooled = h[:, 0]  # h_[CLS]
+        if isinstance(self.body, EncoderModel):  # the mean of the real tokens' states: [CLS] learns only from NSP
+            real = (ids != PAD_ID).unsqueeze(-1).to(h.dtype)
+            pooled = (h * real).sum(1) / real.sum(1)
         else:
             last = (ids != PAD_ID).sum(1) - 1  # the last real token ([SEP])
             pooled = h[torch.arange(len(ids), device=ids.device), last]
@@ -253,6 +254,15 @@ def ewt_examples(path: str | Path, tokenizer, task: Literal["upos", "genre"], la
     """`examples` of a CoNLL-U file."""
     return examples(((s.words, s.upos, s.sent_id) for s in read_conllu(path)), tokenizer, task, labels, max_len,
                     str(path), lowercase)
+
+
+def label_fraction(examples: Sequence[Example], fraction: float, seed: int = 0) -> list[Example]:
+    """A seeded random share of `examples` (at least one): the first round(fraction n) of one permutation, so a
+    smaller share is a subset of a larger one and a learning curve adds labels without swapping them."""
+    if not 0 < fraction <= 1:
+        raise ParameterError(f"finetune.train_fraction={fraction}: use a share in (0, 1]")
+    order = np.random.default_rng(seed).permutation(len(examples))
+    return [examples[i] for i in sorted(order[:max(1, round(fraction * len(examples)))])]
 
 
 UPOS_TAGS = ("ADJ", "ADP", "ADV", "AUX", "CCONJ", "DET", "INTJ", "NOUN", "NUM", "PART", "PRON", "PROPN", "PUNCT",

@@ -275,10 +275,13 @@ FineTuneParams = section(
     doc="Fine-tuning the pretrained encoder on the tagged corpus (CoNLL-U sources), one artifact per task and mode.",
     tasks=(list[FineTuneTask], Field([], description="Tasks (empty: no pretraining or fine-tuning runs): upos "
                                                      "(tagging, head on every first sub-token), genre (the sent_id "
-                                                     "prefix, as EWT's: head on [CLS]).")),
+                                                     "prefix, as EWT's: head on the mean token state).")),
     modes=(list[FineTuneMode], Field(["scratch", "frozen", "full", "adapters", "lora"], min_length=1, description=(
         "scratch (the same encoder randomly initialised, all trained), frozen (head only), full, adapters "
         "(Houlsby), lora (attention projections, merged after training)."))),
+    train_fraction=(float, Field(1.0, gt=0, le=1, description="Share of the train split's sentences fine-tuned on "
+                                                              "(a seeded draw; smaller shares are subsets of larger "
+                                                              "ones): the learning curve's x axis.")),
     **training("Sentences", epochs=1, batch_size=32, lr=1e-3, warmup_steps=100))
 
 

@@ -24,6 +24,8 @@ from lexiflow.tasks.stage import stage
 from safetensors.torch import save_file
 
 LABELS = {"upos": ft.UPOS_TAGS, "genre": ft.GENRES}
+# the encoder's held-out figures each finetuned manifest repeats: did the MLM learn more than token frequencies
+ENCODER_FIGURES = ("mask_accuracy", "mask_perplexity", "unigram_perplexity")
 
 
 def _sentences(documents: pl.DataFrame, split: str) -> list[str]:
@@ -75,6 +77,7 @@ def finetune(out: ArtifactWriter, encoder: ArtifactRef, tagged: ArtifactRef, tas
     data = {s: _examples(table, s, mlm.tokenizer, task, mlm.config.max_len, where) for s in ("train", "valid", "test")}
     if not data["train"]:
         raise ingest.no_train_split(where, dict(table.group_by("split").len().iter_rows()))
+    data["train"] = ft.label_fraction(data["train"], params.train_fraction, params.seed)
     torch.manual_seed(params.seed)
     body = enc.EncoderModel(mlm.config)
     if mode != "scratch":
@@ -89,5 +92,6 @@ def finetune(out: ArtifactWriter, encoder: ArtifactRef, tagged: ArtifactRef, tas
     out.write_text("config.json", json.dumps({"task": task, "mode": mode, "labels": list(LABELS[task]),
                                               "encoder": encoder.version}, indent=2))
     out.metrics.update({"task": task, "mode": mode, **metrics, "evaluated_on": held_out,
+                        "train_fraction": params.train_fraction, "train_sentences": len(data["train"]),
                         "accuracy": ft.accuracy(model, data[held_out]) if held_out else None,
-                        "encoder_masked_lm_accuracy": mlm.metrics.get("masked_lm_accuracy")})
+                        **{f"encoder_{k}": mlm.metrics.get(k) for k in ENCODER_FIGURES}})

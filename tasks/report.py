@@ -21,7 +21,8 @@ from prefect.cache_policies import NO_CACHE
 
 SEQ2SEQ_COLUMNS = ("model", "parameters", "train_pairs", "beam_width", "valid_bleu", "test_bleu", "valid_chrf",
                    "test_chrf")
-FINETUNE_COLUMNS = ("task", "mode", "accuracy", "dev_accuracy", "trainable", "total", "trainable_%", "evaluated_on")
+FINETUNE_COLUMNS = ("task", "mode", "train_fraction", "accuracy", "dev_accuracy", "trainable", "total", "trainable_%",
+                    "evaluated_on")
 LM_COLUMNS = ("model", "tokenizer", "device", "vocabulary_size", "train_tokens", "parameters", "valid_perplexity",
               "valid_word_perplexity", "test_perplexity", "test_word_perplexity")
 # The figure that sums up an artifact of each kind, in the lineage table.
@@ -180,9 +181,12 @@ def _finetune_section(finetuned: list[ArtifactRef]) -> list[str]:
     rows = [read_manifest(ref)["metrics"] for ref in finetuned]
     for row in rows:
         row["trainable_%"] = 100 * row["trainable_share"] if row.get("trainable_share") is not None else None
-    mlm = rows[0].get("encoder_masked_lm_accuracy")
-    lines = ["", "## Pretraining and fine-tuning", "", f"The BERT-style encoder's held-out masked-LM accuracy: "
-             f"{evaluation.format_cell(mlm)}. Each task fine-tuned on the tagged corpus' train split, stopped on "
+    mlm = {k.removeprefix("encoder_"): evaluation.format_cell(v) for k, v in rows[0].items()
+           if k.startswith("encoder_")}
+    lines = ["", "## Pretraining and fine-tuning", "", "The BERT-style encoder at the held-out [MASK] positions: "
+             f"accuracy {mlm['mask_accuracy']}, perplexity {mlm['mask_perplexity']} (unigram baseline "
+             f"{mlm['unigram_perplexity']}: below it, the MLM reads the context).\n\n"
+             "Each task fine-tuned on the tagged corpus' train split, stopped on "
              "valid, scored on test (word accuracy for upos, sentence accuracy for genre); scratch is the same "
              "encoder randomly initialised.", ""]
     return lines + _table(sorted(rows, key=lambda r: r["task"]), FINETUNE_COLUMNS)

@@ -140,6 +140,22 @@ def test_multi_head_attention_equals_per_head_formula():
     torch.testing.assert_close(y, mha.out_proj(torch.cat(heads, -1)), atol=1e-5, rtol=1e-5)
 
 
+def test_projections_start_as_torch_multihead_attention():
+    # torch's _reset_parameters: xavier-uniform over the stacked in-projection [W^Q; W^K; W^V], zero biases;
+    # the same seed must give the same weights (nn.Linear's default init gives neither)
+    ours, ref = MultiHeadAttention(16, 4), torch.nn.MultiheadAttention(16, 4)
+    torch.manual_seed(3)
+    ours.reset_parameters()
+    torch.manual_seed(3)
+    ref._reset_parameters()
+    torch.testing.assert_close(torch.cat([ours.q_proj.weight, ours.k_proj.weight, ours.v_proj.weight]),
+                               ref.in_proj_weight, rtol=0, atol=0)
+    for proj in (ours.q_proj, ours.k_proj, ours.v_proj, ours.out_proj):
+        assert torch.count_nonzero(proj.bias) == 0
+    fresh = MultiHeadAttention(16, 4)  # construction runs the same init
+    assert torch.count_nonzero(fresh.q_proj.bias) == 0 and fresh.q_proj.weight.abs().max() <= (6 / 64) ** 0.5
+
+
 @pytest.mark.parametrize("norm", ["post", "pre"])
 @pytest.mark.parametrize("activation", ["relu", "gelu"])
 def test_encoder_decoder_padding_and_causality(norm, activation):

@@ -1,5 +1,7 @@
 """The BERT-style encoder and its MLM pretraining (models/encoder.py) on tiny models."""
 
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +12,10 @@ from lexiflow.models.encoder import (
     EncoderConfig,
     EncoderModel,
     MaskedLM,
+    MLMTask,
     log_prior,
+    masked_lm_scores,
+    position_kinds,
     with_specials,
 )
 from lexiflow.models.errors import InputError
@@ -31,6 +36,22 @@ def test_padding_never_changes_a_sentences_outputs():
     torch.testing.assert_close(padded[0, :5], alone[0], atol=1e-6, rtol=1e-5)
 
 
+def test_without_nsp_the_input_is_token_plus_position_only():
+    # no segment vector without sentence pairs: the encoder's input is E[token] + P[position], nothing more
+    torch.manual_seed(0)
+    model = EncoderModel(tiny()).eval()
+    ids = torch.tensor([[CLS_ID, 7, 8, 9, SEP_ID]])
+    with torch.no_grad():
+        expected = model.encoder(model.embed.token(ids) + model.embed.pos.weight[:5], ids != PAD_ID)
+        torch.testing.assert_close(model(ids), expected, rtol=0, atol=0)
+        torch.testing.assert_close(model(ids, torch.zeros_like(ids)), expected, rtol=0, atol=0)
+    assert not any("segment" in name for name, _ in model.named_parameters())
+    with_nsp = EncoderModel(tiny(nsp=True)).eval()  # with NSP, segment A's vector is added
+    with torch.no_grad():
+        x = with_nsp.embed.token(ids) + with_nsp.embed.pos.weight[:5] + with_nsp.segment.weight[0]
+        torch.testing.assert_close(with_nsp(ids), with_nsp.encoder(x, ids != PAD_ID), rtol=0, atol=0)
+
+
 def test_with_specials_builds_cls_sep_and_segments():
     ids, seg = with_specials(np.array([7, 8]), 16, np.array([9]))
     assert ids == [CLS_ID, 7, 8, SEP_ID, 9, SEP_ID] and seg == [0, 0, 0, 0, 1, 1]
@@ -49,14 +70,49 @@ def test_mlm_learns_to_recover_masked_tokens_and_saves(tmp_path):
     cfg = TrainConfig(epochs=30, batch_size=32, lr=3e-3, warmup_steps=10, checkpoint_every=0, log_every_s=1e9,
                       clip_grad_norm=1.0)
     mlm = MaskedLM(tiny(mask_probability=0.15), cfg).fit(corpus(256, 0), corpus(64, 1), pppl_sentences=16)
-    assert mlm.metrics["masked_lm_accuracy"] > 0.4  # chance: 1/25
-    assert mlm.metrics["pseudo_perplexity"] < 12  # uniform: 25
+    m = mlm.metrics
+    assert m["mask_accuracy"] > 0.4  # chance: 1/25
+    assert m["mask_perplexity"] < m["unigram_perplexity"] / 3  # the counting language is uniform: unigram ~25
+    assert m["pseudo_perplexity"] < 12 < 20 < m["unigram_pseudo_perplexity"]
     mlm.save(tmp_path)
     again = MaskedLM.load(tmp_path)
     ids = torch.tensor([[CLS_ID, 5, 6, 7, 8, 9, 10, 11, 12, SEP_ID]])
     with torch.no_grad():
         torch.testing.assert_close(again.model(ids), mlm.model(ids))
-    assert again.metrics["masked_lm_accuracy"] == mlm.metrics["masked_lm_accuracy"]
+    assert again.metrics["mask_accuracy"] == mlm.metrics["mask_accuracy"]
+
+
+class Copier(torch.nn.Module):
+    """An 'encoder' whose MLM predicts the input token at each position with certainty (logit 30 against 0)."""
+
+    def __init__(self, vocab_size):
+        super().__init__()
+        self.vocab_size = vocab_size
+
+    def forward(self, ids, segments=None):
+        return 30.0 * torch.nn.functional.one_hot(ids, self.vocab_size).float()
+
+    def mlm_logits(self, hidden):
+        return hidden
+
+
+def test_a_model_that_copies_its_input_scores_only_where_the_input_is_unchanged():
+    valid = corpus(200, 2)
+    task = MLMTask(valid, valid, tiny(), TrainConfig(eval_batch_size=10))
+    prior = log_prior(valid, 30)
+    m = masked_lm_scores(Copier(30), task, torch.device("cpu"), prior)
+    n = m["mask_tokens"] + m["random_tokens"] + m["unchanged_tokens"]
+    # 1,600 ordinary tokens, 15 % chosen, 80 / 10 / 10 (4 binomial standard deviations)
+    assert abs(n - 240) < 60 and abs(m["mask_tokens"] / n - 0.8) < 0.12 and m["unchanged_tokens"] > 5
+    assert m["unchanged_accuracy"] == 1.0 and m["unchanged_perplexity"] < 1.001  # the answer is in the input
+    assert m["mask_accuracy"] == 0.0 and m["random_accuracy"] == 0.0  # it predicts [MASK] or the wrong token
+    # the true token gets logit 0 against one logit 30: loss = log(29 + e^30) ~ 30 nats, whatever the token
+    assert m["mask_perplexity"] == pytest.approx(math.exp(math.log(29 + math.exp(30))), rel=1e-3)
+    # the unigram baseline by hand: the tokens 5..29 are near-uniform here, so about 25 (add-one smoothing: > 25)
+    labels = torch.cat([lab[kinds["mask"]] for inputs, _, lab, _ in task.valid_batches()
+                        for kinds in [position_kinds(inputs, lab)]])
+    assert m["unigram_perplexity"] == pytest.approx(math.exp(-float(prior[labels].double().mean())))
+    assert 22 < m["unigram_perplexity"] < 30
 
 
 def test_resumed_pretraining_equals_uninterrupted(tmp_path):
@@ -73,7 +129,7 @@ def test_resumed_pretraining_equals_uninterrupted(tmp_path):
     resumed = run(tmp_path / "b")
     for (k, v), w in zip(whole.model.state_dict().items(), resumed.model.state_dict().values(), strict=True):
         torch.testing.assert_close(v, w, msg=k)
-    assert whole.metrics["masked_lm_accuracy"] == resumed.metrics["masked_lm_accuracy"]
+    assert whole.metrics["mask_accuracy"] == resumed.metrics["mask_accuracy"]
 
 
 def test_ids_outside_the_vocabulary_fail_before_training():

@@ -5,17 +5,20 @@ from pathlib import Path
 import pytest
 import torch
 from lexiflow.models.encoder import BERT_SPECIALS, CLS_ID, PAD_ID, SEP_ID, EncoderConfig, EncoderModel
+from lexiflow.models.errors import ParameterError
 from lexiflow.models.finetune import (
     GENRES,
     IGNORE,
     UPOS_TAGS,
     Adapter,
     Classifier,
+    Example,
     FineTuneConfig,
     LoRALinear,
     accuracy,
     ewt_examples,
     finetune,
+    label_fraction,
     merge_lora,
     prepare,
 )
@@ -154,3 +157,14 @@ def _texts(path):
     from lexiflow.models.conllu import read_conllu
 
     return [" ".join(w.lower() for w in s.words) for s in read_conllu(path)]
+
+
+def test_label_fractions_are_nested_seeded_draws():
+    items = [Example([CLS_ID, i, SEP_ID], 0) for i in range(5, 405)]
+    one, ten, whole = (label_fraction(items, f, seed=3) for f in (0.01, 0.1, 1.0))
+    assert (len(one), len(ten), len(whole)) == (4, 40, 400) and whole == items
+    assert {id(e) for e in one} <= {id(e) for e in ten}  # a smaller share is a subset: labels added, not swapped
+    assert label_fraction(items, 0.1, seed=3) == ten and label_fraction(items, 0.1, seed=4) != ten
+    assert len(label_fraction(items[:10], 0.01)) == 1  # never empty
+    with pytest.raises(ParameterError, match="train_fraction=0"):
+        label_fraction(items, 0)

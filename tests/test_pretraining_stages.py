@@ -42,15 +42,17 @@ def store(tmp_path_factory):
 def test_pretrain_then_finetune_publish_artifacts_and_the_report_table(store):
     encoder = publish(store, pretrain, corpus=store.docs, params=PretrainParams(**TINY, pppl_sentences=3))
     metrics = read_manifest(encoder)["metrics"]
-    assert 0 <= metrics["masked_lm_accuracy"] <= 1 and metrics["pseudo_perplexity"] > 1
+    assert 0 <= metrics["mask_accuracy"] <= 1 and metrics["pseudo_perplexity"] > 1
+    assert metrics["unigram_perplexity"] > 1 and metrics["mask_tokens"] > 0
     mlm = load(store, "encoder")
     assert mlm.tokenizer is not None and mlm.tokenizer.token_to_id("[MASK]") == 4
-    params = FineTuneParams(tasks=["upos", "genre"], lora_rank=2, adapter_size=4,
+    params = FineTuneParams(tasks=["upos", "genre"], lora_rank=2, adapter_size=4, train_fraction=0.5,
                             **{k: v for k, v in TINY.items() if k in FineTuneParams.model_fields})
     refs = [publish(store, finetune, encoder=encoder, tagged=store.tagged, task=task, mode=mode, params=params)
             for task, mode in (("upos", "lora"), ("genre", "scratch"))]
     lora, scratch = (read_manifest(r)["metrics"] for r in refs)
     assert lora["evaluated_on"] == "test" and 0 <= lora["accuracy"] <= 1
+    assert lora["train_sentences"] == 60 and lora["train_fraction"] == 0.5  # half of the 120 train sentences
     assert lora["trainable_share"] < 0.5 and scratch["trainable"] == scratch["total"]
     tagger = load(store, "finetuned", refs[0].version)  # LoRA merged into plain Linear layers
     assert tagger.labels[0] == "ADJ" and not any(type(m).__name__ == "LoRALinear" for m in tagger.modules())
@@ -58,7 +60,7 @@ def test_pretrain_then_finetune_publish_artifacts_and_the_report_table(store):
     assert tagger(ids).shape[-1] == 17
     table = "\n".join(_finetune_section(refs))
     assert "| upos | lora |" in table and "| genre | scratch |" in table
-    assert f"held-out masked-LM accuracy: {metrics['masked_lm_accuracy']:.3f}" in table  # as the report rounds
+    assert f"accuracy {metrics['mask_accuracy']:.3f}, perplexity" in table  # as the report rounds
 
 
 def test_a_corpus_without_genre_prefixes_is_a_clear_error(store, tmp_path):
