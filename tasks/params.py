@@ -267,7 +267,8 @@ PretrainParams = section(
     defaults={"min_frequency": 50},
     pppl_sentences=(int, Field(200, ge=0, description="Held-out sentences scored for the pseudo-perplexity "
                                                       "(one forward pass per token).")),
-    **training("Sentences", epochs=2, batch_size=64, lr=2e-3, warmup_steps=100))
+    # the benchmark's MLM schedule (docs/pretraining.md): more, smaller steps at a higher rate, warmed up
+    **training("Sentences", epochs=2, batch_size=32, lr=3e-3, warmup_steps=200))
 FineTuneTask = Literal["upos", "genre"]
 FineTuneMode = Literal["scratch", "frozen", "full", "adapters", "lora"]
 FineTuneParams = section(
