@@ -14,13 +14,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-from lexiflow.models.errors import InputError, ParameterError  # noqa: E402
-from matplotlib.ticker import MaxNLocator  # noqa: E402
+import numpy as np
+from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.plotting import pyplot
 
 METHODS = ("pca", "tsne")
 
@@ -31,6 +27,9 @@ def plot_loss(history: Sequence[Mapping[str, float]], path: str | Path, title: s
     if not history:
         raise InputError("plot_loss: the history is empty (was the model fitted?)")
     epochs = [h["epoch"] for h in history]
+    from matplotlib.ticker import MaxNLocator
+
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4), dpi=100)
     curves = [key for key in history[0] if key.endswith("loss")]
     for key in curves:
@@ -88,6 +87,7 @@ def plot_projection(vectors: np.ndarray, tokens: Sequence[str], path: str | Path
                          f"(need at least {MIN_PROJECTION_WORDS})")
     words = [tokens[i] for i in rows]
     data = np.asarray(vectors[rows], dtype=np.float64)
+    plt = pyplot()
     fig, axes = plt.subplots(1, len(methods), figsize=(11 * len(methods), 11), dpi=80, squeeze=False)
     for ax, method in zip(axes[0], methods, strict=True):
         xy = project(data, method, seed)

@@ -21,7 +21,6 @@ from lexiflow.models.errors import ParameterError
 from lexiflow.models.progress import Progress
 from lexiflow.models.threads import DEFAULT_THREADS, Threads, limit_threads
 from pydantic import Field
-from sklearn.utils.extmath import randomized_svd
 
 _OVERSAMPLES = 10  # scikit-learn's default n_oversamples
 
@@ -42,6 +41,8 @@ def svd_vectors(
     # float32 halves the memory traffic of the sparse products that dominate the time.
     m = sp.csr_matrix(matrix, dtype=np.float32)
     with limit_threads(threads, "svd.threads"), _estimated_progress(m, dim, n_iter, progress):
+        from sklearn.utils.extmath import randomized_svd  # imported here: 1-2 s a cached run need not pay
+
         u, s, vt = randomized_svd(m, n_components=dim, n_iter=n_iter, random_state=seed)
     scale = s**power
     vectors = u * scale

@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 from lexiflow.models.errors import InputError
+from lexiflow.models.plotting import pyplot
 
 
 def _flatten(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]],
@@ -96,10 +97,7 @@ def plot_confusion(gold: Sequence[Sequence[str]], pred: Sequence[Sequence[str]],
                    labels: Sequence[str] | None = None, normalize: bool = True, title: str = "") -> Path:
     """Write the confusion matrix as a heatmap PNG (rows gold, columns predicted; row-normalised by
     default, so the diagonal is each tag's recall). Returns the path."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     labels, cm = confusion_matrix(gold, pred, labels)
     values = cm / np.maximum(cm.sum(axis=1, keepdims=True), 1) if normalize else cm

@@ -15,7 +15,7 @@ FINETUNE = f"{CONLLU} --set 'finetune.tasks=[\"upos\"]'"
 
 # kind: (the options of `lexiflow run` that build one, those that build the one tagged {value}); "" is the default
 # run, which builds the corpus, word vocabulary and tokens, co-occurrence, PPMI, SVD and skip-gram embeddings and
-# their evaluations, an n-gram LM and the report.
+# their evaluations, an n-gram LM, the release checks and the report.
 BUILT_BY: dict[str, tuple[str, str]] = {
     "corpus": ("", ""),
     "tokenizer": ("", "--set tokenizer.kind={value}"),
@@ -25,6 +25,7 @@ BUILT_BY: dict[str, tuple[str, str]] = {
     "embeddings": ("", "--set 'embeddings=[\"{value}\"]'"),
     "evaluation": ("", "--set 'embeddings=[\"{value}\"]'"),
     "lm": ("", "--set 'lm=[\"{value}\"]'"),
+    "checks": ("", ""),
     "report": ("", ""),
     "tagged_corpus": (CONLLU, CONLLU),
     "tagger": (CONLLU, f"{CONLLU} --set 'tagger.columns=[\"{{value}}\"]'"),

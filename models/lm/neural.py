@@ -33,6 +33,7 @@ from lexiflow.models.estimator import Estimator
 from lexiflow.models.heap import reuse_freed_memory
 from lexiflow.models.lm import train as training
 from lexiflow.models.lm.train import TrainConfig
+from lexiflow.models.plotting import pyplot
 from lexiflow.models.progress import Progress
 from pydantic import Field
 from safetensors import SafetensorError
@@ -287,10 +288,7 @@ def from_dict(klass: type, values: dict, where: Path) -> Any:
 
 def plot_loss_curve(metrics: pl.DataFrame, out: Path, title: str = "LM") -> None:
     """Train (and valid, when present) loss per epoch as a PNG."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     fig, ax = plt.subplots(figsize=(5, 3.5), dpi=100)
     if metrics.height:

@@ -5,15 +5,13 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from lexiflow.models.plotting import pyplot
 
 
 def attention_heatmap(source_tokens: list[str], target_tokens: list[str], weights: np.ndarray, path: Path,
                       title: str = "") -> None:
     """`weights` (target tokens [+ </s>], source tokens) as a grey-scale grid, written as PNG to `path`."""
-    import matplotlib
-
-    matplotlib.use("Agg")  # no display on workers
-    import matplotlib.pyplot as plt
+    plt = pyplot()
 
     rows = list(target_tokens) + ["</s>"] * (weights.shape[0] - len(target_tokens))
     fig, ax = plt.subplots(figsize=(1.2 + 0.45 * len(source_tokens), 1.0 + 0.4 * len(rows)), dpi=100)
