@@ -22,16 +22,24 @@ REQUIRES_PYTHON := $(shell sed -n 's/^requires-python = ">=\([0-9.]*\)"/\1/p' py
 install: $(VENV)/.installed-runtime
 install-dev: $(VENV)/.installed-dev
 
-# A lock, pyproject.toml or setup.py newer than the venv's stamp (a `git pull`) installs again. Every package
-# comes from the lock (--no-deps: pip resolves nothing, downloads nothing else); `pip check` proves the set
-# complete. torch first, unless one is importable (a GPU machine keeps its own CUDA build).
-$(VENV)/.installed-%: $(LOCKS)/%.txt $(TORCH) pyproject.toml setup.py | python-version
+# A lock, pyproject.toml or setup.py newer than the venv's stamp (a `git pull`) installs again. uv installs: it
+# fetches and unpacks in parallel (the runtime lock: 15 s here, pip 155 s). uv itself comes from its own hashed
+# lock, through pip. Every package comes from a lock (--no-deps: nothing resolved, nothing else fetched); `uv pip
+# check` proves the set complete. torch first, through pip (pip's configuration finds the local CPU wheel, which uv
+# would not read), unless one is importable (a GPU machine keeps its own CUDA build). No bytecode is compiled
+# ahead: Python compiles what is imported, once (torch's and the locks' whole trees took 50 s more).
+UV := $(VENV)/bin/uv
+$(VENV)/.installed-%: $(LOCKS)/%.txt $(TORCH) pyproject.toml setup.py | $(UV)
 	@test ! -e $@ || echo "$(VENV) was installed before $? changed: installing $< again"
+	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --no-compile --no-deps "$(TORCH_PIN)"
+	$(UV) pip install -q --python $(PY) --no-deps --require-hashes -r $<
+	$(UV) pip install -q --python $(PY) --no-deps $(PROJECT)
+	@$(UV) pip check -q --python $(PY) || $(UV) pip check --python $(PY)
+	@touch $@
+
+$(UV): $(LOCKS)/uv.txt | python-version
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --no-deps "$(TORCH_PIN)"
-	$(PY) -m pip install -q --no-deps --require-hashes -r $<
-	$(PY) -m pip install -q --no-deps $(PROJECT)
-	@$(PY) -m pip check >/dev/null || { $(PY) -m pip check; exit 1; }
+	$(PY) -m pip install -q --no-compile --no-deps --require-hashes -r $<
 	@touch $@
 
 # The venv's Python, or the one that would create it, against pyproject.toml's requires-python: one line, and
@@ -44,16 +52,20 @@ python-version:
 		sys.exit(0 if sys.version_info >= need else '$(TOO_OLD)' % sys.version_info[:2])"
 
 # Resolves pyproject.toml's requirements again, keeping the locked versions that still satisfy them
-# (`make lock UPGRADE=1`: the newest that do). pip-tools runs from its own venv, so it never changes .venv.
-LOCK_VENV ?= .lock-venv
-COMPILE = $(LOCK_VENV)/bin/pip-compile -q --generate-hashes --strip-extras --no-emit-index-url \
-	--no-emit-find-links --unsafe-package torch -c $(TORCH) $(if $(UPGRADE),--upgrade) pyproject.toml
-lock:
-	@test -x $(LOCK_VENV)/bin/pip-compile || { $(PYTHON) -m venv $(LOCK_VENV) \
-		&& $(LOCK_VENV)/bin/pip install -q pip-tools==7.6.2; }
-	$(COMPILE) -o $(LOCKS)/runtime.txt
-	@test -e $(LOCKS)/dev.txt || cp $(LOCKS)/runtime.txt $(LOCKS)/dev.txt  # reuses its hashes: hashing is slow
-	$(COMPILE) -c $(LOCKS)/runtime.txt --extra dev --extra bench -o $(LOCKS)/dev.txt
+# (`make lock UPGRADE=1`: the newest that do), for CPython $(REQUIRES_PYTHON) on Linux x86-64. Seconds: uv reads
+# the hashes from the index. torch's own requirements are
+# resolved from the CPU wheel in pip's wheel folder (TORCH_WHEELS), not PyPI's CUDA build (nvidia-*, triton).
+TORCH_WHEELS ?= $(shell $(PYTHON) -m pip config get global.find-links 2>/dev/null)
+COMPILE = $(UV) pip compile -q --generate-hashes --python-version $(REQUIRES_PYTHON) --python-platform x86_64-manylinux_2_28 \
+	$(if $(UPGRADE),--upgrade)
+lock: $(UV)
+	@test -n "$(TORCH_WHEELS)" || { echo "error: make lock needs the CPU torch wheel's folder: \
+		make lock TORCH_WHEELS=DIR (pip config get global.find-links names none)" >&2; exit 1; }
+	$(COMPILE) $(LOCKS)/uv.in -o $(LOCKS)/uv.txt
+	$(COMPILE) --find-links $(TORCH_WHEELS) --no-emit-package torch -c $(TORCH) pyproject.toml -o $(LOCKS)/runtime.txt
+	@test -e $(LOCKS)/dev.txt || cp $(LOCKS)/runtime.txt $(LOCKS)/dev.txt
+	$(COMPILE) --find-links $(TORCH_WHEELS) --no-emit-package torch -c $(TORCH) -c $(LOCKS)/runtime.txt \
+		--extra dev --extra bench pyproject.toml -o $(LOCKS)/dev.txt
 
 run: install
 	$(VENV)/bin/lexiflow run --store $(STORE)

@@ -166,15 +166,29 @@ def test_make_refuses_a_python_older_than_pyproject_requires_before_creating_the
 
 
 def test_make_installs_again_once_the_lock_is_newer_than_the_venv(tmp_path):
-    stamp = tmp_path / ".installed-runtime"
-    stamp.touch()
-    newer = (LOCKS / "runtime.txt").stat().st_mtime + 3600
-    os.utime(stamp, (newer, newer))
-    assert "--require-hashes" not in make("-n", "install", f"VENV={tmp_path}").stdout
+    stamp, uv = tmp_path / ".installed-runtime", tmp_path / "bin" / "uv"
+    uv.parent.mkdir()
+    for done in stamp, uv:
+        done.touch()
+        newer = (LOCKS / "runtime.txt").stat().st_mtime + 3600
+        os.utime(done, (newer, newer))
+    assert "install" not in make("-n", "install", f"VENV={tmp_path}").stdout.replace("python-version", "")
     os.utime(stamp, (0, 0))  # installed before the lock (and pyproject.toml) last changed: a `git pull` since
     plan = make("-n", "install", f"VENV={tmp_path}").stdout
-    assert f"pip install -q --no-deps --require-hashes -r {Path('requirements', 'runtime.txt')}" in plan
+    assert f"{uv} pip install -q --python {tmp_path}/bin/python --no-deps --require-hashes -r " \
+           f"{Path('requirements', 'runtime.txt')}" in plan
     assert f"{tmp_path} was installed before requirements/runtime.txt " in plan
+    assert "uv.txt" not in plan  # the installer is as new as its lock: not installed again
+
+
+def test_the_installer_is_locked_with_hashes_and_installed_before_anything_else(tmp_path):
+    lock = read("uv.txt")
+    assert list(install_check.locked_versions(LOCKS / "uv.txt")) == ["uv"]
+    assert lock.count("--hash=sha256:") >= 2  # a wheel for each platform
+    plan = make("-n", "install", f"VENV={tmp_path / 'venv'}").stdout.splitlines()
+    (first,) = [i for i, line in enumerate(plan) if "-r requirements/uv.txt" in line]
+    assert "--require-hashes" in plan[first]
+    assert all("uv pip" not in line for line in plan[:first])
 
 
 def site_packages(folder: Path, *installed: str) -> list[str]:
