@@ -26,10 +26,11 @@ from typing import Any
 
 from lexiflow.deployments.definitions import DeployConfig, check_schedules, deploy
 from lexiflow.flows.prefect_env import environment
+from lexiflow.flows.server import SERVE_STATE, free_port
 from lexiflow.models.device import gpu_warning
 from lexiflow.models.errors import InputError
 
-STATE_FILE = "lexiflow-serve.json"
+STATE_FILE = SERVE_STATE
 
 
 class ServeError(Exception):
@@ -42,12 +43,6 @@ class Started:
     pid: int
     start_ticks: int
     log: str
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def _start_ticks(pid: int) -> int | None:

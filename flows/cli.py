@@ -66,9 +66,21 @@ def load_config(path: str) -> dict[str, Any]:
     return tree
 
 
-def pipeline_params(args: argparse.Namespace):
-    """Defaults ← config file ← --corpus ← --set, validated as a whole."""
-    from lexiflow.flows.params import set_dotted, validate
+def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    """tree["a"]["b"] = value for dotted "a.b"."""
+    from lexiflow.models.errors import ParameterError
+
+    *parents, leaf = dotted.split(".")
+    for name in parents:
+        node = tree.setdefault(name, {})
+        if not isinstance(node, dict):
+            raise ParameterError(f"--set {dotted}: {name!r} is a value, not a section")
+        tree = node
+    tree[leaf] = value
+
+
+def params_tree(args: argparse.Namespace) -> dict[str, Any]:
+    """Config file ← --corpus ← --set, as given (`validate` adds the defaults and checks the whole)."""
     from lexiflow.models.errors import ParameterError
 
     tree: dict[str, Any] = load_config(args.config) if args.config else {}
@@ -83,17 +95,34 @@ def pipeline_params(args: argparse.Namespace):
         if not sep or not key:
             raise ParameterError(f"--set {item!r}: expected key=value, e.g. --set svd.dim=200")
         set_dotted(tree, key.strip(), parse_value(value))
-    return validate(tree)
+    return tree
+
+
+def pipeline_params(args: argparse.Namespace):
+    """Defaults ← config file ← --corpus ← --set, validated as a whole."""
+    from lexiflow.flows.params import validate
+
+    return validate(params_tree(args))
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    params = pipeline_params(args)
     from lexiflow.flows import server
+
+    home = prefect_env.default_home()
+    tree = params_tree(args)
+    # A first run into a store starts its temporary server now: its start-up overlaps the imports below.
+    if "store" in tree:
+        store = str(tree["store"])
+    else:
+        from lexiflow.storage.store import DEFAULT_ROOT as store  # 3 s of imports: a named store waits none
+    server.prestart(home, store)
+    from lexiflow.flows.params import validate
+
+    params = validate(tree)
     from lexiflow.flows.pipeline import reuse_all, run_pipeline
     from lexiflow.storage import ArtifactStore
 
-    ArtifactStore(params.store).check_root()  # before Prefect starts: one line, not a failed run
-    home = prefect_env.default_home()
+    ArtifactStore(params.store).check_root()  # before the run: one line, not a failed run
     # With no server to report to, a rerun that finds every artifact starts none (docs/design.md, "Caching")
     refs = reuse_all(params) if server.running(home) is None else None
     if refs is None:

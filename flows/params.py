@@ -8,6 +8,7 @@ from typing import Any
 from lexiflow.flows.training_kinds import TRAINING_FLOWS
 from lexiflow.models.errors import ParameterError
 from lexiflow.storage import ArtifactRef, Catalog, StoreError
+from lexiflow.storage.store import DEFAULT_ROOT
 from lexiflow.tasks.params import (
     ChecksParams,
     CooccurrenceParams,
@@ -63,7 +64,7 @@ class PipelineParams(Params):
     """Every parameter of the `pipeline` flow, one section per stage: the flow's signature, its UI
     form, `--set` names and config files all derive from this class (`flow_signature`)."""
 
-    store: str = Field("artifacts", min_length=1, description="Artifact store shared by every worker: a folder or "
+    store: str = Field(DEFAULT_ROOT, min_length=1, description="Artifact store shared by every worker: a folder or "
                                                               "an fsspec URL (s3://...).")
     corpus: CorpusParams = Field(CorpusParams(), description="Corpus sources and cleaning.")
     vocabulary: VocabularyParams = Field(VocabularyParams(), description="Word-level vocabulary (counts, "
@@ -181,17 +182,6 @@ def artifact_ref(store: str, parameter: str, kind: str, version: str | None) -> 
         return Catalog(store).ref(kind, None if version in (None, "latest") else version)
     except StoreError as exc:
         raise ParameterError(f"{parameter}: {exc}") from None
-
-
-def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    """tree["a"]["b"] = value for dotted "a.b"."""
-    *parents, leaf = dotted.split(".")
-    for name in parents:
-        node = tree.setdefault(name, {})
-        if not isinstance(node, dict):
-            raise ParameterError(f"--set {dotted}: {name!r} is a value, not a section")
-        tree = node
-    tree[leaf] = value
 
 
 def validate(tree: dict[str, Any]) -> PipelineParams:

@@ -3,7 +3,10 @@
 In order: the server in `PREFECT_API_URL` (configured by the user); the server of a `lexiflow serve`
 running from the same `PREFECT_HOME` (its runs then show in that UI); else a temporary server, started
 here, that lives as long as this process (`lexiflow run` asks for one only when a stage must run:
-`running` says whether there is a server without starting one). Prefect's own temporary server would
+`running` says whether there is a server without starting one). Its start-up (about 18 s on 2 cores, most of
+it importing Prefect's server) can overlap the run's own imports and checks (about 20 s): `prestart` starts it
+without waiting, on a first run into a store, where every stage must run; `choose` then waits for it, or
+stops it unused when it finds the user's server. Prefect's own temporary server would
 outlive a killed parent (re-parented to PID 1, one leaked server per kill) and end a slow start in a
 RuntimeError traceback; this one is tied to its parent three ways: SIGTERM when the parent dies (Linux
 `PR_SET_PDEATHSIG`, set by the child itself, so no `preexec_fn`), a watchdog thread for other systems, and
@@ -18,8 +21,10 @@ from __future__ import annotations
 import atexit
 import contextlib
 import ctypes
+import importlib.util
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -32,12 +37,19 @@ from pathlib import Path
 from lexiflow.models.errors import LexiflowError
 
 STARTUP_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"  # Prefect's own name for this wait
+SERVE_STATE = "lexiflow-serve.json"  # what `lexiflow serve` started, in its PREFECT_HOME (deployments/serve.py)
 _PR_SET_PDEATHSIG = 1
-_temporary: dict[str, subprocess.Popen] = {}  # api url -> the temporary server this process started
+_temporary: dict[str, tuple[subprocess.Popen, float, Path]] = {}  # api url -> server, start time, log
 
 
 class ServerError(LexiflowError):
     """The temporary server did not start: the message names the setting to raise or the log to read."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
 
 
 def healthy(api_url: str, timeout: float = 5.0) -> bool:
@@ -77,39 +89,61 @@ def running(home: Path) -> str | None:
 def choose(home: Path, say: Callable[[str], None]) -> str:
     """The API URL the run reports to (see the module docstring); starts a temporary server if needed."""
     if url := user_api_url():
+        stop_temporary()  # one `prestart` began: not needed
         return url
     if url := serve_api_url(home):
+        stop_temporary()
         say(f"Using the Prefect server of `lexiflow serve` ({url.removesuffix('/api')}): this run shows in its UI")
         return url
     if _temporary:
-        return next(iter(_temporary))
+        return wait_until_healthy(next(iter(_temporary)), say)
     return start_temporary(home, say)
+
+
+def prestart(home: Path, store: str) -> None:
+    """Start the temporary server now, without waiting for it, when `store` is a local folder that does not
+    exist yet or is empty (every stage will run) and no server is configured or served from `home`.
+    Cheap: no Prefect import here; a user's Prefect profile, which only Prefect reads, is found by `choose`."""
+    folder = Path(store)
+    fresh = "://" not in store and (not folder.exists() or (folder.is_dir() and not any(folder.iterdir())))
+    if fresh and not _temporary and not os.environ.get("PREFECT_API_URL") and not (home / SERVE_STATE).exists():
+        spawn_temporary(home)
 
 
 def start_temporary(home: Path, say: Callable[[str], None], timeout: float | None = None) -> str:
     """A temporary server on a free loopback port (database and log in `home`), stopped when this process
     ends however it ends; its API URL once it answers."""
-    from lexiflow.deployments.serve import free_port
+    return wait_until_healthy(spawn_temporary(home), say, timeout)
+
+
+def spawn_temporary(home: Path) -> str:
+    """Start a temporary server (see `start_temporary`) and return its API URL at once."""
     from lexiflow.flows import prefect_env
 
-    timeout = float(timeout if timeout is not None else os.environ.get(STARTUP_SETTING, "120"))
     port = free_port()
     api_url = f"http://127.0.0.1:{port}/api"
     log = home / "logs" / "temporary-server.log"
     log.parent.mkdir(parents=True, exist_ok=True)
-    import prefect
-
-    # What Prefect's own temporary server runs: the API without the UI, on uvicorn.
+    # What Prefect's own temporary server runs: the API without the UI, on uvicorn. Prefect's folder is
+    # found without importing Prefect (seconds the server then overlaps).
+    prefect_dir = Path(next(iter(importlib.util.find_spec("prefect").submodule_search_locations)))
     argv = [sys.executable, "-m", "lexiflow.flows.server", str(os.getpid()), "--app-dir",
-            str(prefect.__module_path__.parent), "--factory", "prefect.server.api.server:create_app",
+            str(prefect_dir.parent), "--factory", "prefect.server.api.server:create_app",
             "--host", "127.0.0.1", "--port", str(port), "--log-level", "error", "--lifespan", "on"]
     env = prefect_env.environment(home, extra={"PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1",
                                                "PREFECT__SERVER_FINAL": "1"})
     with log.open("ab") as out:
         proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
-    _temporary[api_url] = proc
+    _temporary[api_url] = (proc, time.monotonic(), log)
     atexit.register(stop_temporary)
-    started = time.monotonic()
+    return api_url
+
+
+def wait_until_healthy(api_url: str, say: Callable[[str], None], timeout: float | None = None) -> str:
+    """`api_url` once its temporary server answers; stopped, with one line, if it exits first or takes longer
+    than `timeout` (PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS) from its start."""
+    timeout = float(timeout if timeout is not None else os.environ.get(STARTUP_SETTING, "120"))
+    proc, started, log = _temporary[api_url]
     next_line = started + 15
     while not healthy(api_url, timeout=2):
         waited = time.monotonic() - started
@@ -133,7 +167,7 @@ def start_temporary(home: Path, say: Callable[[str], None], timeout: float | Non
 def stop_temporary() -> None:
     """Stop the temporary servers this process started (SIGTERM, then SIGKILL after 10 s)."""
     while _temporary:
-        _, proc = _temporary.popitem()
+        _, (proc, *_) = _temporary.popitem()
         proc.terminate()
         try:
             proc.wait(10)

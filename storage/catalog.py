@@ -27,6 +27,7 @@ from typing import Any
 from lexiflow.storage.built_by import next_step
 from lexiflow.storage.formats import DISTINGUISHED_BY  # noqa: F401  (re-exported: the catalog selects by it)
 from lexiflow.storage.store import (
+    DEFAULT_ROOT,
     KIND_PATTERN,
     MANIFEST,
     VERSION_PATTERN,
@@ -90,7 +91,7 @@ class Catalog:
     """Read side of a store: `Catalog(root).latest("embeddings")`, `.get(kind, version)`, `.lineage(version)`.
     An artifact as a model object: `lexiflow.loaders.load(catalog, kind, version)`."""
 
-    def __init__(self, root: str | os.PathLike[str] | ArtifactStore = "artifacts",
+    def __init__(self, root: str | os.PathLike[str] | ArtifactStore = DEFAULT_ROOT,
                  storage_options: Mapping[str, Any] | None = None) -> None:
         self.store = root if isinstance(root, ArtifactStore) else ArtifactStore(root, storage_options)
         self.left_out: list[str] = []  # why the last `list` left artifacts out (damaged manifests)

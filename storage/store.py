@@ -74,6 +74,8 @@ log = logging.getLogger("lexiflow")
 _STORAGE_OPTIONS: dict[str, dict[str, Any]] = {}  # URL prefix -> fsspec options (register_storage_options)
 
 
+DEFAULT_ROOT = "artifacts"  # the store a command or flow uses when none is named
+
 class StoreError(Exception):
     """A store problem the user can act on: bad name, missing artifact, failed verification."""
 
@@ -245,7 +247,7 @@ class ArtifactRef(BaseModel):
 class ArtifactStore:
     """Write side of the store (publish, verify, delete); `Catalog` is the read side."""
 
-    def __init__(self, root: str | os.PathLike[str] = "artifacts",
+    def __init__(self, root: str | os.PathLike[str] = DEFAULT_ROOT,
                  storage_options: Mapping[str, Any] | None = None) -> None:
         self.url = str(root)
         if storage_options is not None:

@@ -45,12 +45,51 @@ def test_a_slow_temporary_server_is_refused_in_one_line_naming_the_setting(tmp_p
     assert server._temporary == {}  # and it was stopped
 
 
+def test_a_first_run_into_a_store_starts_its_temporary_server_early_and_only_then(tmp_path, monkeypatch):
+    """`prestart` (the overlap of the server's start-up with the run's imports) spawns only for a local store
+    that is new or empty, with no server configured or served; `choose` stops an early server it then finds
+    it does not need."""
+    from lexiflow.flows import server
+
+    spawned = []
+
+    def spawn(home):  # a stand-in server process: `choose` must stop it
+        proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        spawned.append(proc)
+        server._temporary["http://127.0.0.1:1/api"] = (proc, time.monotonic(), home / "log")
+
+    monkeypatch.setattr(server, "spawn_temporary", spawn)
+    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    home, used = tmp_path / "home", tmp_path / "used"
+    home.mkdir()
+    (used / "corpus").mkdir(parents=True)
+    for store in (str(used), "s3://bucket/store"):
+        server.prestart(home, store)
+    assert spawned == []
+    (home / server.SERVE_STATE).write_text("{}")  # a `lexiflow serve` from this home: its server is used
+    server.prestart(home, str(tmp_path / "new"))
+    assert spawned == []
+    (home / server.SERVE_STATE).unlink()
+    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:2/api")
+    server.prestart(home, str(tmp_path / "new"))
+    assert spawned == []
+    monkeypatch.delenv("PREFECT_API_URL")
+    (tmp_path / "empty").mkdir()
+    for store in (tmp_path / "new", tmp_path / "empty"):
+        server.prestart(home, str(store))
+        assert len(spawned) == 1  # one at most
+    # the user's server turns up (a Prefect profile, which only Prefect reads): the early one is stopped
+    monkeypatch.setattr(server, "user_api_url", lambda: "http://127.0.0.1:3/api")
+    assert server.choose(home, say=print) == "http://127.0.0.1:3/api"
+    assert server._temporary == {} and spawned[0].wait(10) is not None
+
+
 WATCHED = """
 import os, sys, time
 from pathlib import Path
 from lexiflow.flows import server
 url = server.start_temporary(Path(sys.argv[1]), say=lambda line: None, timeout=300)
-print(server._temporary[url].pid, flush=True)
+print(server._temporary[url][0].pid, flush=True)
 time.sleep(600)
 """
 
