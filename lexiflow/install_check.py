@@ -25,7 +25,7 @@ def normalized(name: str) -> str:
 
 
 def locked_versions(lock: Path) -> dict[str, str]:
-    """Package → version, from a pip-compile lock's `name==version` lines."""
+    """Package → version, from a lock's `name==version` lines."""
     return {normalized(name): version for name, version in PINNED.findall(lock.read_text(encoding="utf-8"))}
 
 

@@ -21,7 +21,7 @@ LOCKS = ROOT / "requirements"
 PYPROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
 # What each lock installs: `make run` the runtime, `make test` the dev and bench extras with it.
 EXTRAS = {"runtime.txt": (), "dev.txt": ("dev", "bench")}
-ROOT_ANNOTATION = "lexiflow (pyproject.toml)"  # pip-compile's "via" for a requirement pyproject states
+ROOT_ANNOTATION = "lexiflow (pyproject.toml)"  # the locks' "via" for a requirement pyproject states
 
 
 def requirements(project: dict, extras: tuple[str, ...]) -> list[Requirement]:
@@ -30,7 +30,7 @@ def requirements(project: dict, extras: tuple[str, ...]) -> list[Requirement]:
 
 
 def lock_entries(text: str) -> dict[str, tuple[str, set[str]]]:
-    """Package → (version, the packages or files pip-compile says it is there for: its `# via` lines)."""
+    """Package → (version, the packages or files the lock says it is there for: its `# via` lines)."""
     entries: dict[str, tuple[str, set[str]]] = {}
     name = None
     for line in text.splitlines():
