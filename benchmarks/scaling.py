@@ -20,7 +20,9 @@ is checked equal (version and bytes) to the single-process one. The last rows sp
 Sizes: window 5 (harmonic), vocabulary min count 5 and at most 30 000 words, SVD 100 dimensions; the
 full run takes ~11 minutes on 2 quiet cores (docs/scaling.md); the quick one ~2 minutes.
 
-Options (`--option KEY=VALUE`), for a machine with more cores (docs/scaling.md, "On free cores"):
+`--option mode=cold` times what a user runs instead: `lexiflow run` as a command, from its start to the
+co-occurrence artifact's publication (its manifest's `created`), on a new store each time, with each runner
+(`cold`, below). Options (`--option KEY=VALUE`), for a machine with more cores (docs/scaling.md, "On free cores"):
 `workers=1,2,4,8` the worker counts run on the largest size (default 1,2); `sizes_gb=1` the corpus sizes;
 `stages=sharded` only the sharded stages (no PPMI/SVD, so no gensim needed); `pool=FILE` the real
 lines, one per line, for a machine without ../shared (write it here with
@@ -273,7 +275,11 @@ def _rows_of_run(label: str, name: str, n_workers: int, result: dict[str, Any], 
 
 
 def run(quick: bool = False, workers: str = "1,2", sizes_gb: str = "", stages: str = "all",
-        pool: str = "") -> list[Row]:
+        pool: str = "", mode: str = "warm") -> list[Row]:
+    if mode not in ("warm", "cold"):
+        raise ValueError(f"--option mode={mode!r}: choose warm or cold")
+    if mode == "cold":
+        return cold(quick, sizes_gb, pool)
     if stages not in ("all", "sharded"):
         raise ValueError(f"--option stages={stages!r}: choose all or sharded")
     rows: list[Row] = []
@@ -318,6 +324,86 @@ def run(quick: bool = False, workers: str = "1,2", sizes_gb: str = "", stages: s
         with cluster(2) as two:
             rows += breakdown(two, str(Path(tmp) / "breakdown"), single["tokenized_corpus"][2],
                               single["tokenizer"][2], n_rows)
+    return rows
+
+
+# The user's command in the cold runs: the corpus rebuild up to SVD, as the issue measured it.
+COLD_COMMAND = ["--set", 'embeddings=["svd"]', "--set", "lm=[]", "--set", "vocabulary.max_size=5000"]
+COLD_SIZES = {False: (30e6, 300e6, 1 * GB), True: (4e6, 16e6)}
+CLUSTER = "a running 2-worker Dask cluster"
+
+
+def cold_runners(address: str) -> dict[str, list[str]]:
+    """Each runner a cold run tries, as `--set` arguments."""
+    dask = ["--set", "parallel.runner=dask", "--set", "parallel.workers=2"]
+    return {f"default ({ParallelParams().runner})": [], "local": ["--set", "parallel.runner=local"],
+            "threads": ["--set", "parallel.runner=threads"], "processes": ["--set", "parallel.runner=processes"],
+            "dask, a LocalCluster of 2 the run starts": dask,
+            CLUSTER: [*dask, "--set", f"parallel.dask_address={address}"]}
+
+
+def cold_run(tmp: Path, source: Path, runner: list[str], api_url: str) -> tuple[float, float, ArtifactRef]:
+    """`lexiflow run` as a user types it, on a new store: (seconds from its start to the co-occurrence artifact's
+    publication, seconds to the command's end, that artifact)."""
+    import datetime as dt
+    import os
+    import subprocess
+    import sys
+
+    from lexiflow.storage import Catalog
+
+    store = tempfile.mkdtemp(dir=tmp, prefix="store-")
+    env = {**os.environ, "PREFECT_API_URL": api_url}  # one server for every run: its start-up is not compared
+    started, wall = dt.datetime.now(dt.UTC), time.perf_counter()
+    subprocess.run([Path(sys.executable).parent / "lexiflow", "run", "--store", store, "--corpus", str(source),
+                    *COLD_COMMAND, *runner], env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    total = time.perf_counter() - wall
+    entry = Catalog(store).get("cooccurrence")
+    published = dt.datetime.fromisoformat(ArtifactStore(store).manifest("cooccurrence", entry["version"])["created"])
+    return (published - started).total_seconds(), total, ArtifactStore(store).ref("cooccurrence", entry["version"])
+
+
+def cold(quick: bool, sizes_gb: str, pool: str) -> list[Row]:
+    """Each runner, cold, at each size: seconds from the command's start to the co-occurrence artifact, against
+    the default runner and against `local` (one process), and the artifacts compared. The Dask cluster at
+    `dask_address` is started by the benchmark before the timed command, as a user's would be, with a plain
+    environment (no PREFECT_API_URL: a user's workers do not know the flow's server)."""
+    from distributed import LocalCluster
+    from lexiflow.flows import prefect_env, server
+    from lexiflow.tasks.parallel import dask_worker_environment
+
+    rows: list[Row] = []
+    sizes = tuple(float(gb) * GB for gb in sizes_gb.split(",")) if sizes_gb else COLD_SIZES[quick]
+    lines = Path(pool).read_text(encoding="utf-8").split("\n")[:-1] if pool else line_pool()
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        with dask_worker_environment():
+            cluster_ = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+        api_url = server.start_temporary(prefect_env.default_home(), print)
+        try:
+            runners = cold_runners(cluster_.scheduler_address)
+            # untimed: the first command after an install also compiles bytecode and reads files from disk
+            cold_run(tmp, corpus_text(tmp / "warm-up.txt", COLD_SIZES[True][0], lines), runners["local"], api_url)
+            for size in sizes:
+                label = f"{size / GB:.1f} GB" if size >= GB else f"{size / 1e6:.0f} MB"
+                source = corpus_text(tmp / f"corpus-{size:.0f}.txt", size, lines)
+                timed = {name: cold_run(tmp, source, argv, api_url) for name, argv in runners.items()}
+                default, local = timed[next(iter(runners))], timed["local"]
+                for name, (seconds, total, ref) in timed.items():
+                    identical = all(same(ref, other) for *_, other in timed.values())
+                    note = f"command {total:.1f} s; co-occurrence identical across runners: {identical}"
+                    rows.append(Row("scaling", f"cold, {label} text, {name}: vs the default runner",
+                                    "seconds to co-occurrence", seconds, default[0], "default runner", False,
+                                    "ratio <= 1" if "dask" in name and size >= 300e6 else "",
+                                    seconds <= default[0] if "dask" in name and size >= 300e6 else None, note))
+                    rows.append(Row("scaling", f"cold, {label} text, {name}: speed-up over one process",
+                                    "speed-up", local[0] / seconds, 1.0, "local (one process)", True,
+                                    ">= 1.3" if "dask" in name and size >= GB else "",
+                                    local[0] / seconds >= 1.3 if "dask" in name and size >= GB else None, note))
+                    print(rows[-2], flush=True)
+        finally:
+            server.stop_temporary()
+            cluster_.close()
     return rows
 
 
