@@ -323,9 +323,12 @@ def test_cli_run_on_a_local_dask_cluster_of_two_workers_publishes_what_one_proce
     assert main(["run", "--store", str(tmp_path / "local"), *small, "--set", "parallel.runner=local"]) == 0
     assert main(["run", "--store", str(tmp_path / "dask"), *small, "--set", "parallel.runner=dask",
                  "--set", "parallel.workers=2"]) == 0
-    # word counts, encoding and co-occurrence ran on a LocalCluster of 2 workers each (ingestion: one shard)
+    # word counts, encoding and co-occurrence ran on one LocalCluster of 2 workers, started once for the run
+    # (ingestion: one shard, inline)
     assert [type(r).__name__ for r in runners] == ["DaskTaskRunner"] * 3
-    assert all(r.cluster_kwargs["n_workers"] == 2 for r in runners)
+    assert len({r.address for r in runners}) == 1
+    assert runners[0].address == parallel.local_cluster(2).scheduler_address
+    assert len(parallel.local_cluster(2).workers) == 2
     local, dask = ArtifactStore(tmp_path / "local"), ArtifactStore(tmp_path / "dask")
     refs = {store: {m["kind"]: store.ref(m["kind"], m["version"]) for m in Catalog(store).list()
                     if m["kind"] in ("corpus", "tokenizer", "tokenized_corpus", "cooccurrence", "ppmi")}
