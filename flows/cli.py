@@ -116,18 +116,22 @@ def cmd_run(args: argparse.Namespace) -> int:
     else:
         from lexiflow.storage.store import DEFAULT_ROOT as store  # 3 s of imports: a named store waits none
     server.prestart(home, store)
-    from lexiflow.flows.params import validate
+    try:
+        from lexiflow.flows.params import validate
 
-    params = validate(tree)
-    from lexiflow.flows.pipeline import reuse_all, run_pipeline
-    from lexiflow.storage import ArtifactStore
+        params = validate(tree)
+        from lexiflow.flows.pipeline import reuse_all, run_pipeline
+        from lexiflow.storage import ArtifactStore
 
-    ArtifactStore(params.store).check_root()  # before the run: one line, not a failed run
-    # With no server to report to, a rerun that finds every artifact starts none (docs/design.md, "Caching")
-    refs = reuse_all(params) if server.running(home) is None else None
-    if refs is None:
-        with prefect_api(home):
-            refs = run_pipeline(params)
+        ArtifactStore(params.store).check_root()  # before the run: one line, not a failed run
+        # With no server to report to, a rerun that finds every artifact starts none (docs/design.md, "Caching")
+        refs = reuse_all(params) if server.running(home) is None else None
+        if refs is None:
+            with prefect_api(home):
+                refs = run_pipeline(params)
+    except BaseException:
+        server.stop_temporary()  # bad parameters found after `prestart`: its server goes at once, not at exit
+        raise
     store = ArtifactStore(params.store)
     print(f"\nArtifacts in {store.root}:")
     for name, ref in refs.items():

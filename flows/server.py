@@ -103,10 +103,12 @@ def choose(home: Path, say: Callable[[str], None]) -> str:
 def prestart(home: Path, store: str) -> None:
     """Start the temporary server now, without waiting for it, when `store` is a local folder that does not
     exist yet or is empty (every stage will run) and no server is configured or served from `home`.
-    Cheap: no Prefect import here; a user's Prefect profile, which only Prefect reads, is found by `choose`."""
+    Cheap: Prefect's own settings (a profile's or a settings context's server) are read only when Prefect is
+    imported already; else `choose` finds them, and stops this server."""
     folder = Path(store)
     fresh = "://" not in store and (not folder.exists() or (folder.is_dir() and not any(folder.iterdir())))
-    if fresh and not _temporary and not os.environ.get("PREFECT_API_URL") and not (home / SERVE_STATE).exists():
+    configured = user_api_url() if "prefect.settings" in sys.modules else os.environ.get("PREFECT_API_URL")
+    if fresh and not _temporary and not configured and not (home / SERVE_STATE).exists():
         spawn_temporary(home)
 
 

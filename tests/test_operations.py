@@ -59,7 +59,8 @@ def test_a_first_run_into_a_store_starts_its_temporary_server_early_and_only_the
         server._temporary["http://127.0.0.1:1/api"] = (proc, time.monotonic(), home / "log")
 
     monkeypatch.setattr(server, "spawn_temporary", spawn)
-    monkeypatch.delenv("PREFECT_API_URL", raising=False)
+    configured = {"url": None}  # the server Prefect's settings name (the environment, a profile, a context)
+    monkeypatch.setattr(server, "user_api_url", lambda: configured["url"])
     home, used = tmp_path / "home", tmp_path / "used"
     home.mkdir()
     (used / "corpus").mkdir(parents=True)
@@ -70,18 +71,36 @@ def test_a_first_run_into_a_store_starts_its_temporary_server_early_and_only_the
     server.prestart(home, str(tmp_path / "new"))
     assert spawned == []
     (home / server.SERVE_STATE).unlink()
-    monkeypatch.setenv("PREFECT_API_URL", "http://127.0.0.1:2/api")
+    configured["url"] = "http://127.0.0.1:2/api"
     server.prestart(home, str(tmp_path / "new"))
     assert spawned == []
-    monkeypatch.delenv("PREFECT_API_URL")
+    configured["url"] = None
     (tmp_path / "empty").mkdir()
     for store in (tmp_path / "new", tmp_path / "empty"):
         server.prestart(home, str(store))
         assert len(spawned) == 1  # one at most
     # the user's server turns up (a Prefect profile, which only Prefect reads): the early one is stopped
-    monkeypatch.setattr(server, "user_api_url", lambda: "http://127.0.0.1:3/api")
+    configured["url"] = "http://127.0.0.1:3/api"
     assert server.choose(home, say=print) == "http://127.0.0.1:3/api"
     assert server._temporary == {} and spawned[0].wait(10) is not None
+
+
+def test_bad_parameters_found_after_the_early_start_stop_its_server_at_once(tmp_path, monkeypatch, capsys):
+    from lexiflow.flows import server
+    from lexiflow.flows.cli import main
+
+    spawned = []
+
+    def spawn(home):
+        spawned.append(subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"]))
+        server._temporary["http://127.0.0.1:1/api"] = (spawned[-1], time.monotonic(), home / "log")
+
+    monkeypatch.setattr(server, "spawn_temporary", spawn)
+    monkeypatch.setattr(server, "user_api_url", lambda: None)
+    monkeypatch.setenv("PREFECT_HOME", str(tmp_path / "home"))
+    assert main(["run", "--store", str(tmp_path / "new"), "--set", "svd.dim=-1"]) == 2
+    assert "svd.dim" in capsys.readouterr().err
+    assert len(spawned) == 1 and server._temporary == {} and spawned[0].wait(10) is not None
 
 
 WATCHED = """
