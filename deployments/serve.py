@@ -30,8 +30,6 @@ from lexiflow.flows.server import SERVE_STATE, free_port
 from lexiflow.models.device import gpu_warning
 from lexiflow.models.errors import InputError
 
-STATE_FILE = SERVE_STATE
-
 
 class ServeError(Exception):
     """Something the user can act on: a port in use, a server that did not come up, a stale state file."""
@@ -100,7 +98,7 @@ def _prefect() -> list[str]:
 
 
 def read_state(home: Path) -> dict[str, Any] | None:
-    path = home / STATE_FILE
+    path = home / SERVE_STATE
     if not path.exists():
         return None
     try:
@@ -140,7 +138,7 @@ def start(home: str | os.PathLike[str], config: DeployConfig, *, port: int | Non
     def record(proc: Started) -> None:
         started.append(proc)
         state["processes"] = [asdict(p) for p in started]
-        (home / STATE_FILE).write_text(json.dumps(state, indent=2))  # written at once: --stop can always clean up
+        (home / SERVE_STATE).write_text(json.dumps(state, indent=2))  # written at once: --stop can always clean up
 
     try:
         env = environment(home, api_url)
@@ -163,7 +161,7 @@ def start(home: str | os.PathLike[str], config: DeployConfig, *, port: int | Non
                                                "process", "--name", f"gpu{gpu}-{socket.gethostname()}",
                                                "--limit", "1"],
                           environment(home, api_url, {**worker_env, "CUDA_VISIBLE_DEVICES": gpu}), home)[0])
-        (home / STATE_FILE).write_text(json.dumps(state, indent=2))
+        (home / SERVE_STATE).write_text(json.dumps(state, indent=2))
     except BaseException:
         stop(home)
         raise
@@ -220,5 +218,5 @@ def stop(home: str | os.PathLike[str], grace: float = 15.0) -> list[str]:
                     if _signal_and_wait(proc, sig, wait)), None)
         lines.append(f"{proc.name} (pid {proc.pid}): " + (f"stopped ({how})" if how else "still running!"))
     if not any(line.endswith("still running!") for line in lines):
-        (home / STATE_FILE).unlink(missing_ok=True)
+        (home / SERVE_STATE).unlink(missing_ok=True)
     return lines

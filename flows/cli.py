@@ -574,7 +574,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     home = Path(args.home) if args.home else prefect_env.default_home()
     if args.stop:
         lines = serve.stop(home)
-        print("\n".join(lines) if lines else f"nothing to stop (no {serve.STATE_FILE} in {home})")
+        print("\n".join(lines) if lines else f"nothing to stop (no {serve.SERVE_STATE} in {home})")
         return 1 if any(line.endswith("still running!") for line in lines) else 0
     from lexiflow.deployments.definitions import DeployConfig
 

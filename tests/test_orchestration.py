@@ -346,7 +346,7 @@ def test_evaluation_table_rows_carry_every_column(tmp_path, monkeypatch):
 # ---- fast: stop by PID --------------------------------------------------------------------
 def _record(home: Path, procs: list[serve.Started]) -> None:
     home.mkdir(parents=True, exist_ok=True)
-    (home / serve.STATE_FILE).write_text(json.dumps({"processes": [p.__dict__ for p in procs]}))
+    (home / serve.SERVE_STATE).write_text(json.dumps({"processes": [p.__dict__ for p in procs]}))
 
 
 def test_serve_already_running_names_the_home_to_stop_it_with(tmp_path, capsys, monkeypatch):
@@ -356,8 +356,8 @@ def test_serve_already_running_names_the_home_to_stop_it_with(tmp_path, capsys, 
     try:
         home = tmp_path / "elsewhere"
         _record(home, [serve.Started("server", running.pid, serve._start_ticks(running.pid), "")])
-        state = json.loads((home / serve.STATE_FILE).read_text())
-        (home / serve.STATE_FILE).write_text(json.dumps({**state, "ui_url": "http://127.0.0.1:1"}))
+        state = json.loads((home / serve.SERVE_STATE).read_text())
+        (home / serve.SERVE_STATE).write_text(json.dumps({**state, "ui_url": "http://127.0.0.1:1"}))
         monkeypatch.setattr(serve, "_spawn", lambda *a, **k: pytest.fail("serve started a process"))
         assert main(["serve", "--home", str(home)]) == 2
         assert capsys.readouterr().err.strip().endswith(f"stop it first with `lexiflow serve --stop --home {home}`")
@@ -392,7 +392,7 @@ def test_stop_sends_a_second_sigterm_to_a_process_that_survives_the_first(tmp_pa
         _record(tmp_path, [serve.Started("worker-gpu0", stubborn.pid, serve._start_ticks(stubborn.pid), "")])
         assert serve.stop(tmp_path, grace=2) == [f"worker-gpu0 (pid {stubborn.pid}): stopped (second SIGTERM)"]
         assert stubborn.wait(timeout=5) == 0
-        assert not (tmp_path / serve.STATE_FILE).exists()
+        assert not (tmp_path / serve.SERVE_STATE).exists()
     finally:
         if stubborn.poll() is None:
             stubborn.kill()
@@ -404,10 +404,10 @@ def test_serve_cli_stop_with_nothing_started(tmp_path, capsys):
     assert main(["serve", "--stop", "--home", str(tmp_path)]) == 0
     assert "nothing to stop" in capsys.readouterr().out
     for damaged in ("", "{", '{"processes": 1}', '{"processes": [{"pid": 1}]}', "[]"):
-        (tmp_path / serve.STATE_FILE).write_text(damaged)
+        (tmp_path / serve.SERVE_STATE).write_text(damaged)
         assert main(["serve", "--stop", "--home", str(tmp_path)]) == 2
         err = capsys.readouterr().err
-        assert err.startswith(f"error: {tmp_path / serve.STATE_FILE} is damaged") and "delete the file" in err
+        assert err.startswith(f"error: {tmp_path / serve.SERVE_STATE} is damaged") and "delete the file" in err
 
 
 @pytest.mark.parametrize("option, value, message", [
@@ -798,5 +798,5 @@ def test_stop_ends_everything_that_serve_started(box):
     assert not any(serve.is_running(p) for p in processes)
     with pytest.raises(httpx.TransportError):
         httpx.get(f"{box.state['api_url']}/health", timeout=5)
-    assert not (box.home / serve.STATE_FILE).exists()
+    assert not (box.home / serve.SERVE_STATE).exists()
     assert os.environ.get("PREFECT_API_URL") != box.state["api_url"]  # the test process was never repointed
