@@ -56,7 +56,6 @@ from lexiflow.tasks.params import (
     VocabularyParams,
 )
 from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
-from prefect import task
 from prefect.testing.utilities import prefect_test_harness
 
 from benchmarks.corpora import WIKITEXT_VALID
@@ -198,7 +197,6 @@ def same(a: ArtifactRef, b: ArtifactRef) -> bool:
         right.manifest(b.kind, b.version)["files"]
 
 
-@task(**parallel.SHARD_TASK)
 def _no_op(part: str | None) -> int:
     return 0
 

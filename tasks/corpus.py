@@ -6,7 +6,7 @@ import functools
 import itertools
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 from lexiflow.models import ingest
@@ -15,10 +15,11 @@ from lexiflow.storage import ArtifactWriter
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, TAGGED
 from lexiflow.storage.parquet_concat import Segment
 from lexiflow.storage.store import read_segment, write_segment
-from lexiflow.tasks.parallel import SHARD_TASK, deliver, deliver_row_groups, received, stream_shards
-from lexiflow.tasks.params import CorpusParams, ParallelParams
+from lexiflow.tasks.parallel import deliver, deliver_row_groups, received, stream_shards
 from lexiflow.tasks.stage import stage
-from prefect import task
+
+if TYPE_CHECKING:  # params imports every model (torch, gensim): not on a worker's import path (parallel.py)
+    from lexiflow.tasks.params import CorpusParams, ParallelParams
 
 
 def options(params: CorpusParams) -> ingest.IngestOptions:
@@ -53,7 +54,6 @@ def tagged_parameters(arguments: dict) -> dict:
     return {"params": arguments["params"].model_dump(mode="json", include=TAGGED_SETTINGS)}
 
 
-@task(name="corpus-shard", **SHARD_TASK)
 def corpus_shard(shard: list[ingest.FileRange | ingest.Streams], options: ingest.IngestOptions, chunk_bytes: int,
                  part: str | None) -> tuple[Any, dict[int, int], dict[int, tuple[int, int, str]], Any, Any]:
     """Read and clean one shard of the sources (documents delivered in memory or as a part; a shard
@@ -111,6 +111,8 @@ def spill_to(folder: Path) -> Callable[[pl.DataFrame], pl.LazyFrame]:
 def ingest_corpus(out: ArtifactWriter, params: CorpusParams, parallel: ParallelParams | None = None) -> None:
     """Shards of the sources (byte ranges of large text/JSONL files, groups of whole files) are
     read and cleaned in parallel, then merged in order: the same corpus as one process makes."""
+    from lexiflow.tasks.params import ParallelParams  # here: see the TYPE_CHECKING import
+
     parallel = parallel or ParallelParams()
     files, opts = ingest.resolve_sources(params.sources), options(params)
     shards = ingest.plan_shards(files, opts, parallel.shard_bytes)

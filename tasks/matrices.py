@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import polars as pl
@@ -25,7 +25,6 @@ from lexiflow.storage.formats import (
     write_matrix_columns,
 )
 from lexiflow.tasks.parallel import (
-    SHARD_TASK,
     deliver,
     deliver_partitions,
     deliver_row_groups,
@@ -36,12 +35,12 @@ from lexiflow.tasks.parallel import (
     shard_ranges,
     sum_matrices,
 )
-from lexiflow.tasks.params import COOCCURRENCE_SHARD_SENTENCES, CooccurrenceParams, ParallelParams, PPMIParams
 from lexiflow.tasks.stage import stage
-from prefect import task
+
+if TYPE_CHECKING:  # params imports every model (torch, gensim): not on a worker's import path (parallel.py)
+    from lexiflow.tasks.params import CooccurrenceParams, ParallelParams, PPMIParams
 
 
-@task(name="cooccurrence-shard", **SHARD_TASK)
 def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, keep_prob: np.ndarray, window: int, seed: int,
                        documents: int, partitions: int, part: str | None) -> tuple[Any, Any, int, int, int]:
     """Per-distance pair counts (after subsampling) in `partitions` key-space partitions, term–document
@@ -105,6 +104,8 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
     partition on the workers; here the partitions join and the matrix is symmetrized. The shards'
     term–document rows stream into `termdoc.parquet` in document order (no merge: a document is in one
     shard, or two when a shard boundary cuts it, whose counts add)."""
+    from lexiflow.tasks.params import COOCCURRENCE_SHARD_SENTENCES, ParallelParams  # here: see the TYPE_CHECKING import
+
     parallel = parallel or ParallelParams()
     vocabulary = read_table(tokenizer, "vocab.parquet")
     ranges = shard_ranges(tokens, "tokens.parquet", parallel, COOCCURRENCE_SHARD_SENTENCES)

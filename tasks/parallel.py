@@ -45,24 +45,26 @@ fails it too.
 from __future__ import annotations
 
 import atexit
+import contextvars
 import functools
 import itertools
 import json
 import logging
 import math
+import multiprocessing
 import os
 import queue
 import shutil
-import ssl
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from uuid import uuid4
 
-import certifi
 import fsspec
 import numpy as np
 import polars as pl
@@ -78,16 +80,13 @@ from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import by_rows, row_groups
 from lexiflow.storage.parquet_concat import Segment
 from lexiflow.storage.store import storage_options_for, write_segment
-from lexiflow.tasks.params import ParallelParams
-from lexiflow.tasks.stage import retry_transient_only
-from prefect import task
-from prefect.cache_policies import NO_CACHE
-from prefect.task_runners import ProcessPoolTaskRunner, TaskRunner, ThreadPoolTaskRunner
+from lexiflow.tasks.stage import worth_retrying
 
-# Options of every shard task: no cache or persisted result (the stage around it caches the
-# artifact); transient I/O errors retried like the stages'.
-SHARD_TASK: dict[str, Any] = {"cache_policy": NO_CACHE, "persist_result": False, "retries": 2,
-                              "retry_delay_seconds": [1, 2], "retry_condition_fn": retry_transient_only}
+if TYPE_CHECKING:  # params imports every model (torch, gensim): not on a worker's import path (parallel.py)
+    from lexiflow.tasks.params import ParallelParams
+
+# A shard that fails on a transient I/O error (`stage.worth_retrying`) runs again after these pauses, where it ran.
+SHARD_RETRY_DELAYS = (1.0, 2.0)
 _log = logging.getLogger("lexiflow.parallel")
 # What a Dask worker process needs in its environment before it starts. Its one task thread is its core, and
 # polars sizes its own pool once, from the cores: N workers on N cores would run N² polars threads (the corpus
@@ -97,8 +96,8 @@ WORKER_ENVIRONMENT = {"POLARS_MAX_THREADS": "1", "_RJEM_MALLOC_CONF": POLARS_ALL
 # A Dask cluster with no worker for this long fails the stage (workers that died, or never came).
 NO_WORKER_SECONDS = 120.0
 _POLL_SECONDS = 2.0  # how often a wait for shard results looks at the cluster
-# Results one merge task adds up: fewer task runs (each costs ~0.1-0.5 s of Prefect bookkeeping) than
-# pairs, still a shallow tree (log4 n levels) whose top merges hold little more than the total.
+# Results one merge task adds up: fewer tasks (each a round trip through the pool, and a part written and read
+# again) than pairs, still a shallow tree (log4 n levels) whose top merges hold little more than the total.
 MERGE_FAN_IN = 4
 
 
@@ -106,18 +105,8 @@ class ShardError(LexiflowError):
     """A shard (or merge) task failed or cannot run: the stage fails with this one line."""
 
 
-def task_runner(params: ParallelParams) -> TaskRunner:
-    """The Prefect task runner `params` describe (not entered)."""
-    if params.runner == "processes":
-        return ProcessPoolTaskRunner(max_workers=params.workers)
-    if params.runner == "dask":
-        from prefect_dask import DaskTaskRunner
-
-        return DaskTaskRunner(address=params.dask_address or local_cluster(params.workers).scheduler_address)
-    return ThreadPoolTaskRunner(max_workers=params.workers)
-
-
 _clusters: dict[int, Any] = {}  # workers -> the LocalCluster this process started (`local_cluster`)
+_process_pools: dict[int, ProcessPoolExecutor] = {}  # workers -> the process pool of `process_pool`
 
 
 def local_cluster(workers: int) -> Any:
@@ -134,6 +123,19 @@ def local_cluster(workers: int) -> Any:
         _clusters[workers] = cluster
         atexit.register(cluster.close)
     return cluster
+
+
+def process_pool(workers: int) -> ProcessPoolExecutor:
+    """The pool of `workers` processes this process runs its `processes` stages on: started at the first, kept
+    for the next ones (each process imports the shard functions' modules once a run, not once a stage), shut
+    down at exit; a pool broken by a process that died is replaced. Spawned, not forked: the flow's process
+    runs threads (Prefect's, polars') that a fork would copy mid-work."""
+    pool = _process_pools.get(workers)
+    if pool is None or pool._broken:  # noqa: SLF001 -- the one public sign is a failed submit
+        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+        _process_pools[workers] = pool
+        atexit.register(pool.shutdown, cancel_futures=True)
+    return pool
 
 
 def on_every_worker(params: ParallelParams, fn: Callable[[], Any]) -> None:
@@ -169,8 +171,9 @@ def stream_shards(fn: Any, calls: Sequence[dict[str, Any]], params: ParallelPara
                   out: ArtifactWriter, lazy: bool = False) -> Iterator[Any]:
     """fn(**call, part=...) for every call, results yielded in call order with every `Part` read back,
     each as soon as it and those before it are done (a merge that streams, writing in order, works while
-    later shards run): inline for one call or the local runner, else as task runs on the runner (`fn` is
-    a Prefect task that passes its large results through `deliver(result, part)`). Parts live in the
+    later shards run): inline for one call or the local runner, else as tasks on the runner's pool (`fn` is
+    a module-level function, which workers import by name, that passes its large results through
+    `deliver(result, part)`). Parts live in the
     writer's own folders while the shards run (a concurrent build of the same version has its own) and
     are removed once read.
 
@@ -180,7 +183,7 @@ def stream_shards(fn: Any, calls: Sequence[dict[str, Any]], params: ParallelPara
     if len(calls) <= 1 or params.runner == "local":
         with Progress(f"{name} shards", total=len(calls), unit="shards", callback=out.progress) as bar:
             for call in calls:
-                yield _counted(fn.fn(**call, part=None), bar)
+                yield _counted(fn(**call, part=None), bar)
         return
     folder = _parts_folder(params, out, parts=lazy)
     results: dict[int, Any] = {}
@@ -232,7 +235,7 @@ def reduce_shards(fn: Any, calls: Sequence[dict[str, Any]], combine: Callable[[l
                 ready = [item for item in ready if not any(item is g for g in group)]
                 merges += 1
                 levels[key := f"m{merges:06d}"] = max(lvl for lvl, _ in group) + 1
-                pool.submit(merge_task, {"combine": combine, "results": [r for _, r in group]}, key, f"merge {merges}")
+                pool.submit(merge_group, {"combine": combine, "results": [r for _, r in group]}, key, f"merge {merges}")
     ((_, final),) = ready
     result = received(final)
     if folder is not None:
@@ -248,8 +251,7 @@ def _full_level(ready: list[tuple[int, Any]]) -> int | None:
     return next((level for level, n in counts.items() if n >= MERGE_FAN_IN), None)
 
 
-@task(name="merge", **SHARD_TASK)
-def merge_task(combine: Callable[[list[Any]], Any], results: list[Any], part: str | None) -> Any:
+def merge_group(combine: Callable[[list[Any]], Any], results: list[Any], part: str | None) -> Any:
     """One node of a tree merge: `combine` of shard (or merged) results, delivered as parts; the parts
     read are removed (best effort: the writer's folder goes at its end anyway)."""
     merged = combine([received(result) for result in results])
@@ -315,7 +317,7 @@ def reduce_partitioned(fn: Any, calls: Sequence[dict[str, Any]], merge: Callable
         shards_done = time.perf_counter()
         for p in range(partitions):
             blocks = [shards[i][0][p] for i in range(len(calls))]
-            pool.submit(partition_merge_task, {"merge": merge, "blocks": blocks}, f"p{p:06d}",
+            pool.submit(merge_partition, {"merge": merge, "blocks": blocks}, f"p{p:06d}",
                         f"merge of partition {p + 1}/{partitions}")
         for key, result in pool.completed():
             merged[key] = received(result)
@@ -335,8 +337,7 @@ def _drained(items: Iterator[Any], consume: Callable[[Iterator[Any]], Any]) -> A
     return consumed
 
 
-@task(name="partition-merge", **SHARD_TASK)
-def partition_merge_task(merge: Callable[[list[Any]], Any], blocks: list[Any], part: str | None) -> Any:
+def merge_partition(merge: Callable[[list[Any]], Any], blocks: list[Any], part: str | None) -> Any:
     """One key partition's merge: `merge` of its blocks from every shard, delivered as a part."""
     merged = merge([received(block) for block in blocks])
     return deliver(merged, part) if isinstance(merged, pl.DataFrame | sp.spmatrix) else merged
@@ -366,81 +367,73 @@ def _label(i: int, n: int, call: dict[str, Any]) -> str:
 
 
 class _Pool:
-    """Task runs on the runner `params` name, results yielded as they finish (`completed`), each failure
-    raised at once as a `ShardError`, and a Dask cluster watched while the tasks wait."""
+    """Tasks on the pool `params` name (a thread pool, the run's process pool, a Dask cluster), results yielded
+    as they finish (`completed`), each failure raised at once as a `ShardError`, a Dask cluster watched while the
+    tasks wait. A task is a plain call of a module-level function (`run_shard`), not a Prefect task run: Prefect
+    tracks the stage, whose progress counts the shards, and gets the shards' log lines from this process."""
 
     def __init__(self, params: ParallelParams, name: str, folder: str | None) -> None:
-        self.runner, self.name, self.folder = task_runner(params), name, folder
-        self.dask, self.workers = params.runner == "dask", params.workers
+        self.params, self.name, self.folder = params, name, folder
+        self.dask, self.threads = params.runner == "dask", params.runner == "threads"
+        self.client: Any = None  # dask
+        self.executor: Executor | None = None  # threads, processes
         self.done: queue.Queue = queue.Queue()
         self.futures: dict[Any, tuple[Any, str]] = {}  # key -> (future, label)
-        self.probed: set[str] = set()  # task names whose first call a worker has loaded
-        self.context: dict[str, Any] | None = None  # the caller's Prefect context, serialized (`_submit_task_run`)
+        self.probed: set[str] = set()  # functions whose first call a worker has loaded
 
     def __enter__(self) -> _Pool:
-        self.runner.__enter__()
         if self.dask:
+            from distributed import Client
+
+            address = self.params.dask_address or local_cluster(self.params.workers).scheduler_address
+            self.client = Client(address, set_as_default=False)
             with suppress(Exception):  # a speed setting: a worker that cannot take it fails on the probe instead
-                self.runner.client.register_plugin(_worker_setup_plugin())
-            _warn_oversubscribed(self.runner.client)
+                self.client.register_plugin(_worker_setup_plugin())
+            _warn_oversubscribed(self.client)
+        elif self.threads:
+            self.executor = ThreadPoolExecutor(self.params.workers, thread_name_prefix=f"lexiflow-{self.name}")
+        else:
+            self.executor = process_pool(self.params.workers)
         return self
 
     def __exit__(self, *exc_info: Any) -> None:
-        if exc_info[0] is not None:  # a failed stage: its other tasks would only load a cluster that stays up
+        if exc_info[0] is not None:  # a failed stage: its other tasks would only load a pool that stays up
             for future, _ in self.futures.values():
                 with suppress(Exception):
-                    future.wrapped_future.cancel()
-        if self.dask and exc_info[0] is None:  # the heap the workers kept from shard to shard goes back now
-            with suppress(Exception):  # (`keep_freed_heap`; after a failure, at the next stage's end)
-                self.runner.client.run(release_freed_memory)
-        self.runner.__exit__(*exc_info)
+                    future.cancel()
+        if self.dask:
+            if exc_info[0] is None:  # the heap the workers kept from shard to shard goes back now
+                with suppress(Exception):  # (`keep_freed_heap`; after a failure, at the next stage's end)
+                    self.client.run(release_freed_memory)
+            self.client.close()
+        elif self.threads:
+            self.executor.shutdown(wait=True, cancel_futures=True)
 
     def slots(self) -> int:
         """Tasks the pool runs at once: a Dask cluster's worker threads now (a cluster at `dask_address` has
         however many it has; `workers` sizes only the clusters lexiflow starts), else `workers`."""
-        threads = sum(self.runner.client.nthreads().values()) if self.dask else 0
-        return threads or self.workers
+        threads = sum(self.client.nthreads().values()) if self.dask else 0
+        return threads or self.params.workers
 
-    def submit_shards(self, fn: Any, calls: Sequence[dict[str, Any]]) -> None:
+    def submit_shards(self, fn: Callable[..., Any], calls: Sequence[dict[str, Any]]) -> None:
         """A stage's shards: task i runs fn(**calls[i]), keyed i, labelled for errors."""
         for i, call in enumerate(calls):
             self.submit(fn, call, i, _label(i, len(calls), call))
 
-    def submit(self, fn: Any, call: dict[str, Any], key: Any, label: str) -> None:
+    def submit(self, fn: Callable[..., Any], call: dict[str, Any], key: Any, label: str) -> None:
         call = {**call, "part": None if self.folder is None else f"{self.folder}/{key:06d}"
                 if isinstance(key, int) else f"{self.folder}/{key}"}
-        if self.dask and fn.name not in self.probed:
-            self._probe(fn, call, label)
         if self.dask:
-            future = self._submit_task_run(fn, call)
+            if fn.__qualname__ not in self.probed:
+                self._probe(fn, call, label)
+            # a random key (pure=False): Dask would otherwise hash the whole pickled call
+            future = self.client.submit(run_shard, fn, call, key=f"{fn.__name__}-{uuid4()}", pure=False)
+        elif self.threads:  # the stage's context goes along: the shard's log lines are the stage's, as inline
+            future = self.executor.submit(contextvars.copy_context().run, run_shard, fn, call, False)
         else:
-            future = self.runner.submit(fn, parameters=call)
+            future = self.executor.submit(run_shard, fn, call)
         self.futures[key] = (future, label)
         future.add_done_callback(lambda _, key=key: self.done.put(key))
-
-    def _submit_task_run(self, fn: Any, call: dict[str, Any]) -> Any:
-        """A task run on the Dask cluster, made as `PrefectDaskClient.submit` makes it (a new task run id, its
-        inputs, the caller's Prefect context, `run_task_sync` on the worker), but cheaper on this process, which
-        shares two cores with the workers: the context is serialized once per pool, not per task (Prefect's
-        settings dump, ~20 ms), only its asset part per task run; the worker runs a module-level function, which
-        Dask pickles once by reference, not a closure cloudpickled per task (~25 ms); and the Dask key is random
-        (pure=False), not a hash of the whole pickled message (~35 ms), as every task run is unique."""
-        from distributed import Future
-        from prefect.context import AssetContext, serialize_context
-        from prefect.utilities.engine import collect_task_run_inputs_sync
-        from prefect_dask.task_runners import PrefectDaskFuture
-
-        if self.context is None:
-            self.context = serialize_context()
-        task_run_id = uuid4()
-        inputs = {name: collect_task_run_inputs_sync(value, future_cls=Future) for name, value in call.items()}
-        assets = AssetContext.from_task_and_inputs(task=fn, task_run_id=task_run_id, task_inputs=inputs,
-                                                   copy_to_child_ctx=True)
-        wrapped = self.runner.client.submit(
-            _run_task_run, key=f"{fn.fn.__name__}-{task_run_id}", pure=False, task=fn, task_run_id=task_run_id,
-            parameters=call, wait_for=None, return_type="state", dependencies=inputs,
-            context={**self.context, "asset_context": assets.serialize()})
-        return PrefectDaskFuture(wrapped_future=wrapped, task_run_id=task_run_id)
 
     def completed(self) -> Any:
         """(key, result) of each task as it finishes, while any is submitted and not yet yielded."""
@@ -453,23 +446,22 @@ class _Pool:
                 continue
             future, label = self.futures.pop(key)
             try:
-                result = future.result()
+                result, records = future.result()
             except Exception as exc:
                 raise ShardError(f"{self.name} {label} failed{self._where(future)}: {_one_line(exc)}") from exc
+            for name, level, message in records:  # the worker's log lines, in the stage's log
+                logging.getLogger(name).log(level, "%s", message)
             yield key, result
 
-    def _probe(self, fn: Any, call: dict[str, Any], label: str) -> None:
-        """Load the task and its call on a worker, as the task's own message would be (a failure there
+    def _probe(self, fn: Callable[..., Any], call: dict[str, Any], label: str) -> None:
+        """Load the function and its call on a worker, as the task's own message would be (a failure there
         makes Dask drop the worker, not fail the task): an unimportable module fails the stage now."""
         import cloudpickle
-        from prefect.context import serialize_context
 
-        self.probed.add(fn.name)
-        client = self.runner.client
-        # What the task's message carries (task, call, the calling flow's and stage's context), loaded by a
-        # function every worker has: a failure is this probe's, not the worker's.
-        payload = cloudpickle.dumps((fn, call, serialize_context()))
-        probe = client.submit(cloudpickle.loads, payload, pure=False)
+        self.probed.add(fn.__qualname__)
+        # What the task's message carries, loaded by a function every worker has: a failure is this probe's,
+        # not the worker's.
+        probe = self.client.submit(cloudpickle.loads, cloudpickle.dumps((fn, call)), pure=False)
         no_worker_since = None
         while True:
             try:
@@ -483,31 +475,67 @@ class _Pool:
 
     def _watch(self, since: float | None) -> float | None:
         """While tasks wait: fail when the Dask cluster has had no worker for NO_WORKER_SECONDS."""
-        if not self.dask or self.runner.client.nthreads():
+        if not self.dask or self.client.nthreads():
             return None
         since = since or time.monotonic()
         if time.monotonic() - since >= NO_WORKER_SECONDS:
             waiting = ", ".join(label for _, label in list(self.futures.values())[:3]) or "the probe"
-            raise ShardError(f"{self.name}: the Dask cluster at {self.runner.client.scheduler.address} has had no "
+            raise ShardError(f"{self.name}: the Dask cluster at {self.client.scheduler.address} has had no "
                              f"worker for {NO_WORKER_SECONDS:.0f} s while {waiting} waited (its workers died or "
                              "left: see their logs); start workers, then run again")
         return since
 
     def _where(self, future: Any) -> str:
-        """` on worker tcp://...` for a Dask task (the worker holding its final state)."""
+        """` on worker tcp://...` for a failed Dask task (the worker it failed on, as the scheduler has it)."""
         if not self.dask:
             return ""
         with suppress(Exception):
-            workers = self.runner.client.who_has([future.wrapped_future])
-            return f" on worker {next(iter(workers.values()))[0]}"
+            return f" on worker {self.client.run_on_scheduler(_erred_on, key=future.key)}"
         return ""
 
 
-def _run_task_run(**run_task_kwargs: Any) -> Any:
-    """A Dask task: one Prefect task run (`_Pool._submit_task_run`; lexiflow's shard tasks are synchronous)."""
-    from prefect.task_engine import run_task_sync
+def _erred_on(dask_scheduler: Any, key: str) -> str:
+    """The worker a task failed on (run on the Dask scheduler)."""
+    return next(iter(dask_scheduler.tasks[key].erred_on))
 
-    return run_task_sync(**run_task_kwargs)
+
+def run_shard(fn: Callable[..., Any], call: dict[str, Any], capture: bool = True) -> tuple[Any, list[tuple]]:
+    """A pool's task: fn(**call), run again after a transient I/O error (`SHARD_RETRY_DELAYS`), with the
+    lexiflow log lines it made (`capture`: on a worker, whose log lines reach neither the flow's console nor
+    Prefect; the pool logs them where the stage runs)."""
+    with _captured_logs(capture) as records:
+        for delay in (*SHARD_RETRY_DELAYS, None):
+            try:
+                return fn(**call), records
+            except Exception as exc:
+                if delay is None or not worth_retrying(exc):
+                    raise
+                _log.warning("%s: %s; again in %g s", fn.__qualname__, _one_line(exc), delay)
+                time.sleep(delay)
+    raise AssertionError("unreachable")  # the last attempt returned or raised
+
+
+@contextmanager
+def _captured_logs(capture: bool) -> Iterator[list[tuple]]:
+    """Within: (logger, level, message) of each lexiflow log record this thread makes, at INFO or above."""
+    records: list[tuple] = []
+    if not capture:
+        yield records
+        return
+    thread = threading.get_ident()
+    handler = logging.Handler(logging.INFO)
+    handler.addFilter(lambda record: record.thread == thread)
+    handler.emit = lambda record: records.append((record.name, record.levelno, handler.format(record)))
+    logger = logging.getLogger("lexiflow")
+    level = logger.level
+    if logger.getEffectiveLevel() > logging.INFO:
+        logger.setLevel(logging.INFO)  # a plain worker logs warnings only
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(level)
 
 
 @contextmanager
@@ -542,8 +570,7 @@ def _warn_oversubscribed(client: Any) -> None:
 def _worker_setup_plugin() -> Any:
     """A Dask worker plugin run on every worker, present and future: glibc's adaptive mmap threshold
     (`heap.adaptive_mmap_threshold`: Dask's nanny pins it at 128 KB, ~20 % of a co-occurrence shard's CPU), the
-    heap's free top kept for the next shard (`heap.keep_freed_heap`; each pool gives it back as it ends), and one
-    TLS context for its Prefect clients (`share_prefect_tls_context`)."""
+    heap's free top kept for the next shard (`heap.keep_freed_heap`; each pool gives it back as it ends)."""
     from distributed.diagnostics.plugin import WorkerPlugin
 
     class WorkerSetup(WorkerPlugin):
@@ -553,50 +580,8 @@ def _worker_setup_plugin() -> Any:
         def setup(self, worker: Any) -> None:
             adaptive_mmap_threshold()
             keep_freed_heap()
-            share_prefect_tls_context()
 
     return WorkerSetup()
-
-
-def share_prefect_tls_context() -> None:
-    """Prefect clients made in this process get one shared TLS context per setting, not a new one each.
-
-    Prefect 3.8 builds an `ssl.SSLContext` (parsing the whole CA bundle: ~13 ms of CPU) for every client it
-    makes, and a task run on a Dask worker makes two (its context's and its engine's): more than half of a
-    shard task run's own CPU on the worker (64 -> 29 ms; `benchmarks/scaling.py`'s no-op shard). The context
-    is built as Prefect builds it (PREFECT_API_TLS_INSECURE_SKIP_VERIFY, PREFECT_API_SSL_CERT_FILE or
-    certifi's bundle), read when each client is made; a client given its own `verify` keeps it. Prefect
-    takes such a context (httpx_settings["verify"]) but has no setting for it (prefect#19106 proposes one)."""
-    from prefect.client import orchestration
-
-    for client in (orchestration.SyncPrefectClient, orchestration.PrefectClient):
-        if not getattr(client.__init__, "_shares_tls_context", False):
-            client.__init__ = _with_shared_tls_context(client.__init__)
-
-
-def _with_shared_tls_context(init: Callable[..., None]) -> Callable[..., None]:
-    @functools.wraps(init)
-    def shared(self: Any, api: Any, *, httpx_settings: dict[str, Any] | None = None, **kwargs: Any) -> None:
-        from prefect.settings import PREFECT_API_SSL_CERT_FILE, PREFECT_API_TLS_INSECURE_SKIP_VERIFY
-
-        settings = dict(httpx_settings or {})
-        settings.setdefault("verify", _tls_context(bool(PREFECT_API_TLS_INSECURE_SKIP_VERIFY.value()),
-                                                   PREFECT_API_SSL_CERT_FILE.value() or certifi.where()))
-        init(self, api, httpx_settings=settings, **kwargs)
-
-    shared._shares_tls_context = True  # type: ignore[attr-defined]
-    return shared
-
-
-@functools.cache
-def _tls_context(insecure: bool, cafile: str) -> ssl.SSLContext:
-    """The context Prefect's client builds for these settings (prefect/client/orchestration)."""
-    if insecure:
-        context = ssl.create_default_context()
-        context.check_hostname = False
-        context.verify_mode = ssl.CERT_NONE
-        return context
-    return ssl.create_default_context(cafile=cafile)
 
 
 def _one_line(exc: BaseException) -> str:

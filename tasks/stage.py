@@ -80,15 +80,18 @@ for _name in ("prefect.flow_runs", "prefect.task_runs"):
         logging.getLogger(_name).addFilter(UserErrorsOnOneLine())
 
 
+def worth_retrying(exc: BaseException) -> bool:
+    """A storage/network hiccup (the store's own definition); never bad input or a path that cannot work
+    (it would fail the same way again)."""
+    return not isinstance(exc, USER_ERRORS) and is_transient(exc)
+
+
 def retry_transient_only(task_obj: Any, task_run_obj: Any, state: Any) -> bool:
-    """Retry storage/network hiccups (the store's own definition); never bad input or a path that
-    cannot work (it would fail the same way again)."""
+    """Prefect's retry condition for `worth_retrying` failures."""
     try:
         state.result()
-    except USER_ERRORS:
-        return False
     except Exception as exc:
-        return is_transient(exc)
+        return worth_retrying(exc)
     return False
 
 

@@ -3,7 +3,7 @@ split and encode the corpus into a `tokenized_corpus` (one row of ids per senten
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import polars as pl
 from lexiflow.models import text, tokenizers, vocab
@@ -23,16 +23,16 @@ from lexiflow.storage.formats import (
 )
 from lexiflow.storage.parquet_concat import Segment
 from lexiflow.tasks.parallel import (
-    SHARD_TASK,
     deliver,
     deliver_row_groups,
     reduce_shards,
     shard_ranges,
     stream_shards,
 )
-from lexiflow.tasks.params import ParallelParams, TokenizerParams, VocabularyParams
 from lexiflow.tasks.stage import stage
-from prefect import task
+
+if TYPE_CHECKING:  # params imports every model (torch, gensim): not on a worker's import path (parallel.py)
+    from lexiflow.tasks.params import ParallelParams, TokenizerParams, VocabularyParams
 
 SUBWORD = {"bpe": BPE, "wordpiece": WordPiece}
 
@@ -49,7 +49,6 @@ def require_train_split(corpus: ArtifactRef) -> None:
         raise ingest.no_train_split(f"corpus {corpus.version}", per_split)
 
 
-@task(name="tokenizer-shard", **SHARD_TASK)
 def count_words_shard(corpus: ArtifactRef, start: int, stop: int, part: str | None) -> tuple[Any, int]:
     """Word counts of the train documents among rows [start, stop), and their number of words."""
     documents = read_rows(corpus, "documents.parquet", start, stop).filter(pl.col("split") == "train")
@@ -68,6 +67,8 @@ def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: Vocabular
     """Word-level: count words on the train split only, so held-out text can have unknown words.
     Shards of documents are counted apart and their counts added."""
     require_train_split(corpus)
+    from lexiflow.tasks.params import ParallelParams  # here: see the TYPE_CHECKING import
+
     parallel = parallel or ParallelParams()
     ranges = shard_ranges(corpus, "documents.parquet", parallel)
     counts, n_words = reduce_shards(count_words_shard, [{"corpus": corpus, "start": a, "stop": b} for a, b in ranges],
@@ -96,7 +97,6 @@ def learn_subword(out: ArtifactWriter, corpus: ArtifactRef, params: TokenizerPar
     out.metrics.update({"kind": params.kind, "vocabulary_size": len(tokenizer.vocab), "merges": len(tokenizer.merges_)})
 
 
-@task(name="tokenized_corpus-shard", **SHARD_TASK)
 def encode_shard(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: int,
                  part: str | None) -> tuple[Segment, int, int, dict[str, int]]:
     """The sentences of documents [start, stop), encoded (doc_index counts from the corpus start) into
@@ -117,6 +117,8 @@ def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactR
                   parallel: ParallelParams | None = None) -> None:
     """One row of ids per sentence; shards of documents are encoded apart, each into its own row groups of
     `tokens.parquet` (on the workers, when they run on a pool), which are appended in order."""
+    from lexiflow.tasks.params import ParallelParams  # here: see the TYPE_CHECKING import
+
     parallel = parallel or ParallelParams()
     ranges = shard_ranges(corpus, "documents.parquet", parallel)
     calls = [{"corpus": corpus, "tokenizer": tokenizer, "start": a, "stop": b} for a, b in ranges]

@@ -2,6 +2,7 @@
 the middle of lines), vocabulary counts, encoding and co-occurrence by row ranges."""
 
 import bz2
+import concurrent.futures
 import dataclasses
 import gzip
 import io
@@ -556,25 +557,20 @@ def test_a_concurrent_build_of_the_same_version_leaves_this_builds_shard_parts(t
     version, calls, others, started = "ab" * 8, [{"rows": [1, 2]}, {"rows": [3]}], [], []
     processes = ParallelParams(runner="processes")
 
-    class Runner:
+    class Pool(concurrent.futures.Executor):
         """Runs each shard when submitted; before the second, another run builds the same version."""
 
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc_info):
-            return False
-
-        def submit(self, fn, parameters):
-            if parameters["rows"] == [3] and not started:
+        def submit(self, fn, *args):
+            if args[1]["rows"] == [3] and not started:
                 started.append(True)
                 with ArtifactStore(tmp_path).writer("corpus", version) as other:
                     others.append(parallel.map_shards(shard, calls, processes, "other", other))
                     other.write_text("a.txt", "the other run")
-            result = fn(**parameters)
-            return type("Future", (), {"result": lambda self: result, "add_done_callback": lambda self, f: f(self)})()
+            future = concurrent.futures.Future()
+            future.set_result(fn(*args))
+            return future
 
-    monkeypatch.setattr(parallel, "task_runner", lambda params: Runner())
+    monkeypatch.setattr(parallel, "process_pool", lambda workers: Pool())
     with ArtifactStore(tmp_path).writer("corpus", version) as out:
         results = parallel.map_shards(shard, calls, processes, "ours", out)
         out.write_text("a.txt", "the other run")

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import os
-import ssl
 import sys
 import tempfile
 from pathlib import Path
@@ -25,7 +24,6 @@ from lexiflow.models.threads import machine_cores
 from lexiflow.storage import ArtifactStore, Catalog
 from lexiflow.tasks import parallel
 from lexiflow.tasks.parallel import (
-    SHARD_TASK,
     ShardError,
     deliver,
     deliver_partitions,
@@ -35,7 +33,6 @@ from lexiflow.tasks.parallel import (
     row_partitions,
 )
 from lexiflow.tasks.params import ParallelParams
-from prefect import task
 from prefect.testing.utilities import prefect_test_harness
 
 from tests.test_heap import faults_of_a_top_block, page_faults_of_a_second_block
@@ -100,16 +97,13 @@ def test_a_cluster_sharing_only_the_store_publishes_what_one_process_does(tmp_pa
                   for worker in client.scheduler_info()["workers"]}
         top_faults = {worker: min(client.submit(faults_of_a_top_block, workers=[worker], pure=False).result()
                                   for _ in range(2)) for worker in client.scheduler_info()["workers"]}
-        tls = client.run(prefect_clients_share_a_verifying_tls_context)
         buffers = client.run(counting_buffers)
     assert len(temp_folders) == 2 and tempfile.gettempdir() not in temp_folders
     # Their nannies froze glibc's mmap threshold low (fresh pages for every block over 128 KB); the stages'
-    # worker plugin put back the adaptive one: a freed 16 MB block is reused. And it made their Prefect
-    # clients share one TLS context (each task run makes two clients).
+    # worker plugin put back the adaptive one: a freed 16 MB block is reused.
     assert trim_thresholds == {"65536"} and max(faults.values()) <= 2
     # It also keeps the heap's freed top for the next shard, which that threshold gave back at once.
     assert max(top_faults.values()) <= 2
-    assert set(tls.values()) == {True}
     # The co-occurrence stage gave back the counting buffers its shards kept from one to the next.
     assert set(buffers.values()) == {0}
 
@@ -118,40 +112,6 @@ def counting_buffers() -> int:
     from lexiflow.models import cooccurrence
 
     return len(cooccurrence._scratches)
-
-
-def prefect_clients_share_a_verifying_tls_context() -> bool:
-    from prefect.client.orchestration import SyncPrefectClient
-
-    contexts = [SyncPrefectClient("http://127.0.0.1:9")._client._transport._pool._ssl_context for _ in range(2)]
-    return contexts[0] is contexts[1] and contexts[0].verify_mode == ssl.CERT_REQUIRED and contexts[0].check_hostname
-
-
-def test_prefect_clients_share_one_tls_context_per_setting(monkeypatch):
-    # Known answer: what Prefect builds for each client without it (a new context, verifying unless told
-    # not to; a `verify` the caller gives is kept).
-    from prefect.client import orchestration
-    from prefect.settings import PREFECT_API_TLS_INSECURE_SKIP_VERIFY, temporary_settings
-
-    def context(**httpx_settings):
-        client = orchestration.SyncPrefectClient("http://127.0.0.1:9", httpx_settings=httpx_settings or None)
-        return client._client._transport._pool._ssl_context
-
-    for client in (orchestration.SyncPrefectClient, orchestration.PrefectClient):  # Prefect's own, put back after,
-        # whatever ran in this process before (a stage on the threads runner shares the context here too)
-        monkeypatch.setattr(client, "__init__", getattr(client.__init__, "__wrapped__", client.__init__))
-    before = [context(), context()]
-    assert before[0] is not before[1] and before[0].verify_mode == ssl.CERT_REQUIRED
-    parallel.share_prefect_tls_context()
-    parallel.share_prefect_tls_context()  # once: not wrapped twice
-    shared = context()
-    assert shared is context() and shared.verify_mode == ssl.CERT_REQUIRED and shared.check_hostname
-    own = ssl.create_default_context()
-    assert context(verify=own) is own
-    with temporary_settings({PREFECT_API_TLS_INSECURE_SKIP_VERIFY: True}):
-        insecure = context()
-        assert insecure is context() and insecure is not shared and insecure.verify_mode == ssl.CERT_NONE
-        assert orchestration.PrefectClient("http://127.0.0.1:9")._client._transport._pool._ssl_context is insecure
 
 
 def test_a_killed_writers_shared_parts_are_garbage_collected(tmp_path, moto_s3):
@@ -184,7 +144,6 @@ def test_a_killed_writers_shared_parts_are_garbage_collected(tmp_path, moto_s3):
 
 
 # ---- failures: explicit states, never timing ----
-@task(name="counting-shard", **SHARD_TASK)
 def count_rows_shard(start: int, stop: int, broken: int, marks: str, part: str | None):
     """Counts of the values start..stop-1; shard `broken` raises (OSError: transient, so retried)."""
     (Path(marks) / f"{start}-{len(list(Path(marks).iterdir()))}").touch()  # one file per attempt
@@ -216,7 +175,6 @@ def test_a_failing_shard_fails_the_stage_naming_the_shard_worker_and_exception(t
     assert len(list(marks.glob("0-*"))) == 3
 
 
-@task(name="keyed-counts-shard", **SHARD_TASK)
 def keyed_counts_shard(start: int, stop: int, partitions: int, part: str | None):
     """One count for each key start..stop-1 of 0..39, in `partitions` key partitions."""
     keys = np.arange(start, stop)
@@ -314,9 +272,9 @@ def test_a_cluster_without_workers_fails_the_stage(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_cli_run_on_a_local_dask_cluster_of_two_workers_publishes_what_one_process_does(tmp_path, monkeypatch):
-    runners = []
-    monkeypatch.setattr(parallel, "task_runner", lambda params, make=parallel.task_runner: runners.append(
-        make(params)) or runners[-1])
+    pools, enter = [], parallel._Pool.__enter__  # (runner, scheduler address) of each pool a stage opened
+    monkeypatch.setattr(parallel._Pool, "__enter__", lambda pool: enter(pool) and pools.append(
+        (pool.params.runner, pool.client.scheduler.address)) or pool)
     small = ["--corpus", "builtin:lee", "--set", "lm=[]", "--set", 'embeddings=["svd"]', "--set", "svd.dim=10",
              "--set", "evaluation.projection_words=0"]
     small += ["--set", "parallel.shard_rows=100"]
@@ -325,9 +283,7 @@ def test_cli_run_on_a_local_dask_cluster_of_two_workers_publishes_what_one_proce
                  "--set", "parallel.workers=2"]) == 0
     # word counts, encoding and co-occurrence ran on one LocalCluster of 2 workers, started once for the run
     # (ingestion: one shard, inline)
-    assert [type(r).__name__ for r in runners] == ["DaskTaskRunner"] * 3
-    assert len({r.address for r in runners}) == 1
-    assert runners[0].address == parallel.local_cluster(2).scheduler_address
+    assert pools == [("dask", parallel.local_cluster(2).scheduler_address)] * 3
     assert len(parallel.local_cluster(2).workers) == 2
     local, dask = ArtifactStore(tmp_path / "local"), ArtifactStore(tmp_path / "dask")
     refs = {store: {m["kind"]: store.ref(m["kind"], m["version"]) for m in Catalog(store).list()

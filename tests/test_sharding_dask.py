@@ -2,22 +2,22 @@
 a thread pool publish the same artifacts, with the same versions, as the local runner; a rerun
 with another runner reuses them (the version does not depend on where the work ran)."""
 
+import logging
 import threading
-from typing import Any
 
 import pytest
 import scipy.sparse as sp
 from distributed import LocalCluster
 from lexiflow.models.threads import machine_cores
 from lexiflow.storage import ArtifactStore
-from lexiflow.tasks import parallel
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.matrices import count_cooccurrence
-from lexiflow.tasks.parallel import SHARD_TASK, deliver_partitions, map_shards, reduce_partitioned, stream_shards
+from lexiflow.tasks.parallel import deliver_partitions, map_shards, reduce_partitioned, stream_shards
 from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
 from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
 from prefect import flow, get_client, task
-from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId
+from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterTaskRunId
+from prefect.logging.handlers import APILogHandler
 from prefect.testing.utilities import prefect_test_harness
 
 from tests.test_sharding import assert_same_artifacts, files, sources  # noqa: F401 - fixtures
@@ -64,7 +64,6 @@ def test_dask_and_threads_publish_what_one_process_does_and_reruns_reuse_it(tmp_
 FIRST_RECEIVED = threading.Event()
 
 
-@task(**SHARD_TASK)
 def waits_for_the_first(i: int, part: str | None) -> tuple[int, bool]:
     """Shard 0 returns at once; shard 1 returns once the caller has received shard 0's result (or after 30 s)."""
     return i, FIRST_RECEIVED.wait(30) if i == 1 else True
@@ -83,7 +82,6 @@ def test_streamed_results_reach_the_caller_in_order_while_later_shards_still_run
     assert got == [(0, True), (1, True), (2, True), (3, True)]
 
 
-@task(**SHARD_TASK)
 def counts_waiting_for_the_first(i: int, partitions: int, part: str | None) -> tuple:
     """One count at (i, i) in its key partitions; shard 1 returns once the caller has consumed shard 0's rest."""
     counts = sp.csr_matrix(([1], ([i], [i])), shape=(4, 4))
@@ -111,8 +109,8 @@ def test_a_partitioned_reduction_hands_each_shards_rest_over_while_later_shards_
     assert (sum(merged) != sp.identity(4)).nnz == 0  # every count, in its partition
 
 
-@task(**SHARD_TASK)
 def square(i: int, part: str | None) -> int:
+    logging.getLogger("lexiflow.squares").info("square of %d", i)
     return i * i
 
 
@@ -128,35 +126,18 @@ def squares_flow(store: str, address: str) -> list[int]:
     return squares_stage(store, address)
 
 
-def _shard_task_runs(flow_run_id) -> tuple[Any, list[Any]]:
-    """The flow run's stage task run and its shard task runs, as the Prefect API (and so the UI) has them."""
-    with get_client(sync_client=True) as client:
-        runs = client.read_task_runs(flow_run_filter=FlowRunFilter(id=FlowRunFilterId(any_=[flow_run_id])))
-    (stage,) = [run for run in runs if run.name.startswith("squares_stage")]
-    return stage, [run for run in runs if run.name.startswith("square-")]
-
-
-def test_shard_task_runs_are_recorded_as_prefect_dask_records_them(tmp_path, monkeypatch):
-    """The pool submits task runs itself (the context serialized once per stage, a module-level function on
-    the worker): the Prefect API records each shard as prefect_dask's own submission does, a completed task
-    run of the flow run whose parent is the stage's task run."""
-    from prefect_dask.task_runners import PrefectDaskFuture
-
-    def as_prefect_dask_submits(self, fn, call):
-        wrapped = self.runner.client.submit(fn, parameters=call, return_type="state", pure=False)
-        return PrefectDaskFuture(wrapped_future=wrapped, task_run_id=wrapped.task_run_id)
-
-    recorded = {}
+def test_shards_are_plain_dask_tasks_whose_log_lines_reach_the_stages_run(tmp_path):
+    """The stage is the Prefect task run; its shards are plain Dask tasks (a task run each cost ~0.12 s of Prefect
+    bookkeeping, and loading the flow's context imported every model on a worker), and the log lines they make
+    on the workers are logged in the stage's run, where the user reads them."""
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
-        for how in ("lexiflow", "prefect_dask"):
-            if how == "prefect_dask":
-                monkeypatch.setattr(parallel._Pool, "_submit_task_run", as_prefect_dask_submits)
-            state = squares_flow(str(tmp_path / how), cluster.scheduler_address, return_state=True)
-            assert state.result() == [0, 1, 4]
-            stage, shards = _shard_task_runs(state.state_details.flow_run_id)
-            assert len(shards) == 3 and all(run.flow_run_id == state.state_details.flow_run_id for run in shards)
-            recorded[how] = [(run.state.type.value, run.run_count, run.task_key,
-                              [(parent.input_type, parent.id == stage.id) for parent in run.task_inputs["__parents__"]],
-                              sorted(name for name in run.task_inputs if name != "__parents__")) for run in shards]
-    assert recorded["lexiflow"] == recorded["prefect_dask"]
-    assert recorded["lexiflow"][0][:2] == ("COMPLETED", 1) and recorded["lexiflow"][0][3] == [("task_run", True)]
+        state = squares_flow(str(tmp_path), cluster.scheduler_address, return_state=True)
+    assert state.result() == [0, 1, 4]
+    APILogHandler().flush()  # the stage's log lines are sent now, not in the next batch
+    with get_client(sync_client=True) as client:
+        flow_run = FlowRunFilter(id=FlowRunFilterId(any_=[state.state_details.flow_run_id]))
+        (stage,) = client.read_task_runs(flow_run_filter=flow_run)
+        logs = client.read_logs(LogFilter(task_run_id=LogFilterTaskRunId(any_=[stage.id])))
+    assert stage.name.startswith("squares_stage")
+    assert sorted(log.message for log in logs if log.message.startswith("square of")) == \
+        ["square of 0", "square of 1", "square of 2"]
