@@ -2,6 +2,7 @@
 a thread pool publish the same artifacts, with the same versions, as the local runner; a rerun
 with another runner reuses them (the version does not depend on where the work ran)."""
 
+import concurrent.futures
 import logging
 import threading
 
@@ -10,6 +11,7 @@ import scipy.sparse as sp
 from distributed import LocalCluster
 from lexiflow.models.threads import machine_cores
 from lexiflow.storage import ArtifactStore
+from lexiflow.tasks import parallel
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.matrices import count_cooccurrence
 from lexiflow.tasks.parallel import deliver_partitions, map_shards, reduce_partitioned, stream_shards
@@ -42,7 +44,8 @@ def counts_flow(store: str, paths: list[str], parallel: ParallelParams) -> dict:
     return {ref.kind: ref for ref in (docs, words, tokens, counts)}
 
 
-def test_dask_and_threads_publish_what_one_process_does_and_reruns_reuse_it(tmp_path, sources):  # noqa: F811
+def test_dask_threads_and_processes_publish_what_one_process_does_and_reruns_reuse_it(tmp_path, sources,  # noqa: F811
+                                                                                      monkeypatch):
     shards = {"shard_bytes": 5000, "shard_rows": 150}
     local = counts_flow(str(tmp_path / "local"), sources, ParallelParams(runner="local", **shards))
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
@@ -53,6 +56,15 @@ def test_dask_and_threads_publish_what_one_process_does_and_reruns_reuse_it(tmp_
     assert_same_artifacts(local, on_dask)
     threads = ParallelParams(workers=2, **shards)
     assert_same_artifacts(local, counts_flow(str(tmp_path / "threads"), sources, threads))
+    # Every stage on one pool of spawned processes, started at the first (each process imports the shard
+    # modules once a run, not once a stage).
+    started = []
+    monkeypatch.setattr(parallel, "_process_pools", {})
+    monkeypatch.setattr(parallel, "ProcessPoolExecutor", lambda **options: started.append(options) or
+                        concurrent.futures.ProcessPoolExecutor(**options))
+    processes = ParallelParams(runner="processes", workers=2, **shards)
+    assert_same_artifacts(local, counts_flow(str(tmp_path / "processes"), sources, processes))
+    assert len(started) == 1 and started[0]["mp_context"].get_start_method() == "spawn"
 
     store = ArtifactStore(tmp_path / "dask")
     created = {kind: store.manifest(kind, ref.version)["created"] for kind, ref in on_dask.items()}
