@@ -3,9 +3,8 @@ on a Dask LocalCluster with 1 and with 2 worker processes (one thread each) agai
 single-process path, in the same run, on the same tokenized corpus (WikiText-2 lines).
 
 The clusters are started and warmed up before timing, as a running cluster would be; each timed run is the
-whole stage as the pipeline runs it (plan, shard task runs through Prefect, parts, merge,
-publish), its output deleted first so it is recomputed. Every run's artifact is checked equal to
-the single-process one.
+whole stage as the pipeline runs it (plan, shard tasks on the cluster, parts, merge, publish), its output
+deleted first so it is recomputed. Every run's artifact is checked equal to the single-process one.
 """
 
 from __future__ import annotations
@@ -15,14 +14,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from distributed import LocalCluster
+from distributed import Client, LocalCluster
 from lexiflow.storage import ArtifactRef, ArtifactStore
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.matrices import count_cooccurrence
 from lexiflow.tasks.parallel import dask_worker_environment
 from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
 from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
-from prefect import flow, task
+from prefect import flow
 from prefect.testing.utilities import prefect_test_harness
 
 from benchmarks.corpora import plain_text_file
@@ -57,22 +56,18 @@ def dask_params(cluster: LocalCluster, **shards: int) -> ParallelParams:
     return ParallelParams(runner="dask", dask_address=cluster.scheduler_address, **shards)
 
 
-@task
 def _warm_up() -> None:
     import lexiflow.tasks.matrices  # noqa: F401 - what the shard tasks import, loaded once per worker
     import lexiflow.tasks.vocabulary  # noqa: F401
 
 
 def cluster(workers: int) -> LocalCluster:
-    """A running cluster, as in production: worker processes started and warm (modules imported,
-    a Prefect client made) before anything is timed."""
+    """A running cluster, as in production: worker processes started and warm (modules imported) before
+    anything is timed."""
     with dask_worker_environment():
         started = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
-    from prefect_dask import DaskTaskRunner
-
-    with DaskTaskRunner(address=started.scheduler_address) as runner:
-        for future in [runner.submit(_warm_up, parameters={}) for _ in range(4 * workers)]:
-            future.result()
+    with Client(started.scheduler_address, set_as_default=False) as client:
+        client.run(_warm_up)
     return started
 
 

@@ -1,21 +1,28 @@
-"""Sharded stages on a Prefect task runner.
+"""Sharded stages on a pool of threads, processes or Dask workers.
 
 A sharded stage cuts its input into shards (byte ranges of files, row ranges of a table), runs
 one shard task per shard on the runner that `ParallelParams.runner` names, and merges the results
 (counts add, rows concatenate in shard order), so the artifact is the same whatever the runner or
 shard size, and so is its version (`parallel` is not versioned, tasks/stage.py).
 
-- `local`, or a single shard: the shard functions are called here, one after the other: no pool,
-  no extra task runs (the small default corpus pays nothing).
-- `threads`: Prefect's `ThreadPoolTaskRunner`; results stay in memory, except for merges that
+The stage is the Prefect task run (cached, retried, its progress counting the shards); a shard task is a plain
+call of a module-level function on the pool (`run_shard`), not a task run of its own. A shard task run cost
+~0.12 s of Prefect bookkeeping on the worker and the server, and on Dask it carried the flow's context, whose
+flow and parameters made every worker import all of lexiflow's models (torch, gensim: ~11 CPU s a worker, where
+the shard modules need ~5; they import `tasks.params` for type checking only). The log lines a shard makes on a
+worker are logged again where the stage runs, so they reach the stage's run in the UI.
+
+- `local`, or a single shard: the shard functions are called here, one after the other: no pool
+  (the small default corpus pays nothing).
+- `threads`: a thread pool in this process, a stage's own; results stay in memory, except for merges that
   stream (`map_shards(lazy=True)`: corpus, encoding), whose shards write parts as below.
-- `processes`: Prefect's `ProcessPoolTaskRunner`; results travel as parts (Arrow IPC files) in the writer's
-  local work folder (one machine).
-- `dask`: `prefect_dask.DaskTaskRunner` on the cluster at `dask_address`, or on a `LocalCluster` of
-  `workers` single-threaded worker processes that this process starts at its first sharded stage and keeps
-  for the later ones (`local_cluster`): a worker's start-up, importing lexiflow, Prefect and the stage's
-  libraries, cost ~10 s per stage on 2 cores when each stage started its own (a cold 300 MB rebuild took
-  135 s against 66 s on an already-running cluster). Results travel as parts in the writer's shared
+- `processes`: a pool of `workers` spawned processes this process starts at its first such stage and keeps
+  for the later ones (`process_pool`); results travel as parts (Arrow IPC files) in the writer's local work
+  folder (one machine).
+- `dask`: the cluster at `dask_address`, or a `LocalCluster` of `workers` single-threaded worker processes
+  that this process starts at its first sharded stage and keeps for the later ones (`local_cluster`): a
+  worker's start-up, importing lexiflow and the stage's libraries, cost ~10 s per stage on 2 cores when each
+  stage started its own. Results travel as parts in the writer's shared
   folder in the store's staging area (`ArtifactWriter.shared`: a path, or an s3://... URL read and
   written through fsspec), so workers share nothing with the driver but the store URL; only the
   parts' paths and small counts come back, never pickled tables.
@@ -34,11 +41,11 @@ worker processes WORKER_ENVIRONMENT (one polars thread each, freed pages kept a 
 submitted with random keys (Dask would hash each whole pickled message).
 
 A failing shard fails the stage with a one-line `ShardError` naming the stage, the shard, the worker
-and its exception, at once (not after the shards before it), and cancels the stage's other tasks:
-Prefect retries transient I/O errors twice, other errors not at all. On Dask, a probe first loads
-each task (shard, merge) with its first call on a worker, so a worker that cannot import them fails
-the stage with the worker's ImportError (Dask itself would drop a worker that cannot load a task's
-message, then wait for another forever); a cluster left with no worker for `NO_WORKER_SECONDS`
+and its exception, at once (not after the shards before it), and cancels the stage's other tasks: a
+transient I/O error is retried twice where the shard ran (`SHARD_RETRY_DELAYS`), other errors not at all.
+On Dask, a probe first loads each task (shard, merge) with its first call on a worker, so a worker that
+cannot import them fails the stage with the worker's ImportError (Dask itself would drop a worker that cannot
+load a task's message, then wait for another forever); a cluster left with no worker for `NO_WORKER_SECONDS`
 fails it too.
 """
 

@@ -7,6 +7,7 @@ import dataclasses
 import gzip
 import io
 import json
+from pathlib import Path
 
 import numpy as np
 import polars as pl
@@ -588,3 +589,33 @@ def test_seen_ids_keep_the_first_copy_within_and_across_batches():
     assert seen.first_copies(later).tolist() == [True, False, False, False]
     assert seen.first_copies(pl.Series([], dtype=pl.String)).tolist() == []
     assert seen.sorted.tolist() == sorted(int(x, 16) for x in {*batch, *later})
+
+
+def flaky_shard(marks: str, error: str, part: str | None) -> int:
+    """Fails with `error` on its first two attempts (one file per attempt in `marks`), then returns them."""
+    attempts = len(list(Path(marks).iterdir())) + 1
+    (Path(marks) / str(attempts)).touch()
+    if attempts <= 2:
+        raise OSError("the disk went away") if error == "transient" else ValueError("no numbers in rows 0-10")
+    return attempts
+
+
+@pytest.mark.parametrize("runner", ["threads", "processes"])
+def test_a_shard_is_retried_where_it_ran_on_transient_errors_only(tmp_path, monkeypatch, runner):
+    from lexiflow.tasks import parallel
+
+    monkeypatch.setattr(parallel, "SHARD_RETRY_DELAYS", (0.0, 0.0))  # the pool's threads read it; processes: (1, 2)
+    params = ParallelParams(runner=runner, workers=2)
+    for error, outcome in (("transient", [3, 3]), ("bad input", None)):
+        folders = [tmp_path / runner / error / str(i) for i in range(2)]
+        for folder in folders:
+            folder.mkdir(parents=True)
+        calls = [{"marks": str(folder), "error": error} for folder in folders]
+        with ArtifactStore(tmp_path / "store").writer("corpus", "ab" * 8) as out:
+            if outcome is not None:
+                assert parallel.map_shards(flaky_shard, calls, params, "flaky", out) == outcome
+            else:
+                with pytest.raises(parallel.ShardError, match=r"^flaky shard \d/2 failed: ValueError: no numbers"):
+                    parallel.map_shards(flaky_shard, calls, params, "flaky", out)
+        attempts = [len(list(folder.iterdir())) for folder in folders]
+        assert attempts == [3, 3] if outcome else 1 in attempts and max(attempts) == 1  # bad input: never again

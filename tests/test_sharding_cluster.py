@@ -89,7 +89,7 @@ def test_a_cluster_sharing_only_the_store_publishes_what_one_process_does(tmp_pa
     store.refresh()
     assert not store.fs.exists(f"{store.root}/.staging") or not store.fs.find(f"{store.root}/.staging")
     # The workers ran in their own temp folders, never this process's.
-    with Client(cluster.scheduler_address) as client:  # closed: prefect_dask would take a global client's cluster
+    with Client(cluster.scheduler_address, set_as_default=False) as client:
         temp_folders = set(client.run(tempfile.gettempdir).values())
         trim_thresholds = set(client.run(os.environ.get, "MALLOC_TRIM_THRESHOLD_").values())
         faults = {worker: min(client.submit(page_faults_of_a_second_block, workers=[worker], pure=False).result()

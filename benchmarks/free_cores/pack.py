@@ -20,7 +20,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOTS = ("prefect", "polars", "dask", "distributed", "prefect-dask", "psutil", "fsspec", "certifi")
+ROOTS = ("prefect", "polars", "dask", "distributed", "psutil", "fsspec", "certifi")
 ON_THE_MACHINE = {"numpy", "pyarrow", "scipy", "torch", "pip", "setuptools"}  # large, and there already
 PLATFORMS = ("manylinux_2_28_x86_64", "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
 TARGET = ("--python-version", "3.12", "--implementation", "cp", "--only-binary=:all:",
