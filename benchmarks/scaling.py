@@ -20,7 +20,8 @@ is checked equal (version and bytes) to the single-process one. The last rows sp
 Sizes: window 5 (harmonic), vocabulary min count 5 and at most 30 000 words, SVD 100 dimensions; the
 full run takes ~11 minutes on 2 quiet cores (docs/scaling.md); the quick one ~2 minutes.
 
-`--option mode=cold` times what a user runs instead: `lexiflow run` as a command, from its start to the
+`--option mode=fixed` measures a shard task's fixed cost on each pool (`fixed_costs`). `--option mode=cold`
+times what a user runs, not warm stages: `lexiflow run` as a command, from its start to the
 co-occurrence artifact's publication (its manifest's `created`), on a new store each time, with each runner
 (`cold`, below). Options (`--option KEY=VALUE`), for a machine with more cores (docs/scaling.md, "On free cores"):
 `workers=1,2,4,8` the worker counts run on the largest size (default 1,2); `sizes_gb=1` the corpus sizes;
@@ -201,6 +202,25 @@ def _no_op(part: str | None) -> int:
     return 0
 
 
+def fixed_costs(n: int = 32) -> list[Row]:
+    """A shard task's fixed cost on each pool of 2 (threads, the run's spawned processes, a LocalCluster of 2
+    worker processes): `n` no-op shards through `map_shards`, after a first round that starts the pool (the
+    issue 47 target: 0.05 s)."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for runner in ("threads", "processes", "dask"):
+            params, seconds = ParallelParams(runner=runner, workers=2), []
+            for attempt in range(4):
+                with ArtifactStore(tmp).writer("corpus", f"{attempt:02d}" * 8) as out:
+                    start = time.perf_counter()
+                    parallel.map_shards(_no_op, [{} for _ in range(n)], params, "no-op", out)
+                    seconds.append((time.perf_counter() - start) / n)
+            rows.append(Row("scaling", f"a shard task's fixed cost, {runner}, a warm pool of 2 ({n} no-op shards)",
+                            "seconds per task", min(seconds[1:]), None, "", False, "<= 0.05",
+                            min(seconds[1:]) <= 0.05, f"first round, starting the pool: {seconds[0]:.3f} s a task"))
+    return rows
+
+
 def breakdown(dask: Any, store: str, tokens: ArtifactRef, tokenizer: ArtifactRef, rows: int) -> list[Row]:
     """A shard's costs on the warm cluster: a no-op shard task (its fixed cost); one co-occurrence shard
     (counting, and encoding its inner documents' term–document rows), its other results written and read as
@@ -274,10 +294,12 @@ def _rows_of_run(label: str, name: str, n_workers: int, result: dict[str, Any], 
 
 def run(quick: bool = False, workers: str = "1,2", sizes_gb: str = "", stages: str = "all",
         pool: str = "", mode: str = "warm") -> list[Row]:
-    if mode not in ("warm", "cold"):
-        raise ValueError(f"--option mode={mode!r}: choose warm or cold")
+    if mode not in ("warm", "cold", "fixed"):
+        raise ValueError(f"--option mode={mode!r}: choose warm, cold or fixed")
     if mode == "cold":
         return cold(quick, sizes_gb, pool)
+    if mode == "fixed":
+        return fixed_costs()
     if stages not in ("all", "sharded"):
         raise ValueError(f"--option stages={stages!r}: choose all or sharded")
     rows: list[Row] = []
