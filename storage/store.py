@@ -48,7 +48,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -154,15 +154,25 @@ def retry_transient(fn: Callable) -> Callable:
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
-        for delay in (*RETRY_DELAYS, None):
-            try:
-                return fn(*args, **kwargs)
-            except OSError as exc:
-                if delay is None or not is_transient(exc):
-                    raise
-                time.sleep(delay)
+        return retrying(functools.partial(fn, *args, **kwargs), RETRY_DELAYS)
 
     return wrapper
+
+
+def retrying(fn: Callable[[], Any], delays: Sequence[float], worth: Callable[[BaseException], bool] = is_transient,
+             on_retry: Callable[[BaseException, float], None] | None = None) -> Any:
+    """fn(), run again after each of `delays` while it fails with an error `worth` another attempt
+    (`on_retry(error, delay)` told first); the last failure, or one not worth it, is raised."""
+    for delay in (*delays, None):
+        try:
+            return fn()
+        except Exception as exc:
+            if delay is None or not worth(exc):
+                raise
+            if on_retry is not None:
+                on_retry(exc, delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable: the last attempt returns or raises")
 
 
 def validate_kind(kind: str) -> str:

@@ -86,7 +86,7 @@ from lexiflow.models.threads import machine_cores
 from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import by_rows, row_groups
 from lexiflow.storage.parquet_concat import Segment
-from lexiflow.storage.store import storage_options_for, write_segment
+from lexiflow.storage.store import retrying, storage_options_for, write_segment
 from lexiflow.tasks.stage import worth_retrying
 
 if TYPE_CHECKING:  # params imports every model (torch, gensim): not on a worker's import path (parallel.py)
@@ -511,15 +511,9 @@ def run_shard(fn: Callable[..., Any], call: dict[str, Any], capture: bool = True
     lexiflow log lines it made (`capture`: on a worker, whose log lines reach neither the flow's console nor
     Prefect; the pool logs them where the stage runs)."""
     with _captured_logs(capture) as records:
-        for delay in (*SHARD_RETRY_DELAYS, None):
-            try:
-                return fn(**call), records
-            except Exception as exc:
-                if delay is None or not worth_retrying(exc):
-                    raise
-                _log.warning("%s: %s; again in %g s", fn.__qualname__, _one_line(exc), delay)
-                time.sleep(delay)
-    raise AssertionError("unreachable")  # the last attempt returned or raised
+        result = retrying(functools.partial(fn, **call), SHARD_RETRY_DELAYS, worth_retrying, lambda exc, delay:
+                          _log.warning("%s: %s; again in %g s", fn.__qualname__, _one_line(exc), delay))
+    return result, records
 
 
 @contextmanager
