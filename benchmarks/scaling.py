@@ -225,7 +225,7 @@ def breakdown(dask: Any, store: str, tokens: ArtifactRef, tokenizer: ArtifactRef
     """A shard's costs on the warm cluster: a no-op shard task (its fixed cost); one co-occurrence shard
     (counting, and encoding its inner documents' term–document rows), its other results written and read as
     parts (Arrow IPC); one merge of two such results."""
-    from lexiflow.tasks.matrices import cooccurrence_shard, weigh_partition
+    from lexiflow.tasks.shards import cooccurrence_shard, weigh_partition
 
     params = ParallelParams(runner="dask", dask_address=dask.scheduler_address)
     with ArtifactStore(store).writer("corpus", "ab" * 8) as out:

@@ -6,7 +6,7 @@ import functools
 import itertools
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import polars as pl
 from lexiflow.models import ingest
@@ -15,11 +15,10 @@ from lexiflow.storage import ArtifactWriter
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, TAGGED
 from lexiflow.storage.parquet_concat import Segment
 from lexiflow.storage.store import read_segment, write_segment
-from lexiflow.tasks.parallel import deliver, deliver_row_groups, received, stream_shards
+from lexiflow.tasks.parallel import deliver, received, stream_shards
+from lexiflow.tasks.params import CorpusParams, ParallelParams
+from lexiflow.tasks.shards import corpus_shard
 from lexiflow.tasks.stage import stage
-
-if TYPE_CHECKING:  # params imports every model (torch, gensim): not on a worker's import path (parallel.py)
-    from lexiflow.tasks.params import CorpusParams, ParallelParams
 
 
 def options(params: CorpusParams) -> ingest.IngestOptions:
@@ -54,35 +53,6 @@ def tagged_parameters(arguments: dict) -> dict:
     return {"params": arguments["params"].model_dump(mode="json", include=TAGGED_SETTINGS)}
 
 
-def corpus_shard(shard: list[ingest.FileRange | ingest.Streams], options: ingest.IngestOptions, chunk_bytes: int,
-                 part: str | None) -> tuple[Any, dict[int, int], dict[int, tuple[int, int, str]], Any, Any]:
-    """Read and clean one shard of the sources (documents delivered in memory or as a part; a shard
-    that streams in several batches, a large compressed file, delivers each batch as a part of its own;
-    its distinct words as a part too). As parts, each table's first copies are encoded here as
-    `documents.parquet` row groups, which the merge appends as they are when it keeps them all, and the part
-    holds the rest of the table without its text (read back from the row groups in the rare other case)."""
-    batch = itertools.count()
-    encoded: list[Any] = []
-
-    def delivered(docs: pl.DataFrame, name: str = "") -> Any:
-        first = ingest.first_in_table(docs["doc_id"]) if options.dedupe else None
-        rows = docs if first is None or first.all() else docs.filter(pl.Series(first, dtype=pl.Boolean))
-        encoded.append(deliver_row_groups(rows, part, DOCUMENTS, SHARDED_ROW_GROUP, f"{name}rows"))
-        return deliver(docs.drop("text"), part, name)  # the texts travel once, encoded: the merge needs the rest
-
-    # In this process the batches stay tables, so the documents come in the same tables as on any runner.
-    spill = (lambda docs: docs) if part is None else (lambda docs: delivered(docs, f"{next(batch):05d}"))
-    result = ingest.ingest_shard(shard, options, chunk_bytes=chunk_bytes, spill=spill)
-    if part is None:  # in this process: the merge encodes what it keeps
-        documents, row_groups = result.documents, None
-    elif isinstance(result.documents, tuple):
-        documents, row_groups = result.documents, tuple(encoded)
-    else:
-        documents = delivered(result.documents)
-        row_groups = encoded[0]
-    return documents, result.texts, result.errors, deliver(result.words, part, "words"), row_groups
-
-
 def documents_writer(write: Callable[[Any], None]) -> Callable[[pl.DataFrame, Segment | None, Segment | None], None]:
     """`merge_shards`'s `write` onto `parquet_parts`' one for documents.parquet: each table of kept documents
     its own row groups, those its shard encoded when the merge keeps them all, else encoded here (so the file
@@ -111,8 +81,6 @@ def spill_to(folder: Path) -> Callable[[pl.DataFrame], pl.LazyFrame]:
 def ingest_corpus(out: ArtifactWriter, params: CorpusParams, parallel: ParallelParams | None = None) -> None:
     """Shards of the sources (byte ranges of large text/JSONL files, groups of whole files) are
     read and cleaned in parallel, then merged in order: the same corpus as one process makes."""
-    from lexiflow.tasks.params import ParallelParams  # here: see the TYPE_CHECKING import
-
     parallel = parallel or ParallelParams()
     files, opts = ingest.resolve_sources(params.sources), options(params)
     shards = ingest.plan_shards(files, opts, parallel.shard_bytes)

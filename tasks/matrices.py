@@ -4,20 +4,15 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from functools import partial
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-import polars as pl
-import scipy.sparse as sp
 from lexiflow.models import cooccurrence, lsi, ppmi, vocab
 from lexiflow.models.errors import InputError
-from lexiflow.models.heap import release_freed_memory
 from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import (
-    MATRIX_ROW_GROUP,
     VOCAB,
     corpus_sources,
-    matrix_schema,
     read_matrix,
     read_rows,
     read_table,
@@ -25,72 +20,14 @@ from lexiflow.storage.formats import (
     write_matrix_columns,
 )
 from lexiflow.tasks.parallel import (
-    deliver,
-    deliver_partitions,
-    deliver_row_groups,
     join_rows,
     on_every_worker,
     reduce_partitioned,
-    row_partitions,
     shard_ranges,
-    sum_matrices,
 )
+from lexiflow.tasks.params import COOCCURRENCE_SHARD_SENTENCES, CooccurrenceParams, ParallelParams, PPMIParams
+from lexiflow.tasks.shards import cooccurrence_shard, counting_done, weigh_partition
 from lexiflow.tasks.stage import stage
-
-if TYPE_CHECKING:  # params imports every model (torch, gensim): not on a worker's import path (parallel.py)
-    from lexiflow.tasks.params import CooccurrenceParams, ParallelParams, PPMIParams
-
-
-def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, keep_prob: np.ndarray, window: int, seed: int,
-                       documents: int, partitions: int, part: str | None) -> tuple[Any, Any, int, int, int]:
-    """Per-distance pair counts (after subsampling) in `partitions` key-space partitions, term–document
-    counts (every token) in document-major rows (`termdoc_pieces`: the corpus has `documents`), of the train
-    sentences among [start, stop) (windows never cross a sentence, and a token's subsampling draw depends on
-    its sentence number, so sentence ranges add up exactly); then the numbers of tokens (in the vocabulary,
-    kept after subsampling, and every train token, <unk> included)."""
-    table = read_rows(tokens, "tokens.parquet", start, stop)
-    vocab_size = len(keep_prob)
-    # held-out sentences keep their row (and number) but no tokens: nothing of them reaches the vectors
-    train = (table["split"] == "train").to_numpy()
-    ids, offsets = cooccurrence.id_stream(table["ids"], min_id=len(vocab.SPECIALS), sentences=train)
-    kept, kept_offsets = cooccurrence.subsample(ids, offsets, keep_prob, seed, first_sentence=start)
-    counts = cooccurrence.distance_counts(kept, kept_offsets, vocab_size, window)
-    # Documents are runs of sentences: their id ranges come from the sentence offsets (no regrouping).
-    doc_index = table["doc_index"].to_numpy()
-    doc_starts = np.flatnonzero(np.concatenate(([True], doc_index[1:] != doc_index[:-1]))) if len(doc_index) else []
-    first = int(doc_index[0]) if len(doc_index) else 0  # the shard's documents are first.. of 0..documents-1
-    termdoc = cooccurrence.term_document_columns(ids, np.append(offsets[doc_starts], offsets[-1]), vocab_size, first)
-    corpus_tokens = int(table["ids"].list.len().filter(train).sum() or 0)
-    return (deliver_partitions(row_partitions(counts, partitions), part, "pairs"),
-            termdoc_pieces(termdoc, part, (vocab_size, documents)), len(ids), len(kept), corpus_tokens)
-
-
-def termdoc_pieces(columns: pl.DataFrame, part: str | None, shape: tuple[int, int]) -> tuple:
-    """A shard's term–document rows (column-major) for `write_matrix_columns`: the rows of its first and last
-    documents, which the shards before and after it may share, as tables; those of the documents between,
-    which no other shard has, encoded here as `termdoc.parquet` row groups (a `Segment`)."""
-    if not columns.height:
-        return ()
-    col = columns["col"]
-    first = int((col == col[0]).sum())  # rows are sorted by column: a prefix and a suffix
-    last = int((col == col[-1]).sum()) if col[-1] != col[0] else 0
-    middle = columns.slice(first, columns.height - first - last)
-    return tuple([deliver(columns.head(first), part, "docs-first")]
-                 + ([deliver_row_groups(middle, part, matrix_schema(shape), MATRIX_ROW_GROUP, "docs")]
-                    if middle.height else [])
-                 + ([deliver(columns.tail(last), part, "docs-last")] if last else []))
-
-
-def weigh_partition(blocks: list[sp.spmatrix], vocab_size: int, weighting: cooccurrence.Weighting) -> sp.csr_matrix:
-    """One key partition's per-distance counts from every shard, added (exact integers), then weighted:
-    those rows of F (`cooccurrence.weigh_forward`), a partition's merge on a worker."""
-    return cooccurrence.weigh_forward(sum_matrices(blocks), vocab_size, weighting)
-
-
-def _counting_done() -> None:
-    """The counting buffers freed, and the memory they and the shards freed given back to the system."""
-    cooccurrence.release_scratch()
-    release_freed_memory()
 
 
 @stage("cooccurrence")
@@ -104,8 +41,6 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
     partition on the workers; here the partitions join and the matrix is symmetrized. The shards'
     term–document rows stream into `termdoc.parquet` in document order (no merge: a document is in one
     shard, or two when a shard boundary cuts it, whose counts add)."""
-    from lexiflow.tasks.params import COOCCURRENCE_SHARD_SENTENCES, ParallelParams  # here: see the TYPE_CHECKING import
-
     parallel = parallel or ParallelParams()
     vocabulary = read_table(tokenizer, "vocab.parquet")
     ranges = shard_ranges(tokens, "tokens.parquet", parallel, COOCCURRENCE_SHARD_SENTENCES)
@@ -136,8 +71,8 @@ def count_cooccurrence(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: Arti
         forward, counted, threads = reduce_partitioned(cooccurrence_shard, calls, merge, parallel, "cooccurrence",
                                                        out, write_termdoc)
     finally:  # the counting buffers, kept from shard to shard, go when the stage ends (else a worker holds ~0.5
-        _counting_done()  # GB through the next stages: their peaks 1.1 -> 1.7 GB at the next corpus)
-        on_every_worker(parallel, _counting_done)
+        counting_done()  # GB through the next stages: their peaks 1.1 -> 1.7 GB at the next corpus)
+        on_every_worker(parallel, counting_done)
     n_tokens, n_kept, n_corpus = (sum(column) for column in zip(*counted, strict=True))
     matrix = cooccurrence.symmetric(join_rows(forward))
     if not matrix.nnz:  # an empty result is no artifact: every later stage would fail on it, less clearly

@@ -8,9 +8,10 @@ shard size, and so is its version (`parallel` is not versioned, tasks/stage.py).
 The stage is the Prefect task run (cached, retried, its progress counting the shards); a shard task is a plain
 call of a module-level function on the pool (`run_shard`), not a task run of its own. A shard task run cost
 ~0.12 s of Prefect bookkeeping on the worker and the server, and on Dask it carried the flow's context, whose
-flow and parameters made every worker import all of lexiflow's models (torch, gensim: ~11 CPU s a worker, where
-the shard modules need ~5; they import `tasks.params` for type checking only). The log lines a shard makes on a
-worker are logged again where the stage runs, so they reach the stage's run in the UI.
+flow and parameters made every worker import all of lexiflow's models (torch, gensim: ~11 CPU s a worker). The
+shard and merge functions live in `tasks.shards`, which imports neither Prefect nor the models (~1 s), and this
+module imports `tasks.params` for type checking only. The log lines a shard makes on a worker are logged again
+where the stage runs, so they reach the stage's run in the UI.
 
 - `local`, or a single shard: the shard functions are called here, one after the other: no pool
   (the small default corpus pays nothing).
@@ -87,12 +88,12 @@ from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import by_rows, row_groups
 from lexiflow.storage.parquet_concat import Segment
 from lexiflow.storage.store import retrying, storage_options_for, write_segment
-from lexiflow.tasks.stage import worth_retrying
+from lexiflow.tasks.retries import worth_retrying
 
 if TYPE_CHECKING:  # params imports every model (torch, gensim): not on a worker's import path (parallel.py)
     from lexiflow.tasks.params import ParallelParams
 
-# A shard that fails on a transient I/O error (`stage.worth_retrying`) runs again after these pauses, where it ran.
+# A shard that fails on a transient I/O error (`retries.worth_retrying`) runs again after these pauses, where it ran.
 SHARD_RETRY_DELAYS = (1.0, 2.0)
 _log = logging.getLogger("lexiflow.parallel")
 # What a Dask worker process needs in its environment before it starts. Its one task thread is its core, and
@@ -130,6 +131,7 @@ def local_cluster(workers: int) -> Any:
         _clusters[workers] = cluster
         atexit.register(cluster.close)
     return cluster
+
 
 
 def process_pool(workers: int) -> ProcessPoolExecutor:

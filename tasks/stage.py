@@ -37,11 +37,11 @@ from collections.abc import Callable, Iterable, Iterator
 from types import CodeType, ModuleType
 from typing import Any
 
-from lexiflow.models.errors import LexiflowError
 from lexiflow.models.threads import DEFAULT_THREADS, limit_threads
 from lexiflow.storage import ArtifactRef, ArtifactStore, StoreError, content_version
 from lexiflow.storage.formats import read_manifest
-from lexiflow.storage.store import ArtifactNotFound, is_transient
+from lexiflow.storage.store import ArtifactNotFound
+from lexiflow.tasks.retries import USER_ERRORS, worth_retrying
 from prefect import Task, get_run_logger
 from prefect.artifacts import (
     create_link_artifact,
@@ -53,7 +53,6 @@ from prefect.cache_policies import NO_CACHE
 from prefect.runtime import flow_run, task_run
 from pydantic import BaseModel
 
-USER_ERRORS = (LexiflowError, StoreError)
 HOW = {"store", "parallel"}  # arguments that choose where/how a stage runs, not what it makes: not versioned
 # Fields of a parameter section that choose how, not what: the CPU threads (as the CPU model, they may
 # change a float result's last bits, never what the artifact is).
@@ -78,12 +77,6 @@ class UserErrorsOnOneLine(logging.Filter):
 for _name in ("prefect.flow_runs", "prefect.task_runs"):
     if not any(isinstance(f, UserErrorsOnOneLine) for f in logging.getLogger(_name).filters):
         logging.getLogger(_name).addFilter(UserErrorsOnOneLine())
-
-
-def worth_retrying(exc: BaseException) -> bool:
-    """A storage/network hiccup (the store's own definition); never bad input or a path that cannot work
-    (it would fail the same way again)."""
-    return not isinstance(exc, USER_ERRORS) and is_transient(exc)
 
 
 def retry_transient_only(task_obj: Any, task_run_obj: Any, state: Any) -> bool:

@@ -3,36 +3,29 @@ split and encode the corpus into a `tokenized_corpus` (one row of ids per senten
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 import polars as pl
-from lexiflow.models import text, tokenizers, vocab
+from lexiflow.models import text, vocab
 from lexiflow.models.config import from_section
 from lexiflow.models.errors import InputError
 from lexiflow.models.ingest import sources as ingest
 from lexiflow.models.tokenizers import BPE, WordPiece
-from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter
+from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import (
     SHARDED_ROW_GROUP,
     TOKENS,
     VOCAB,
     corpus_sources,
     read_manifest,
-    read_rows,
     read_table,
 )
-from lexiflow.storage.parquet_concat import Segment
 from lexiflow.tasks.parallel import (
-    deliver,
-    deliver_row_groups,
     reduce_shards,
     shard_ranges,
     stream_shards,
 )
+from lexiflow.tasks.params import ParallelParams, TokenizerParams, VocabularyParams
+from lexiflow.tasks.shards import add_word_counts, count_words_shard, encode_shard
 from lexiflow.tasks.stage import stage
-
-if TYPE_CHECKING:  # params imports every model (torch, gensim): not on a worker's import path (parallel.py)
-    from lexiflow.tasks.params import ParallelParams, TokenizerParams, VocabularyParams
 
 SUBWORD = {"bpe": BPE, "wordpiece": WordPiece}
 
@@ -49,26 +42,12 @@ def require_train_split(corpus: ArtifactRef) -> None:
         raise ingest.no_train_split(f"corpus {corpus.version}", per_split)
 
 
-def count_words_shard(corpus: ArtifactRef, start: int, stop: int, part: str | None) -> tuple[Any, int]:
-    """Word counts of the train documents among rows [start, stop), and their number of words."""
-    documents = read_rows(corpus, "documents.parquet", start, stop).filter(pl.col("split") == "train")
-    words = vocab.sentence_tokens(documents)["words"]
-    return deliver(vocab.token_counts(words), part), int(words.list.len().sum())
-
-
-def add_word_counts(results: list[tuple[pl.DataFrame, int]]) -> tuple[pl.DataFrame, int]:
-    """Shards' (word counts, number of words) added up (in any order: the vocabulary sorts them)."""
-    return vocab.merge_counts([counts for counts, _ in results]), sum(n for _, n in results)
-
-
 @stage("tokenizer")
 def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: VocabularyParams,
                      parallel: ParallelParams | None = None) -> None:
     """Word-level: count words on the train split only, so held-out text can have unknown words.
     Shards of documents are counted apart and their counts added."""
     require_train_split(corpus)
-    from lexiflow.tasks.params import ParallelParams  # here: see the TYPE_CHECKING import
-
     parallel = parallel or ParallelParams()
     ranges = shard_ranges(corpus, "documents.parquet", parallel)
     counts, n_words = reduce_shards(count_words_shard, [{"corpus": corpus, "start": a, "stop": b} for a, b in ranges],
@@ -97,28 +76,11 @@ def learn_subword(out: ArtifactWriter, corpus: ArtifactRef, params: TokenizerPar
     out.metrics.update({"kind": params.kind, "vocabulary_size": len(tokenizer.vocab), "merges": len(tokenizer.merges_)})
 
 
-def encode_shard(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: int,
-                 part: str | None) -> tuple[Segment, int, int, dict[str, int]]:
-    """The sentences of documents [start, stop), encoded (doc_index counts from the corpus start) into
-    `tokens.parquet`'s row groups here, and their counts: sentences, unknown tokens, tokens per split (the
-    merge only appends the row groups and adds the counts)."""
-    rows = vocab.sentences(read_rows(corpus, "documents.parquet", start, stop), first_doc=start)
-    with ArtifactStore(tokenizer.store).local_dir(tokenizer.kind, tokenizer.version) as folder:
-        ids = tokenizers.load(folder).encode_batch(rows["text"]).alias("ids")
-    table = rows.select("doc_index", "sentence", "split").with_columns(ids)
-    unknown = int(table["ids"].explode().eq(vocab.UNK_ID).sum())
-    per_split = dict(table.group_by("split").agg(pl.col("ids").list.len().sum()).iter_rows())
-    return (deliver_row_groups(table, part, TOKENS, SHARDED_ROW_GROUP), table.height, unknown,
-            {split: int(n) for split, n in per_split.items()})
-
-
 @stage("tokenized_corpus")
 def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactRef,
                   parallel: ParallelParams | None = None) -> None:
     """One row of ids per sentence; shards of documents are encoded apart, each into its own row groups of
     `tokens.parquet` (on the workers, when they run on a pool), which are appended in order."""
-    from lexiflow.tasks.params import ParallelParams  # here: see the TYPE_CHECKING import
-
     parallel = parallel or ParallelParams()
     ranges = shard_ranges(corpus, "documents.parquet", parallel)
     calls = [{"corpus": corpus, "tokenizer": tokenizer, "start": a, "stop": b} for a, b in ranges]

@@ -1,6 +1,7 @@
 """Layering rules, read from the code: no lexiflow module imports another one's private (`_name`)
 names, `storage/` imports nothing above it (and its store not the catalog), and every language-model
-class is in the explicit registry (nothing registers itself as an import side effect)."""
+class is in the explicit registry (nothing registers itself as an import side effect); a pool worker's
+modules import neither Prefect nor the models."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import importlib
 import importlib.util
 import inspect
 import pkgutil
+import subprocess
+import sys
 from pathlib import Path
 
 import lexiflow
@@ -92,6 +95,17 @@ def test_the_store_sits_below_the_catalog():
     path, tree = module_source("lexiflow.storage.store")
     imported = [(node.lineno, node.module) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)]
     assert [(line, m) for line, m in imported if m and "catalog" in m] == [], path.name
+
+
+def test_a_pool_worker_imports_neither_prefect_nor_the_models():
+    """What a worker imports to run any shard or merge (tasks/shards.py): no Prefect, no stage module, no
+    `tasks.params` (every model: torch, gensim), in a fresh process: ~1.0 s of imports on a worker's first task,
+    not ~2.9 s (docs/scaling.md)."""
+    stages = [f"lexiflow.tasks.{name}" for name in ("stage", "params", "corpus", "vocabulary", "matrices")]
+    code = ("import sys, lexiflow.tasks.shards, lexiflow.tasks.parallel; print(sorted(m for m in sys.modules if "
+            f"m.split('.')[0] in ('prefect', 'torch', 'gensim', 'sklearn') or m in {stages}))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
 
 
 def test_every_language_model_class_is_in_the_registry():

@@ -41,9 +41,10 @@ from lexiflow.storage import ArtifactRef, ArtifactStore
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, by_columns, read_matrix, write_matrix_columns
 from lexiflow.storage.store import ArtifactWriter, write_segment
 from lexiflow.tasks.corpus import documents_writer, ingest_corpus
-from lexiflow.tasks.matrices import count_cooccurrence, termdoc_pieces
+from lexiflow.tasks.matrices import count_cooccurrence
 from lexiflow.tasks.parallel import join_rows, row_partitions, shard_ranges, sum_matrices
 from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
+from lexiflow.tasks.shards import termdoc_pieces
 from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
 
 from tests.stages import publish

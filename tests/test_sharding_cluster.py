@@ -241,10 +241,10 @@ class Unimportable(WorkerPlugin):
 
 @pytest.mark.slow  # the module's cluster of worker processes: ~20 s to start here
 def test_a_shard_task_that_cannot_start_on_the_workers_fails_the_run_in_one_line(tmp_path, cluster, capsys):
-    """The issue's failure: the workers cannot import the stage's module. Dask alone would drop each worker
+    """The issue's failure: the workers cannot import the shard functions' module. Dask alone would drop each worker
     that fails to load the task and wait for another forever; the CLI run ends with one line instead."""
     with Client(cluster.scheduler_address) as client:
-        client.register_plugin(Unimportable("lexiflow.tasks.vocabulary"), name="unimportable")
+        client.register_plugin(Unimportable("lexiflow.tasks.shards"), name="unimportable")
         try:
             code = main(["run", "--store", str(tmp_path / "store"), "--corpus", "builtin:lee",
                          "--set", "parallel.runner=dask", "--set", f"parallel.dask_address={cluster.scheduler_address}",
@@ -255,7 +255,7 @@ def test_a_shard_task_that_cannot_start_on_the_workers_fails_the_run_in_one_line
     error = capsys.readouterr().err.strip().splitlines()[-1]
     assert code == 2
     assert error.startswith("error: tokenizer shard 1/4 (rows 0-73) cannot start on the Dask workers: "
-                            "ModuleNotFoundError: import of lexiflow.tasks.vocabulary halted")
+                            "ModuleNotFoundError: import of lexiflow.tasks.shards halted")
 
 
 def test_a_cluster_without_workers_fails_the_stage(tmp_path, monkeypatch):

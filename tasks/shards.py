@@ -1,0 +1,138 @@
+"""What runs on a pool's workers: the sharded stages' shard and merge functions (tasks/parallel.py).
+
+A worker imports a task's function by name, so it imports the function's module: these live here, apart from
+their stages, because a stage module imports Prefect (`tasks.stage`) and this one does not. A Dask worker's
+first task imported ~2.9 s of modules from the stage modules, 1.9 s of it Prefect; from here ~1.0 s
+(docs/scaling.md, "Worker start-up"). Nothing here may import Prefect or `tasks.params` (every model: torch,
+gensim); tests/test_sharding.py checks it in a fresh process.
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+import numpy as np
+import polars as pl
+import scipy.sparse as sp
+from lexiflow.models import cooccurrence, ingest, tokenizers, vocab
+from lexiflow.models.heap import release_freed_memory
+from lexiflow.storage import ArtifactRef, ArtifactStore
+from lexiflow.storage.formats import (
+    DOCUMENTS,
+    MATRIX_ROW_GROUP,
+    SHARDED_ROW_GROUP,
+    TOKENS,
+    matrix_schema,
+    read_rows,
+)
+from lexiflow.storage.parquet_concat import Segment
+from lexiflow.tasks.parallel import deliver, deliver_partitions, deliver_row_groups, row_partitions, sum_matrices
+
+
+def corpus_shard(shard: list[ingest.FileRange | ingest.Streams], options: ingest.IngestOptions, chunk_bytes: int,
+                 part: str | None) -> tuple[Any, dict[int, int], dict[int, tuple[int, int, str]], Any, Any]:
+    """Read and clean one shard of the sources (documents delivered in memory or as a part; a shard
+    that streams in several batches, a large compressed file, delivers each batch as a part of its own;
+    its distinct words as a part too). As parts, each table's first copies are encoded here as
+    `documents.parquet` row groups, which the merge appends as they are when it keeps them all, and the part
+    holds the rest of the table without its text (read back from the row groups in the rare other case)."""
+    batch = itertools.count()
+    encoded: list[Any] = []
+
+    def delivered(docs: pl.DataFrame, name: str = "") -> Any:
+        first = ingest.first_in_table(docs["doc_id"]) if options.dedupe else None
+        rows = docs if first is None or first.all() else docs.filter(pl.Series(first, dtype=pl.Boolean))
+        encoded.append(deliver_row_groups(rows, part, DOCUMENTS, SHARDED_ROW_GROUP, f"{name}rows"))
+        return deliver(docs.drop("text"), part, name)  # the texts travel once, encoded: the merge needs the rest
+
+    # In this process the batches stay tables, so the documents come in the same tables as on any runner.
+    spill = (lambda docs: docs) if part is None else (lambda docs: delivered(docs, f"{next(batch):05d}"))
+    result = ingest.ingest_shard(shard, options, chunk_bytes=chunk_bytes, spill=spill)
+    if part is None:  # in this process: the merge encodes what it keeps
+        documents, row_groups = result.documents, None
+    elif isinstance(result.documents, tuple):
+        documents, row_groups = result.documents, tuple(encoded)
+    else:
+        documents = delivered(result.documents)
+        row_groups = encoded[0]
+    return documents, result.texts, result.errors, deliver(result.words, part, "words"), row_groups
+
+
+def count_words_shard(corpus: ArtifactRef, start: int, stop: int, part: str | None) -> tuple[Any, int]:
+    """Word counts of the train documents among rows [start, stop), and their number of words."""
+    documents = read_rows(corpus, "documents.parquet", start, stop).filter(pl.col("split") == "train")
+    words = vocab.sentence_tokens(documents)["words"]
+    return deliver(vocab.token_counts(words), part), int(words.list.len().sum())
+
+
+def add_word_counts(results: list[tuple[pl.DataFrame, int]]) -> tuple[pl.DataFrame, int]:
+    """Shards' (word counts, number of words) added up (in any order: the vocabulary sorts them)."""
+    return vocab.merge_counts([counts for counts, _ in results]), sum(n for _, n in results)
+
+
+def encode_shard(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: int,
+                 part: str | None) -> tuple[Segment, int, int, dict[str, int]]:
+    """The sentences of documents [start, stop), encoded (doc_index counts from the corpus start) into
+    `tokens.parquet`'s row groups here, and their counts: sentences, unknown tokens, tokens per split (the
+    merge only appends the row groups and adds the counts)."""
+    rows = vocab.sentences(read_rows(corpus, "documents.parquet", start, stop), first_doc=start)
+    with ArtifactStore(tokenizer.store).local_dir(tokenizer.kind, tokenizer.version) as folder:
+        ids = tokenizers.load(folder).encode_batch(rows["text"]).alias("ids")
+    table = rows.select("doc_index", "sentence", "split").with_columns(ids)
+    unknown = int(table["ids"].explode().eq(vocab.UNK_ID).sum())
+    per_split = dict(table.group_by("split").agg(pl.col("ids").list.len().sum()).iter_rows())
+    return (deliver_row_groups(table, part, TOKENS, SHARDED_ROW_GROUP), table.height, unknown,
+            {split: int(n) for split, n in per_split.items()})
+
+
+def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, keep_prob: np.ndarray, window: int, seed: int,
+                       documents: int, partitions: int, part: str | None) -> tuple[Any, Any, int, int, int]:
+    """Per-distance pair counts (after subsampling) in `partitions` key-space partitions, term–document
+    counts (every token) in document-major rows (`termdoc_pieces`: the corpus has `documents`), of the train
+    sentences among [start, stop) (windows never cross a sentence, and a token's subsampling draw depends on
+    its sentence number, so sentence ranges add up exactly); then the numbers of tokens (in the vocabulary,
+    kept after subsampling, and every train token, <unk> included)."""
+    table = read_rows(tokens, "tokens.parquet", start, stop)
+    vocab_size = len(keep_prob)
+    # held-out sentences keep their row (and number) but no tokens: nothing of them reaches the vectors
+    train = (table["split"] == "train").to_numpy()
+    ids, offsets = cooccurrence.id_stream(table["ids"], min_id=len(vocab.SPECIALS), sentences=train)
+    kept, kept_offsets = cooccurrence.subsample(ids, offsets, keep_prob, seed, first_sentence=start)
+    counts = cooccurrence.distance_counts(kept, kept_offsets, vocab_size, window)
+    # Documents are runs of sentences: their id ranges come from the sentence offsets (no regrouping).
+    doc_index = table["doc_index"].to_numpy()
+    doc_starts = np.flatnonzero(np.concatenate(([True], doc_index[1:] != doc_index[:-1]))) if len(doc_index) else []
+    first = int(doc_index[0]) if len(doc_index) else 0  # the shard's documents are first.. of 0..documents-1
+    termdoc = cooccurrence.term_document_columns(ids, np.append(offsets[doc_starts], offsets[-1]), vocab_size, first)
+    corpus_tokens = int(table["ids"].list.len().filter(train).sum() or 0)
+    return (deliver_partitions(row_partitions(counts, partitions), part, "pairs"),
+            termdoc_pieces(termdoc, part, (vocab_size, documents)), len(ids), len(kept), corpus_tokens)
+
+
+def termdoc_pieces(columns: pl.DataFrame, part: str | None, shape: tuple[int, int]) -> tuple:
+    """A shard's term–document rows (column-major) for `write_matrix_columns`: the rows of its first and last
+    documents, which the shards before and after it may share, as tables; those of the documents between,
+    which no other shard has, encoded here as `termdoc.parquet` row groups (a `Segment`)."""
+    if not columns.height:
+        return ()
+    col = columns["col"]
+    first = int((col == col[0]).sum())  # rows are sorted by column: a prefix and a suffix
+    last = int((col == col[-1]).sum()) if col[-1] != col[0] else 0
+    middle = columns.slice(first, columns.height - first - last)
+    return tuple([deliver(columns.head(first), part, "docs-first")]
+                 + ([deliver_row_groups(middle, part, matrix_schema(shape), MATRIX_ROW_GROUP, "docs")]
+                    if middle.height else [])
+                 + ([deliver(columns.tail(last), part, "docs-last")] if last else []))
+
+
+def weigh_partition(blocks: list[sp.spmatrix], vocab_size: int, weighting: cooccurrence.Weighting) -> sp.csr_matrix:
+    """One key partition's per-distance counts from every shard, added (exact integers), then weighted:
+    those rows of F (`cooccurrence.weigh_forward`), a partition's merge on a worker."""
+    return cooccurrence.weigh_forward(sum_matrices(blocks), vocab_size, weighting)
+
+
+def counting_done() -> None:
+    """The counting buffers freed, and the memory they and the shards freed given back to the system."""
+    cooccurrence.release_scratch()
+    release_freed_memory()
