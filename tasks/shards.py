@@ -4,7 +4,7 @@ A worker imports a task's function by name, so it imports the function's module:
 their stages, because a stage module imports Prefect (`tasks.stage`) and this one does not. A Dask worker's
 first task imported ~2.9 s of modules from the stage modules, 1.9 s of it Prefect; from here ~1.0 s
 (docs/scaling.md, "Worker start-up"). Nothing here may import Prefect or `tasks.params` (every model: torch,
-gensim); tests/test_sharding.py checks it in a fresh process.
+gensim); tests/test_layers.py checks it in a fresh process.
 """
 
 from __future__ import annotations
