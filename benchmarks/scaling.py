@@ -202,6 +202,13 @@ def _no_op(part: str | None) -> int:
     return 0
 
 
+def no_op_seconds(params: ParallelParams, out: Any, n: int) -> float:
+    """Seconds per task of `n` no-op shards through `map_shards` on the pool `params` name: a shard's fixed cost."""
+    start = time.perf_counter()
+    parallel.map_shards(_no_op, [{} for _ in range(n)], params, "no-op", out)
+    return (time.perf_counter() - start) / n
+
+
 def fixed_costs(n: int = 32) -> list[Row]:
     """A shard task's fixed cost on each pool of 2 (threads, the run's spawned processes, a LocalCluster of 2
     worker processes): `n` no-op shards through `map_shards`, after a first round that starts the pool (the
@@ -212,9 +219,7 @@ def fixed_costs(n: int = 32) -> list[Row]:
             params, seconds = ParallelParams(runner=runner, workers=2), []
             for attempt in range(4):
                 with ArtifactStore(tmp).writer("corpus", f"{attempt:02d}" * 8) as out:
-                    start = time.perf_counter()
-                    parallel.map_shards(_no_op, [{} for _ in range(n)], params, "no-op", out)
-                    seconds.append((time.perf_counter() - start) / n)
+                    seconds.append(no_op_seconds(params, out, n))
             rows.append(Row("scaling", f"a shard task's fixed cost, {runner}, a warm pool of 2 ({n} no-op shards)",
                             "seconds per task", min(seconds[1:]), None, "", False, "<= 0.05",
                             min(seconds[1:]) <= 0.05, f"first round, starting the pool: {seconds[0]:.3f} s a task"))
@@ -229,10 +234,7 @@ def breakdown(dask: Any, store: str, tokens: ArtifactRef, tokenizer: ArtifactRef
 
     params = ParallelParams(runner="dask", dask_address=dask.scheduler_address)
     with ArtifactStore(store).writer("corpus", "ab" * 8) as out:
-        n = 32
-        start = time.perf_counter()
-        parallel.map_shards(_no_op, [{} for _ in range(n)], params, "no-op", out)
-        per_task = (time.perf_counter() - start) / n
+        per_task = no_op_seconds(params, out, 32)
         vocabulary = ArtifactStore(tokenizer.store).read_parquet("tokenizer", tokenizer.version, "vocab.parquet")
         keep = np.ones(vocabulary.height)
         documents = int(read_rows(tokens, "tokens.parquet", rows - 1, rows)["doc_index"][0]) + 1

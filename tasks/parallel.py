@@ -133,7 +133,6 @@ def local_cluster(workers: int) -> Any:
     return cluster
 
 
-
 def process_pool(workers: int) -> ProcessPoolExecutor:
     """The pool of `workers` processes this process runs its `processes` stages on: started at the first, kept
     for the next ones (each process imports the shard functions' modules once a run, not once a stage), shut
