@@ -103,7 +103,7 @@ def test_errors_in_a_later_chunk_are_the_whole_readings(tmp_path):
 def test_memory_follows_the_chunk_not_the_file(tmp_path, monkeypatch):
     """Gzip text files of 6 and 12 MiB read in 256 KiB chunks by a spilling shard: no batch handed to
     cleaning holds more than a chunk (and a line), the Python-side peak (decompressed blocks, the chunk's
-    bytes) is the same for both sizes and a fraction of the file, and the spilled batches merge into
+    bytes) does not grow with the file and is a fraction of it, and the spilled batches merge into
     the corpus the whole reading gives."""
     chunk = 1 << 18
     batches: list[int] = []
@@ -117,21 +117,24 @@ def test_memory_follows_the_chunk_not_the_file(tmp_path, monkeypatch):
         docs.write_parquet(spilled[-1])
         return pl.scan_parquet(spilled[-1])
 
-    options, peaks = IngestOptions(split_sentences=False), []
+    options, peaks, sizes = IngestOptions(split_sentences=False), [], []
     for n in (100_000, 200_000):
         lines = [f"Line {i}: the {i % 97} cats of house {i % 1013} sat on {i % 7} mats. Then they left."
                  for i in range(n)]
         path = tmp_path / f"big-{n}.txt.gz"
         path.write_bytes(gzip.compress(("\n".join(lines) + "\n").encode(), compresslevel=1))
+        sizes.append(sum(map(len, lines)) + len(lines))
         batches.clear()
         spilled.clear()
         tracemalloc.start()
         result = ingest_shard([sharding.FileRange(str(path), 0)], options, chunk_bytes=chunk, spill=spill)
         peaks.append(tracemalloc.get_traced_memory()[1])
         tracemalloc.stop()
-    size = sum(map(len, lines)) + len(lines)
-    assert size > 48 * chunk and len(batches) >= 48 and max(batches) <= chunk + max(map(len, lines)) + 1
-    assert peaks[1] < 1.1 * peaks[0] and peaks[1] < size / 3, peaks  # flat in the file's size
+    assert sizes[1] > 48 * chunk and len(batches) >= 48 and max(batches) <= chunk + max(map(len, lines)) + 1
+    # Flat in the file's size: doubling the file adds well under an eighth of the added bytes. Not a
+    # ratio of the two peaks: tracemalloc also counts other threads' allocations (a full suite leaves
+    # Prefect's log shipper and a closed cluster's loop running), ~0.3 MB on a CI run.
+    assert peaks[1] < sizes[1] / 3 and peaks[1] - peaks[0] < (sizes[1] - sizes[0]) / 8, (peaks, sizes)
     assert isinstance(result.documents, tuple) and len(result.documents) == len(spilled) == len(batches)
     written: list[pl.DataFrame] = []
     corpus = merge_shards([path], [result], options, lambda docs, *_: written.append(docs))
