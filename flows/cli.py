@@ -29,9 +29,12 @@ import sys
 import tomllib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from lexiflow.flows import prefect_env
+
+if TYPE_CHECKING:
+    from lexiflow.flows.params import PipelineParams
 
 DEFAULT_STORE = os.environ.get("LEXIFLOW_STORE", "artifacts")
 
@@ -120,6 +123,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         from lexiflow.flows.params import validate
 
         params = validate(tree)
+        prestart_cluster(params)
         from lexiflow.flows.pipeline import reuse_all, run_pipeline
         from lexiflow.storage import ArtifactStore
 
@@ -143,6 +147,24 @@ def cmd_run(args: argparse.Namespace) -> int:
         if (figures := headline(ref.kind, store.manifest(ref.kind, ref.version)["metrics"])) is not None:
             print(f"  {name:<17} {figures}")
     return 0
+
+
+def prestart_cluster(params: PipelineParams) -> None:
+    """A Dask run without a cluster address whose corpus is more than one shard (or whose shards are set in rows)
+    starts its LocalCluster now, in the background: its workers start while this process imports the pipeline
+    (~8 s on one core), not in the first stage (300 MB on 2 cores: ~3 s). A smaller corpus runs its shards here,
+    with no cluster."""
+    parallel = params.parallel
+    if parallel.runner != "dask" or parallel.dask_address:
+        return
+    from lexiflow.models.errors import LexiflowError
+    from lexiflow.models.ingest.sources import resolve_sources
+    from lexiflow.tasks.parallel import start_local_cluster
+
+    with contextlib.suppress(LexiflowError, OSError):  # a bad source is the corpus stage's to report
+        if parallel.shard_rows or sum(path.stat().st_size for path in resolve_sources(params.corpus.sources)) \
+                > parallel.shard_bytes:
+            start_local_cluster(parallel.workers)
 
 
 @contextlib.contextmanager

@@ -66,7 +66,7 @@ import shutil
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,6 +101,16 @@ _log = logging.getLogger("lexiflow.parallel")
 # stage on 2 workers, 2 cores: 25 CPU s and 18 s, against 20 and 15 with this). And polars' allocator as lexiflow
 # sets it (freed pages kept 3 s: `lexiflow.POLARS_ALLOCATOR`).
 WORKER_ENVIRONMENT = {"POLARS_MAX_THREADS": "1", "_RJEM_MALLOC_CONF": POLARS_ALLOCATOR}
+# What a worker of a Dask cluster lexiflow starts finds loaded: these load once, in the forkserver its workers fork
+# from (`worker_forkserver`), not once a worker (~1.2 of a worker's ~1.9 s of imports). Only modules that start no
+# thread as they load: polars and pyarrow start their allocators' threads, which a fork would leave behind.
+FORKSERVER_PRELOAD = ["distributed", "numpy", "scipy.sparse", "pydantic", "fsspec", "cloudpickle"]
+# What a Dask cluster lexiflow starts runs besides its tasks. Dask's defaults sample each worker's stacks every
+# 10 ms for the dashboard's profile, and time the event loop every 20 ms, memory every 100 ms and the system every
+# 0.5 s, on the cores the shards need: an idle LocalCluster of 2 took 3.8 CPU s in 20 s so, 0.46 with these.
+QUIET_DASK = {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "1s",
+              "distributed.worker.memory.monitor-interval": "500ms",
+              "distributed.admin.system-monitor.interval": "2s"}
 # A Dask cluster with no worker for this long fails the stage (workers that died, or never came).
 NO_WORKER_SECONDS = 120.0
 _POLL_SECONDS = 2.0  # how often a wait for shard results looks at the cluster
@@ -114,13 +124,42 @@ class ShardError(LexiflowError):
 
 
 _clusters: dict[int, Any] = {}  # workers -> the LocalCluster this process started (`local_cluster`)
+_starting: dict[int, Future] = {}  # workers -> the start of a LocalCluster in the background (`start_local_cluster`)
 _process_pools: dict[int, ProcessPoolExecutor] = {}  # workers -> the process pool of `process_pool`
+
+
+def start_local_cluster(workers: int) -> None:
+    """Start `local_cluster(workers)` in the background, its workers importing the shard functions, for a run
+    that will need it: started as the command starts, its start-up overlaps the command's own imports."""
+    if workers not in _clusters and workers not in _starting:
+        starter = ThreadPoolExecutor(1, thread_name_prefix="lexiflow-cluster-start")
+        _starting[workers] = starter.submit(_warm_cluster, workers)
+        starter.shutdown(wait=False)
+
+
+def _warm_cluster(workers: int) -> None:
+    from distributed import Client
+
+    cluster = _new_local_cluster(workers)
+    with suppress(Exception), Client(cluster.scheduler_address, set_as_default=False) as client:
+        client.run(_load_shard_functions)  # a failure is the stage's probe's to report
+
+
+def _load_shard_functions() -> None:
+    import lexiflow.tasks.shards  # noqa: F401
 
 
 def local_cluster(workers: int) -> Any:
     """The LocalCluster of `workers` worker processes this process runs its Dask stages on: started at the first
-    (with WORKER_ENVIRONMENT), kept for the next ones, closed at exit. One thread per worker process: polars and
-    numpy inside a shard are the parallelism."""
+    (with WORKER_ENVIRONMENT) or before (`start_local_cluster`), kept for the next ones, closed at exit. One thread
+    per worker process: polars and numpy inside a shard are the parallelism."""
+    if (starting := _starting.pop(workers, None)) is not None:
+        with suppress(Exception):  # a start that failed is tried again below, where its error is raised
+            starting.result()
+    return _new_local_cluster(workers)
+
+
+def _new_local_cluster(workers: int) -> Any:
     cluster = _clusters.get(workers)
     if cluster is None or cluster.status.name in ("closing", "closed", "failed"):
         from distributed import LocalCluster
@@ -540,19 +579,44 @@ def _captured_logs(capture: bool) -> Iterator[list[tuple]]:
         logger.setLevel(level)
 
 
+def worker_forkserver() -> None:
+    """Start (in the background, once a process) the forkserver the Dask workers this process starts fork from,
+    its environment WORKER_ENVIRONMENT and Dask's worker settings, FORKSERVER_PRELOAD loading in it."""
+    from multiprocessing import forkserver
+
+    import dask
+    import distributed  # noqa: F401 - its settings (Dask's worker environment) load with it
+
+    environment = {name: os.environ.get(name, str(value)) for name, value in  # the user's own setting wins
+                   {**dask.config.get("distributed.nanny.pre-spawn-environ"), **WORKER_ENVIRONMENT}.items()}
+    allocator = os.environ.get("_RJEM_MALLOC_CONF")
+    if allocator is not None and not allocator.endswith(POLARS_ALLOCATOR):
+        environment["_RJEM_MALLOC_CONF"] = f"{allocator},{POLARS_ALLOCATOR}"
+    multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
+    before = {name: os.environ.get(name) for name in environment}
+    os.environ.update(environment)  # the forkserver takes this process's environment as it starts
+    try:
+        forkserver.ensure_running()
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 @contextmanager
 def dask_worker_environment() -> Iterator[None]:
-    """Within: the worker processes of Dask nannies started here get WORKER_ENVIRONMENT before they start. A
-    nanny lets this process's own environment win over its settings: a variable the user set is kept, but
-    polars' allocator setting ends with lexiflow's (the last setting wins), here too: polars puts its own there
-    when it loads, and it may have loaded before lexiflow could set it."""
+    """Within: Dask clusters started here run QUIET_DASK, their scheduler and workers alike, and the worker
+    processes of their nannies get WORKER_ENVIRONMENT before they start. A nanny lets this process's own
+    environment win over its settings: a variable the user set is kept, but polars' allocator setting ends with
+    lexiflow's (the last setting wins), here too: polars puts its own there when it loads, and it may have loaded
+    before lexiflow could set it."""
     import dask
 
-    allocator = os.environ.get("_RJEM_MALLOC_CONF")
-    if allocator is not None and not allocator.endswith(POLARS_ALLOCATOR):  # read by processes started later only
-        os.environ["_RJEM_MALLOC_CONF"] = f"{allocator},{POLARS_ALLOCATOR}"
-    with dask.config.set({f"distributed.nanny.pre-spawn-environ.{name}": value
-                          for name, value in WORKER_ENVIRONMENT.items()}):
+    worker_forkserver()
+    with dask.config.set({**QUIET_DASK, "distributed.worker.multiprocessing-method": "forkserver",
+                          "distributed.nanny.pre-spawn-environ": {}}):
         yield
 
 

@@ -12,14 +12,17 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
+import dask
 import numpy as np
 import polars as pl
 import pytest
 import scipy.sparse as sp
 from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster, WorkerPlugin
 from lexiflow import POLARS_ALLOCATOR
-from lexiflow.flows.cli import main
+from lexiflow.flows.cli import main, prestart_cluster
+from lexiflow.flows.params import validate
 from lexiflow.models.threads import machine_cores
 from lexiflow.storage import ArtifactStore, Catalog
 from lexiflow.tasks import parallel
@@ -270,6 +273,25 @@ def test_a_cluster_without_workers_fails_the_stage(tmp_path, monkeypatch):
                                         "for 1 s while the probe waited")
 
 
+def test_a_dask_run_of_more_than_one_shard_starts_its_cluster_as_the_command_starts(tmp_path):
+    """Before the pipeline is imported: its workers, forked with the shard functions loaded, are ready when the
+    first stage asks for them. Not for one shard (no cluster), nor for a cluster given by address."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("The cat sat on the mat.\n" * 200)  # 4800 bytes
+
+    def started(workers: int, **parallel_params: Any) -> bool:
+        prestart_cluster(validate({"corpus": {"sources": [str(corpus)]},
+                                   "parallel": {"runner": "dask", "workers": workers, **parallel_params}}))
+        return workers in parallel._starting or workers in parallel._clusters
+
+    assert not started(3, shard_bytes=4800) and not started(3, shard_bytes=1024, dask_address="tcp://10.0.0.5:8786")
+    assert started(1, shard_bytes=4799)
+    cluster = parallel.local_cluster(1)  # the one started, once it is up
+    assert parallel._clusters[1] is cluster and 1 not in parallel._starting
+    with Client(cluster.scheduler_address, set_as_default=False) as client:
+        assert set(client.run(lambda: "lexiflow.tasks.shards" in sys.modules).values()) == {True}
+
+
 @pytest.mark.slow
 def test_cli_run_on_a_local_dask_cluster_of_two_workers_publishes_what_one_process_does(tmp_path, monkeypatch):
     pools, enter = [], parallel._Pool.__enter__  # (runner, scheduler address) of each pool a stage opened
@@ -296,10 +318,19 @@ def test_cli_run_on_a_local_dask_cluster_of_two_workers_publishes_what_one_proce
 def test_workers_the_runner_starts_run_polars_on_their_one_core_and_others_are_warned_about(caplog):
     # Polars sizes its pool once, from the cores: a one-thread worker started without POLARS_MAX_THREADS=1
     # runs as many polars threads as the machine has cores, beside every other worker's.
+    names = ("POLARS_MAX_THREADS", "OMP_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_")
+    ours = {name: os.environ.get(name) for name in names}
     with parallel.dask_worker_environment():
         started = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None)
+    # A nanny would set the workers' variables in this process too (torch imported later: one thread).
+    assert {name: os.environ.get(name) for name in names} == ours
     with started, Client(started, set_as_default=False) as client:
         assert set(client.run(pl.thread_pool_size).values()) == {1}
+        assert set(client.run(lambda: os.environ["OMP_NUM_THREADS"]).values()) == {"1"}
+        # forked from the forkserver that loaded their imports (a spawned worker's parent is this process),
+        # and quiet: no stack sampling for a dashboard
+        assert os.getpid() not in client.run(os.getppid).values()
+        assert set(client.run(dask.config.get, "distributed.worker.profile.enabled").values()) == {False}
         # and polars' allocator set as lexiflow sets it (the last setting is jemalloc's), whichever loaded first here
         assert all(conf.endswith(POLARS_ALLOCATOR) for conf in client.run(os.getenv, "_RJEM_MALLOC_CONF").values())
         parallel._warn_oversubscribed(client)
