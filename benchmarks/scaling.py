@@ -33,6 +33,7 @@ lines, one per line, for a machine without ../shared (write it here with
 from __future__ import annotations
 
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -295,11 +296,13 @@ def _rows_of_run(label: str, name: str, n_workers: int, result: dict[str, Any], 
 
 
 def run(quick: bool = False, workers: str = "1,2", sizes_gb: str = "", stages: str = "all",
-        pool: str = "", mode: str = "warm") -> list[Row]:
+        pool: str = "", mode: str = "warm", rounds: str = "2") -> list[Row]:
     if mode not in ("warm", "cold", "fixed"):
         raise ValueError(f"--option mode={mode!r}: choose warm, cold or fixed")
     if mode == "cold":
-        return cold(quick, sizes_gb, pool)
+        if not rounds.isdigit() or int(rounds) < 1:
+            raise ValueError(f"--option rounds={rounds!r}: a whole number of rounds, at least 1")
+        return cold(quick, sizes_gb, pool, int(rounds))
     if mode == "fixed":
         return fixed_costs()
     if stages not in ("all", "sharded"):
@@ -385,9 +388,11 @@ def cold_run(tmp: Path, source: Path, runner: list[str], api_url: str) -> tuple[
     return (published - started).total_seconds(), total, ArtifactStore(store).ref("cooccurrence", entry["version"])
 
 
-def cold(quick: bool, sizes_gb: str, pool: str) -> list[Row]:
+def cold(quick: bool, sizes_gb: str, pool: str, rounds: int) -> list[Row]:
     """Each runner, cold, at each size: seconds from the command's start to the co-occurrence artifact, against
-    the default runner and against `local` (one process), and the artifacts compared. The Dask cluster at
+    the default runner and against `local` (one process), and the artifacts compared. Each runner runs once a
+    round, the rounds in turn forwards and backwards, and its figure is the median of its rounds: this machine
+    drifts by 5-10 % within an hour, which a fixed order charges to the runners that come last. The Dask cluster at
     `dask_address` is started by the benchmark before the timed command, as a user's would be, with a plain
     environment (no PREFECT_API_URL: a user's workers do not know the flow's server)."""
     from distributed import LocalCluster
@@ -409,11 +414,18 @@ def cold(quick: bool, sizes_gb: str, pool: str) -> list[Row]:
             for size in sizes:
                 label = f"{size / GB:.1f} GB" if size >= GB else f"{size / 1e6:.0f} MB"
                 source = corpus_text(tmp / f"corpus-{size:.0f}.txt", size, lines)
-                timed = {name: cold_run(tmp, source, argv, api_url) for name, argv in runners.items()}
+                runs: dict[str, list[tuple[float, float, ArtifactRef]]] = {name: [] for name in runners}
+                for round_ in range(rounds):
+                    for name in list(runners)[::-1 if round_ % 2 else 1]:
+                        runs[name].append(cold_run(tmp, source, runners[name], api_url))
+                timed = {name: (statistics.median(s for s, _, _ in done), statistics.median(t for _, t, _ in done),
+                                done[0][2]) for name, done in runs.items()}
                 default, local = timed[next(iter(runners))], timed["local"]
                 for name, (seconds, total, ref) in timed.items():
-                    identical = all(same(ref, other) for *_, other in timed.values())
-                    note = f"command {total:.1f} s; co-occurrence identical across runners: {identical}"
+                    identical = all(same(ref, other) for done in runs.values() for *_, other in done)
+                    each = ", ".join(f"{s:.1f}" for s, _, _ in runs[name])
+                    note = (f"median of {rounds} round(s): {each} s; command {total:.1f} s; co-occurrence identical "
+                            f"across runners: {identical}")
                     dask = "dask" in name.lower()  # both Dask rows carry the issue's targets
                     rows.append(Row("scaling", f"cold, {label} text, {name}: vs the default runner",
                                     "seconds to co-occurrence", seconds, default[0], "default runner", False,
