@@ -21,9 +21,11 @@ where the stage runs, so they reach the stage's run in the UI.
   for the later ones (`process_pool`); results travel as parts (Arrow IPC files) in the writer's local work
   folder (one machine).
 - `dask`: the cluster at `dask_address`, or a `LocalCluster` of `workers` single-threaded worker processes
-  that this process starts at its first sharded stage and keeps for the later ones (`local_cluster`): a
-  worker's start-up, importing lexiflow and the stage's libraries, cost ~10 s per stage on 2 cores when each
-  stage started its own. Results travel as parts in the writer's shared
+  that this process starts at its first sharded stage, or as `lexiflow run` starts (`start_local_cluster`),
+  and keeps for the later ones (`local_cluster`): a worker's start-up, importing lexiflow and the stage's
+  libraries, cost ~10 s per stage on 2 cores when each stage started its own. Its workers fork from a
+  forkserver that has loaded Dask, NumPy and SciPy (`worker_forkserver`), and its monitors run quietly
+  (`QUIET_DASK`). Results travel as parts in the writer's shared
   folder in the store's staging area (`ArtifactWriter.shared`: a path, or an s3://... URL read and
   written through fsspec), so workers share nothing with the driver but the store URL; only the
   parts' paths and small counts come back, never pickled tables.
