@@ -134,6 +134,7 @@ def start_local_cluster(workers: int) -> None:
     """Start `local_cluster(workers)` in the background, its workers importing the shard functions, for a run
     that will need it: started as the command starts, its start-up overlaps the command's own imports."""
     if workers not in _clusters and workers not in _starting:
+        worker_forkserver()  # in the caller's thread: it sets this process's environment for a moment
         starter = ThreadPoolExecutor(1, thread_name_prefix="lexiflow-cluster-start")
         _starting[workers] = starter.submit(_warm_cluster, workers)
         starter.shutdown(wait=False)
@@ -581,9 +582,14 @@ def _captured_logs(capture: bool) -> Iterator[list[tuple]]:
         logger.setLevel(level)
 
 
+@functools.cache
 def worker_forkserver() -> None:
-    """Start (in the background, once a process) the forkserver the Dask workers this process starts fork from,
-    its environment WORKER_ENVIRONMENT and Dask's worker settings, FORKSERVER_PRELOAD loading in it."""
+    """Start (once a process) the forkserver the Dask workers this process starts fork from, its environment
+    WORKER_ENVIRONMENT and Dask's worker settings; FORKSERVER_PRELOAD loads in it in the background. It takes
+    its environment from this process's, set for the moment it starts: a library loading in another thread
+    then (NumPy's BLAS, torch's OpenMP read their thread counts as they load) would take it too, so the first
+    call comes before this process starts threads of its own (`start_local_cluster`), or once torch and NumPy
+    have loaded (a stage)."""
     from multiprocessing import forkserver
 
     import dask
