@@ -615,11 +615,10 @@ def worker_forkserver() -> None:
 
 @contextmanager
 def dask_worker_environment() -> Iterator[None]:
-    """Within: Dask clusters started here run QUIET_DASK, their scheduler and workers alike, and the worker
-    processes of their nannies get WORKER_ENVIRONMENT before they start. A nanny lets this process's own
-    environment win over its settings: a variable the user set is kept, but polars' allocator setting ends with
-    lexiflow's (the last setting wins), here too: polars puts its own there when it loads, and it may have loaded
-    before lexiflow could set it."""
+    """Within: Dask clusters started here run QUIET_DASK, their scheduler and workers alike, and their nannies
+    fork the worker processes from `worker_forkserver`, which holds WORKER_ENVIRONMENT (a variable the user set
+    is kept; polars' allocator setting ends with lexiflow's). The nannies set nothing in this process's own
+    environment (Dask's pre-spawn variables are the forkserver's)."""
     import dask
 
     worker_forkserver()
