@@ -23,7 +23,9 @@ full run takes ~11 minutes on 2 quiet cores (docs/scaling.md); the quick one ~2 
 `--option mode=fixed` measures a shard task's fixed cost on each pool (`fixed_costs`). `--option mode=cold`
 times what a user runs, not warm stages: `lexiflow run` as a command, from its start to the
 co-occurrence artifact's publication (its manifest's `created`), on a new store each time, with each runner
-(`cold`, below). Options (`--option KEY=VALUE`), for a machine with more cores (docs/scaling.md, "On free cores"):
+(`cold`, below): `rounds=N` runs each N times (default 2), `runners=dask,threads` only those besides the default
+runner and `local` (of threads, processes, dask, cluster: the run's own LocalCluster, a running one). Options
+(`--option KEY=VALUE`), for a machine with more cores (docs/scaling.md, "On free cores"):
 `workers=1,2,4,8` the worker counts run on the largest size (default 1,2); `sizes_gb=1` the corpus sizes;
 `stages=sharded` only the sharded stages (no PPMI/SVD, so no gensim needed); `pool=FILE` the real
 lines, one per line, for a machine without ../shared (write it here with
@@ -296,13 +298,17 @@ def _rows_of_run(label: str, name: str, n_workers: int, result: dict[str, Any], 
 
 
 def run(quick: bool = False, workers: str = "1,2", sizes_gb: str = "", stages: str = "all",
-        pool: str = "", mode: str = "warm", rounds: str = "2") -> list[Row]:
+        pool: str = "", mode: str = "warm", rounds: str = "2", runners: str = "") -> list[Row]:
     if mode not in ("warm", "cold", "fixed"):
         raise ValueError(f"--option mode={mode!r}: choose warm, cold or fixed")
     if mode == "cold":
         if not rounds.isdigit() or int(rounds) < 1:
             raise ValueError(f"--option rounds={rounds!r}: a whole number of rounds, at least 1")
-        return cold(quick, sizes_gb, pool, int(rounds))
+        chosen = runners.split(",") if runners else list(COLD_RUNNERS)
+        if unknown := set(chosen) - set(COLD_RUNNERS):
+            raise ValueError(f"--option runners={runners!r}: {', '.join(sorted(unknown))} unknown; choose from "
+                             f"{','.join(COLD_RUNNERS)}")
+        return cold(quick, sizes_gb, pool, int(rounds), chosen)
     if mode == "fixed":
         return fixed_costs()
     if stages not in ("all", "sharded"):
@@ -356,15 +362,20 @@ def run(quick: bool = False, workers: str = "1,2", sizes_gb: str = "", stages: s
 COLD_COMMAND = ["--set", 'embeddings=["svd"]', "--set", "lm=[]", "--set", "vocabulary.max_size=5000"]
 COLD_SIZES = {False: (30e6, 300e6, 1 * GB), True: (4e6, 16e6)}
 CLUSTER = "a running 2-worker Dask cluster"
+# The runners a cold run can time (`--option runners=...`, default all), by their short names. The default runner and
+# `local` always run: every row's ratios are against them.
+COLD_RUNNERS = ("threads", "processes", "dask", "cluster")
 
 
-def cold_runners(address: str) -> dict[str, list[str]]:
-    """Each runner a cold run tries, as `--set` arguments."""
+def cold_runners(address: str, chosen: list[str]) -> dict[str, list[str]]:
+    """The runners a cold run tries, as `--set` arguments: the default, `local` and those `chosen`."""
     dask = ["--set", "parallel.runner=dask", "--set", "parallel.workers=2"]
+    offered = {"threads": ("threads", ["--set", "parallel.runner=threads"]),
+               "processes": ("processes", ["--set", "parallel.runner=processes"]),
+               "dask": ("dask, a LocalCluster of 2 the run starts", dask),
+               "cluster": (CLUSTER, [*dask, "--set", f"parallel.dask_address={address}"])}
     return {f"default ({ParallelParams().runner})": [], "local": ["--set", "parallel.runner=local"],
-            "threads": ["--set", "parallel.runner=threads"], "processes": ["--set", "parallel.runner=processes"],
-            "dask, a LocalCluster of 2 the run starts": dask,
-            CLUSTER: [*dask, "--set", f"parallel.dask_address={address}"]}
+            **dict(offered[key] for key in COLD_RUNNERS if key in chosen)}
 
 
 def cold_run(tmp: Path, source: Path, runner: list[str], api_url: str) -> tuple[float, float, ArtifactRef]:
@@ -388,7 +399,7 @@ def cold_run(tmp: Path, source: Path, runner: list[str], api_url: str) -> tuple[
     return (published - started).total_seconds(), total, ArtifactStore(store).ref("cooccurrence", entry["version"])
 
 
-def cold(quick: bool, sizes_gb: str, pool: str, rounds: int) -> list[Row]:
+def cold(quick: bool, sizes_gb: str, pool: str, rounds: int, chosen: list[str]) -> list[Row]:
     """Each runner, cold, at each size: seconds from the command's start to the co-occurrence artifact, against
     the default runner and against `local` (one process), and the artifacts compared. Each runner runs once a
     round, the rounds in turn forwards and backwards, and its figure is the median of its rounds: this machine
@@ -404,11 +415,13 @@ def cold(quick: bool, sizes_gb: str, pool: str, rounds: int) -> list[Row]:
     lines = Path(pool).read_text(encoding="utf-8").split("\n")[:-1] if pool else line_pool()
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        with dask_worker_environment():
-            cluster_ = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+        cluster_ = None  # started only for its runner: idle, it still takes memory and a little CPU
+        if "cluster" in chosen:
+            with dask_worker_environment():
+                cluster_ = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
         api_url = server.start_temporary(prefect_env.default_home(), print)
         try:
-            runners = cold_runners(cluster_.scheduler_address)
+            runners = cold_runners(cluster_.scheduler_address if cluster_ else "", chosen)
             # untimed: the first command after an install also compiles bytecode and reads files from disk
             cold_run(tmp, corpus_text(tmp / "warm-up.txt", COLD_SIZES[True][0], lines), runners["local"], api_url)
             for size in sizes:
@@ -438,7 +451,8 @@ def cold(quick: bool, sizes_gb: str, pool: str, rounds: int) -> list[Row]:
                     print(rows[-2], flush=True)
         finally:
             server.stop_temporary()
-            cluster_.close()
+            if cluster_ is not None:
+                cluster_.close()
     return rows
 
 
