@@ -369,23 +369,29 @@ CLUSTER = "a running 2-worker Dask cluster"
 COLD_RUNNERS = ("threads", "processes", "dask", "cluster")
 
 
+def runner_args(runner: str) -> list[str]:
+    """The `--set` arguments that choose `runner` for the sharded stages."""
+    return ["--set", f"parallel.runner={runner}"]
+
+
 def cold_runners(address: str, chosen: list[str]) -> dict[str, list[str]]:
     """The runners a cold run tries, as `--set` arguments: the default, `local` and those `chosen`."""
-    dask = ["--set", "parallel.runner=dask", "--set", "parallel.workers=2"]
-    offered = {"threads": ("threads", ["--set", "parallel.runner=threads"]),
-               "processes": ("processes", ["--set", "parallel.runner=processes"]),
+    dask = [*runner_args("dask"), "--set", "parallel.workers=2"]
+    offered = {"threads": ("threads", runner_args("threads")),
+               "processes": ("processes", runner_args("processes")),
                "dask": ("dask, a LocalCluster of 2 the run starts", dask),
                "cluster": (CLUSTER, [*dask, "--set", f"parallel.dask_address={address}"])}
-    return {f"default ({ParallelParams().runner})": [], "local": ["--set", "parallel.runner=local"],
+    return {f"default ({ParallelParams().runner})": [], "local": runner_args("local"),
             **dict(offered[key] for key in COLD_RUNNERS if key in chosen)}
 
 
 def default_runs(runs: dict[str, list[Any]], runners: dict[str, list[str]]) -> list[Any]:
     """The default runner's runs: its own row's and those of a row that names the same runner (`threads`, the
     default), pooled. One runner timed twice a round is one baseline: its two rows' medians differ by this
-    machine's noise (-8 % to +5 % at 2026-11-29), and either alone would flatter or wrong what is compared to it."""
-    default = ["--set", f"parallel.runner={ParallelParams().runner}"]
-    return [run for name, args in runners.items() if args in ([], default) for run in runs[name]]
+    machine's noise (docs/scaling.md, "The same code three hours later"), so either alone would flatter or wrong
+    what is compared with it."""
+    same = ([], runner_args(ParallelParams().runner))
+    return [run for name, args in runners.items() if args in same for run in runs[name]]
 
 
 def cold_run(tmp: Path, source: Path, runner: list[str], api_url: str) -> tuple[float, float, ArtifactRef]:
