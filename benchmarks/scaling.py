@@ -1,8 +1,9 @@
 """The corpus rebuild at size: ingest -> vocabulary -> encoding -> co-occurrence -> PPMI -> SVD, on one
-process and on warm Dask LocalClusters of 1 and 2 worker processes (one thread each; each cluster up
-only for its own run, an idle one costing ~0.03 of a core, and warmed by a small untimed rebuild, as the
-one process is), side by side in one run, at three corpus sizes (0.25, 0.5 and 1 GB of text; `--quick`:
-8, 16 and 32 MB).
+process, on the default runner (2 threads) and on warm Dask LocalClusters of 1 and 2 worker processes (one
+thread each; each cluster up only for its own run, an idle one costing ~0.03 of a core, and warmed by a small
+untimed rebuild, as the one process and the threads are), side by side in one run, at three corpus sizes
+(0.25, 0.5 and 1 GB of text; `--quick`: 8, 16 and 32 MB). Per sharded stage, the 2 Dask workers are also
+compared with the 2 threads (`against_default`): warm, without the start that the cold rows (below) time.
 
 The text is real: WikiText-2 valid lines, UD English-EWT sentences and the enwiki excerpt's documents
 (gensim), each document three random lines of that pool, so documents are distinct (dedupe keeps
@@ -275,6 +276,22 @@ def breakdown(dask: Any, store: str, tokens: ArtifactRef, tokenizer: ArtifactRef
                 merge, compute, "counting", False)]
 
 
+# The default runner's warm run at each size, beside the 2-worker Dask run (`against_default`).
+DEFAULT_WARM = "2 threads (the default runner)"
+
+
+def against_default(label: str, dask: dict[str, Any], default: dict[str, Any]) -> list[Row]:
+    """Per sharded stage, warm: the 2-worker Dask run's speed against the default runner's on the same text. What
+    the cold rows add to this is each runner's start (docs/scaling.md, "Cold, as a user runs it")."""
+    rows = [Row("scaling", f"{label} text, {stage}, 2 Dask workers against {DEFAULT_WARM}", "speed-up",
+                default[stage][0] / seconds, 1.0, DEFAULT_WARM, True, "", None,
+                f"{seconds:.1f} s vs {default[stage][0]:.1f} s, warm")
+            for stage, (seconds, peak, _) in dask.items() if peak[1] == peak[1]]  # the stages on the workers
+    print(f"{label}, 2 Dask workers against {DEFAULT_WARM}:", *(f"  {row.case.split(', ')[1]}: "
+          f"{row.ours:.2f}x ({row.notes})" for row in rows), sep="\n", flush=True)
+    return rows
+
+
 def _rows_of_run(label: str, name: str, n_workers: int, result: dict[str, Any], single: dict[str, Any],
                  work: dict[str, tuple[float, str]], megabytes: float) -> list[Row]:
     """One run's rows, checked against the single process's artifacts and printed as soon as it ends: a long
@@ -337,22 +354,30 @@ def run(quick: bool = False, workers: str = "1,2", sizes_gb: str = "", stages: s
                            sharded_only=sharded_only)
             work = work_done(single["corpus"][2].store, single)
             megabytes = source.stat().st_size / 1e6
-            runs = [("single process", 1)] + [(f"{n} Dask worker{'s' * (n > 1)}", n) for n in curve
-                                              if n == 2 or size == sizes[-1]]  # the memory check at every size
+            runs = [("single process", 1), (DEFAULT_WARM, 2)] + [
+                (f"{n} Dask worker{'s' * (n > 1)}", n) for n in curve
+                if n == 2 or size == sizes[-1]]  # the memory check at every size
+            results = {}
             for name, n in runs:
                 if name == "single process":
                     result = single
+                elif name == DEFAULT_WARM:  # the stages without the cold start: where Dask stands in them
+                    warm_up({"runner": "threads", "workers": n})
+                    result = chain(str(Path(tmp) / f"threads{n}-{size:.0f}"), source,
+                                   ParallelParams(runner="threads", workers=n, **shards), sharded_only=sharded_only)
                 else:  # each cluster only for its own run: an idle one costs ~0.03 of a core (a quiet machine)
                     with cluster(n) as dask:
                         warm_up({"runner": "dask", "dask_address": dask.scheduler_address}, dask)
                         result = chain(str(Path(tmp) / f"dask{n}-{size:.0f}"), source,
                                        ParallelParams(runner="dask", dask_address=dask.scheduler_address, **shards),
                                        dask, sharded_only)
+                results[name] = result
                 rows += _rows_of_run(label, name, n, result, single, work, megabytes)
                 total = sum(seconds for seconds, _, _ in result.values())
                 rows.append(Row("scaling", f"{label} text, {whole}, {name}", "MB/s", megabytes / total,
                                 megabytes / sum(s for s, _, _ in single.values()), "single process", True, "", None,
                                 f"{total:.1f} s; shards: {json.dumps(shards)}"))
+            rows += against_default(label, results["2 Dask workers"], results[DEFAULT_WARM])
         n_rows = shards.get("shard_rows", COOCCURRENCE_SHARD_SENTENCES)
         with cluster(2) as two:
             rows += breakdown(two, str(Path(tmp) / "breakdown"), single["tokenized_corpus"][2],

@@ -1,10 +1,11 @@
-"""The cold scaling benchmark's baseline: the default runner's runs from both rows that run it."""
+"""The scaling benchmark's baselines: the default runner's cold runs from both rows that run it, and its warm
+stages beside the Dask workers'."""
 
 from __future__ import annotations
 
 import statistics
 
-from benchmarks.scaling import cold_runners, default_runs
+from benchmarks.scaling import DEFAULT_WARM, against_default, cold_runners, default_runs
 
 
 def test_the_default_runner_timed_in_two_rows_is_one_pooled_baseline():
@@ -25,3 +26,16 @@ def test_without_the_threads_row_the_baseline_is_the_default_rows_own():
     runners = cold_runners("", ["dask"])
     runs = {name: [float(i)] for i, name in enumerate(runners)}
     assert default_runs(runs, runners) == [0.0]
+
+
+def test_warm_stages_on_dask_are_compared_with_the_default_runners_on_the_workers_stages_only():
+    nan = float("nan")
+    dask = {"corpus": (8.0, (0.9, 1.6, ""), None), "tokenizer": (10.0, (0.8, 2.0, ""), None),
+            "ppmi": (3.0, (1.1, nan, ""), None)}  # a stage of the flow's process: no worker peak
+    default = {"corpus": (10.0, (2.0, nan, ""), None), "tokenizer": (9.0, (2.1, nan, ""), None),
+               "ppmi": (3.3, (1.1, nan, ""), None)}
+    rows = against_default("300 MB", dask, default)
+    assert [row.case for row in rows] == [f"300 MB text, corpus, 2 Dask workers against {DEFAULT_WARM}",
+                                          f"300 MB text, tokenizer, 2 Dask workers against {DEFAULT_WARM}"]
+    assert [row.ours for row in rows] == [10.0 / 8.0, 9.0 / 10.0]  # the default's seconds over Dask's: > 1 is faster
+    assert all(row.higher_is_better and row.peer == 1.0 for row in rows)
