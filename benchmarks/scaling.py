@@ -27,7 +27,8 @@ co-occurrence artifact's publication (its manifest's `created`), on a new store 
 (`cold`, below): `rounds=N` runs each N times (default 2), `runners=dask,threads` only those besides the default
 runner and `local` (of threads, processes, dask, cluster: the run's own LocalCluster, a running one). With
 `threads` chosen, the default runner is timed in two rows, and what is compared with it is the median of both
-rows' runs (`default_runs`). Options
+rows' runs (`default_runs`); each row's notes also give each round's run against the default runner's runs of
+that round, minutes apart (this machine drifts by the hour). Options
 (`--option KEY=VALUE`), for a machine with more cores (docs/scaling.md, "On free cores"):
 `workers=1,2,4,8` the worker counts run on the largest size (default 1,2); `sizes_gb=1` the corpus sizes;
 `stages=sharded` only the sharded stages (no PPMI/SVD, so no gensim needed); `pool=FILE` the real
@@ -410,13 +411,14 @@ def cold_runners(address: str, chosen: list[str]) -> dict[str, list[str]]:
             **dict(offered[key] for key in COLD_RUNNERS if key in chosen)}
 
 
-def default_runs(runs: dict[str, list[Any]], runners: dict[str, list[str]]) -> list[Any]:
-    """The default runner's runs: its own row's and those of a row that names the same runner (`threads`, the
-    default), pooled. One runner timed twice a round is one baseline: its two rows' medians differ by this
-    machine's noise (docs/scaling.md, "The same code three hours later"), so either alone would flatter or wrong
-    what is compared with it."""
+def default_runs(runs: dict[str, list[Any]], runners: dict[str, list[str]], round_: int | None = None) -> list[Any]:
+    """The default runner's runs (of one round, `round_`, else of all): its own row's and those of a row that names
+    the same runner (`threads`, the default), pooled. One runner timed twice a round is one baseline: its two rows'
+    medians differ by this machine's noise (docs/scaling.md, "The same code three hours later"), so either alone
+    would flatter or wrong what is compared with it."""
     same = ([], runner_args(ParallelParams().runner))
-    return [run for name, args in runners.items() if args in same for run in runs[name]]
+    return [run for name, args in runners.items() if args in same
+            for run in (runs[name] if round_ is None else runs[name][round_:round_ + 1])]
 
 
 def cold_run(tmp: Path, source: Path, runner: list[str], api_url: str) -> tuple[float, float, ArtifactRef]:
@@ -479,9 +481,14 @@ def cold(quick: bool, sizes_gb: str, pool: str, rounds: int, chosen: list[str]) 
                 for name, (seconds, total, ref) in timed.items():
                     identical = all(same(ref, other) for done in runs.values() for *_, other in done)
                     each = ", ".join(f"{s:.1f}" for s, _, _ in runs[name])
+                    # each round's run against the default runner's of the same round: minutes apart, not an hour
+                    paired = [s / statistics.median(d for d, _, _ in default_runs(runs, runners, r))
+                              for r, (s, _, _) in enumerate(runs[name])]
                     note = (f"median of {rounds} round(s): {each} s; command {total:.1f} s; the default runner "
-                            f"{default:.1f} s, median of its {len(baseline)} runs; co-occurrence identical across "
-                            f"runners: {identical}")
+                            f"{default:.1f} s, median of its {len(baseline)} runs; against the default runner's "
+                            f"runs of the same round: {', '.join(f'{p:.2f}' for p in paired)}, faster in "
+                            f"{sum(p < 1 for p in paired)} of {rounds}; co-occurrence identical across runners: "
+                            f"{identical}")
                     dask = "dask" in name.lower()  # both Dask rows carry the issue's targets
                     rows.append(Row("scaling", f"cold, {label} text, {name}: vs the default runner",
                                     "seconds to co-occurrence", seconds, default, "default runner", False,

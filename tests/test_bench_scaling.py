@@ -20,6 +20,7 @@ def test_the_default_runner_timed_in_two_rows_is_one_pooled_baseline():
     pooled = default_runs(runs, runners)
     assert sorted(pooled) == sorted(runs[default_row] + runs["threads"])
     assert statistics.median(pooled) == (40.4 + 40.8) / 2  # by hand: the 4th and 5th of eight sorted runs
+    assert default_runs(runs, runners, 2) == [42.1, 36.2]  # the third round's: what its Dask run is paired with
 
 
 def test_without_the_threads_row_the_baseline_is_the_default_rows_own():
