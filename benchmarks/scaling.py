@@ -39,6 +39,7 @@ lines, one per line, for a machine without ../shared (write it here with
 from __future__ import annotations
 
 import json
+import math
 import statistics
 import tempfile
 import time
@@ -278,18 +279,26 @@ def breakdown(dask: Any, store: str, tokens: ArtifactRef, tokenizer: ArtifactRef
 
 
 # The default runner's warm run at each size, beside the 2-worker Dask run (`against_default`).
-DEFAULT_WARM = "2 threads (the default runner)"
+DEFAULT_WARM = f"2 {ParallelParams().runner} (the default runner)"
+
+
+def on_workers(peak: tuple) -> bool:
+    """Whether a stage's (flow process, largest worker, CPU) peaks come from Dask workers (else NaN: no worker)."""
+    return not math.isnan(peak[1])
 
 
 def against_default(label: str, dask: dict[str, Any], default: dict[str, Any]) -> list[Row]:
     """Per sharded stage, warm: the 2-worker Dask run's speed against the default runner's on the same text. What
     the cold rows add to this is each runner's start (docs/scaling.md, "Cold, as a user runs it")."""
-    rows = [Row("scaling", f"{label} text, {stage}, 2 Dask workers against {DEFAULT_WARM}", "speed-up",
-                default[stage][0] / seconds, 1.0, DEFAULT_WARM, True, "", None,
-                f"{seconds:.1f} s vs {default[stage][0]:.1f} s, warm")
-            for stage, (seconds, peak, _) in dask.items() if peak[1] == peak[1]]  # the stages on the workers
-    print(f"{label}, 2 Dask workers against {DEFAULT_WARM}:", *(f"  {row.case.split(', ')[1]}: "
-          f"{row.ours:.2f}x ({row.notes})" for row in rows), sep="\n", flush=True)
+    rows, lines = [], []
+    for stage, (seconds, peak, _) in dask.items():
+        if on_workers(peak):
+            base = default[stage][0]
+            rows.append(Row("scaling", f"{label} text, {stage}, 2 Dask workers against {DEFAULT_WARM}", "speed-up",
+                            base / seconds, 1.0, DEFAULT_WARM, True, "", None,
+                            f"{seconds:.1f} s vs {base:.1f} s, warm"))
+            lines.append(f"  {stage}: {base / seconds:.2f}x ({rows[-1].notes})")
+    print(f"{label}, 2 Dask workers against {DEFAULT_WARM}:", *lines, sep="\n", flush=True)
     return rows
 
 
@@ -305,12 +314,12 @@ def _rows_of_run(label: str, name: str, n_workers: int, result: dict[str, Any], 
         amount, unit = work[stage]
         amount = megabytes if stage == "corpus" else amount
         base = single[stage][0]
-        sharded = peak[1] == peak[1] and name != "single process"
+        sharded = on_workers(peak) and name != "single process"
         rows.append(Row("scaling", f"{label} text, {stage}, {name}", unit, amount / seconds,
                         amount / base, "single process", True, f"ratio >= {goal:g}" if sharded else "",
                         base / seconds >= goal if sharded else None,
                         f"{seconds:.1f} s vs {base:.1f} s single; peak RSS: flow process {peak[0]:.2f} GB"
-                        + (f", largest worker {peak[1]:.2f} GB" if peak[1] == peak[1] else "")
+                        + (f", largest worker {peak[1]:.2f} GB" if on_workers(peak) else "")
                         + f"; {peak[2]}; identical artifact"))
     print(f"{label}, {name}:", *(f"  {stage}: {row.notes}" for stage, row in zip(result, rows, strict=True)),
           sep="\n", flush=True)
@@ -363,9 +372,9 @@ def run(quick: bool = False, workers: str = "1,2", sizes_gb: str = "", stages: s
                 if name == "single process":
                     result = single
                 elif name == DEFAULT_WARM:  # the stages without the cold start: where Dask stands in them
-                    warm_up({"runner": "threads", "workers": n})
-                    result = chain(str(Path(tmp) / f"threads{n}-{size:.0f}"), source,
-                                   ParallelParams(runner="threads", workers=n, **shards), sharded_only=sharded_only)
+                    warm_up({"workers": n})
+                    result = chain(str(Path(tmp) / f"default{n}-{size:.0f}"), source,
+                                   ParallelParams(workers=n, **shards), sharded_only=sharded_only)
                 else:  # each cluster only for its own run: an idle one costs ~0.03 of a core (a quiet machine)
                     with cluster(n) as dask:
                         warm_up({"runner": "dask", "dask_address": dask.scheduler_address}, dask)
