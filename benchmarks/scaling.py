@@ -458,9 +458,8 @@ def cold(quick: bool, sizes_gb: str, pool: str, rounds: int, chosen: list[str]) 
     drifts by 5-10 % within an hour, which a fixed order charges to the runners that come last. The Dask cluster at
     `dask_address` is started by the benchmark before the timed command, as a user's would be, with a plain
     environment (no PREFECT_API_URL: a user's workers do not know the flow's server)."""
-    from distributed import LocalCluster
     from lexiflow.flows import prefect_env, server
-    from lexiflow.tasks.parallel import dask_worker_environment
+    from lexiflow.tasks.parallel import new_worker_cluster
 
     rows: list[Row] = []
     sizes = tuple(float(gb) * GB for gb in sizes_gb.split(",")) if sizes_gb else COLD_SIZES[quick]
@@ -469,8 +468,7 @@ def cold(quick: bool, sizes_gb: str, pool: str, rounds: int, chosen: list[str]) 
         tmp = Path(tmp_name)
         cluster_ = None  # started only for its runner: idle, it still takes memory and a little CPU
         if "cluster" in chosen:
-            with dask_worker_environment():
-                cluster_ = LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None)
+            cluster_ = new_worker_cluster(2)
         api_url = server.start_temporary(prefect_env.default_home(), print)
         try:
             runners = cold_runners(cluster_.scheduler_address if cluster_ else "", chosen)

@@ -18,7 +18,7 @@ from distributed import Client, LocalCluster
 from lexiflow.storage import ArtifactRef, ArtifactStore
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.matrices import count_cooccurrence
-from lexiflow.tasks.parallel import dask_worker_environment
+from lexiflow.tasks.parallel import new_worker_cluster
 from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
 from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
 from prefect import flow
@@ -64,8 +64,7 @@ def _warm_up() -> None:
 def cluster(workers: int) -> LocalCluster:
     """A running cluster, as in production: worker processes started and warm (modules imported) before
     anything is timed."""
-    with dask_worker_environment():
-        started = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True, dashboard_address=None)
+    started = new_worker_cluster(workers)
     with Client(started.scheduler_address, set_as_default=False) as client:
         client.run(_warm_up)
     return started

@@ -16,6 +16,6 @@ import os
 # cost 2-4x more kernel time when two processes fault at once (Dask workers on one machine: docs/scaling.md).
 # jemalloc reads this when polars loads, which appends it to its own defaults (the last setting wins): lexiflow
 # is imported first wherever it runs (the CLI, flows, Dask workers unpickling its tasks). A user's own setting
-# is kept here; the Dask workers lexiflow starts get its decay after it (`parallel.dask_worker_environment`).
+# is kept here; the Dask workers lexiflow starts get its decay after it (`parallel.new_worker_cluster`).
 POLARS_ALLOCATOR = "dirty_decay_ms:3000,muzzy_decay_ms:0"
 os.environ.setdefault("_RJEM_MALLOC_CONF", POLARS_ALLOCATOR)

@@ -165,11 +165,7 @@ def local_cluster(workers: int) -> Any:
 def _new_local_cluster(workers: int) -> Any:
     cluster = _clusters.get(workers)
     if cluster is None or cluster.status.name in ("closing", "closed", "failed"):
-        from distributed import LocalCluster
-
-        with dask_worker_environment():
-            cluster = LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                                   dashboard_address=":0")  # a free port: no clash
+        cluster = new_worker_cluster(workers, dashboard_address=":0")  # a free port: no clash
         _clusters[workers] = cluster
         atexit.register(cluster.close)
     return cluster
@@ -582,24 +578,50 @@ def _captured_logs(capture: bool) -> Iterator[list[tuple]]:
         logger.setLevel(level)
 
 
-@functools.cache
-def worker_forkserver() -> None:
-    """Start (once a process) the forkserver the Dask workers this process starts fork from, its environment
-    WORKER_ENVIRONMENT and Dask's worker settings; FORKSERVER_PRELOAD loads in it in the background. It takes
-    its environment from this process's, set for the moment it starts: a library loading in another thread
-    then (NumPy's BLAS, torch's OpenMP read their thread counts as they load) would take it too, so the first
-    call comes before this process starts threads of its own (`start_local_cluster`), or once torch and NumPy
-    have loaded (a stage)."""
-    from multiprocessing import forkserver
+def new_worker_cluster(workers: int, dashboard_address: str | None = None) -> Any:
+    """A LocalCluster of `workers` single-threaded worker processes as lexiflow runs them: quiet (QUIET_DASK, its
+    scheduler and workers alike), its workers forked from `worker_forkserver`, which holds WORKER_ENVIRONMENT (a
+    variable the user set is kept; polars' allocator setting ends with lexiflow's), at their start and when a
+    nanny restarts one that died. The nannies set nothing in this process's own environment (Dask's pre-spawn
+    variables are the forkserver's)."""
+    import dask
+    from distributed import LocalCluster
 
+    worker_forkserver()
+    # Dask reads its multiprocessing method as each worker process starts, a restart too: set for this process,
+    # not for the start alone, or a worker the nanny restarts (one that died, or ran out of memory) is spawned
+    # here, importing everything again and running polars on every core beside the others.
+    dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
+    with dask.config.set({**QUIET_DASK, "distributed.nanny.pre-spawn-environ": {}}):
+        # `env` again in the worker as it starts: what a forkserver that died and came back without it lacks
+        return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
+                            dashboard_address=dashboard_address, env=_worker_environment())
+
+
+def _worker_environment() -> dict[str, str]:
+    """WORKER_ENVIRONMENT and Dask's pre-spawn worker variables, as this process's environment leaves them: a
+    variable the user set wins, and polars' allocator setting ends with lexiflow's."""
     import dask
     import distributed  # noqa: F401 - its settings (Dask's worker environment) load with it
 
-    environment = {name: os.environ.get(name, str(value)) for name, value in  # the user's own setting wins
+    environment = {name: os.environ.get(name, str(value)) for name, value in
                    {**dask.config.get("distributed.nanny.pre-spawn-environ"), **WORKER_ENVIRONMENT}.items()}
     allocator = os.environ.get("_RJEM_MALLOC_CONF")
     if allocator is not None and not allocator.endswith(POLARS_ALLOCATOR):
         environment["_RJEM_MALLOC_CONF"] = f"{allocator},{POLARS_ALLOCATOR}"
+    return environment
+
+
+@functools.cache
+def worker_forkserver() -> None:
+    """Start (once a process) the forkserver the Dask workers this process starts fork from, its environment
+    `_worker_environment()`; FORKSERVER_PRELOAD loads in it in the background. It takes its environment from
+    this process's, set for the moment it starts: a library loading in another thread then (NumPy's BLAS,
+    torch's OpenMP read their thread counts as they load) would take it too, so the first call comes before this
+    process starts threads of its own (`start_local_cluster`), or once torch and NumPy have loaded (a stage)."""
+    from multiprocessing import forkserver
+
+    environment = _worker_environment()
     multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
     before = {name: os.environ.get(name) for name in environment}
     os.environ.update(environment)  # the forkserver takes this process's environment as it starts
@@ -611,20 +633,6 @@ def worker_forkserver() -> None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-
-
-@contextmanager
-def dask_worker_environment() -> Iterator[None]:
-    """Within: Dask clusters started here run QUIET_DASK, their scheduler and workers alike, and their nannies
-    fork the worker processes from `worker_forkserver`, which holds WORKER_ENVIRONMENT (a variable the user set
-    is kept; polars' allocator setting ends with lexiflow's). The nannies set nothing in this process's own
-    environment (Dask's pre-spawn variables are the forkserver's)."""
-    import dask
-
-    worker_forkserver()
-    with dask.config.set({**QUIET_DASK, "distributed.worker.multiprocessing-method": "forkserver",
-                          "distributed.nanny.pre-spawn-environ": {}}):
-        yield
 
 
 def _warn_oversubscribed(client: Any) -> None:

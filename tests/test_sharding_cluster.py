@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
 import tempfile
+import time
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -320,8 +323,7 @@ def test_workers_the_runner_starts_run_polars_on_their_one_core_and_others_are_w
     # runs as many polars threads as the machine has cores, beside every other worker's.
     names = ("POLARS_MAX_THREADS", "OMP_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_")
     ours = {name: os.environ.get(name) for name in names}
-    with parallel.dask_worker_environment():
-        started = LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=None)
+    started = parallel.new_worker_cluster(1)
     # A nanny would set the workers' variables in this process too (torch imported later: one thread).
     assert {name: os.environ.get(name) for name in names} == ours
     with started, Client(started, set_as_default=False) as client:
@@ -341,3 +343,39 @@ def test_workers_the_runner_starts_run_polars_on_their_one_core_and_others_are_w
             parallel._warn_oversubscribed(client)
         assert f"run polars with {pl.thread_pool_size()} threads for 1 task thread(s): start them with " \
                "POLARS_MAX_THREADS=1" in caplog.text
+
+
+def test_a_worker_the_nanny_restarts_forks_as_the_first_did_with_the_workers_environment():
+    # A worker that dies (killed, out of memory) is started again by its nanny: forked from the workers'
+    # forkserver, not spawned here (every import again, and polars on every core beside the other workers).
+    def only(values: dict) -> Any:
+        (value,) = values.values()
+        return value
+
+    def restarted(client: Client, worker: int) -> int:
+        os.kill(worker, signal.SIGKILL)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            with suppress(Exception):
+                if (pid := only(client.run(os.getpid))) != worker:
+                    return pid
+            time.sleep(0.2)
+        raise AssertionError("the nanny did not start the worker again in 60 s")
+
+    with parallel.new_worker_cluster(1) as started, Client(started, set_as_default=False) as client:
+        forkserver = only(client.run(os.getppid))
+        assert forkserver != os.getpid()
+        restarted(client, only(client.run(os.getpid)))
+        assert only(client.run(os.getppid)) == forkserver
+        assert only(client.run(pl.thread_pool_size)) == 1
+        # A forkserver that died comes back with this process's own environment: the worker takes its
+        # environment again as it starts, before polars loads.
+        os.kill(forkserver, signal.SIGKILL)
+        try:
+            restarted(client, only(client.run(os.getpid)))
+            assert only(client.run(os.getppid)) not in (forkserver, os.getpid())
+            assert only(client.run(os.getenv, "POLARS_MAX_THREADS")) == "1"
+            assert only(client.run(pl.thread_pool_size)) == 1
+        finally:  # the later tests' workers fork from a forkserver with the workers' environment again
+            os.kill(only(client.run(os.getppid)), signal.SIGKILL)
+            parallel.worker_forkserver.__wrapped__()
