@@ -430,6 +430,16 @@ def default_runs(runs: dict[str, list[Any]], runners: dict[str, list[str]], roun
             for run in (runs[name] if round_ is None else runs[name][round_:round_ + 1])]
 
 
+def default_against_itself(seconds: dict[str, list[float]], runners: dict[str, list[str]]) -> list[float]:
+    """Each round, the default runner's seconds in its second row over those in its first (empty without a second
+    row): how far one runner timed twice minutes apart strays from itself on this machine, the band within which
+    two runners cannot be told apart by these rounds."""
+    same = ([], runner_args(ParallelParams().runner))
+    rows = [name for name, args in runners.items() if args in same]
+    return [second / first for first, second in zip(seconds[rows[0]], seconds[rows[1]], strict=True)] \
+        if len(rows) == 2 else []
+
+
 def cold_run(tmp: Path, source: Path, runner: list[str], api_url: str) -> tuple[float, float, ArtifactRef]:
     """`lexiflow run` as a user types it, on a new store: (seconds from its start to the co-occurrence artifact's
     publication, seconds to the command's end, that artifact)."""
@@ -485,6 +495,15 @@ def cold(quick: bool, sizes_gb: str, pool: str, rounds: int, chosen: list[str]) 
                                 done[0][2]) for name, done in runs.items()}
                 baseline = default_runs(runs, runners)
                 default, local = statistics.median(s for s, _, _ in baseline), timed["local"]
+                itself = default_against_itself({name: [s for s, _, _ in done] for name, done in runs.items()}, runners)
+                band = f"; the default runner against itself, each round: {', '.join(f'{p:.2f}' for p in itself)}" \
+                    if itself else ""
+                if itself:
+                    rows.append(Row("scaling", f"cold, {label} text, the default runner's second row against its "
+                                    "first (one runner twice a round: this machine's noise)", "ratio, farthest from 1",
+                                    max(itself, key=lambda p: abs(p - 1)), 1.0, "itself", False,
+                                    notes=band.removeprefix("; ")))
+                    print(rows[-1], flush=True)
                 for name, (seconds, total, ref) in timed.items():
                     identical = all(same(ref, other) for done in runs.values() for *_, other in done)
                     each = ", ".join(f"{s:.1f}" for s, _, _ in runs[name])
@@ -494,7 +513,7 @@ def cold(quick: bool, sizes_gb: str, pool: str, rounds: int, chosen: list[str]) 
                     note = (f"median of {rounds} round(s): {each} s; command {total:.1f} s; the default runner "
                             f"{default:.1f} s, median of its {len(baseline)} runs; against the default runner's "
                             f"runs of the same round: {', '.join(f'{p:.2f}' for p in paired)}, faster in "
-                            f"{sum(p < 1 for p in paired)} of {rounds}; co-occurrence identical across runners: "
+                            f"{sum(p < 1 for p in paired)} of {rounds}{band}; co-occurrence identical across runners: "
                             f"{identical}")
                     dask = "dask" in name.lower()  # both Dask rows carry the issue's targets
                     rows.append(Row("scaling", f"cold, {label} text, {name}: vs the default runner",

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import statistics
 
-from benchmarks.scaling import DEFAULT_WARM, against_default, cold_runners, default_runs
+from benchmarks.scaling import DEFAULT_WARM, against_default, cold_runners, default_against_itself, default_runs
 
 
 def test_the_default_runner_timed_in_two_rows_is_one_pooled_baseline():
@@ -21,12 +21,15 @@ def test_the_default_runner_timed_in_two_rows_is_one_pooled_baseline():
     assert sorted(pooled) == sorted(runs[default_row] + runs["threads"])
     assert statistics.median(pooled) == (40.4 + 40.8) / 2  # by hand: the 4th and 5th of eight sorted runs
     assert default_runs(runs, runners, 2) == [42.1, 36.2]  # the third round's: what its Dask run is paired with
+    # the same runner's two rows, round by round: 40.8/40.4, 37.6/41.8, 36.2/42.1, 39.8/41.9 (the noise band)
+    assert default_against_itself(runs, runners) == [40.8 / 40.4, 37.6 / 41.8, 36.2 / 42.1, 39.8 / 41.9]
 
 
 def test_without_the_threads_row_the_baseline_is_the_default_rows_own():
     runners = cold_runners("", ["dask"])
     runs = {name: [float(i)] for i, name in enumerate(runners)}
     assert default_runs(runs, runners) == [0.0]
+    assert default_against_itself(runs, runners) == []
 
 
 def test_warm_stages_on_dask_are_compared_with_the_default_runners_on_the_workers_stages_only():
