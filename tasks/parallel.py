@@ -592,10 +592,11 @@ def new_worker_cluster(workers: int, dashboard_address: str | None = None) -> An
     # not for the start alone, or a worker the nanny restarts (one that died, or ran out of memory) is spawned
     # here, importing everything again and running polars on every core beside the others.
     dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
+    environment = _worker_environment()  # Dask's pre-spawn variables among them: read before they are emptied below
     with dask.config.set({**QUIET_DASK, "distributed.nanny.pre-spawn-environ": {}}):
         # `env` again in the worker as it starts: what a forkserver that died and came back without it lacks
         return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                            dashboard_address=dashboard_address, env=_worker_environment())
+                            dashboard_address=dashboard_address, env=environment)
 
 
 def _worker_environment() -> dict[str, str]:

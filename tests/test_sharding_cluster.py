@@ -375,6 +375,7 @@ def test_a_worker_the_nanny_restarts_forks_as_the_first_did_with_the_workers_env
             restarted(client, only(client.run(os.getpid)))
             assert only(client.run(os.getppid)) not in (forkserver, os.getpid())
             assert only(client.run(os.getenv, "POLARS_MAX_THREADS")) == "1"
+            assert only(client.run(os.getenv, "OMP_NUM_THREADS")) == "1"  # Dask's own worker variables too
             assert only(client.run(pl.thread_pool_size)) == 1
         finally:  # the later tests' workers fork from a forkserver with the workers' environment again
             os.kill(only(client.run(os.getppid)), signal.SIGKILL)
