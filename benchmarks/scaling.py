@@ -420,13 +420,18 @@ def cold_runners(address: str, chosen: list[str]) -> dict[str, list[str]]:
             **dict(offered[key] for key in COLD_RUNNERS if key in chosen)}
 
 
-def default_runs(runs: dict[str, list[Any]], runners: dict[str, list[str]], round_: int | None = None) -> list[Any]:
-    """The default runner's runs (of one round, `round_`, else of all): its own row's and those of a row that names
-    the same runner (`threads`, the default), pooled. One runner timed twice a round is one baseline: its two rows'
-    medians differ by this machine's noise (docs/scaling.md, "The same code three hours later"), so either alone
-    would flatter or wrong what is compared with it."""
+def default_rows(runners: dict[str, list[str]]) -> list[str]:
+    """The rows that run the default runner: its own (no `--set`) and one that names it (`threads`), if chosen."""
     same = ([], runner_args(ParallelParams().runner))
-    return [run for name, args in runners.items() if args in same
+    return [name for name, args in runners.items() if args in same]
+
+
+def default_runs(runs: dict[str, list[Any]], runners: dict[str, list[str]], round_: int | None = None) -> list[Any]:
+    """The default runner's runs (of one round, `round_`, else of all): those of every row that runs it
+    (`default_rows`), pooled. One runner timed twice a round is one baseline: its two rows' medians differ by this
+    machine's noise (docs/scaling.md, "The same code three hours later"), so either alone would flatter or wrong
+    what is compared with it."""
+    return [run for name in default_rows(runners)
             for run in (runs[name] if round_ is None else runs[name][round_:round_ + 1])]
 
 
@@ -434,8 +439,7 @@ def default_against_itself(seconds: dict[str, list[float]], runners: dict[str, l
     """Each round, the default runner's seconds in its second row over those in its first (empty without a second
     row): how far one runner timed twice minutes apart strays from itself on this machine, the band within which
     two runners cannot be told apart by these rounds."""
-    same = ([], runner_args(ParallelParams().runner))
-    rows = [name for name, args in runners.items() if args in same]
+    rows = default_rows(runners)
     return [second / first for first, second in zip(seconds[rows[0]], seconds[rows[1]], strict=True)] \
         if len(rows) == 2 else []
 
@@ -496,13 +500,12 @@ def cold(quick: bool, sizes_gb: str, pool: str, rounds: int, chosen: list[str]) 
                 baseline = default_runs(runs, runners)
                 default, local = statistics.median(s for s, _, _ in baseline), timed["local"]
                 itself = default_against_itself({name: [s for s, _, _ in done] for name, done in runs.items()}, runners)
-                band = f"; the default runner against itself, each round: {', '.join(f'{p:.2f}' for p in itself)}" \
-                    if itself else ""
+                band = ""
                 if itself:
+                    band = f"the default runner against itself, each round: {', '.join(f'{p:.2f}' for p in itself)}"
                     rows.append(Row("scaling", f"cold, {label} text, the default runner's second row against its "
                                     "first (one runner twice a round: this machine's noise)", "ratio, farthest from 1",
-                                    max(itself, key=lambda p: abs(p - 1)), 1.0, "itself", False,
-                                    notes=band.removeprefix("; ")))
+                                    max(itself, key=lambda p: abs(p - 1)), 1.0, "itself", False, notes=band))
                     print(rows[-1], flush=True)
                 for name, (seconds, total, ref) in timed.items():
                     identical = all(same(ref, other) for done in runs.values() for *_, other in done)
@@ -510,11 +513,12 @@ def cold(quick: bool, sizes_gb: str, pool: str, rounds: int, chosen: list[str]) 
                     # each round's run against the default runner's of the same round: minutes apart, not an hour
                     paired = [s / statistics.median(d for d, _, _ in default_runs(runs, runners, r))
                               for r, (s, _, _) in enumerate(runs[name])]
-                    note = (f"median of {rounds} round(s): {each} s; command {total:.1f} s; the default runner "
-                            f"{default:.1f} s, median of its {len(baseline)} runs; against the default runner's "
-                            f"runs of the same round: {', '.join(f'{p:.2f}' for p in paired)}, faster in "
-                            f"{sum(p < 1 for p in paired)} of {rounds}{band}; co-occurrence identical across runners: "
-                            f"{identical}")
+                    note = "; ".join(filter(None, [
+                        f"median of {rounds} round(s): {each} s", f"command {total:.1f} s",
+                        f"the default runner {default:.1f} s, median of its {len(baseline)} runs",
+                        f"against the default runner's runs of the same round: {', '.join(f'{p:.2f}' for p in paired)}"
+                        f", faster in {sum(p < 1 for p in paired)} of {rounds}", band,
+                        f"co-occurrence identical across runners: {identical}"]))
                     dask = "dask" in name.lower()  # both Dask rows carry the issue's targets
                     rows.append(Row("scaling", f"cold, {label} text, {name}: vs the default runner",
                                     "seconds to co-occurrence", seconds, default, "default runner", False,

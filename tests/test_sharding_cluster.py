@@ -352,13 +352,13 @@ def test_a_worker_the_nanny_restarts_forks_as_the_first_did_with_the_workers_env
         (value,) = values.values()
         return value
 
-    def restarted(client: Client, worker: int) -> int:
+    def restarted(client: Client, worker: int) -> None:
         os.kill(worker, signal.SIGKILL)
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             with suppress(Exception):
-                if (pid := only(client.run(os.getpid))) != worker:
-                    return pid
+                if only(client.run(os.getpid)) != worker:
+                    return
             time.sleep(0.2)
         raise AssertionError("the nanny did not start the worker again in 60 s")
 
