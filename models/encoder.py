@@ -74,6 +74,11 @@ class EncoderConfig:
     norm: Annotated[Literal["pre", "post"], Field(description="LayerNorm placement (BERT: post).")] = "pre"
     mask_probability: Annotated[float, Field(gt=0, lt=1, description="MLM: share of tokens chosen.")] = 0.15
     nsp: Annotated[bool, Field(description="Also train next-sentence prediction (off: RoBERTa).")] = False
+    # Chosen on held-out [MASK] loss (benchmarks/results/pretrain_sweep.md): torch's layer defaults let the
+    # residual branches outweigh the N(0, 0.02) embeddings, and a frozen probe of the top layer lost word identity.
+    init: Annotated[Literal["bert", "torch"], Field(description=(
+        "Weight init: bert (N(0, 0.02) embeddings and linear layers, zero biases) or torch (each layer's "
+        "default)."))] = "bert"
     specials: tuple[int, ...] = field(default=(UNK_ID, CLS_ID, SEP_ID, PAD_ID, MASK_ID))
 
     def validate(self) -> None:
@@ -105,6 +110,8 @@ class EncoderModel(nn.Module):
         if c.nsp:
             self.pooler = nn.Sequential(nn.Linear(c.d_model, c.d_model), nn.Tanh())
             self.nsp_head = nn.Linear(c.d_model, 2)
+        if c.init == "bert":
+            bert_init(self)
 
     def forward(self, ids: torch.Tensor, segments: torch.Tensor | None = None) -> torch.Tensor:
         x = self.embed(ids)
@@ -118,6 +125,19 @@ class EncoderModel(nn.Module):
 
     def nsp_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.nsp_head(self.pooler(hidden[:, 0]))
+
+
+def bert_init(module: nn.Module) -> None:
+    """BERT's initialisation (Devlin et al. 2019; HF `BertPreTrainedModel._init_weights`): every linear and
+    embedding weight N(0, 0.02), biases zero, LayerNorms the identity."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(m.weight, std=0.02)
+        if isinstance(m, nn.Linear) and m.bias is not None:
+            nn.init.zeros_(m.bias)
+        if isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            nn.init.zeros_(m.bias)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -12,7 +12,8 @@ Modes (what trains besides the head):
     adapters  Houlsby et al. (2019) bottlenecks h <- h + W_up f(W_down h) after each attention output projection
               and each feed-forward block (with the LayerNorms, as Houlsby trains them); W_up starts at zero, so
               the adapted model starts as the pretrained one
-    lora      Hu et al. (2022) on the attention projections (W^Q, W^K, W^V, W^O; the encoder's and the LM's alike):
+    lora      Hu et al. (2022) on the attention projections (W^Q, W^K, W^V, W^O; the encoder's and the LM's alike)
+              and, by default (`lora_targets="all"`), the feed-forward layers:
               h = x W^T + (α / r) x A^T B^T, A (r, d_in) random, B (d_out, r) zero; `merge_lora` folds
               W' = W + (α / r) B A into plain Linear layers for inference (same outputs, no extra cost)
 
@@ -46,6 +47,11 @@ from torch import nn
 logger = logging.getLogger("lexiflow.finetune")
 
 MODES = ("full", "frozen", "adapters", "lora")
+# Peak learning rates tried per mode, the best kept on dev accuracy (the benchmark and the pipeline alike; a
+# from-scratch body gets full's grid). The modes that train few weights take larger steps; pretrained bodies, whose
+# embeddings grew in pretraining, may want smaller ones than a random body.
+LR_GRID = {"full": (3e-4, 1e-3, 3e-3), "frozen": (1e-3, 3e-3, 1e-2), "adapters": (1e-3, 3e-3, 1e-2),
+           "lora": (1e-3, 3e-3, 1e-2)}
 GENRES = ("answers", "email", "newsgroup", "reviews", "weblog")  # EWT sent_id prefixes
 
 
@@ -57,6 +63,10 @@ class FineTuneConfig:
     # r = 8 (α = 16): ~1.3 % of the default encoder's parameters with a head, within the benchmark's 2 % budget
     lora_rank: Annotated[int, Field(ge=1, le=256, description="LoRA rank r.")] = 8
     lora_alpha: Annotated[float, Field(gt=0, description="LoRA scale α (updates weigh α / r).")] = 16.0
+    # every linear layer by default: on the attention projections alone LoRA trailed full fine-tuning by several
+    # points of UPOS (benchmarks/results/finetune.md), as QLoRA (Dettmers et al. 2023) found at larger scale
+    lora_targets: Annotated[Literal["attention", "all"], Field(description=(
+        "LoRA's layers: attention (W^Q, W^K, W^V, W^O, Hu et al.) or all (also the feed-forward layers)."))] = "all"
     adapter_size: Annotated[int, Field(ge=1, le=4096, description="Adapter bottleneck width.")] = 16
     head_dropout: Annotated[float, Field(ge=0, lt=1, description="Dropout before the task head.")] = 0.1
 
@@ -116,9 +126,14 @@ def _layers(body: nn.Module) -> nn.ModuleList:
     return body.encoder.layers if isinstance(body, EncoderModel) else body.blocks
 
 
-def _projections(body: nn.Module) -> list[tuple[nn.Module, str]]:
-    """(parent, attribute) of each attention projection (LoRA's targets)."""
-    return [(layer.attn, name) for layer in _layers(body) for name in ("q_proj", "k_proj", "v_proj", "out_proj")]
+def _projections(body: nn.Module, targets: str = "attention") -> list[tuple[nn.Module, str]]:
+    """(parent, attribute) of LoRA's targets: each attention projection, and with `targets="all"` each linear
+    layer of the feed-forward blocks too."""
+    out = [(layer.attn, name) for layer in _layers(body) for name in ("q_proj", "k_proj", "v_proj", "out_proj")]
+    if targets == "all":
+        out += [(layer.ffn, name) for layer in _layers(body) for name, m in layer.ffn.named_children()
+                if isinstance(m, nn.Linear)]
+    return out
 
 
 def _adapter_sites(body: nn.Module) -> list[tuple[nn.Module, str]]:
@@ -195,7 +210,7 @@ def prepare(model: Classifier, config: FineTuneConfig) -> dict[str, int]:
             if isinstance(m, (Adapter, nn.LayerNorm)):
                 m.requires_grad_(True)
     elif mode == "lora":
-        for parent, name in _projections(body):
+        for parent, name in _projections(body, config.lora_targets):
             setattr(parent, name, LoRALinear(getattr(parent, name), config.lora_rank, config.lora_alpha))
     return parameter_counts(model)
 

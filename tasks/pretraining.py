@@ -78,20 +78,29 @@ def finetune(out: ArtifactWriter, encoder: ArtifactRef, tagged: ArtifactRef, tas
     if not data["train"]:
         raise ingest.no_train_split(where, dict(table.group_by("split").len().iter_rows()))
     data["train"] = ft.label_fraction(data["train"], params.train_fraction, params.seed)
-    torch.manual_seed(params.seed)
-    body = enc.EncoderModel(mlm.config)
-    if mode != "scratch":
-        body.load_state_dict(mlm.model.state_dict())
-    model = ft.Classifier(body, "token" if task == "upos" else "sequence", len(LABELS[task]), params.head_dropout)
     config = from_section(ft.FineTuneConfig, params, mode="full" if mode == "scratch" else mode)
-    schedule = from_section(TrainConfig, params, checkpoint_dir=str(out.scratch), clip_grad_norm=1.0)
-    metrics = ft.finetune(model, config, data["train"], data["valid"] or None, schedule)
+    # every rate of the grid trains (each resumable in its own scratch folder); the best on valid is kept
+    grid = params.lrs or ft.LR_GRID[config.mode]
+    lrs = grid if data["valid"] else grid[len(grid) // 2:][:1]  # nothing to choose on: the grid's middle rate
+    tried = []
+    for lr in lrs:
+        torch.manual_seed(params.seed)
+        body = enc.EncoderModel(mlm.config)
+        if mode != "scratch":
+            body.load_state_dict(mlm.model.state_dict())
+        model = ft.Classifier(body, "token" if task == "upos" else "sequence", len(LABELS[task]), params.head_dropout)
+        schedule = from_section(TrainConfig, params, lr=lr, checkpoint_dir=str(out.scratch / f"lr-{lr:g}"),
+                                clip_grad_norm=1.0)
+        metrics = ft.finetune(model, config, data["train"], data["valid"] or None, schedule)
+        tried.append((metrics.get("dev_accuracy", 0.0), lr, model, metrics))
+    _, lr, model, metrics = max(tried, key=lambda t: t[0])  # the first best, in the grid's order
     model.to("cpu")
     save_file(module_tensors(model), str(out.path("classifier.safetensors")))  # LoRA merged: plain weights
     held_out = "test" if data["test"] else "valid" if data["valid"] else None
     out.write_text("config.json", json.dumps({"task": task, "mode": mode, "labels": list(LABELS[task]),
                                               "encoder": encoder.version}, indent=2))
-    out.metrics.update({"task": task, "mode": mode, **metrics, "evaluated_on": held_out,
+    out.metrics.update({"task": task, "mode": mode, **metrics, "lr": lr,
+                        **{f"dev_accuracy_lr_{t[1]:g}": t[0] for t in tried}, "evaluated_on": held_out,
                         "train_fraction": params.train_fraction, "train_sentences": len(data["train"]),
                         "accuracy": ft.accuracy(model, data[held_out]) if held_out else None,
                         **{f"encoder_{k}": mlm.metrics.get(k) for k in ENCODER_FIGURES}})

@@ -4,6 +4,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lexiflow.models.config import from_section
 from lexiflow.models.encoder import BERT_SPECIALS, CLS_ID, PAD_ID, SEP_ID, EncoderConfig, EncoderModel
 from lexiflow.models.errors import ParameterError
 from lexiflow.models.finetune import (
@@ -25,6 +26,7 @@ from lexiflow.models.finetune import (
 from lexiflow.models.lm.train import TrainConfig
 from lexiflow.models.lm.transformer import Transformer, TransformerConfig
 from lexiflow.models.tokenizers.wordpiece import WordPiece
+from lexiflow.tasks.params import FineTuneParams, PretrainParams
 
 EWT = Path(__file__).resolve().parents[2] / "shared/data/ud-english-ewt"
 if not EWT.exists():
@@ -57,14 +59,15 @@ def test_padding_never_changes_a_sentences_outputs(kind, task):
 
 
 @pytest.mark.parametrize("kind", BODIES)
-def test_lora_starts_as_the_base_model_and_merging_changes_nothing(kind):
+@pytest.mark.parametrize("targets", ["attention", "all"])
+def test_lora_starts_as_the_base_model_and_merging_changes_nothing(kind, targets):
     model = Classifier(body(kind), "token", 5).eval()
     with torch.no_grad():
         base = model(BATCH)
-        counts = prepare(model, FineTuneConfig(mode="lora", lora_rank=2, lora_alpha=4))
+        counts = prepare(model, FineTuneConfig(mode="lora", lora_rank=2, lora_alpha=4, lora_targets=targets))
         torch.testing.assert_close(model(BATCH), base)  # B = 0
         loras = [m for m in model.modules() if isinstance(m, LoRALinear)]
-        assert len(loras) == 8  # 2 layers x W^Q, W^K, W^V, W^O
+        assert len(loras) == 8 + 4 * (targets == "all")  # 2 layers x W^Q, W^K, W^V, W^O (+ the 2 FFN layers)
         for m in loras:
             m.B.normal_(std=0.5)
         unmerged = model(BATCH)
@@ -72,9 +75,18 @@ def test_lora_starts_as_the_base_model_and_merging_changes_nothing(kind):
         merge_lora(model)
         assert not any(isinstance(m, LoRALinear) for m in model.modules())
         torch.testing.assert_close(model(BATCH), unmerged, atol=1e-5, rtol=1e-4)
-    # trainable: A and B of each projection (r (d_in + d_out)) and the head
+    # trainable: A and B of each projection (r (d_in + d_out)), of each FFN layer with "all", and the head
     lora = 2 * 2 * (16 + 16) * 4  # layers r (d_in + d_out) projections
+    d_ff = 32 if kind == "encoder" else 4 * 16
+    lora += 2 * 2 * 2 * (16 + d_ff) * (targets == "all")  # layers r (d_in + d_out) (two FFN layers)
     assert counts["trainable"] == lora + 16 * 5 + 5
+
+
+def test_lora_on_every_linear_layer_trains_under_5_percent_of_the_default_encoder():
+    model = Classifier(EncoderModel(EncoderConfig(vocab_size=PretrainParams().vocab_size)), "token", len(UPOS_TAGS))
+    counts = prepare(model, from_section(FineTuneConfig, FineTuneParams(), mode="lora"))
+    assert FineTuneParams().lora_targets == "all"
+    assert 0.01 < counts["trainable"] / counts["total"] <= 0.05
 
 
 @pytest.mark.parametrize("kind", BODIES)
