@@ -375,10 +375,10 @@ class NeuralCrashReport:
 
 def _checkpoint_step(store: Path) -> int | None:
     """The step of the neural LM checkpoint in the store's scratch space (None: no checkpoint yet)."""
-    from lexiflow.models.lm.train import _find_checkpoint
+    from lexiflow.models.lm.train import find_checkpoint
 
     for folder in sorted((store / ".scratch").glob("lm-*")):
-        found = _find_checkpoint(str(folder))
+        found = find_checkpoint(str(folder))
         if found is not None:
             with contextlib.suppress(OSError, ValueError):  # being swapped in right now: ask again
                 return int(json.loads((found / "trainer.json").read_text())["position"]["step"])

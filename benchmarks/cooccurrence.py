@@ -107,5 +107,5 @@ def run(quick: bool = False) -> list[Row]:
                                          f"{defaults.window} {defaults.weighting}, subsample {defaults.subsample:g})"),
             "stage tokens/s (CPU time)", stage_rate, ref_rate, "numpy sort-and-count (kernel only)", True, ">= 5e6",
             stage_rate >= 5e6, f"stage {t_stage:.2f} s vs kernel alone {t_ours:.2f} s, best of 3; profile in "
-                               "docs/scaling.md"),
+                               "benchmarks/results/scaling-notes.md"),
     ]

@@ -16,10 +16,10 @@ reports wall seconds, throughput (MB of text/s for ingestion, tokens/s for the r
 of the single process (the flow's process), or the largest of the Dask workers (VmHWM, reset before
 each stage). PPMI and SVD run on one node in both (vocabulary-bound). Every artifact of a Dask run
 is checked equal (version and bytes) to the single-process one. The last rows split a shard's cost
-(Prefect task run, part file, merge) on the 2-worker cluster (docs/scaling.md).
+(Prefect task run, part file, merge) on the 2-worker cluster (benchmarks/results/scaling-notes.md).
 
 Sizes: window 5 (harmonic), vocabulary min count 5 and at most 30 000 words, SVD 100 dimensions; the
-full run takes ~11 minutes on 2 quiet cores (docs/scaling.md); the quick one ~2 minutes.
+full run takes ~11 minutes on 2 quiet cores (benchmarks/results/scaling-notes.md); the quick one ~2 minutes.
 
 `--option mode=fixed` measures a shard task's fixed cost on each pool (`fixed_costs`). `--option mode=cold`
 times what a user runs, not warm stages: `lexiflow run` as a command, from its start to the
@@ -29,7 +29,7 @@ runner and `local` (of threads, processes, dask, cluster: the run's own LocalClu
 `threads` chosen, the default runner is timed in two rows, and what is compared with it is the median of both
 rows' runs (`default_runs`); each row's notes also give each round's run against the default runner's runs of
 that round, minutes apart (this machine drifts by the hour). Options
-(`--option KEY=VALUE`), for a machine with more cores (docs/scaling.md, "On free cores"):
+(`--option KEY=VALUE`), for a machine with more cores (benchmarks/results/scaling-notes.md, "On free cores"):
 `workers=1,2,4,8` the worker counts run on the largest size (default 1,2); `sizes_gb=1` the corpus sizes;
 `stages=sharded` only the sharded stages (no PPMI/SVD, so no gensim needed); `pool=FILE` the real
 lines, one per line, for a machine without ../shared (write it here with
@@ -289,7 +289,8 @@ def on_workers(peak: tuple) -> bool:
 
 def against_default(label: str, dask: dict[str, Any], default: dict[str, Any]) -> list[Row]:
     """Per sharded stage, warm: the 2-worker Dask run's speed against the default runner's on the same text. What
-    the cold rows add to this is each runner's start (docs/scaling.md, "Cold, as a user runs it")."""
+    the cold rows add to this is each runner's start (benchmarks/results/scaling-notes.md, "Cold, as a user runs
+    it")."""
     rows, lines = [], []
     for stage, (seconds, peak, _) in dask.items():
         if on_workers(peak):
@@ -429,8 +430,8 @@ def default_rows(runners: dict[str, list[str]]) -> list[str]:
 def default_runs(runs: dict[str, list[Any]], runners: dict[str, list[str]], round_: int | None = None) -> list[Any]:
     """The default runner's runs (of one round, `round_`, else of all): those of every row that runs it
     (`default_rows`), pooled. One runner timed twice a round is one baseline: its two rows' medians differ by this
-    machine's noise (docs/scaling.md, "The same code three hours later"), so either alone would flatter or wrong
-    what is compared with it."""
+    machine's noise (benchmarks/results/scaling-notes.md, "The same code three hours later"), so either alone would
+    flatter or wrong what is compared with it."""
     return [run for name in default_rows(runners)
             for run in (runs[name] if round_ is None else runs[name][round_:round_ + 1])]
 

@@ -32,7 +32,7 @@ from benchmarks.harness import Row
 def _timed_stage(stage: Any, store: str, arguments: dict[str, Any]) -> tuple[float, ArtifactRef]:
     """A stage run as the pipeline runs it (a task in a flow run), timed inside the flow run: the run's own
     exit waits up to 1 s for Prefect's heartbeat thread (it sleeps in 1 s steps), a cost per flow run, not
-    per stage (docs/scaling.md)."""
+    per stage (benchmarks/results/scaling-notes.md)."""
     start = time.perf_counter()
     ref = stage(store, **arguments)
     return time.perf_counter() - start, ref

@@ -13,7 +13,8 @@ import os
 
 # Polars' allocator (jemalloc) keeps the pages a process frees for 3 s before it gives them back (polars' own
 # setting: 0.5 s), so a shard's next tables reuse them instead of faulting in fresh zeroed pages. Fresh pages
-# cost 2-4x more kernel time when two processes fault at once (Dask workers on one machine: docs/scaling.md).
+# cost 2-4x more kernel time when two processes fault at once (Dask workers on one machine:
+# benchmarks/results/scaling-notes.md).
 # jemalloc reads this when polars loads, which appends it to its own defaults (the last setting wins): lexiflow
 # is imported first wherever it runs (the CLI, flows, Dask workers unpickling its tasks). A user's own setting
 # is kept here; the Dask workers lexiflow starts get its decay after it (`parallel.new_worker_cluster`).

@@ -17,7 +17,8 @@ from lexiflow.models.finetune import UPOS_TAGS, Classifier, FineTuneConfig, accu
 from lexiflow.models.glove import GloVe
 from lexiflow.models.lm import registry
 from lexiflow.models.lm.rnn import RNN, RNNLM, RNNConfig
-from lexiflow.models.lm.train import LMStreamTask, TrainConfig, Trainer, to_stream
+from lexiflow.models.lm.stream import to_stream
+from lexiflow.models.lm.train import LMStreamTask, TrainConfig, Trainer
 from lexiflow.models.lm.transformer import Transformer, TransformerLM
 from lexiflow.models.neural_tagger import BiLSTMTagger
 from lexiflow.models.seq2seq.rnn import RNNSeq2SeqConfig

@@ -19,13 +19,13 @@ import torch
 from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.lm import neural, registry
+from lexiflow.models.lm.checkpoints import Position
 from lexiflow.models.lm.distributed import fit_distributed
 from lexiflow.models.lm.ffnn import FFNN, FFNNLM, FFNNConfig
 from lexiflow.models.lm.rnn import RNN, RNNLM, RNNConfig
 from lexiflow.models.lm.train import (
     StopTraining,
     TrainConfig,
-    _Position,
     batchify,
     clip_grad_norm,
     epoch_row,
@@ -207,7 +207,7 @@ def test_a_diverged_model_has_infinite_perplexity_not_an_overflow_error():
     # The history row of a diverged epoch, built explicitly (training there with a huge learning rate
     # gives inf or NaN losses depending on the CPU's arithmetic): a finite mean NLL of 1e4 nats.
     nll, count = evaluate(lm.module_, batchify(np.array([4, 5, 6, 7]), 1), 4, torch.device("cpu"), "fp32", 1, 3)
-    row = epoch_row(_Position(epoch_loss=3e4, epoch_count=3), nll / count)
+    row = epoch_row(Position(epoch_loss=3e4, epoch_count=3), nll / count)
     assert row["train_loss"] == 1e4 and row["valid_loss"] > 1000
     assert row["train_ppl"] == row["valid_ppl"] == math.inf  # not exp(700) = 1.0e304
 

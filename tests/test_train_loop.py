@@ -15,7 +15,8 @@ from lexiflow.models.attention import MultiHeadAttention
 from lexiflow.models.encoder import MaskedLM
 from lexiflow.models.errors import ParameterError
 from lexiflow.models.lm.rnn import RNN
-from lexiflow.models.lm.train import LMStreamTask, TrainConfig, Trainer, TrainTask, epoch_summary, to_stream
+from lexiflow.models.lm.stream import to_stream
+from lexiflow.models.lm.train import LMStreamTask, TrainConfig, Trainer, TrainTask, epoch_summary
 from lexiflow.models.lm.transformer import Transformer, TransformerLM
 from lexiflow.models.neural_tagger import BiLSTMTagger
 

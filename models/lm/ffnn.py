@@ -18,7 +18,8 @@ from typing import Annotated, Literal
 
 import torch
 from lexiflow.models.errors import ParameterError
-from lexiflow.models.lm.neural import EmbDim, HiddenDim, LMConfig, LMModule, NeuralLM, State
+from lexiflow.models.lm.module import LMModule, State
+from lexiflow.models.lm.neural import EmbDim, HiddenDim, LMConfig, NeuralLM
 from pydantic import Field
 from torch import nn
 

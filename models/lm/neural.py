@@ -32,6 +32,8 @@ from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.estimator import Estimator
 from lexiflow.models.heap import reuse_freed_memory
 from lexiflow.models.lm import train as training
+from lexiflow.models.lm.module import LMModule
+from lexiflow.models.lm.stream import pad_sequences, to_stream
 from lexiflow.models.lm.train import TrainConfig
 from lexiflow.models.plotting import pyplot
 from lexiflow.models.progress import Progress
@@ -45,8 +47,6 @@ METRIC_COLUMNS = {
     "valid_loss": pl.Float64, "valid_ppl": pl.Float64, "tokens_per_s": pl.Float64, "seconds": pl.Float64,
     "skipped_steps": pl.Int64,
 }
-
-State = tuple[torch.Tensor, ...] | None
 
 # Pipeline parameters shared by several architectures (one description, one bound; models/config.py).
 EmbDim = Annotated[int, Field(ge=4, le=4096, description="Embedding size (FFNN, RNNs).")]
@@ -74,21 +74,6 @@ class LMConfig:
         for name in ("unk_id", "bos_id", "eos_id", "pad_id"):
             if not 0 <= getattr(self, name) < self.vocab_size:
                 raise ParameterError(f"{name}={getattr(self, name)} is outside [0, vocab_size={self.vocab_size})")
-
-
-class LMModule(nn.Module):
-    """Interface of a neural LM network.
-
-    forward(x: (B, T) int64, state) -> (logits (B, T, V), new state); state None means "start of
-    stream". `max_context` is the longest window the module accepts (None: unbounded).
-    """
-
-    max_context: int | None = None
-    state_batch_dim: int = 0  # the batch dimension of each carried state tensor (RNNs: 1)
-    embedding: nn.Embedding
-
-    def forward(self, x: torch.Tensor, state: State = None) -> tuple[torch.Tensor, State]:  # pragma: no cover
-        raise NotImplementedError
 
 
 def init_embeddings(embedding: nn.Embedding, pretrained: np.ndarray | None, freeze: bool) -> None:
@@ -147,8 +132,8 @@ class NeuralLM(Estimator):
         is there); per-epoch metrics land in `metrics_`."""
         c = self.config
         torch.manual_seed(self.train.seed)
-        stream = training.to_stream(train_sentences, c.bos_id, c.eos_id, c.vocab_size, "train_sentences")
-        valid = None if valid_sentences is None else training.to_stream(
+        stream = to_stream(train_sentences, c.bos_id, c.eos_id, c.vocab_size, "train_sentences")
+        valid = None if valid_sentences is None else to_stream(
             valid_sentences, c.bos_id, c.eos_id, c.vocab_size, "valid_sentences")
         self.module_ = self._new_module()
         with reuse_freed_memory():  # each step's large temporaries reuse the last step's memory (CPU: ~25 % faster)
@@ -176,7 +161,7 @@ class NeuralLM(Estimator):
             if a.min() < 0 or a.max() >= c.vocab_size:
                 raise InputError(f"context holds an id outside [0, {c.vocab_size})")
             seqs.append(a)
-        x = training.pad_sequences(seqs, c.pad_id).to(self.device_)
+        x = pad_sequences(seqs, c.pad_id).to(self.device_)
         last = torch.tensor([len(s) - 1 for s in seqs], device=self.device_)
         with training.autocast(self.device_, self.train.precision):
             logits, _ = module(x, None)  # right padding never reaches earlier positions (causal)
@@ -207,7 +192,7 @@ class NeuralLM(Estimator):
         ETA) is logged and fed to `progress(fraction)`."""
         self._check_fitted()
         c, cfg = self.config, self.train
-        stream = training.to_stream(sentences, c.bos_id, c.eos_id, c.vocab_size)
+        stream = to_stream(sentences, c.bos_id, c.eos_id, c.vocab_size)
         if carry:
             data = training.batchify(stream, min(cfg.eval_batch_size, max(1, len(stream) // 2)))
             return training.evaluate(self.module_, data, max(self._window, 256) if self.module_.max_context is None
@@ -219,7 +204,7 @@ class NeuralLM(Estimator):
         with Progress("lm.perplexity", total=len(order), unit="sentences", callback=progress) as report:
             for start in range(0, len(order), batch):
                 chunk = [seqs[i] for i in order[start : start + batch]]
-                data = training.pad_sequences(chunk, c.pad_id)
+                data = pad_sequences(chunk, c.pad_id)
                 window = data.shape[1] if self.module_.max_context is None else self._window
                 nll, n = training.evaluate(self.module_, data, window, self.device_, cfg.precision, c.bos_id,
                                            c.pad_id)

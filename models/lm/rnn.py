@@ -19,7 +19,8 @@ from typing import Annotated
 
 import torch
 from lexiflow.models.errors import ParameterError
-from lexiflow.models.lm.neural import EmbDim, HiddenDim, LMConfig, LMModule, NeuralLM, State, TieWeights
+from lexiflow.models.lm.module import LMModule, State
+from lexiflow.models.lm.neural import EmbDim, HiddenDim, LMConfig, NeuralLM, TieWeights
 from pydantic import Field
 from torch import nn
 

@@ -1,16 +1,10 @@
-"""The one training loop for every neural LM: data batching, schedule, checkpoints, early stopping.
+"""The one training loop for every neural LM (and the taggers, the biLM, seq2seq and the encoder): schedule,
+optimizer steps, early stopping, progress; its tasks say what it trains on.
 
-Data layout (shared by FFNN, RNN and Transformer LMs). A corpus is a list of sentences, each a 1-D
-int array of token ids without boundary tokens. For training, sentences are concatenated into one
-stream `<s> w1 .. wn </s> <s> v1 .. vm </s> ...` and cut into `batch_size` contiguous rows
-(`batchify`, the word_language_model recipe of Zaremba et al. 2014); the loop walks windows of
-`bptt` columns. Every position predicts the next token; targets that are `<s>` (deterministic after
-`</s>`) or `<pad>` are ignored, so the loss and the perplexity count every word and every `</s>`,
-never `<s>`/`<pad>`.
-
-Truncated backpropagation through time (Williams & Peng 1990): the model's recurrent state
-(LSTM (h, c), GRU/Elman h, the FFNN's last n-2 tokens) is carried from one window to the next and
-detached, so gradients stop at the window edge while the forward pass sees the whole stream.
+Its parts: the data layout and LM scoring (`models.lm.stream`), devices, precision and data-parallel ranks
+(`models.lm.precision`), weights and checkpoints (`models.lm.checkpoints`), the network interface
+(`models.lm.module`). The names callers use from them are imported here too (`from lexiflow.models.lm.train
+import IGNORE, autocast, ...`).
 
 Optimisation: AdamW (Loshchilov & Hutter 2019) or SGD (+momentum), linear warmup then cosine decay
 (Loshchilov & Hutter 2017), gradient-norm clipping (Pascanu et al. 2013), bf16 autocast on CUDA,
@@ -25,10 +19,8 @@ the device; fp32 matmuls may use TF32 while the loop runs.
 Non-finite steps: a step whose loss or gradient norm is inf or NaN (a bf16 overflow, one bad batch)
 changes nothing (weights, moments and step counts stay as they were); it is counted (`skipped_steps`
 in the epoch's row) and logged. Only `max_nonfinite_steps` such steps in a row stop the run, with one
-line saying what to change. Checkpoints (safetensors + JSON, no pickle) every `checkpoint_every`
-steps and at each epoch end hold the weights, optimizer moments, RNG state, carried state and the
-position in the data, so a killed run resumes where it stopped and ends where an uninterrupted run
-would (bit-for-bit on CPU).
+line saying what to change. Checkpoints (`models.lm.checkpoints`) every `checkpoint_every` steps and at
+each epoch end let a killed run resume where it stopped and end where an uninterrupted run would.
 
 Data parallelism (torch DistributedDataParallel; launched by `models.lm.distributed` through
 `torchrun`): when a process group is initialised, rank r of W trains rows [r B/W, (r+1) B/W) of the
@@ -40,16 +32,13 @@ RNG state, gathered), so W processes at global batch B follow the loss curve of 
 
 from __future__ import annotations
 
-import json
 import logging
 import math
-import shutil
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Annotated, Any, Literal
 
 import numpy as np
 import torch
@@ -57,19 +46,25 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from lexiflow.models.config import check
 from lexiflow.models.device import Device, resolve_device
-from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.errors import ParameterError
+from lexiflow.models.lm.checkpoints import (
+    Position,
+    find_checkpoint,
+    gather_rng,
+    gather_rows,
+    load_checkpoint,
+    load_module_tensors,
+    module_tensors,
+    save_checkpoint,
+)
+from lexiflow.models.lm.module import LMModule
+from lexiflow.models.lm.precision import autocast, dist_info, tf32_matmuls, to_device
+from lexiflow.models.lm.stream import IGNORE, batchify, evaluate, flat_logits, targets_of, windows
 from lexiflow.models.progress import Progress
 from lexiflow.models.threads import DEFAULT_THREADS, Threads, limit_threads
 from pydantic import Field
-from safetensors.torch import load_file, save_file
-
-if TYPE_CHECKING:
-    from lexiflow.models.lm.neural import LMModule
 
 logger = logging.getLogger("lexiflow.lm.train")
-
-IGNORE = -100  # cross_entropy's ignore_index: targets that are <s> or <pad>
-
 
 @dataclass
 class TrainConfig:
@@ -124,134 +119,6 @@ class TrainConfig:
                 raise ParameterError(f"TrainConfig.{name}={getattr(self, name)!r} is invalid: {fix}")
 
 
-# ---------------------------------------------------------------------------------------------
-# devices, precision and data-parallel ranks
-
-
-def dist_info() -> tuple[int, int]:
-    """(rank, world size) of the initialised torch.distributed group; (0, 1) without one."""
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-def flat_logits(logits: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T, V) logits and (B, T) targets as (N, V) and (N,), without copying the logits when a
-    model computed them time-major and returned a transposed view (the recurrent LMs: cuDNN/CPU
-    LSTMs run time-major, ~5% faster than batch-first)."""
-    if not logits.is_contiguous() and logits.transpose(0, 1).is_contiguous():
-        return logits.transpose(0, 1).reshape(-1, logits.shape[-1]), y.t().reshape(-1)
-    return logits.reshape(-1, logits.shape[-1]), y.reshape(-1)
-
-
-def autocast(device: torch.device, precision: str):
-    """bf16 autocast on CUDA by default (`auto`); `bf16` forces it on CPU too (same code path)."""
-    use_bf16 = precision == "bf16" or (precision == "auto" and device.type == "cuda")
-    return torch.autocast(device_type=device.type, dtype=torch.bfloat16) if use_bf16 else nullcontext()
-
-
-def to_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """A CPU batch on `device`. On CUDA it is copied from pinned (page-locked) memory with `non_blocking`:
-    the host goes on preparing the next step while the copy runs (torch keeps the pinned block until the
-    copy is done)."""
-    if device.type != "cuda" or t.device.type != "cpu":
-        return t.to(device)
-    return t.pin_memory().to(device, non_blocking=True)
-
-
-@contextmanager
-def tf32_matmuls(device: torch.device) -> Iterator[None]:
-    """On CUDA, let fp32 matmuls and convolutions use TF32 tensor cores (10-bit mantissa products, fp32
-    sums: what bf16 autocast leaves in fp32, and fp32 runs) while the loop runs; the setting is restored after."""
-    if device.type != "cuda":
-        yield
-        return
-    matmul, cudnn = torch.get_float32_matmul_precision(), torch.backends.cudnn.allow_tf32
-    torch.set_float32_matmul_precision("high")
-    torch.backends.cudnn.allow_tf32 = True
-    try:
-        yield
-    finally:
-        torch.set_float32_matmul_precision(matmul)
-        torch.backends.cudnn.allow_tf32 = cudnn
-
-
-# ---------------------------------------------------------------------------------------------
-# data
-
-
-def to_stream(sentences: Sequence[np.ndarray], bos_id: int, eos_id: int, vocab_size: int,
-              what: str = "sentences") -> np.ndarray:
-    """Concatenate sentences as `<s> w1 .. wn </s>` into one int64 stream, checking ids."""
-    if len(sentences) == 0:
-        raise InputError(f"{what} is empty: give at least one sentence of token ids")
-    parts: list[np.ndarray] = []
-    for i, s in enumerate(sentences):
-        a = np.asarray(s)
-        if a.size and not np.issubdtype(a.dtype, np.integer):  # a float id would be truncated silently
-            raise InputError(f"{what}: sentence {i} holds {a.dtype} values; give integer token ids")
-        parts.append(np.concatenate(([bos_id], a.astype(np.int64).ravel(), [eos_id])))
-    stream = np.concatenate(parts)
-    lo, hi = int(stream.min()), int(stream.max())
-    if lo < 0 or hi >= vocab_size:
-        raise InputError(f"{what} holds token id {lo if lo < 0 else hi} outside [0, {vocab_size}): "
-                         "encode with the vocabulary the model was configured for (vocab_size)")
-    return stream
-
-
-def batchify(stream: np.ndarray, batch_size: int) -> torch.Tensor:
-    """(N,) stream -> (batch_size, N // batch_size): row b is the b-th contiguous slice."""
-    n = len(stream) // batch_size
-    if n < 2:
-        raise InputError(f"the corpus has {len(stream)} tokens, too few for batch_size={batch_size}: "
-                         "give more text or a smaller batch_size")
-    return torch.from_numpy(stream[: n * batch_size].reshape(batch_size, n).copy())
-
-
-def pad_sequences(seqs: Sequence[np.ndarray], pad_id: int) -> torch.Tensor:
-    """Right-pad 1-D int arrays to (B, T_max) with pad_id."""
-    t = max(len(s) for s in seqs)
-    out = np.full((len(seqs), t), pad_id, dtype=np.int64)
-    for i, s in enumerate(seqs):
-        out[i, : len(s)] = s
-    return torch.from_numpy(out)
-
-
-def windows(n_cols: int, bptt: int) -> Iterator[tuple[int, int]]:
-    """(start, length) of the bptt windows over columns 0..n_cols-2 (each needs a next column); none for bptt 0."""
-    for i in range(0, n_cols - 1, bptt) if bptt else ():
-        yield i, min(bptt, n_cols - 1 - i)
-
-
-def targets_of(y: torch.Tensor, bos_id: int, pad_id: int) -> torch.Tensor:
-    """Targets with <s> and <pad> replaced by IGNORE (never counted)."""
-    return y.masked_fill((y == bos_id) | (y == pad_id), IGNORE)
-
-
-@torch.no_grad()
-def evaluate(module: LMModule, data: torch.Tensor, window: int, device: torch.device, precision: str,
-             bos_id: int, pad_id: int) -> tuple[float, int]:
-    """Summed NLL (nats) and count of predicted tokens over (B, N) data, state carried across windows."""
-    rank, world = dist_info()
-    data = data[rank::world]  # data parallel: each rank scores every W-th row; the sums are added below
-    was_training = module.training
-    module.eval()
-    state = None
-    total, count = 0.0, 0
-    for i, length in windows(data.shape[1], window if len(data) else 0):
-        x = data[:, i : i + length].to(device)
-        y = targets_of(data[:, i + 1 : i + 1 + length], bos_id, pad_id).to(device)
-        with autocast(device, precision):
-            logits, state = module(x, state)
-        total += F.cross_entropy(*flat_logits(logits.float(), y),
-                                 ignore_index=IGNORE, reduction="sum").item()
-        count += int((y != IGNORE).sum())
-    module.train(was_training)
-    if world > 1:
-        sums = torch.tensor([total, count], dtype=torch.float64, device=device)
-        dist.all_reduce(sums)
-        total, count = float(sums[0]), int(sums[1])
-    return total, count
 
 
 # ---------------------------------------------------------------------------------------------
@@ -335,138 +202,6 @@ def clip_grad_norm(parameters: Iterable[torch.nn.Parameter], max_norm: float | N
 
 
 # ---------------------------------------------------------------------------------------------
-# weights and checkpoints (safetensors + JSON; never pickle)
-
-
-def module_tensors(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Parameters (tied ones once: named_parameters drops aliases) and persistent buffers, on CPU."""
-    out = {name: p.detach().cpu().contiguous() for name, p in module.named_parameters()}
-    persistent = {k for k in module.state_dict() if k not in out}
-    for name, b in module.named_buffers():
-        if name in persistent:
-            out[name] = b.detach().cpu().contiguous()
-    return out
-
-
-def load_module_tensors(module: torch.nn.Module, tensors: dict[str, torch.Tensor], where: str) -> None:
-    missing, unexpected = module.load_state_dict(tensors, strict=False)
-    # Tied aliases (lm_head.weight = embedding.weight) are saved once; they load through the shared tensor.
-    aliases = {k for k in module.state_dict() if k not in tensors}
-    if unexpected or set(missing) - aliases:
-        raise InputError(f"{where} does not match the model config (missing {sorted(set(missing) - aliases)}, "
-                         f"unexpected {sorted(unexpected)}): was it written by another model?")
-
-
-@dataclass
-class _Position:
-    step: int = 0  # optimizer steps done
-    epoch: int = 0  # current epoch (0-based)
-    batch: int = 0  # windows done in the current epoch
-    epoch_loss: float = 0.0  # summed NLL of the current epoch so far
-    epoch_count: int = 0  # predicted tokens of the current epoch so far
-    epoch_tokens: int = 0  # input tokens of the current epoch so far
-    epoch_seconds: float = 0.0  # training time of the current epoch so far
-    epoch_skipped: int = 0  # optimizer steps of the current epoch skipped for a non-finite loss or gradient
-    best_valid: float = math.inf
-    bad_epochs: int = 0
-    done: bool = False
-
-
-def _gather_rows(state: tuple[torch.Tensor, ...], dim: int) -> tuple[torch.Tensor, ...]:
-    """Every rank's carried state (its rows of the batch) concatenated along the batch dimension."""
-    out = []
-    for t in state:
-        parts = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, t.detach().contiguous())
-        out.append(torch.cat(parts, dim))
-    return tuple(out)
-
-
-def _gather_rng(device: torch.device) -> dict[str, torch.Tensor]:
-    """Every rank's RNG states (dropout masks differ per rank), as `rng.{cpu,cuda}.rank{r}` tensors."""
-    states = {"cpu": torch.get_rng_state()}
-    if device.type == "cuda":
-        states["cuda"] = torch.cuda.get_rng_state(device)
-    out = {}
-    for name, st in states.items():
-        parts = [torch.empty_like(st, device=device) for _ in range(dist.get_world_size())]
-        dist.all_gather(parts, st.to(device))
-        out.update({f"rng.{name}.rank{r}": part.cpu() for r, part in enumerate(parts)})
-    return out
-
-
-def _save_checkpoint(path: Path, module: torch.nn.Module, opt: torch.optim.Optimizer, pos: _Position,
-                     state: tuple[torch.Tensor, ...], history: list[dict], best: dict[str, torch.Tensor] | None,
-                     rank_rng: dict[str, torch.Tensor] | None = None) -> None:
-    tmp, old = path.with_name(path.name + ".tmp"), path.with_name(path.name + ".old")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    save_file(module_tensors(module), str(tmp / "model.safetensors"))
-    extra: dict[str, torch.Tensor] = {"rng.cpu": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        extra["rng.cuda"] = torch.cuda.get_rng_state()
-    extra.update(rank_rng or {})
-    for i, t in enumerate(state):
-        extra[f"carry.{i}"] = t.detach().cpu().contiguous()
-    scalars: dict[str, Any] = {}
-    for idx, st in opt.state_dict()["state"].items():
-        for k, v in st.items():
-            if torch.is_tensor(v):
-                extra[f"opt.{idx}.{k}"] = v.detach().cpu().contiguous()
-            else:
-                scalars[f"{idx}.{k}"] = v
-    save_file(extra, str(tmp / "state.safetensors"))
-    if best is not None:
-        save_file(best, str(tmp / "best.safetensors"))
-    meta = {"position": asdict(pos), "optimizer_scalars": scalars, "n_carry": len(state), "history": history}
-    (tmp / "trainer.json").write_text(json.dumps(meta, indent=1))
-    # Swap in atomically enough: a kill at any point leaves either `path` or `path.old` complete.
-    if path.exists():
-        shutil.rmtree(old, ignore_errors=True)
-        path.rename(old)
-    tmp.rename(path)
-    shutil.rmtree(old, ignore_errors=True)
-
-
-def _find_checkpoint(checkpoint_dir: str | None) -> Path | None:
-    if checkpoint_dir is None:
-        return None
-    path = Path(checkpoint_dir) / "checkpoint"
-    for p in (path, path.with_name(path.name + ".old")):
-        if (p / "trainer.json").exists():
-            return p
-    return None
-
-
-def _load_checkpoint(path: Path, module: LMModule, opt: torch.optim.Optimizer, device: torch.device,
-                     ) -> tuple[_Position, tuple[torch.Tensor, ...], list[dict], dict[str, torch.Tensor] | None]:
-    """Restore weights, optimizer, RNG and position; under data parallelism this rank's rows of the carried
-    state and its own RNG state (checkpoints hold every rank's)."""
-    meta = json.loads((path / "trainer.json").read_text())
-    load_module_tensors(module, load_file(str(path / "model.safetensors")), str(path / "model.safetensors"))
-    extra = load_file(str(path / "state.safetensors"))
-    rank, world = dist_info()
-    suffix = f".rank{rank}" if world > 1 and f"rng.cpu.rank{rank}" in extra else ""
-    torch.set_rng_state(extra["rng.cpu" + suffix])
-    if f"rng.cuda{suffix}" in extra and device.type == "cuda":
-        torch.cuda.set_rng_state(extra[f"rng.cuda{suffix}"], device)
-    state = tuple(extra[f"carry.{i}"] for i in range(meta["n_carry"]))
-    if world > 1:  # this rank's rows of the batch
-        state = tuple(t.chunk(world, module.state_batch_dim)[rank] for t in state)
-    state = tuple(t.to(device) for t in state)
-    opt_state: dict[int, dict[str, Any]] = {}
-    for key, t in extra.items():
-        if key.startswith("opt."):
-            _, idx, k = key.split(".", 2)
-            opt_state.setdefault(int(idx), {})[k] = t
-    for key, v in meta["optimizer_scalars"].items():
-        idx, k = key.split(".", 1)
-        opt_state.setdefault(int(idx), {})[k] = v
-    sd = opt.state_dict()
-    opt.load_state_dict({"state": opt_state, "param_groups": sd["param_groups"]})
-    best_path = path / "best.safetensors"
-    best = load_file(str(best_path)) if best_path.exists() else None
-    return _Position(**meta["position"]), state, meta["history"], best
 
 
 # ---------------------------------------------------------------------------------------------
@@ -634,11 +369,11 @@ class Trainer:
             fwd = DistributedDataParallel(fwd, device_ids=[device] if device.type == "cuda" else None,
                                           broadcast_buffers=False)
         self.fwd = fwd
-        self.pos, self.history, self.best = _Position(), [], None
+        self.pos, self.history, self.best = Position(), [], None
         self.state: Any = None
-        ckpt = _find_checkpoint(cfg.checkpoint_dir)
+        ckpt = find_checkpoint(cfg.checkpoint_dir)
         if ckpt is not None:
-            self.pos, carried, self.history, self.best = _load_checkpoint(ckpt, module, self.opt, device)
+            self.pos, carried, self.history, self.best = load_checkpoint(ckpt, module, self.opt, device)
             self.state = carried if carried else None
             if self.rank == 0:
                 logger.info("resuming from %s at step %d (epoch %d, batch %d)", ckpt, self.pos.step,
@@ -662,10 +397,10 @@ class Trainer:
         self._flush()
         carry, rank_rng = self.state or (), None
         if self.world > 1:  # collective: every rank sends its rows and RNG state, rank 0 writes
-            carry = _gather_rows(carry, getattr(self.module, "state_batch_dim", 0))
-            rank_rng = _gather_rng(self.device)
+            carry = gather_rows(carry, getattr(self.module, "state_batch_dim", 0))
+            rank_rng = gather_rng(self.device)
         if self.rank == 0:
-            _save_checkpoint(self.ckpt_path, self.module, self.opt, self.pos, carry, self.history, self.best, rank_rng)
+            save_checkpoint(self.ckpt_path, self.module, self.opt, self.pos, carry, self.history, self.best, rank_rng)
 
     def step(self, batch: Any) -> None:
         """One optimizer step on `batch`, skipped on the device when its loss or gradient is not finite."""
@@ -804,7 +539,7 @@ class Trainer:
         return self.history
 
 
-def epoch_row(pos: _Position, valid_loss: float | None) -> dict:
+def epoch_row(pos: Position, valid_loss: float | None) -> dict:
     """The metrics row of the epoch `pos` ends (mean NLLs per predicted token, perplexities, throughput)."""
     train_loss = pos.epoch_loss / max(pos.epoch_count, 1)
     return {
@@ -846,6 +581,3 @@ def perplexity(loss: float) -> float:
     except OverflowError:
         return math.inf
 
-
-# Where a run's checkpoint is (a tagger rebuilt from a run still training reads its best weights).
-find_checkpoint = _find_checkpoint

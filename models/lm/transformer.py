@@ -24,7 +24,9 @@ import torch.nn.functional as F
 from lexiflow.models.attention import MultiHeadAttention
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.lm import train as training
-from lexiflow.models.lm.neural import LMConfig, LMModule, NeuralLM, State, TieWeights
+from lexiflow.models.lm.module import LMModule, State
+from lexiflow.models.lm.neural import LMConfig, NeuralLM, TieWeights
+from lexiflow.models.lm.stream import pad_sequences
 from lexiflow.models.transformer_blocks import sinusoidal_positions
 from pydantic import Field
 from torch import nn
@@ -190,7 +192,7 @@ class TransformerLM(NeuralLM):
         correct = torch.zeros(c.n_layers + 1, dtype=torch.float64)
         count = 0
         for start in range(0, len(seqs), 64):
-            data = training.pad_sequences(seqs[start : start + 64], c.pad_id).to(self.device_)
+            data = pad_sequences(seqs[start : start + 64], c.pad_id).to(self.device_)
             x, y = data[:, :-1], data[:, 1:]
             keep = y != c.pad_id
             lens = module.logit_lens(x).float()  # (L+1, B, T, V)
