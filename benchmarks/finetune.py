@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
 import tempfile
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -254,6 +255,11 @@ def rebuild(job: dict) -> Classifier:
     return model.eval()
 
 
+def test_accuracy(job: dict, test: list) -> float:
+    _threads()
+    return accuracy(rebuild(job), test)
+
+
 def run(quick: bool = False, seeds: str = "3", pretrain_seeds: str = "3", workers: str = "2", hf: str = "1",
         extended: str = "0", steps: str = "") -> list[Row]:
     """Options: seeds (fine-tuning seeds per cell), pretrain_seeds (MLM seeds of the one cell that varies both:
@@ -297,14 +303,19 @@ def run(quick: bool = False, seeds: str = "3", pretrain_seeds: str = "3", worker
 
     pre = {}
     with ProcessPoolExecutor(int(workers), mp_context=get_context("spawn")) as pool:
-        mlm_futures = {s: pool.submit(pretrain_mlm, encoder, train_ids, held_ids, lr=RECIPE.lr, steps=steps_, seed=s,
-                                      quick=quick) for s in range(n_pretrain)}
+        def mlm_future(seed: int):
+            return pool.submit(pretrain_mlm, encoder, train_ids, held_ids, lr=RECIPE.lr, steps=steps_, seed=seed,
+                               quick=quick)
+
+        # first in the queue, the longest jobs: the MLM, HF's (2-3x slower) and the GPT-style LM
+        mlm_futures = {0: mlm_future(0)}
         hf_future = pool.submit(pretrain_hf, encoder, train_ids, held_ids, lr=RECIPE.lr, steps=steps_,
                                 quick=quick) if int(hf) else None
         lm_future = pool.submit(pretrain_lm, configs["decoder"][1], train_ids, held_ids, 40 if quick else LM_STEPS,
                                 quick) if int(extended) else None
         # the learning rate of each cell, chosen on dev accuracy at fine-tuning seed 0; scratch runs meanwhile
         futures = [pool.submit(fine_tune_job, j) for r in runs if r[1] == "scratch" for j in jobs(r, None)]
+        mlm_futures |= {s: mlm_future(s) for s in range(1, n_pretrain)}  # needed only for the last cell
         mlm = mlm_futures[0].result()
         pre["mlm"] = numpy_state(mlm.model)
         futures += [pool.submit(fine_tune_job, j) for r in runs if r[1] == "mlm" for j in jobs(r, pre["mlm"])]
@@ -330,9 +341,15 @@ def run(quick: bool = False, seeds: str = "3", pretrain_seeds: str = "3", worker
                                                                     lrs=lrs, seeds=range(n_seeds), cells=cell,
                                                                     pretrain_seed=s)]
         done = list(chosen.values()) + [f.result() for f in futures]
+        # test, once per run at a dev-chosen rate
+        for job, score in zip(done, pool.map(test_accuracy, done, [data[j["task"]]["test"] for j in done]),
+                              strict=True):
+            job["test"] = score
         hf_metrics = hf_future.result() if hf_future is not None else None
-    for job in done:  # test, once per chosen run
-        job["test"] = accuracy(rebuild(job), data[job["task"]]["test"])
+    # the runs' figures, kept beside the data cache: an hour of training is not lost to a failing table or plot
+    with open(Path(tempfile.gettempdir()) / f"lexiflow-bench-finetune-{'quick' if quick else 'full'}.pkl", "wb") as f:
+        pickle.dump({"done": [{k: v for k, v in j.items() if k != "state"} for j in done], "mlm": mlm.metrics,
+                     "hf": hf_metrics}, f)
     rows = pretraining_rows(mlm, hf_metrics, steps_, n_tokens, len(tok))
     rows += curve_rows(done, n_seeds)
     plot_curves(done, RESULTS_DIR / ("finetune-curves-quick.png" if quick else "finetune-curves.png"))
