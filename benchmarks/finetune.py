@@ -315,7 +315,6 @@ def run(quick: bool = False, seeds: str = "3", pretrain_seeds: str = "3", worker
                                 quick) if int(extended) else None
         # the learning rate of each cell, chosen on dev accuracy at fine-tuning seed 0; scratch runs meanwhile
         futures = [pool.submit(fine_tune_job, j) for r in runs if r[1] == "scratch" for j in jobs(r, None)]
-        mlm_futures |= {s: mlm_future(s) for s in range(1, n_pretrain)}  # needed only for the last cell
         mlm = mlm_futures[0].result()
         pre["mlm"] = numpy_state(mlm.model)
         futures += [pool.submit(fine_tune_job, j) for r in runs if r[1] == "mlm" for j in jobs(r, pre["mlm"])]
@@ -334,6 +333,8 @@ def run(quick: bool = False, seeds: str = "3", pretrain_seeds: str = "3", worker
             weights["lm"] = numpy_state(gpt.module_)
         futures = [pool.submit(fine_tune_job, j) for r in runs
                    for j in jobs(r, weights[r[1]], lrs=lrs, seeds=range(1, n_seeds))]
+        # queued last (a pool runs its jobs in order): the pretraining seeds only the last cell needs
+        mlm_futures |= {s: mlm_future(s) for s in range(1, n_pretrain)}
         # the cell that varies the pretraining seed too: UPOS at 1 %, full fine-tuning, every (pretrain, fine-tune) seed
         cell = {("upos", FRACTIONS[0])}
         for s in range(1, n_pretrain):
