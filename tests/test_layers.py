@@ -121,11 +121,6 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 # the cycle and the fix; once fixed, its `test_a_known_cycle_is_gone` case passes, which fails (strict xfail):
 # remove the entry then.
 KNOWN_CYCLES = {
-    ("lexiflow.tasks.parallel", "lexiflow.tasks.shards"):
-        "shards.py imports deliver, deliver_partitions, deliver_row_groups, row_partitions and sum_matrices from "
-        "parallel.py, which imports shards inside _load_shard_functions (Dask workers load the shard functions "
-        "early): move parallel.py's shard-results section (Part, deliver*, received, sum_matrices, join_rows, "
-        "row_partitions and their helpers) into a module of its own that both import",
     ("lexiflow.deployments.serve", "lexiflow.flows.server"):
         "deployments/serve.py imports SERVE_STATE and free_port from flows/server.py, which imports "
         "deployments.serve inside serve_api_url (read_state, is_running, Started): move SERVE_STATE, free_port, "
@@ -202,7 +197,8 @@ def test_a_pool_worker_imports_neither_prefect_nor_the_models():
     `tasks.params` (every model: torch, gensim), in a fresh process: ~1.0 s of imports on a worker's first task,
     not ~2.9 s (benchmarks/results/scaling-notes.md)."""
     stages = [f"lexiflow.tasks.{name}" for name in ("stage", "params", "corpus", "vocabulary", "matrices")]
-    code = ("import sys, lexiflow.tasks.shards, lexiflow.tasks.parallel; print(sorted(m for m in sys.modules if "
+    pool = ", ".join(f"lexiflow.tasks.{name}" for name in ("shards", "parts", "parallel"))  # a task's modules
+    code = (f"import sys, {pool}; print(sorted(m for m in sys.modules if "
             f"m.split('.')[0] in ('prefect', 'torch', 'gensim', 'sklearn') or m in {stages}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

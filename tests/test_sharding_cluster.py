@@ -31,14 +31,12 @@ from lexiflow.storage import ArtifactStore, Catalog
 from lexiflow.tasks import parallel
 from lexiflow.tasks.parallel import (
     ShardError,
-    deliver,
-    deliver_partitions,
     map_shards,
     reduce_partitioned,
     reduce_shards,
-    row_partitions,
 )
 from lexiflow.tasks.params import ParallelParams
+from lexiflow.tasks.parts import deliver, deliver_partitions, part_paths, row_partitions
 from prefect.testing.utilities import prefect_test_harness
 
 from tests.test_heap import faults_of_a_top_block, page_faults_of_a_second_block
@@ -81,7 +79,7 @@ def test_a_cluster_sharing_only_the_store_publishes_what_one_process_does(tmp_pa
     original = parallel.received
 
     def spy(result, *args, **kwargs):
-        received.extend(parallel._part_paths(result))
+        received.extend(part_paths(result))
         return original(result, *args, **kwargs)
 
     monkeypatch.setattr(parallel, "received", spy)

@@ -14,8 +14,9 @@ from lexiflow.storage import ArtifactStore
 from lexiflow.tasks import parallel
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.matrices import count_cooccurrence
-from lexiflow.tasks.parallel import deliver_partitions, map_shards, reduce_partitioned, stream_shards
+from lexiflow.tasks.parallel import map_shards, reduce_partitioned, stream_shards
 from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
+from lexiflow.tasks.parts import deliver_partitions
 from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
 from prefect import flow, get_client, task
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterTaskRunId
