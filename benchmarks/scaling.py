@@ -474,7 +474,7 @@ def cold(quick: bool, sizes_gb: str, pool: str, rounds: int, chosen: list[str]) 
     `dask_address` is started by the benchmark before the timed command, as a user's would be, with a plain
     environment (no PREFECT_API_URL: a user's workers do not know the flow's server)."""
     from lexiflow.flows import prefect_env, server
-    from lexiflow.tasks.parallel import new_worker_cluster
+    from lexiflow.tasks.runners import new_worker_cluster
 
     rows: list[Row] = []
     sizes = tuple(float(gb) * GB for gb in sizes_gb.split(",")) if sizes_gb else COLD_SIZES[quick]

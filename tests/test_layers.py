@@ -172,7 +172,7 @@ def test_a_pool_worker_imports_neither_prefect_nor_the_models():
     `tasks.params` (every model: torch, gensim), in a fresh process: ~1.0 s of imports on a worker's first task,
     not ~2.9 s (benchmarks/results/scaling-notes.md)."""
     stages = [f"lexiflow.tasks.{name}" for name in ("stage", "params", "corpus", "vocabulary", "matrices")]
-    pool = ", ".join(f"lexiflow.tasks.{name}" for name in ("shards", "parts", "parallel"))  # a task's modules
+    pool = ", ".join(f"lexiflow.tasks.{name}" for name in ("shards", "parts", "parallel", "runners"))
     code = (f"import sys, {pool}; print(sorted(m for m in sys.modules if "
             f"m.split('.')[0] in ('prefect', 'torch', 'gensim', 'sklearn') or m in {stages}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

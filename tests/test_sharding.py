@@ -552,7 +552,7 @@ def test_matrix_parts_come_back_exactly_in_half_the_bytes_where_values_fit_int32
 def test_a_concurrent_build_of_the_same_version_leaves_this_builds_shard_parts(tmp_path, monkeypatch):
     """Shard parts (processes and dask runners) live in the writer's own work folder: another run
     building the same version meanwhile neither clears them when it starts nor removes them at its end."""
-    from lexiflow.tasks import parallel
+    from lexiflow.tasks import parallel, runners
     from lexiflow.tasks.parts import deliver
 
     def shard(rows: list[int], part: str | None):
@@ -574,7 +574,7 @@ def test_a_concurrent_build_of_the_same_version_leaves_this_builds_shard_parts(t
             future.set_result(fn(*args))
             return future
 
-    monkeypatch.setattr(parallel, "process_pool", lambda workers: Pool())
+    monkeypatch.setattr(runners, "process_pool", lambda workers: Pool())
     with ArtifactStore(tmp_path).writer("corpus", version) as out:
         results = parallel.map_shards(shard, calls, processes, "ours", out)
         out.write_text("a.txt", "the other run")
@@ -605,9 +605,9 @@ def flaky_shard(marks: str, error: str, part: str | None) -> int:
 
 @pytest.mark.parametrize("runner", ["threads", "processes"])
 def test_a_shard_is_retried_where_it_ran_on_transient_errors_only(tmp_path, monkeypatch, runner):
-    from lexiflow.tasks import parallel
+    from lexiflow.tasks import parallel, runners
 
-    monkeypatch.setattr(parallel, "SHARD_RETRY_DELAYS", (0.0, 0.0))  # the pool's threads read it; processes: (1, 2)
+    monkeypatch.setattr(runners, "SHARD_RETRY_DELAYS", (0.0, 0.0))  # the pool's threads read it; processes: (1, 2)
     params = ParallelParams(runner=runner, workers=2)
     for error, outcome in (("transient", [3, 3]), ("bad input", None)):
         folders = [tmp_path / runner / error / str(i) for i in range(2)]
@@ -618,7 +618,7 @@ def test_a_shard_is_retried_where_it_ran_on_transient_errors_only(tmp_path, monk
             if outcome is not None:
                 assert parallel.map_shards(flaky_shard, calls, params, "flaky", out) == outcome
             else:
-                with pytest.raises(parallel.ShardError, match=r"^flaky shard \d/2 failed: ValueError: no numbers"):
+                with pytest.raises(runners.ShardError, match=r"^flaky shard \d/2 failed: ValueError: no numbers"):
                     parallel.map_shards(flaky_shard, calls, params, "flaky", out)
         attempts = [len(list(folder.iterdir())) for folder in folders]
         assert attempts == [3, 3] if outcome else 1 in attempts and max(attempts) == 1  # bad input: never again
