@@ -28,7 +28,7 @@ from lexiflow.storage import ArtifactStore
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP
 from lexiflow.storage.store import ArtifactWriter
 from lexiflow.tasks.corpus import documents_writer
-from lexiflow.tasks.parallel import Part, deliver, received
+from lexiflow.tasks.parts import Part, deliver, received
 
 from benchmarks.corpora import plain_text_file
 from benchmarks.harness import Row

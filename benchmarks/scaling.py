@@ -52,7 +52,7 @@ import psutil
 from lexiflow.models.ingest import IngestOptions, build_corpus, resolve_sources
 from lexiflow.storage import ArtifactRef, ArtifactStore
 from lexiflow.storage.formats import read_rows
-from lexiflow.tasks import parallel
+from lexiflow.tasks import parallel, parts
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.matrices import compute_ppmi, count_cooccurrence
 from lexiflow.tasks.params import (
@@ -254,14 +254,14 @@ def breakdown(dask: Any, store: str, tokens: ArtifactRef, tokenizer: ArtifactRef
         folder = out.work / "parts"
         folder.mkdir(parents=True)
         start = time.perf_counter()
-        partitions = parallel.deliver_partitions(result[0], str(folder / "a"), "pairs")
-        termdoc = [parallel.deliver(table, str(folder / "a"), f"docs{i}")  # its boundary documents' rows
+        partitions = parts.deliver_partitions(result[0], str(folder / "a"), "pairs")
+        termdoc = [parts.deliver(table, str(folder / "a"), f"docs{i}")  # its boundary documents' rows
                    for i, table in enumerate(result[1]) if isinstance(table, pl.DataFrame)]
         write = time.perf_counter() - start
         start = time.perf_counter()
-        back = [parallel.received(block) for block in partitions]
+        back = [parts.received(block) for block in partitions]
         for part in termdoc:
-            parallel.received(part)
+            parts.received(part)
         read = time.perf_counter() - start
         start = time.perf_counter()
         weigh_partition([back[0], back[0]], vocabulary.height, WINDOW.weighting)
@@ -474,7 +474,7 @@ def cold(quick: bool, sizes_gb: str, pool: str, rounds: int, chosen: list[str]) 
     `dask_address` is started by the benchmark before the timed command, as a user's would be, with a plain
     environment (no PREFECT_API_URL: a user's workers do not know the flow's server)."""
     from lexiflow.flows import prefect_env, server
-    from lexiflow.tasks.parallel import new_worker_cluster
+    from lexiflow.tasks.runners import new_worker_cluster
 
     rows: list[Row] = []
     sizes = tuple(float(gb) * GB for gb in sizes_gb.split(",")) if sizes_gb else COLD_SIZES[quick]

@@ -18,8 +18,8 @@ from distributed import Client, LocalCluster
 from lexiflow.storage import ArtifactRef, ArtifactStore
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.matrices import count_cooccurrence
-from lexiflow.tasks.parallel import new_worker_cluster
 from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
+from lexiflow.tasks.runners import new_worker_cluster
 from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
 from prefect import flow
 from prefect.testing.utilities import prefect_test_harness

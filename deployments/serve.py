@@ -20,44 +20,18 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from lexiflow.deployments.definitions import DeployConfig, check_schedules, deploy
+from lexiflow.deployments.serve_state import SERVE_STATE, Started, free_port, is_running, read_state, start_ticks
 from lexiflow.flows.prefect_env import environment
-from lexiflow.flows.server import SERVE_STATE, free_port
 from lexiflow.models.device import gpu_warning
-from lexiflow.models.errors import InputError
 
 
 class ServeError(Exception):
     """Something the user can act on: a port in use, a server that did not come up, a stale state file."""
-
-
-@dataclass
-class Started:
-    name: str
-    pid: int
-    start_ticks: int
-    log: str
-
-
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time (clock ticks since boot), or None when there is no such process."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return int(stat.rsplit(")", 1)[1].split()[19])  # field 22 of proc(5), counted after the command name
-
-
-def is_running(proc: Started) -> bool:
-    ticks = _start_ticks(proc.pid)
-    if ticks is None or ticks != proc.start_ticks:
-        return False
-    state = Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    return state != "Z"
 
 
 def wait_healthy(api_url: str, timeout: float = 120.0, proc: subprocess.Popen | None = None) -> None:
@@ -82,7 +56,7 @@ def _spawn(name: str, argv: list[str], env: dict[str, str], home: Path) -> tuple
         # A new session: the processes outlive `lexiflow serve` and ignore its terminal's Ctrl-C.
         proc = subprocess.Popen(argv, env=env, cwd=home, stdout=out, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, start_new_session=True)
-    ticks = _start_ticks(proc.pid)
+    ticks = start_ticks(proc.pid)
     return Started(name, proc.pid, ticks if ticks is not None else -1, str(log)), proc
 
 
@@ -95,21 +69,6 @@ def _note(home: Path, name: str, line: str) -> None:
 
 def _prefect() -> list[str]:
     return [sys.executable, "-m", "prefect"]
-
-
-def read_state(home: Path) -> dict[str, Any] | None:
-    path = home / SERVE_STATE
-    if not path.exists():
-        return None
-    try:
-        state = json.loads(path.read_text())
-        for record in state["processes"]:
-            Started(**record)  # raises on a record that does not name a process
-    except (ValueError, KeyError, TypeError) as exc:
-        raise InputError(f"{path} is damaged ({type(exc).__name__}: {exc}), so the processes it recorded are "
-                         "unknown: stop any `prefect server` / `prefect worker` left running (see `ps`), "
-                         "then delete the file") from None
-    return state
 
 
 def start(home: str | os.PathLike[str], config: DeployConfig, *, port: int | None = None,

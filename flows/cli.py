@@ -159,7 +159,7 @@ def prestart_cluster(params: PipelineParams) -> None:
         return
     from lexiflow.models.errors import LexiflowError
     from lexiflow.models.ingest.sources import resolve_sources
-    from lexiflow.tasks.parallel import start_local_cluster
+    from lexiflow.tasks.runners import start_local_cluster
 
     with contextlib.suppress(LexiflowError, OSError):  # a bad source is the corpus stage's to report
         if parallel.shard_rows or sum(path.stat().st_size for path in resolve_sources(params.corpus.sources)) \

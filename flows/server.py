@@ -24,7 +24,6 @@ import ctypes
 import importlib.util
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,22 +33,16 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
+from lexiflow.deployments.serve_state import SERVE_STATE, Started, free_port, is_running, read_state
 from lexiflow.models.errors import LexiflowError
 
 STARTUP_SETTING = "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS"  # Prefect's own name for this wait
-SERVE_STATE = "lexiflow-serve.json"  # what `lexiflow serve` started, in its PREFECT_HOME (deployments/serve.py)
 _PR_SET_PDEATHSIG = 1
 _temporary: dict[str, tuple[subprocess.Popen, float, Path]] = {}  # api url -> server, start time, log
 
 
 class ServerError(LexiflowError):
     """The temporary server did not start: the message names the setting to raise or the log to read."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 def healthy(api_url: str, timeout: float = 5.0) -> bool:
@@ -62,13 +55,11 @@ def healthy(api_url: str, timeout: float = 5.0) -> bool:
 
 def serve_api_url(home: Path) -> str | None:
     """The API of a `lexiflow serve` running from `home` whose server answers, else None."""
-    from lexiflow.deployments import serve
-
     try:
-        state = serve.read_state(home)
+        state = read_state(home)
     except LexiflowError:
         return None  # a damaged state file: `serve` itself reports it
-    if not state or not any(p["name"] == "server" and serve.is_running(serve.Started(**p))
+    if not state or not any(p["name"] == "server" and is_running(Started(**p))
                             for p in state["processes"]):
         return None
     return state["api_url"] if healthy(state["api_url"]) else None

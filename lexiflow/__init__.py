@@ -17,6 +17,6 @@ import os
 # benchmarks/results/scaling-notes.md).
 # jemalloc reads this when polars loads, which appends it to its own defaults (the last setting wins): lexiflow
 # is imported first wherever it runs (the CLI, flows, Dask workers unpickling its tasks). A user's own setting
-# is kept here; the Dask workers lexiflow starts get its decay after it (`parallel.new_worker_cluster`).
+# is kept here; the Dask workers lexiflow starts get its decay after it (`runners.new_worker_cluster`).
 POLARS_ALLOCATOR = "dirty_decay_ms:3000,muzzy_decay_ms:0"
 os.environ.setdefault("_RJEM_MALLOC_CONF", POLARS_ALLOCATOR)

@@ -15,8 +15,9 @@ from lexiflow.storage import ArtifactWriter
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, TAGGED
 from lexiflow.storage.parquet_concat import Segment
 from lexiflow.storage.store import read_segment, write_segment
-from lexiflow.tasks.parallel import deliver, received, stream_shards
+from lexiflow.tasks.parallel import stream_shards
 from lexiflow.tasks.params import CorpusParams, ParallelParams
+from lexiflow.tasks.parts import deliver, received
 from lexiflow.tasks.shards import corpus_shard
 from lexiflow.tasks.stage import stage
 

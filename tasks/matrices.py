@@ -19,13 +19,10 @@ from lexiflow.storage.formats import (
     write_matrix,
     write_matrix_columns,
 )
-from lexiflow.tasks.parallel import (
-    join_rows,
-    on_every_worker,
-    reduce_partitioned,
-    shard_ranges,
-)
+from lexiflow.tasks.parallel import reduce_partitioned, shard_ranges
 from lexiflow.tasks.params import COOCCURRENCE_SHARD_SENTENCES, CooccurrenceParams, ParallelParams, PPMIParams
+from lexiflow.tasks.parts import join_rows
+from lexiflow.tasks.runners import on_every_worker
 from lexiflow.tasks.shards import cooccurrence_shard, counting_done, weigh_partition
 from lexiflow.tasks.stage import stage
 

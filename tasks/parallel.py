@@ -1,34 +1,15 @@
-"""Sharded stages on a pool of threads, processes or Dask workers.
+"""Sharded stages: shards planned, run on a pool of threads, processes or Dask workers, and merged.
 
-A sharded stage cuts its input into shards (byte ranges of files, row ranges of a table), runs
-one shard task per shard on the runner that `ParallelParams.runner` names, and merges the results
-(counts add, rows concatenate in shard order), so the artifact is the same whatever the runner or
-shard size, and so is its version (`parallel` is not versioned, tasks/stage.py).
+A sharded stage cuts its input into shards (byte ranges of files, row ranges of a table: `shard_ranges`), runs
+one shard task per shard on the runner that `ParallelParams.runner` names (tasks/runners.py), and merges the
+results (counts add, rows concatenate in shard order), so the artifact is the same whatever the runner or
+shard size, and so is its version (`parallel` is not versioned, tasks/stage.py). Inline (the `local` runner, or
+a single shard) the shard functions are called here, one after the other, with no pool.
 
 The stage is the Prefect task run (cached, retried, its progress counting the shards); a shard task is a plain
-call of a module-level function on the pool (`run_shard`), not a task run of its own. A shard task run cost
-~0.12 s of Prefect bookkeeping on the worker and the server, and on Dask it carried the flow's context, whose
-flow and parameters made every worker import all of lexiflow's models (torch, gensim: ~11 CPU s a worker). The
-shard and merge functions live in `tasks.shards`, which imports neither Prefect nor the models (~1 s), and this
-module imports `tasks.params` for type checking only. The log lines a shard makes on a worker are logged again
-where the stage runs, so they reach the stage's run in the UI.
-
-- `local`, or a single shard: the shard functions are called here, one after the other: no pool
-  (the small default corpus pays nothing).
-- `threads`: a thread pool in this process, a stage's own; results stay in memory, except for merges that
-  stream (`map_shards(lazy=True)`: corpus, encoding), whose shards write parts as below.
-- `processes`: a pool of `workers` spawned processes this process starts at its first such stage and keeps
-  for the later ones (`process_pool`); results travel as parts (Arrow IPC files) in the writer's local work
-  folder (one machine).
-- `dask`: the cluster at `dask_address`, or a `LocalCluster` of `workers` single-threaded worker processes
-  that this process starts at its first sharded stage, or as `lexiflow run` starts (`start_local_cluster`),
-  and keeps for the later ones (`local_cluster`): a worker's start-up, importing lexiflow and the stage's
-  libraries, cost ~10 s per stage on 2 cores when each stage started its own. Its workers fork from a
-  forkserver that has loaded Dask, NumPy and SciPy (`worker_forkserver`), and its monitors run quietly
-  (`QUIET_DASK`). Results travel as parts in the writer's shared
-  folder in the store's staging area (`ArtifactWriter.shared`: a path, or an s3://... URL read and
-  written through fsspec), so workers share nothing with the driver but the store URL; only the
-  parts' paths and small counts come back, never pickled tables.
+call of a module-level function on the pool, not a task run of its own. The shard and merge functions live in
+`tasks.shards`, and their results cross processes as parts (`tasks.parts`); this module imports `tasks.params`
+for type checking only.
 
 Count merges run on the runner, two ways. `reduce_shards` (word counts): a balanced tree built as
 results finish, four results of the same level merged by a merge task (reading their parts, writing
@@ -36,163 +17,35 @@ one), so the driver receives one merged result. `reduce_partitioned` (co-occurre
 grows with the corpus): each shard cuts its counts into key-space partitions (word ids ≡ p mod P), one
 record batch each of one Arrow file; once the shards are done, P merge tasks each read their batch of every
 shard and add them, in parallel and in one pass, so no worker ever holds more than one partition.
-
-On Dask, each stage readies the workers: a worker plugin gives them back glibc's adaptive mmap threshold
-(Dask's nanny pins it low: fresh pages for every NumPy array), and a LocalCluster the runner starts gives its
-worker processes WORKER_ENVIRONMENT (one polars thread each, freed pages kept a while: lexiflow's
-`POLARS_ALLOCATOR`); workers started elsewhere with more polars threads are warned about. Tasks are
-submitted with random keys (Dask would hash each whole pickled message).
-
-A failing shard fails the stage with a one-line `ShardError` naming the stage, the shard, the worker
-and its exception, at once (not after the shards before it), and cancels the stage's other tasks: a
-transient I/O error is retried twice where the shard ran (`SHARD_RETRY_DELAYS`), other errors not at all.
-On Dask, a probe first loads each task (shard, merge) with its first call on a worker, so a worker that
-cannot import them fails the stage with the worker's ImportError (Dask itself would drop a worker that cannot
-load a task's message, then wait for another forever); a cluster left with no worker for `NO_WORKER_SECONDS`
-fails it too.
 """
 
 from __future__ import annotations
 
-import atexit
-import contextvars
-import functools
 import itertools
-import json
 import logging
 import math
-import multiprocessing
-import os
-import queue
-import shutil
-import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import Executor, Future, ProcessPoolExecutor, ThreadPoolExecutor
-from contextlib import contextmanager, suppress
-from dataclasses import dataclass
-from pathlib import Path
+from contextlib import suppress
 from typing import TYPE_CHECKING, Any
-from uuid import uuid4
 
-import fsspec
-import numpy as np
 import polars as pl
-import pyarrow as pa
 import scipy.sparse as sp
-from lexiflow import POLARS_ALLOCATOR
-from lexiflow.models.errors import LexiflowError
-from lexiflow.models.heap import adaptive_mmap_threshold, keep_freed_heap, release_freed_memory
 from lexiflow.models.progress import Progress
 from lexiflow.models.shards import aligned, equal_ranges
 from lexiflow.models.threads import machine_cores
 from lexiflow.storage import ArtifactRef, ArtifactWriter
-from lexiflow.storage.formats import by_rows, row_groups
-from lexiflow.storage.parquet_concat import Segment
-from lexiflow.storage.store import retrying, storage_options_for, write_segment
-from lexiflow.tasks.retries import worth_retrying
+from lexiflow.storage.formats import row_groups
+from lexiflow.tasks.parts import deliver, filesystem, part_paths, received, remove_folder
+from lexiflow.tasks.runners import Pool
 
 if TYPE_CHECKING:  # params imports every model (torch, gensim): not on a worker's import path (parallel.py)
     from lexiflow.tasks.params import ParallelParams
 
-# A shard that fails on a transient I/O error (`retries.worth_retrying`) runs again after these pauses, where it ran.
-SHARD_RETRY_DELAYS = (1.0, 2.0)
 _log = logging.getLogger("lexiflow.parallel")
-# What a Dask worker process needs in its environment before it starts. Its one task thread is its core, and
-# polars sizes its own pool once, from the cores: N workers on N cores would run N² polars threads (the corpus
-# stage on 2 workers, 2 cores: 25 CPU s and 18 s, against 20 and 15 with this). And polars' allocator as lexiflow
-# sets it (freed pages kept 3 s: `lexiflow.POLARS_ALLOCATOR`).
-WORKER_ENVIRONMENT = {"POLARS_MAX_THREADS": "1", "_RJEM_MALLOC_CONF": POLARS_ALLOCATOR}
-# What a worker of a Dask cluster lexiflow starts finds loaded: these load once, in the forkserver its workers fork
-# from (`worker_forkserver`), not once a worker (~1.2 of a worker's ~1.9 s of imports). Only modules that start no
-# thread as they load: polars and pyarrow start their allocators' threads, which a fork would leave behind.
-FORKSERVER_PRELOAD = ["distributed", "numpy", "scipy.sparse", "pydantic", "fsspec", "cloudpickle"]
-# What a Dask cluster lexiflow starts runs besides its tasks. Dask's defaults sample each worker's stacks every
-# 10 ms for the dashboard's profile, and time the event loop every 20 ms, memory every 100 ms and the system every
-# 0.5 s, on the cores the shards need: an idle LocalCluster of 2 took 3.8 CPU s in 20 s so, 0.46 with these.
-QUIET_DASK = {"distributed.worker.profile.enabled": False, "distributed.admin.tick.interval": "1s",
-              "distributed.worker.memory.monitor-interval": "500ms",
-              "distributed.admin.system-monitor.interval": "2s"}
-# A Dask cluster with no worker for this long fails the stage (workers that died, or never came).
-NO_WORKER_SECONDS = 120.0
-_POLL_SECONDS = 2.0  # how often a wait for shard results looks at the cluster
 # Results one merge task adds up: fewer tasks (each a round trip through the pool, and a part written and read
 # again) than pairs, still a shallow tree (log4 n levels) whose top merges hold little more than the total.
 MERGE_FAN_IN = 4
-
-
-class ShardError(LexiflowError):
-    """A shard (or merge) task failed or cannot run: the stage fails with this one line."""
-
-
-_clusters: dict[int, Any] = {}  # workers -> the LocalCluster this process started (`local_cluster`)
-_starting: dict[int, Future] = {}  # workers -> the start of a LocalCluster in the background (`start_local_cluster`)
-_process_pools: dict[int, ProcessPoolExecutor] = {}  # workers -> the process pool of `process_pool`
-
-
-def start_local_cluster(workers: int) -> None:
-    """Start `local_cluster(workers)` in the background, its workers importing the shard functions, for a run
-    that will need it: started as the command starts, its start-up overlaps the command's own imports."""
-    if workers not in _clusters and workers not in _starting:
-        worker_forkserver()  # in the caller's thread: it sets this process's environment for a moment
-        starter = ThreadPoolExecutor(1, thread_name_prefix="lexiflow-cluster-start")
-        _starting[workers] = starter.submit(_warm_cluster, workers)
-        starter.shutdown(wait=False)
-
-
-def _warm_cluster(workers: int) -> None:
-    from distributed import Client
-
-    cluster = _new_local_cluster(workers)
-    with suppress(Exception), Client(cluster.scheduler_address, set_as_default=False) as client:
-        client.run(_load_shard_functions)  # a failure is the stage's probe's to report
-
-
-def _load_shard_functions() -> None:
-    import lexiflow.tasks.shards  # noqa: F401
-
-
-def local_cluster(workers: int) -> Any:
-    """The LocalCluster of `workers` worker processes this process runs its Dask stages on: started at the first
-    (with WORKER_ENVIRONMENT) or before (`start_local_cluster`), kept for the next ones, closed at exit. One thread
-    per worker process: polars and numpy inside a shard are the parallelism."""
-    if (starting := _starting.pop(workers, None)) is not None:
-        with suppress(Exception):  # a start that failed is tried again below, where its error is raised
-            starting.result()
-    return _new_local_cluster(workers)
-
-
-def _new_local_cluster(workers: int) -> Any:
-    cluster = _clusters.get(workers)
-    if cluster is None or cluster.status.name in ("closing", "closed", "failed"):
-        cluster = new_worker_cluster(workers, dashboard_address=":0")  # a free port: no clash
-        _clusters[workers] = cluster
-        atexit.register(cluster.close)
-    return cluster
-
-
-def process_pool(workers: int) -> ProcessPoolExecutor:
-    """The pool of `workers` processes this process runs its `processes` stages on: started at the first, kept
-    for the next ones (each process imports the shard functions' modules once a run, not once a stage), shut
-    down at exit; a pool broken by a process that died is replaced. Spawned, not forked: the flow's process
-    runs threads (Prefect's, polars') that a fork would copy mid-work."""
-    pool = _process_pools.get(workers)
-    if pool is None or pool._broken:  # noqa: SLF001 -- the one public sign is a failed submit
-        pool = ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
-        _process_pools[workers] = pool
-        atexit.register(pool.shutdown, cancel_futures=True)
-    return pool
-
-
-def on_every_worker(params: ParallelParams, fn: Callable[[], Any]) -> None:
-    """fn() on every worker of the Dask cluster at `params.dask_address`, best effort (a cleanup: a worker
-    gone or unreachable is no error). Other runners' workers end with the stage's task runner."""
-    if params.runner != "dask" or not params.dask_address:
-        return
-    from distributed import Client
-
-    with suppress(Exception), Client(params.dask_address, timeout=5, set_as_default=False) as client:
-        client.run(fn)
 
 
 def shard_ranges(ref: ArtifactRef, name: str, parallel: ParallelParams,
@@ -236,7 +89,7 @@ def stream_shards(fn: Any, calls: Sequence[dict[str, Any]], params: ParallelPara
     following = 0  # the next result in call order
     start = time.perf_counter()
     with Progress(f"{name} shards", total=len(calls), unit="shards", callback=out.progress) as bar, \
-            _Pool(params, name, folder) as pool:
+            Pool(params, name, folder) as pool:
         pool.submit_shards(fn, calls)
         for i, result in pool.completed():
             results[i] = received(result, lazy, out.work / "received")
@@ -246,7 +99,7 @@ def stream_shards(fn: Any, calls: Sequence[dict[str, Any]], params: ParallelPara
                 following += 1
     _log.info("%s: %d shards in %.1f s", name, len(calls), time.perf_counter() - start)
     if folder is not None and not lazy:
-        _remove(folder)
+        remove_folder(folder)
 
 
 def reduce_shards(fn: Any, calls: Sequence[dict[str, Any]], combine: Callable[[list[Any]], Any],
@@ -261,7 +114,7 @@ def reduce_shards(fn: Any, calls: Sequence[dict[str, Any]], combine: Callable[[l
         return results[0] if len(results) == 1 else combine(results)
     folder = _parts_folder(params, out, parts=False)
     with Progress(f"{name} shards", total=len(calls), unit="shards",
-                  callback=out.progress) as bar, _Pool(params, name, folder) as pool:
+                  callback=out.progress) as bar, Pool(params, name, folder) as pool:
         pool.submit_shards(fn, calls)
         # A balanced tree, built as results come (in any order: the merge is exact in any order): MERGE_FAN_IN
         # results of the same level (shards: 0, a merge: one more than its inputs') merge, so each count is
@@ -285,7 +138,7 @@ def reduce_shards(fn: Any, calls: Sequence[dict[str, Any]], combine: Callable[[l
     ((_, final),) = ready
     result = received(final)
     if folder is not None:
-        _remove(folder)
+        remove_folder(folder)
     return result
 
 
@@ -303,7 +156,7 @@ def merge_group(combine: Callable[[list[Any]], Any], results: list[Any], part: s
     merged = combine([received(result) for result in results])
     delivered = tuple(deliver(item, part, str(j)) if isinstance(item, pl.DataFrame | sp.spmatrix) else item
                       for j, item in enumerate(merged if isinstance(merged, tuple) else (merged,)))
-    for fs, path in map(_fs, _part_paths(results)):
+    for fs, path in map(filesystem, part_paths(results)):
         with suppress(OSError):
             fs.rm(path)
     return delivered if isinstance(merged, tuple) else delivered[0]
@@ -345,7 +198,7 @@ def reduce_partitioned(fn: Any, calls: Sequence[dict[str, Any]], merge: Callable
     merged: dict[str, Any] = {}
     start = time.perf_counter()
     with Progress(f"{name} shards", total=len(calls), unit="shards", callback=out.progress) as bar, \
-            _Pool(params, name, folder) as pool:
+            Pool(params, name, folder) as pool:
         slots = pool.slots()
         partitions = partition_count(len(calls), slots)
         pool.submit_shards(fn, [{**call, "partitions": partitions} for call in calls])
@@ -369,7 +222,7 @@ def reduce_partitioned(fn: Any, calls: Sequence[dict[str, Any]], merge: Callable
             merged[key] = received(result)
     _log.info("%s: %d shards in %.1f s, then %d partition merges in %.1f s", name, len(calls),
               shards_done - start, partitions, time.perf_counter() - shards_done)
-    for fs, path in map(_fs, sorted({block.path for i in shards for block in shards[i][0]})):
+    for fs, path in map(filesystem, sorted({block.path for i in shards for block in shards[i][0]})):
         with suppress(OSError):  # the partitions are merged; the rest stays until the writer ends
             fs.rm(path)
     return [merged[f"p{p:06d}"] for p in range(partitions)], consumed, min(slots, machine_cores())
@@ -395,459 +248,11 @@ def _parts_folder(params: ParallelParams, out: ArtifactWriter, parts: bool) -> s
     if params.runner == "threads" and not parts:
         return None
     folder = out.shared if params.runner == "dask" else str(out.work / "shards")
-    fs, path = _fs(folder)
+    fs, path = filesystem(folder)
     fs.makedirs(path, exist_ok=True)  # a no-op on object stores
     return folder
-
-
-def _label(i: int, n: int, call: dict[str, Any]) -> str:
-    """`shard i/n (what it reads)`, for errors."""
-    if "start" in call and "stop" in call:
-        what = f"rows {call['start']}-{call['stop']}"
-    elif "shard" in call:
-        what = ", ".join(f"{Path(r.path).name}" + (f" bytes {r.start}-{r.stop}" if r.stop is not None else "")
-                         for r in call["shard"][:2]) + (", ..." if len(call["shard"]) > 2 else "")
-    else:
-        what = ""
-    return f"shard {i + 1}/{n}" + (f" ({what})" if what else "")
-
-
-class _Pool:
-    """Tasks on the pool `params` name (a thread pool, the run's process pool, a Dask cluster), results yielded
-    as they finish (`completed`), each failure raised at once as a `ShardError`, a Dask cluster watched while the
-    tasks wait. A task is a plain call of a module-level function (`run_shard`), not a Prefect task run: Prefect
-    tracks the stage, whose progress counts the shards, and gets the shards' log lines from this process."""
-
-    def __init__(self, params: ParallelParams, name: str, folder: str | None) -> None:
-        self.params, self.name, self.folder = params, name, folder
-        self.dask, self.threads = params.runner == "dask", params.runner == "threads"
-        self.client: Any = None  # dask
-        self.executor: Executor | None = None  # threads, processes
-        self.done: queue.Queue = queue.Queue()
-        self.futures: dict[Any, tuple[Any, str]] = {}  # key -> (future, label)
-        self.probed: set[str] = set()  # functions whose first call a worker has loaded
-
-    def __enter__(self) -> _Pool:
-        if self.dask:
-            from distributed import Client
-
-            address = self.params.dask_address or local_cluster(self.params.workers).scheduler_address
-            self.client = Client(address, set_as_default=False)
-            with suppress(Exception):  # a speed setting: a worker that cannot take it fails on the probe instead
-                self.client.register_plugin(_worker_setup_plugin())
-            _warn_oversubscribed(self.client)
-        elif self.threads:
-            self.executor = ThreadPoolExecutor(self.params.workers, thread_name_prefix=f"lexiflow-{self.name}")
-        else:
-            self.executor = process_pool(self.params.workers)
-        return self
-
-    def __exit__(self, *exc_info: Any) -> None:
-        if exc_info[0] is not None:  # a failed stage: its other tasks would only load a pool that stays up
-            for future, _ in self.futures.values():
-                with suppress(Exception):
-                    future.cancel()
-        if self.dask:
-            if exc_info[0] is None:  # the heap the workers kept from shard to shard goes back now
-                with suppress(Exception):  # (`keep_freed_heap`; after a failure, at the next stage's end)
-                    self.client.run(release_freed_memory)
-            self.client.close()
-        elif self.threads:
-            self.executor.shutdown(wait=True, cancel_futures=True)
-
-    def slots(self) -> int:
-        """Tasks the pool runs at once: a Dask cluster's worker threads now (a cluster at `dask_address` has
-        however many it has; `workers` sizes only the clusters lexiflow starts), else `workers`."""
-        threads = sum(self.client.nthreads().values()) if self.dask else 0
-        return threads or self.params.workers
-
-    def submit_shards(self, fn: Callable[..., Any], calls: Sequence[dict[str, Any]]) -> None:
-        """A stage's shards: task i runs fn(**calls[i]), keyed i, labelled for errors."""
-        for i, call in enumerate(calls):
-            self.submit(fn, call, i, _label(i, len(calls), call))
-
-    def submit(self, fn: Callable[..., Any], call: dict[str, Any], key: Any, label: str) -> None:
-        call = {**call, "part": None if self.folder is None else f"{self.folder}/{key:06d}"
-                if isinstance(key, int) else f"{self.folder}/{key}"}
-        if self.dask:
-            if fn.__qualname__ not in self.probed:
-                self._probe(fn, call, label)
-            # a random key (pure=False): Dask would otherwise hash the whole pickled call
-            future = self.client.submit(run_shard, fn, call, key=f"{fn.__name__}-{uuid4()}", pure=False)
-        elif self.threads:  # the stage's context goes along: the shard's log lines are the stage's, as inline
-            future = self.executor.submit(contextvars.copy_context().run, run_shard, fn, call, False)
-        else:
-            future = self.executor.submit(run_shard, fn, call)
-        self.futures[key] = (future, label)
-        future.add_done_callback(lambda _, key=key: self.done.put(key))
-
-    def completed(self) -> Any:
-        """(key, result) of each task as it finishes, while any is submitted and not yet yielded."""
-        no_worker_since = None
-        while self.futures:
-            try:
-                key = self.done.get(timeout=_POLL_SECONDS)
-            except queue.Empty:
-                no_worker_since = self._watch(no_worker_since)
-                continue
-            future, label = self.futures.pop(key)
-            try:
-                result, records = future.result()
-            except Exception as exc:
-                raise ShardError(f"{self.name} {label} failed{self._where(future)}: {_one_line(exc)}") from exc
-            for name, level, message in records:  # the worker's log lines, in the stage's log
-                logging.getLogger(name).log(level, "%s", message)
-            yield key, result
-
-    def _probe(self, fn: Callable[..., Any], call: dict[str, Any], label: str) -> None:
-        """Load the function and its call on a worker, as the task's own message would be (a failure there
-        makes Dask drop the worker, not fail the task): an unimportable module fails the stage now."""
-        import cloudpickle
-
-        self.probed.add(fn.__qualname__)
-        # What the task's message carries, loaded by a function every worker has: a failure is this probe's,
-        # not the worker's.
-        probe = self.client.submit(cloudpickle.loads, cloudpickle.dumps((fn, call)), pure=False)
-        no_worker_since = None
-        while True:
-            try:
-                probe.result(timeout=_POLL_SECONDS)
-                return
-            except TimeoutError:
-                no_worker_since = self._watch(no_worker_since)
-            except Exception as exc:
-                raise ShardError(f"{self.name} {label} cannot start on the Dask workers: {_one_line(exc)} (every "
-                                 "worker needs the same lexiflow and dependencies as this process)") from exc
-
-    def _watch(self, since: float | None) -> float | None:
-        """While tasks wait: fail when the Dask cluster has had no worker for NO_WORKER_SECONDS."""
-        if not self.dask or self.client.nthreads():
-            return None
-        since = since or time.monotonic()
-        if time.monotonic() - since >= NO_WORKER_SECONDS:
-            waiting = ", ".join(label for _, label in list(self.futures.values())[:3]) or "the probe"
-            raise ShardError(f"{self.name}: the Dask cluster at {self.client.scheduler.address} has had no "
-                             f"worker for {NO_WORKER_SECONDS:.0f} s while {waiting} waited (its workers died or "
-                             "left: see their logs); start workers, then run again")
-        return since
-
-    def _where(self, future: Any) -> str:
-        """` on worker tcp://...` for a failed Dask task (the worker it failed on, as the scheduler has it)."""
-        if not self.dask:
-            return ""
-        with suppress(Exception):
-            return f" on worker {self.client.run_on_scheduler(_erred_on, key=future.key)}"
-        return ""
-
-
-def _erred_on(dask_scheduler: Any, key: str) -> str:
-    """The worker a task failed on (run on the Dask scheduler)."""
-    return next(iter(dask_scheduler.tasks[key].erred_on))
-
-
-def run_shard(fn: Callable[..., Any], call: dict[str, Any], capture: bool = True) -> tuple[Any, list[tuple]]:
-    """A pool's task: fn(**call), run again after a transient I/O error (`SHARD_RETRY_DELAYS`), with the
-    lexiflow log lines it made (`capture`: on a worker, whose log lines reach neither the flow's console nor
-    Prefect; the pool logs them where the stage runs)."""
-    with _captured_logs(capture) as records:
-        result = retrying(functools.partial(fn, **call), SHARD_RETRY_DELAYS, worth_retrying, lambda exc, delay:
-                          _log.warning("%s: %s; again in %g s", fn.__qualname__, _one_line(exc), delay))
-    return result, records
-
-
-@contextmanager
-def _captured_logs(capture: bool) -> Iterator[list[tuple]]:
-    """Within: (logger, level, message) of each lexiflow log record this thread makes, at INFO or above."""
-    records: list[tuple] = []
-    if not capture:
-        yield records
-        return
-    thread = threading.get_ident()
-    handler = logging.Handler(logging.INFO)
-    handler.addFilter(lambda record: record.thread == thread)
-    handler.emit = lambda record: records.append((record.name, record.levelno, handler.format(record)))
-    logger = logging.getLogger("lexiflow")
-    level = logger.level
-    if logger.getEffectiveLevel() > logging.INFO:
-        logger.setLevel(logging.INFO)  # a plain worker logs warnings only
-    logger.addHandler(handler)
-    try:
-        yield records
-    finally:
-        logger.removeHandler(handler)
-        logger.setLevel(level)
-
-
-def new_worker_cluster(workers: int, dashboard_address: str | None = None) -> Any:
-    """A LocalCluster of `workers` single-threaded worker processes as lexiflow runs them: quiet (QUIET_DASK, its
-    scheduler and workers alike), its workers forked from `worker_forkserver`, which holds WORKER_ENVIRONMENT (a
-    variable the user set is kept; polars' allocator setting ends with lexiflow's), at their start and when a
-    nanny restarts one that died. The nannies set nothing in this process's own environment (Dask's pre-spawn
-    variables are the forkserver's)."""
-    import dask
-    from distributed import LocalCluster
-
-    worker_forkserver()
-    # Dask reads its multiprocessing method as each worker process starts, a restart too: set for this process,
-    # not for the start alone, or a worker the nanny restarts (one that died, or ran out of memory) is spawned
-    # here, importing everything again and running polars on every core beside the others.
-    dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"})
-    environment = _worker_environment()  # Dask's pre-spawn variables among them: read before they are emptied below
-    with dask.config.set({**QUIET_DASK, "distributed.nanny.pre-spawn-environ": {}}):
-        # `env` again in the worker as it starts: what a forkserver that died and came back without it lacks
-        return LocalCluster(n_workers=workers, threads_per_worker=1, processes=True,
-                            dashboard_address=dashboard_address, env=environment)
-
-
-def _worker_environment() -> dict[str, str]:
-    """WORKER_ENVIRONMENT and Dask's pre-spawn worker variables, as this process's environment leaves them: a
-    variable the user set wins, and polars' allocator setting ends with lexiflow's."""
-    import dask
-    import distributed  # noqa: F401 - its settings (Dask's worker environment) load with it
-
-    environment = {name: os.environ.get(name, str(value)) for name, value in
-                   {**dask.config.get("distributed.nanny.pre-spawn-environ"), **WORKER_ENVIRONMENT}.items()}
-    allocator = os.environ.get("_RJEM_MALLOC_CONF")
-    if allocator is not None and not allocator.endswith(POLARS_ALLOCATOR):
-        environment["_RJEM_MALLOC_CONF"] = f"{allocator},{POLARS_ALLOCATOR}"
-    return environment
-
-
-@functools.cache
-def worker_forkserver() -> None:
-    """Start (once a process) the forkserver the Dask workers this process starts fork from, its environment
-    `_worker_environment()`; FORKSERVER_PRELOAD loads in it in the background. It takes its environment from
-    this process's, set for the moment it starts: a library loading in another thread then (NumPy's BLAS,
-    torch's OpenMP read their thread counts as they load) would take it too, so the first call comes before this
-    process starts threads of its own (`start_local_cluster`), or once torch and NumPy have loaded (a stage)."""
-    from multiprocessing import forkserver
-
-    environment = _worker_environment()
-    multiprocessing.get_context("forkserver").set_forkserver_preload(FORKSERVER_PRELOAD)
-    before = {name: os.environ.get(name) for name in environment}
-    os.environ.update(environment)  # the forkserver takes this process's environment as it starts
-    try:
-        forkserver.ensure_running()
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
-
-
-def _warn_oversubscribed(client: Any) -> None:
-    """Log when a cluster started elsewhere runs polars with more threads than a worker has task threads."""
-    with suppress(Exception):  # advice only
-        pools, threads = client.run(pl.thread_pool_size), client.nthreads()
-        crowded = sorted(worker for worker, n in pools.items() if n > threads.get(worker, n))
-        if crowded:
-            _log.warning("Dask workers %s run polars with %d threads for %d task thread(s): start them with %s "
-                         "in their environment (oversubscribed cores: ~20 %% slower shards)", ", ".join(crowded[:3]),
-                         pools[crowded[0]], threads[crowded[0]],
-                         " ".join(f"{name}={value}" for name, value in WORKER_ENVIRONMENT.items()))
-
-
-@functools.cache
-def _worker_setup_plugin() -> Any:
-    """A Dask worker plugin run on every worker, present and future: glibc's adaptive mmap threshold
-    (`heap.adaptive_mmap_threshold`: Dask's nanny pins it at 128 KB, ~20 % of a co-occurrence shard's CPU), the
-    heap's free top kept for the next shard (`heap.keep_freed_heap`; each pool gives it back as it ends)."""
-    from distributed.diagnostics.plugin import WorkerPlugin
-
-    class WorkerSetup(WorkerPlugin):
-        name = "lexiflow-worker-setup"
-        idempotent = True
-
-        def setup(self, worker: Any) -> None:
-            adaptive_mmap_threshold()
-            keep_freed_heap()
-
-    return WorkerSetup()
-
-
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip().splitlines()
-    return type(exc).__name__ + (f": {text[0]}" if text else "")
 
 
 def _counted(result: Any, bar: Progress) -> Any:
     bar.update()
     return result
-
-
-# ---- shard results: in memory, or a part file (Arrow IPC: tables; sparse matrices as row, col, value) ----
-@dataclass(frozen=True)
-class Part:
-    """A shard result written to a file (what crosses the process boundary instead): a local path, or a
-    URL of the store's staging area. Arrow IPC, uncompressed: a part is written once and read once, in the
-    tables' own memory layout, so neither side encodes or decodes it, and a local part is read memory-mapped
-    (the encoding stage's 16 parts at 1 GB: 1.2 CPU s to read as uncompressed Parquet, 0.1 s as IPC)."""
-
-    path: str
-    batch: int | None = None  # one record batch of the file (a key-space partition), or the whole file
-
-
-def _fs(path: str) -> tuple[fsspec.AbstractFileSystem, str]:
-    """The filesystem of a part's path or URL (an object store's options as the store has them)."""
-    return fsspec.core.url_to_fs(path, **storage_options_for(path))
-
-
-def deliver(result: pl.DataFrame | sp.spmatrix, part: str | None, name: str = "") -> Any:
-    """The shard's result itself (`part` None), or the `Part` it was written to (`name` tells apart
-    several results of one shard)."""
-    if part is None:
-        return result
-    path = f"{part}{'-' + name if name else ''}.arrow"
-    if isinstance(result, pl.DataFrame):
-        fs, target = _fs(path)
-        with fs.open(target, "wb") as f:
-            result.write_ipc(f, compression="uncompressed")
-    else:
-        _write_batches(path, [_triplets(result)])
-    return Part(path)
-
-
-def deliver_row_groups(table: pl.DataFrame, part: str | None, schema: pa.Schema, row_group_size: int,
-                       name: str = "rows") -> Segment:
-    """A shard's rows of an artifact's table, encoded and compressed here as the artifact's row groups
-    (`schema`, row groups of `row_group_size` from the shard's first row): a `Segment` the process writing the
-    artifact appends as bytes (`ArtifactWriter.parquet_parts`), in memory (`part` None) or as a file. So a
-    table that only concatenates shards is encoded by the workers, in parallel, and only copied by that process."""
-    return write_segment(table, schema, row_group_size, None if part is None else f"{part}-{name}.parquet")
-
-
-def deliver_partitions(blocks: list[sp.spmatrix], part: str | None, name: str) -> list[Any]:
-    """A shard's key-space partitions (`row_partitions`): themselves (`part` None), or one file holding
-    partition p in record batch p, as one `Part` per partition (a merge reads only its batch)."""
-    if part is None:
-        return blocks
-    path = f"{part}-{name}.arrow"
-    _write_batches(path, [_triplets(block) for block in blocks])
-    return [Part(path, p) for p in range(len(blocks))]
-
-
-def _write_batches(path: str, batches: list[pa.RecordBatch]) -> None:
-    fs, target = _fs(path)
-    with fs.open(target, "wb") as f, pa.ipc.new_file(f, batches[0].schema) as writer:
-        for batch in batches:
-            writer.write_batch(batch)  # one batch each, even when empty
-
-
-def _triplets(matrix: sp.spmatrix) -> pa.RecordBatch:
-    """A sparse matrix as (row, col, value) columns in CSR order (by row, then column; no duplicates), its
-    shape in the schema's metadata. Indices are int32 where the shape allows and integer values int32 where
-    they fit (a shard's counts): half the bytes of int64 to write, to move through an object store and to
-    read back (`_from_triplets`)."""
-    rows, cols, values = by_rows(matrix, np.int32 if max(matrix.shape) <= np.iinfo(np.int32).max else np.int64)
-    if values.dtype.kind == "i" and _fits_int32(values):
-        values = values.astype(np.int32)
-    batch = pa.record_batch({"row": rows, "col": cols, "value": values})
-    return batch.replace_schema_metadata({"shape": json.dumps(list(matrix.shape))})
-
-
-def _fits_int32(values: np.ndarray) -> bool:
-    limits = np.iinfo(np.int32)
-    return not len(values) or (limits.min <= values.min() and values.max() <= limits.max)
-
-
-def _from_triplets(table: pa.Table | pa.RecordBatch, shape: tuple[int, int]) -> sp.csr_matrix:
-    """The CSR matrix of `_triplets`' columns: its rows come sorted, so the row pointer is their running count
-    (no sort, no duplicates to add); integer values come back int64, so that sums of them stay exact."""
-    rows, cols, values = (table[name].to_numpy() for name in ("row", "col", "value"))
-    if values.dtype.kind == "i":
-        values = values.astype(np.int64, copy=False)
-    indptr = np.concatenate(([0], np.cumsum(np.bincount(rows, minlength=shape[0]))))
-    return sp.csr_matrix((values, cols, indptr), shape=shape)
-
-
-def received(result: Any, lazy: bool = False, downloads: Path | None = None) -> Any:
-    """A shard's result with its `Part`s (also inside a tuple) read back (tables as LazyFrames with
-    `lazy`: a part on an object store is first downloaded into `downloads`, a local folder)."""
-    if isinstance(result, tuple):
-        return tuple(received(item, lazy, downloads) for item in result)
-    if not isinstance(result, Part):
-        return result
-    fs, path = _fs(result.path)
-    local = isinstance(fs, fsspec.implementations.local.LocalFileSystem)
-    if lazy and downloads is not None and not local:
-        downloads.mkdir(parents=True, exist_ok=True)
-        target = downloads / path.rsplit("/", 1)[-1]
-        fs.get_file(path, str(target))
-        path, local = str(target), True
-    with pa.memory_map(path) if local else fs.open(path, "rb") as f:
-        reader = pa.ipc.open_file(f)
-        metadata = reader.schema.metadata or {}
-        if b"shape" not in metadata:
-            return pl.scan_ipc(path) if lazy and local else pl.from_arrow(reader.read_all())
-        table = reader.read_all() if result.batch is None else reader.get_batch(result.batch)
-    return _from_triplets(table, tuple(json.loads(metadata[b"shape"])))
-
-
-def _part_paths(results: Any) -> list[str]:
-    """The files of these results' parts and segments."""
-    if isinstance(results, list | tuple):
-        return [path for item in results for path in _part_paths(item)]
-    if isinstance(results, Segment) and isinstance(results.source, str):
-        return [results.source]
-    return [results.path] if isinstance(results, Part) else []
-
-
-def _remove(folder: str) -> None:
-    fs, path = _fs(folder)
-    with suppress(OSError):
-        if isinstance(fs, fsspec.implementations.local.LocalFileSystem):
-            shutil.rmtree(path, ignore_errors=True)
-        elif fs.exists(path):
-            fs.rm(path, recursive=True)
-
-
-def sum_matrices(matrices: list[sp.spmatrix], shape: tuple[int, int] | None = None) -> sp.csr_matrix:
-    """Sum of shard matrices (exact for integer counts, in any order), of `shape` (default: the largest
-    of theirs; smaller ones are padded). Added in pairs, level by level: CSR additions are linear merges
-    of sorted rows (no sort), and each entry goes through log2(n) of them, not n as in a chain onto one
-    growing total."""
-    shape = shape or tuple(max(m.shape[axis] for m in matrices) for axis in (0, 1))
-    level = []
-    for matrix in matrices:
-        matrix = matrix.tocsr()
-        if matrix.shape != shape:
-            matrix = matrix.copy()
-            matrix.resize(shape)
-        level.append(matrix)
-    while len(level) > 1:
-        level = [level[i] + level[i + 1] if i + 1 < len(level) else level[i] for i in range(0, len(level), 2)]
-    return level[0]
-
-
-def join_rows(blocks: list[sp.csr_matrix]) -> sp.csr_matrix:
-    """One matrix from blocks of the same shape holding disjoint rows (the merges of `row_partitions`):
-    each row's entries moved, not added (a sum would merge every row with the others' empty ones)."""
-    lengths = [np.diff(block.indptr) for block in blocks]
-    if int(np.max(np.sum([length > 0 for length in lengths], axis=0), initial=0)) > 1:
-        raise ValueError("join_rows: two blocks hold entries of the same row; add them (sum_matrices)")
-    indptr = np.concatenate(([0], np.cumsum(np.sum(lengths, axis=0, dtype=np.int64))))
-    indices = np.empty(indptr[-1], dtype=np.result_type(*(block.indices for block in blocks)))
-    data = np.empty(indptr[-1], dtype=np.result_type(*(block.data for block in blocks)))
-    for block, length in zip(blocks, lengths, strict=True):
-        # the j-th entry of row r: at block.indptr[r] + j in the block, at indptr[r] + j in the whole
-        where = np.repeat(indptr[:-1] - block.indptr[:-1], length) + np.arange(block.nnz)
-        indices[where], data[where] = block.indices, block.data
-    return sp.csr_matrix((data, indices, indptr), shape=blocks[0].shape)
-
-
-def row_partitions(matrix: sp.spmatrix, partitions: int) -> list[sp.csr_matrix]:
-    """Partition p = the rows r ≡ p (mod partitions) of `matrix`, each of the full shape (other rows
-    empty). Interleaved rather than ranges: ids are in frequency order, so the dense low rows spread
-    over every partition."""
-    matrix = matrix.tocsr()
-    lengths = np.diff(matrix.indptr)
-    blocks = []
-    for p in range(partitions):
-        rows = np.arange(p, matrix.shape[0], partitions)
-        sub = matrix[rows]
-        kept = np.zeros(matrix.shape[0], dtype=np.int64)
-        kept[rows] = lengths[rows]
-        indptr = np.concatenate(([0], np.cumsum(kept)))
-        blocks.append(sp.csr_matrix((sub.data, sub.indices, indptr), shape=matrix.shape))
-    return blocks

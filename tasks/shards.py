@@ -4,7 +4,8 @@ A worker imports a task's function by name, so it imports the function's module:
 their stages, because a stage module imports Prefect (`tasks.stage`) and this one does not. A Dask worker's
 first task imported ~2.9 s of modules from the stage modules, 1.9 s of it Prefect; from here ~1.0 s
 (docs/scaling.md, "Worker start-up"). Nothing here may import Prefect or `tasks.params` (every model: torch,
-gensim); tests/test_layers.py checks it in a fresh process.
+gensim); tests/test_layers.py checks it in a fresh process. Nor the runners (`tasks.parallel`), which load this
+module on the Dask workers they start: shard results go through `tasks.parts`, which both import.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from lexiflow.storage.formats import (
     read_rows,
 )
 from lexiflow.storage.parquet_concat import Segment
-from lexiflow.tasks.parallel import deliver, deliver_partitions, deliver_row_groups, row_partitions, sum_matrices
+from lexiflow.tasks.parts import deliver, deliver_partitions, deliver_row_groups, row_partitions, sum_matrices
 
 
 def corpus_shard(shard: list[ingest.FileRange | ingest.Streams], options: ingest.IngestOptions, chunk_bytes: int,

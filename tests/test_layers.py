@@ -11,7 +11,6 @@ follow these too, tasks/stage.py)."""
 from __future__ import annotations
 
 import ast
-import functools
 import importlib
 import importlib.util
 import inspect
@@ -21,7 +20,6 @@ import sys
 from pathlib import Path
 
 import lexiflow
-import pytest
 from lexiflow.models.lm import neural, registry
 from lexiflow.models.lm.ngram import NgramLM
 
@@ -117,22 +115,6 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return sorted(cycles)
 
 
-# Cycles known and not yet broken: their modules are being changed by other issues. Each entry says what makes
-# the cycle and the fix; once fixed, its `test_a_known_cycle_is_gone` case passes, which fails (strict xfail):
-# remove the entry then.
-KNOWN_CYCLES = {
-    ("lexiflow.tasks.parallel", "lexiflow.tasks.shards"):
-        "shards.py imports deliver, deliver_partitions, deliver_row_groups, row_partitions and sum_matrices from "
-        "parallel.py, which imports shards inside _load_shard_functions (Dask workers load the shard functions "
-        "early): move parallel.py's shard-results section (Part, deliver*, received, sum_matrices, join_rows, "
-        "row_partitions and their helpers) into a module of its own that both import",
-    ("lexiflow.deployments.serve", "lexiflow.flows.server"):
-        "deployments/serve.py imports SERVE_STATE and free_port from flows/server.py, which imports "
-        "deployments.serve inside serve_api_url (read_state, is_running, Started): move SERVE_STATE, free_port, "
-        "Started, is_running and read_state into a stdlib-only deployments module that both import",
-}
-
-
 def test_the_cycle_scan_finds_cycles_of_every_kind_of_import(tmp_path, monkeypatch):
     """The check can fail: an import at the top, one under TYPE_CHECKING and one inside a function each count."""
     (tmp_path / "lexiflow_probe_a.py").write_text(
@@ -145,20 +127,8 @@ def test_the_cycle_scan_finds_cycles_of_every_kind_of_import(tmp_path, monkeypat
     assert import_cycles(graph) == [["a", "b", "c"], ["f", "g"]]
 
 
-@functools.cache
-def package_cycles() -> list[list[str]]:
-    return import_cycles(module_graph(["lexiflow", *lexiflow_modules()]))  # the package's own __init__ too
-
-
 def test_no_import_cycle():
-    cycles = package_cycles()
-    assert [c for c in cycles if tuple(c) not in KNOWN_CYCLES] == []
-
-
-@pytest.mark.parametrize("cycle", [pytest.param(c, marks=pytest.mark.xfail(strict=True, reason=fix), id="-".join(
-    m.rpartition(".")[2] for m in c)) for c, fix in KNOWN_CYCLES.items()])
-def test_a_known_cycle_is_gone(cycle):
-    assert list(cycle) not in package_cycles()
+    assert import_cycles(module_graph(["lexiflow", *lexiflow_modules()])) == []  # the package's own __init__ too
 
 
 def test_the_scan_finds_private_imports(tmp_path, monkeypatch):
@@ -202,7 +172,8 @@ def test_a_pool_worker_imports_neither_prefect_nor_the_models():
     `tasks.params` (every model: torch, gensim), in a fresh process: ~1.0 s of imports on a worker's first task,
     not ~2.9 s (benchmarks/results/scaling-notes.md)."""
     stages = [f"lexiflow.tasks.{name}" for name in ("stage", "params", "corpus", "vocabulary", "matrices")]
-    code = ("import sys, lexiflow.tasks.shards, lexiflow.tasks.parallel; print(sorted(m for m in sys.modules if "
+    pool = ", ".join(f"lexiflow.tasks.{name}" for name in ("shards", "parts", "parallel", "runners"))
+    code = (f"import sys, {pool}; print(sorted(m for m in sys.modules if "
             f"m.split('.')[0] in ('prefect', 'torch', 'gensim', 'sklearn') or m in {stages}))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

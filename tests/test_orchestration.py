@@ -355,7 +355,7 @@ def test_serve_already_running_names_the_home_to_stop_it_with(tmp_path, capsys, 
     running = subprocess.Popen(["sleep", "30"])
     try:
         home = tmp_path / "elsewhere"
-        _record(home, [serve.Started("server", running.pid, serve._start_ticks(running.pid), "")])
+        _record(home, [serve.Started("server", running.pid, serve.start_ticks(running.pid), "")])
         state = json.loads((home / serve.SERVE_STATE).read_text())
         (home / serve.SERVE_STATE).write_text(json.dumps({**state, "ui_url": "http://127.0.0.1:1"}))
         monkeypatch.setattr(serve, "_spawn", lambda *a, **k: pytest.fail("serve started a process"))
@@ -369,7 +369,7 @@ def test_serve_already_running_names_the_home_to_stop_it_with(tmp_path, capsys, 
 def test_stop_never_signals_a_process_that_only_reuses_a_recorded_pid(tmp_path):
     other = subprocess.Popen(["sleep", "30"])
     try:
-        ticks = serve._start_ticks(other.pid)
+        ticks = serve.start_ticks(other.pid)
         _record(tmp_path, [serve.Started("server", other.pid, ticks + 1, "")])  # same PID, another start time
         assert serve.stop(tmp_path, grace=1) == [f"server (pid {other.pid}): not running"]
         assert other.poll() is None
@@ -389,7 +389,7 @@ def test_stop_sends_a_second_sigterm_to_a_process_that_survives_the_first(tmp_pa
     """)], stdout=subprocess.PIPE, text=True)
     try:
         assert stubborn.stdout.readline().strip() == "ready"
-        _record(tmp_path, [serve.Started("worker-gpu0", stubborn.pid, serve._start_ticks(stubborn.pid), "")])
+        _record(tmp_path, [serve.Started("worker-gpu0", stubborn.pid, serve.start_ticks(stubborn.pid), "")])
         assert serve.stop(tmp_path, grace=2) == [f"worker-gpu0 (pid {stubborn.pid}): stopped (second SIGTERM)"]
         assert stubborn.wait(timeout=5) == 0
         assert not (tmp_path / serve.SERVE_STATE).exists()

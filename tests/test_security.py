@@ -28,9 +28,9 @@ def test_no_pickle_in_code_that_writes_or_reads_artifacts():
     """Artifacts are Parquet, JSON, text or safetensors: no module that handles them unpickles."""
     forbidden = re.compile(r"\bimport pickle\b|\bpickle\.|\bcloudpickle\b|\bdill\b|\bjoblib\b|allow_pickle\s*=\s*True"
                            r"|torch\.load\((?![^)]*weights_only\s*=\s*True)")
-    # The one exception, never near an artifact: the Dask probe (tasks/parallel.py: _probe) serializes a
+    # The one exception, never near an artifact: the Dask probe (tasks/runners.py: _probe) serializes a
     # shard task's message with cloudpickle, as Dask itself does for every task, and loads it on a worker.
-    allowed = {("tasks/parallel.py", "cloudpickle")}
+    allowed = {("tasks/runners.py", "cloudpickle")}
     offenders = []
     for folder in ("storage", "tasks", "flows", "models"):
         for path in (ROOT / folder).rglob("*.py"):

@@ -42,8 +42,9 @@ from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, by_columns, r
 from lexiflow.storage.store import ArtifactWriter, write_segment
 from lexiflow.tasks.corpus import documents_writer, ingest_corpus
 from lexiflow.tasks.matrices import count_cooccurrence
-from lexiflow.tasks.parallel import join_rows, row_partitions, shard_ranges, sum_matrices
+from lexiflow.tasks.parallel import shard_ranges
 from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
+from lexiflow.tasks.parts import join_rows, row_partitions, sum_matrices
 from lexiflow.tasks.shards import termdoc_pieces
 from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
 
@@ -525,7 +526,7 @@ def test_blocks_of_disjoint_rows_join_into_the_matrix_they_came_from():
 def test_matrix_parts_come_back_exactly_in_half_the_bytes_where_values_fit_int32(tmp_path):
     """A shard's counts cross processes as int32 triplets (the same entries, read back int64 so that sums of
     them stay exact); counts past int32, float weights and unsorted or duplicate entries come back as given."""
-    from lexiflow.tasks.parallel import Part, deliver, deliver_partitions, received
+    from lexiflow.tasks.parts import Part, deliver, deliver_partitions, received
 
     counts = sp.random(50, 3000, density=0.05, random_state=3, format="csr")
     counts.data = np.arange(1, counts.nnz + 1, dtype=np.int64)
@@ -551,10 +552,11 @@ def test_matrix_parts_come_back_exactly_in_half_the_bytes_where_values_fit_int32
 def test_a_concurrent_build_of_the_same_version_leaves_this_builds_shard_parts(tmp_path, monkeypatch):
     """Shard parts (processes and dask runners) live in the writer's own work folder: another run
     building the same version meanwhile neither clears them when it starts nor removes them at its end."""
-    from lexiflow.tasks import parallel
+    from lexiflow.tasks import parallel, runners
+    from lexiflow.tasks.parts import deliver
 
     def shard(rows: list[int], part: str | None):
-        return parallel.deliver(pl.DataFrame({"x": rows}), part)
+        return deliver(pl.DataFrame({"x": rows}), part)
 
     version, calls, others, started = "ab" * 8, [{"rows": [1, 2]}, {"rows": [3]}], [], []
     processes = ParallelParams(runner="processes")
@@ -572,7 +574,7 @@ def test_a_concurrent_build_of_the_same_version_leaves_this_builds_shard_parts(t
             future.set_result(fn(*args))
             return future
 
-    monkeypatch.setattr(parallel, "process_pool", lambda workers: Pool())
+    monkeypatch.setattr(runners, "process_pool", lambda workers: Pool())
     with ArtifactStore(tmp_path).writer("corpus", version) as out:
         results = parallel.map_shards(shard, calls, processes, "ours", out)
         out.write_text("a.txt", "the other run")
@@ -603,9 +605,9 @@ def flaky_shard(marks: str, error: str, part: str | None) -> int:
 
 @pytest.mark.parametrize("runner", ["threads", "processes"])
 def test_a_shard_is_retried_where_it_ran_on_transient_errors_only(tmp_path, monkeypatch, runner):
-    from lexiflow.tasks import parallel
+    from lexiflow.tasks import parallel, runners
 
-    monkeypatch.setattr(parallel, "SHARD_RETRY_DELAYS", (0.0, 0.0))  # the pool's threads read it; processes: (1, 2)
+    monkeypatch.setattr(runners, "SHARD_RETRY_DELAYS", (0.0, 0.0))  # the pool's threads read it; processes: (1, 2)
     params = ParallelParams(runner=runner, workers=2)
     for error, outcome in (("transient", [3, 3]), ("bad input", None)):
         folders = [tmp_path / runner / error / str(i) for i in range(2)]
@@ -616,7 +618,7 @@ def test_a_shard_is_retried_where_it_ran_on_transient_errors_only(tmp_path, monk
             if outcome is not None:
                 assert parallel.map_shards(flaky_shard, calls, params, "flaky", out) == outcome
             else:
-                with pytest.raises(parallel.ShardError, match=r"^flaky shard \d/2 failed: ValueError: no numbers"):
+                with pytest.raises(runners.ShardError, match=r"^flaky shard \d/2 failed: ValueError: no numbers"):
                     parallel.map_shards(flaky_shard, calls, params, "flaky", out)
         attempts = [len(list(folder.iterdir())) for folder in folders]
         assert attempts == [3, 3] if outcome else 1 in attempts and max(attempts) == 1  # bad input: never again

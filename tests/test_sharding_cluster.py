@@ -28,17 +28,15 @@ from lexiflow.flows.cli import main, prestart_cluster
 from lexiflow.flows.params import validate
 from lexiflow.models.threads import machine_cores
 from lexiflow.storage import ArtifactStore, Catalog
-from lexiflow.tasks import parallel
+from lexiflow.tasks import parallel, runners
 from lexiflow.tasks.parallel import (
-    ShardError,
-    deliver,
-    deliver_partitions,
     map_shards,
     reduce_partitioned,
     reduce_shards,
-    row_partitions,
 )
 from lexiflow.tasks.params import ParallelParams
+from lexiflow.tasks.parts import deliver, deliver_partitions, part_paths, row_partitions
+from lexiflow.tasks.runners import ShardError
 from prefect.testing.utilities import prefect_test_harness
 
 from tests.test_heap import faults_of_a_top_block, page_faults_of_a_second_block
@@ -81,7 +79,7 @@ def test_a_cluster_sharing_only_the_store_publishes_what_one_process_does(tmp_pa
     original = parallel.received
 
     def spy(result, *args, **kwargs):
-        received.extend(parallel._part_paths(result))
+        received.extend(part_paths(result))
         return original(result, *args, **kwargs)
 
     monkeypatch.setattr(parallel, "received", spy)
@@ -215,7 +213,7 @@ def test_a_stage_gives_back_the_heap_its_workers_kept_from_shard_to_shard_when_i
                                                                                       monkeypatch):
     released, marks = tmp_path / "released", tmp_path / "marks"
     released.mkdir(), marks.mkdir()
-    monkeypatch.setattr(parallel, "release_freed_memory", functools.partial(mark_worker, str(released)))
+    monkeypatch.setattr(runners, "release_freed_memory", functools.partial(mark_worker, str(released)))
     calls = [{"start": a, "stop": a + 10, "broken": -1, "marks": str(marks)} for a in (0, 10, 20)]
     with ArtifactStore(tmp_path / "store").writer("corpus", "ab" * 8) as out:
         map_shards(count_rows_shard, calls, on(cluster), "counting", out)
@@ -265,8 +263,8 @@ def test_a_shard_task_that_cannot_start_on_the_workers_fails_the_run_in_one_line
 
 
 def test_a_cluster_without_workers_fails_the_stage(tmp_path, monkeypatch):
-    monkeypatch.setattr(parallel, "NO_WORKER_SECONDS", 1.0)
-    monkeypatch.setattr(parallel, "_POLL_SECONDS", 0.2)
+    monkeypatch.setattr(runners, "NO_WORKER_SECONDS", 1.0)
+    monkeypatch.setattr(runners, "_POLL_SECONDS", 0.2)
     calls = [{"start": a, "stop": a + 10, "broken": -1, "marks": str(tmp_path)} for a in (0, 10)]
     with LocalCluster(n_workers=0, processes=False, dashboard_address=None) as empty, \
             ArtifactStore(tmp_path / "store").writer("corpus", "ab" * 8) as out, pytest.raises(ShardError) as failed:
@@ -285,20 +283,20 @@ def test_a_dask_run_of_more_than_one_shard_starts_its_cluster_as_the_command_sta
     def started(workers: int, **parallel_params: Any) -> bool:
         prestart_cluster(validate({"corpus": {"sources": [str(corpus)]},
                                    "parallel": {"runner": "dask", "workers": workers, **parallel_params}}))
-        return workers in parallel._starting or workers in parallel._clusters
+        return workers in runners._starting or workers in runners._clusters
 
     assert not started(3, shard_bytes=4800) and not started(3, shard_bytes=1024, dask_address="tcp://10.0.0.5:8786")
     assert started(1, shard_bytes=4799)
-    cluster = parallel.local_cluster(1)  # the one started, once it is up
-    assert parallel._clusters[1] is cluster and 1 not in parallel._starting
+    cluster = runners.local_cluster(1)  # the one started, once it is up
+    assert runners._clusters[1] is cluster and 1 not in runners._starting
     with Client(cluster.scheduler_address, set_as_default=False) as client:
         assert set(client.run(lambda: "lexiflow.tasks.shards" in sys.modules).values()) == {True}
 
 
 @pytest.mark.slow
 def test_cli_run_on_a_local_dask_cluster_of_two_workers_publishes_what_one_process_does(tmp_path, monkeypatch):
-    pools, enter = [], parallel._Pool.__enter__  # (runner, scheduler address) of each pool a stage opened
-    monkeypatch.setattr(parallel._Pool, "__enter__", lambda pool: enter(pool) and pools.append(
+    pools, enter = [], runners.Pool.__enter__  # (runner, scheduler address) of each pool a stage opened
+    monkeypatch.setattr(runners.Pool, "__enter__", lambda pool: enter(pool) and pools.append(
         (pool.params.runner, pool.client.scheduler.address)) or pool)
     small = ["--corpus", "builtin:lee", "--set", "lm=[]", "--set", 'embeddings=["svd"]', "--set", "svd.dim=10",
              "--set", "evaluation.projection_words=0"]
@@ -308,8 +306,8 @@ def test_cli_run_on_a_local_dask_cluster_of_two_workers_publishes_what_one_proce
                  "--set", "parallel.workers=2"]) == 0
     # word counts, encoding and co-occurrence ran on one LocalCluster of 2 workers, started once for the run
     # (ingestion: one shard, inline)
-    assert pools == [("dask", parallel.local_cluster(2).scheduler_address)] * 3
-    assert len(parallel.local_cluster(2).workers) == 2
+    assert pools == [("dask", runners.local_cluster(2).scheduler_address)] * 3
+    assert len(runners.local_cluster(2).workers) == 2
     local, dask = ArtifactStore(tmp_path / "local"), ArtifactStore(tmp_path / "dask")
     refs = {store: {m["kind"]: store.ref(m["kind"], m["version"]) for m in Catalog(store).list()
                     if m["kind"] in ("corpus", "tokenizer", "tokenized_corpus", "cooccurrence", "ppmi")}
@@ -323,7 +321,7 @@ def test_workers_the_runner_starts_run_polars_on_their_one_core_and_others_are_w
     # runs as many polars threads as the machine has cores, beside every other worker's.
     names = ("POLARS_MAX_THREADS", "OMP_NUM_THREADS", "MALLOC_TRIM_THRESHOLD_")
     ours = {name: os.environ.get(name) for name in names}
-    started = parallel.new_worker_cluster(1)
+    started = runners.new_worker_cluster(1)
     # A nanny would set the workers' variables in this process too (torch imported later: one thread).
     assert {name: os.environ.get(name) for name in names} == ours
     with started, Client(started, set_as_default=False) as client:
@@ -335,12 +333,12 @@ def test_workers_the_runner_starts_run_polars_on_their_one_core_and_others_are_w
         assert set(client.run(dask.config.get, "distributed.worker.profile.enabled").values()) == {False}
         # and polars' allocator set as lexiflow sets it (the last setting is jemalloc's), whichever loaded first here
         assert all(conf.endswith(POLARS_ALLOCATOR) for conf in client.run(os.getenv, "_RJEM_MALLOC_CONF").values())
-        parallel._warn_oversubscribed(client)
+        runners._warn_oversubscribed(client)
     assert "run polars with" not in caplog.text
     if pl.thread_pool_size() > 1:  # in-process workers: this process's pool, one per core
         with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address=None) as other, \
                 Client(other, set_as_default=False) as client:
-            parallel._warn_oversubscribed(client)
+            runners._warn_oversubscribed(client)
         assert f"run polars with {pl.thread_pool_size()} threads for 1 task thread(s): start them with " \
                "POLARS_MAX_THREADS=1" in caplog.text
 
@@ -362,7 +360,7 @@ def test_a_worker_the_nanny_restarts_forks_as_the_first_did_with_the_workers_env
             time.sleep(0.2)
         raise AssertionError("the nanny did not start the worker again in 60 s")
 
-    with parallel.new_worker_cluster(1) as started, Client(started, set_as_default=False) as client:
+    with runners.new_worker_cluster(1) as started, Client(started, set_as_default=False) as client:
         forkserver = only(client.run(os.getppid))
         assert forkserver != os.getpid()
         restarted(client, only(client.run(os.getpid)))
@@ -379,4 +377,4 @@ def test_a_worker_the_nanny_restarts_forks_as_the_first_did_with_the_workers_env
             assert only(client.run(pl.thread_pool_size)) == 1
         finally:  # the later tests' workers fork from a forkserver with the workers' environment again
             os.kill(only(client.run(os.getppid)), signal.SIGKILL)
-            parallel.worker_forkserver.__wrapped__()
+            runners.worker_forkserver.__wrapped__()

@@ -11,11 +11,12 @@ import scipy.sparse as sp
 from distributed import LocalCluster
 from lexiflow.models.threads import machine_cores
 from lexiflow.storage import ArtifactStore
-from lexiflow.tasks import parallel
+from lexiflow.tasks import parallel, runners
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.matrices import count_cooccurrence
-from lexiflow.tasks.parallel import deliver_partitions, map_shards, reduce_partitioned, stream_shards
+from lexiflow.tasks.parallel import map_shards, reduce_partitioned, stream_shards
 from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, ParallelParams, VocabularyParams
+from lexiflow.tasks.parts import deliver_partitions
 from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
 from prefect import flow, get_client, task
 from prefect.client.schemas.filters import FlowRunFilter, FlowRunFilterId, LogFilter, LogFilterTaskRunId
@@ -59,7 +60,7 @@ def test_dask_threads_and_processes_publish_what_one_process_does_and_reruns_reu
     # Every stage on one pool of spawned processes, started at the first (each process imports the shard
     # modules once a run, not once a stage).
     started = []
-    monkeypatch.setattr(parallel, "_process_pools", {})
+    monkeypatch.setattr(runners, "_process_pools", {})
     monkeypatch.setattr(parallel, "ProcessPoolExecutor", lambda **options: started.append(options) or
                         concurrent.futures.ProcessPoolExecutor(**options))
     processes = ParallelParams(runner="processes", workers=2, **shards)
