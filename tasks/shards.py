@@ -28,10 +28,12 @@ from lexiflow.storage.formats import (
 )
 from lexiflow.storage.parquet_concat import Segment
 from lexiflow.tasks.parallel import deliver, deliver_partitions, deliver_row_groups, row_partitions, sum_matrices
+from lexiflow.tasks.pieces import CorpusPieces, WordCountPieces, content_cuts
 
 
 def corpus_shard(shard: list[ingest.FileRange | ingest.Streams], options: ingest.IngestOptions, chunk_bytes: int,
-                 part: str | None) -> tuple[Any, dict[int, int], dict[int, tuple[int, int, str]], Any, Any]:
+                 part: str | None, pieces: CorpusPieces | None = None
+                 ) -> tuple[Any, dict[int, int], dict[int, tuple[int, int, str]], Any, Any]:
     """Read and clean one shard of the sources (documents delivered in memory or as a part; a shard
     that streams in several batches, a large compressed file, delivers each batch as a part of its own;
     its distinct words as a part too). As parts, each table's first copies are encoded here as
@@ -48,7 +50,7 @@ def corpus_shard(shard: list[ingest.FileRange | ingest.Streams], options: ingest
 
     # In this process the batches stay tables, so the documents come in the same tables as on any runner.
     spill = (lambda docs: docs) if part is None else (lambda docs: delivered(docs, f"{next(batch):05d}"))
-    result = ingest.ingest_shard(shard, options, chunk_bytes=chunk_bytes, spill=spill)
+    result = ingest.ingest_shard(shard, options, chunk_bytes=chunk_bytes, spill=spill, pieces=pieces)
     if part is None:  # in this process: the merge encodes what it keeps
         documents, row_groups = result.documents, None
     elif isinstance(result.documents, tuple):
@@ -69,6 +71,35 @@ def count_words_shard(corpus: ArtifactRef, start: int, stop: int, part: str | No
 def add_word_counts(results: list[tuple[pl.DataFrame, int]]) -> tuple[pl.DataFrame, int]:
     """Shards' (word counts, number of words) added up (in any order: the vocabulary sorts them)."""
     return vocab.merge_counts([counts for counts, _ in results]), sum(n for _, n in results)
+
+
+def count_words_pieces(corpus: ArtifactRef, start: int, stop: int, pieces: WordCountPieces,
+                       part: str | None) -> tuple[Any, int, tuple[str, ...]]:
+    """`count_words_shard` run by run of documents (`tasks.pieces.content_cuts`), each run's counts taken from
+    the store's pieces when a corpus version before had the same run, else counted and left there; and the
+    keys of the runs (the pieces the tokenizer is made of). The counts add up to the shard's, exactly."""
+    documents = read_rows(corpus, "documents.parquet", start, stop)
+    results, keys = [], []
+    for a, b in content_cuts(documents["doc_id"], 0, documents.height):
+        rows = documents.slice(a, b - a)
+        key = pieces.key(rows)
+        found = pieces.get(key)
+        if found is None:
+            words = vocab.sentence_tokens(rows.filter(pl.col("split") == "train"))["words"]
+            found = (vocab.token_counts(words), int(words.list.len().sum() or 0))
+            pieces.put(key, *found)
+        results.append(found)
+        keys.append(key)
+    counts, n_words = add_word_counts(results) if results else (vocab.token_counts(pl.Series("words", [], pl.List(
+        pl.String))), 0)
+    return deliver(counts, part), n_words, tuple(keys)
+
+
+def add_keyed_word_counts(results: list[tuple[pl.DataFrame, int, tuple[str, ...]]]
+                          ) -> tuple[pl.DataFrame, int, tuple[str, ...]]:
+    """`add_word_counts` of `count_words_pieces` results, their piece keys joined."""
+    counts, n_words = add_word_counts([(counts, n) for counts, n, _ in results])
+    return counts, n_words, tuple(key for *_, keys in results for key in keys)
 
 
 def encode_shard(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: int,

@@ -9,7 +9,7 @@ from lexiflow.models.config import from_section
 from lexiflow.models.errors import InputError
 from lexiflow.models.ingest import sources as ingest
 from lexiflow.models.tokenizers import BPE, WordPiece
-from lexiflow.storage import ArtifactRef, ArtifactWriter
+from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter
 from lexiflow.storage.formats import (
     SHARDED_ROW_GROUP,
     TOKENS,
@@ -18,13 +18,21 @@ from lexiflow.storage.formats import (
     read_manifest,
     read_table,
 )
+from lexiflow.storage.pieces import record_uses
 from lexiflow.tasks.parallel import (
     reduce_shards,
     shard_ranges,
     stream_shards,
 )
 from lexiflow.tasks.params import ParallelParams, TokenizerParams, VocabularyParams
-from lexiflow.tasks.shards import add_word_counts, count_words_shard, encode_shard
+from lexiflow.tasks.pieces import WORD_COUNTS, WordCountPieces
+from lexiflow.tasks.shards import (
+    add_keyed_word_counts,
+    add_word_counts,
+    count_words_pieces,
+    count_words_shard,
+    encode_shard,
+)
 from lexiflow.tasks.stage import stage
 
 SUBWORD = {"bpe": BPE, "wordpiece": WordPiece}
@@ -50,8 +58,16 @@ def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: Vocabular
     require_train_split(corpus)
     parallel = parallel or ParallelParams()
     ranges = shard_ranges(corpus, "documents.parquet", parallel)
-    counts, n_words = reduce_shards(count_words_shard, [{"corpus": corpus, "start": a, "stop": b} for a, b in ranges],
-                                    add_word_counts, parallel, "tokenizer", out)
+    calls = [{"corpus": corpus, "start": a, "stop": b} for a, b in ranges]
+    store, version = getattr(out, "store_url", None), getattr(out, "version", None)
+    if parallel.pieces and store is not None:  # counted run by run of documents, the runs seen before reused
+        pieces = WordCountPieces(store, out.code_version)
+        counts, n_words, keys = reduce_shards(count_words_pieces, [{**call, "pieces": pieces} for call in calls],
+                                              add_keyed_word_counts, parallel, "tokenizer", out)
+        if version is not None:
+            record_uses(ArtifactStore(store), "tokenizer", version, {WORD_COUNTS: keys})
+    else:
+        counts, n_words = reduce_shards(count_words_shard, calls, add_word_counts, parallel, "tokenizer", out)
     vocabulary = vocab.Vocabulary.from_counts(counts, params.min_count, params.max_size)
     if len(vocabulary) <= len(vocab.SPECIALS):  # an empty vocabulary is no artifact: nothing could use it
         raise InputError(f"no word occurs {params.min_count} times or more (vocabulary.min_count) in the train "
