@@ -7,6 +7,7 @@ rebuilds"). Like tasks/shards.py, nothing here imports Prefect or the stage modu
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,6 +20,7 @@ from lexiflow.storage.pieces import commit_piece, new_file, piece_key, read_piec
 
 CORPUS = "corpus"
 WORD_COUNTS = "word_counts"
+ENCODED = "encoded"  # word-level encoding: each run's words as run-local ids, remapped to any vocabulary
 
 
 def _write_ipc(store: ArtifactStore, path: str, tables: list[pa.Table], schema: pa.Schema) -> None:
@@ -91,30 +93,43 @@ def content_cuts(doc_ids: pl.Series, start: int, stop: int) -> list[tuple[int, i
 
 
 @dataclass(frozen=True)
-class WordCountPieces:
-    """Word counts (and numbers of words) of the train documents of a run of corpus rows, keyed by the run's
-    documents (ids, which hash their texts, and splits) and `salt` (the tokenizer stage's code version)."""
+class RunPieces:
+    """Pieces of a stage that reads the corpus by rows (`stage`: their folder), one per run of documents
+    (`content_cuts`), keyed by the run's documents (ids, which hash their texts, and splits) and `salt` (the
+    stage's code version): tables and a little metadata."""
 
     store: str
     salt: str
+    stage: str
 
     def key(self, rows: pl.DataFrame) -> str:
         content = rows.select(pl.concat_str(["doc_id", "split"], separator=":").str.join(",")).item()
         return piece_key(self.salt, content or "")
 
-    def get(self, key: str) -> tuple[pl.DataFrame, int] | None:
+    def runs(self, documents: pl.DataFrame) -> Iterator[tuple[int, pl.DataFrame, str, Any]]:
+        """The runs of these documents (`content_cuts`): (first row, rows, key, the run's piece or None)."""
+        for a, b in content_cuts(documents["doc_id"], 0, documents.height):
+            rows = documents.slice(a, b - a)
+            key = self.key(rows)
+            yield a, rows, key, self.get(key)
+
+    def get(self, key: str) -> tuple[dict[str, pl.DataFrame], dict] | None:
         store = ArtifactStore(self.store)
-        meta = read_piece(store, WORD_COUNTS, key)
+        meta = read_piece(store, self.stage, key)
         if meta is None:
             return None
-        batches = _read_ipc(store, f"{meta['folder']}/{meta['files']['counts']}")
-        return pl.from_arrow(pa.Table.from_batches(batches)), int(meta["words"])
+        tables = {name: pl.from_arrow(pa.Table.from_batches(_read_ipc(store, f"{meta['folder']}/{file}")))
+                  for name, file in meta["files"].items()}
+        return tables, meta["meta"]
 
-    def put(self, key: str, counts: pl.DataFrame, words: int) -> None:
+    def put(self, key: str, tables: dict[str, pl.DataFrame], meta: dict) -> None:
         store = ArtifactStore(self.store)
-        if read_piece(store, WORD_COUNTS, key) is not None:
+        if read_piece(store, self.stage, key) is not None:
             return
-        path = new_file(store, WORD_COUNTS, key, "counts")
-        table = counts.to_arrow()
-        _write_ipc(store, path, [table], table.schema)
-        commit_piece(store, WORD_COUNTS, key, {"words": words, "files": {"counts": path.rsplit("/", 1)[1]}})
+        files = {}
+        for name, frame in tables.items():
+            path = new_file(store, self.stage, key, name)
+            table = frame.to_arrow()
+            _write_ipc(store, path, [table], table.schema)
+            files[name] = path.rsplit("/", 1)[1]
+        commit_piece(store, self.stage, key, {"files": files, "meta": meta})

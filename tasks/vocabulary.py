@@ -25,12 +25,13 @@ from lexiflow.tasks.parallel import (
     stream_shards,
 )
 from lexiflow.tasks.params import ParallelParams, TokenizerParams, VocabularyParams
-from lexiflow.tasks.pieces import WORD_COUNTS, WordCountPieces
+from lexiflow.tasks.pieces import ENCODED, WORD_COUNTS, RunPieces
 from lexiflow.tasks.shards import (
     add_keyed_word_counts,
     add_word_counts,
     count_words_pieces,
     count_words_shard,
+    encode_pieces,
     encode_shard,
 )
 from lexiflow.tasks.stage import stage
@@ -61,7 +62,7 @@ def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: Vocabular
     calls = [{"corpus": corpus, "start": a, "stop": b} for a, b in ranges]
     store, version = getattr(out, "store_url", None), getattr(out, "version", None)
     if parallel.pieces and store is not None:  # counted run by run of documents, the runs seen before reused
-        pieces = WordCountPieces(store, out.code_version)
+        pieces = RunPieces(store, out.code_version, WORD_COUNTS)
         counts, n_words, keys = reduce_shards(count_words_pieces, [{**call, "pieces": pieces} for call in calls],
                                               add_keyed_word_counts, parallel, "tokenizer", out)
         if version is not None:
@@ -100,16 +101,24 @@ def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactR
     parallel = parallel or ParallelParams()
     ranges = shard_ranges(corpus, "documents.parquet", parallel)
     calls = [{"corpus": corpus, "tokenizer": tokenizer, "start": a, "stop": b} for a, b in ranges]
+    store, version, encode, keys = getattr(out, "store_url", None), getattr(out, "version", None), encode_shard, []
+    if parallel.pieces and store is not None and read_manifest(tokenizer)["metrics"].get("kind") == "word":
+        # run by run of documents, the runs seen before remapped to this vocabulary (tasks/pieces.py)
+        pieces = RunPieces(store, out.code_version, ENCODED)
+        encode, calls = encode_pieces, [{**call, "pieces": pieces} for call in calls]
     sentences, unknown, per_split = 0, 0, {}
     # Shard by shard, in order, as they finish: their row groups appended while later shards run.
     with out.parquet_parts("tokens.parquet", TOKENS, SHARDED_ROW_GROUP) as write:
-        for row_groups, shard_sentences, shard_unknown, shard_tokens in stream_shards(
-                encode_shard, calls, parallel, "tokenized_corpus", out, lazy=True):
+        for row_groups, shard_sentences, shard_unknown, shard_tokens, *shard_keys in stream_shards(
+                encode, calls, parallel, "tokenized_corpus", out, lazy=True):
             write(row_groups)
+            keys.extend(key for found in shard_keys for key in found)
             sentences += shard_sentences
             unknown += shard_unknown
             for split, n in shard_tokens.items():
                 per_split[split] = per_split.get(split, 0) + n
+    if encode is encode_pieces and version is not None:
+        record_uses(ArtifactStore(store), "tokenized_corpus", version, {ENCODED: keys})
     n_tokens = sum(per_split.values())
     out.metrics.update({"sentences": sentences, "tokens": n_tokens, "unk_rate": unknown / max(n_tokens, 1),
                         **{f"tokens_{split}": n for split, n in sorted(per_split.items())}})

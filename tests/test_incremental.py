@@ -21,7 +21,7 @@ from lexiflow.tasks.params import (
     PPMIParams,
     VocabularyParams,
 )
-from lexiflow.tasks.pieces import CorpusPieces, WordCountPieces
+from lexiflow.tasks.pieces import CorpusPieces, RunPieces
 from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
 
 from tests.stages import publish
@@ -64,21 +64,21 @@ def assert_identical(a: dict, b: dict) -> None:
 
 
 class Counting:
-    """How many pieces were read from the store and how many were made."""
+    """How many pieces of each stage were read from the store and how many were made (in this process)."""
 
     def __init__(self, monkeypatch) -> None:
-        self.reused = {"corpus": 0, "word_counts": 0}
-        self.made = {"corpus": 0, "word_counts": 0}
-        for cls, stage in ((CorpusPieces, "corpus"), (WordCountPieces, "word_counts")):
+        self.reused = {"corpus": 0, "word_counts": 0, "encoded": 0}
+        self.made = {"corpus": 0, "word_counts": 0, "encoded": 0}
+        for cls in (CorpusPieces, RunPieces):
             get, put = cls.get, cls.put
 
-            def counted_get(obj, *args, get=get, stage=stage):
+            def counted_get(obj, *args, get=get):
                 found = get(obj, *args)
-                self.reused[stage] += found is not None
+                self.reused[getattr(obj, "stage", "corpus")] += found is not None
                 return found
 
-            def counted_put(obj, *args, put=put, stage=stage):
-                self.made[stage] += 1
+            def counted_put(obj, *args, put=put):
+                self.made[getattr(obj, "stage", "corpus")] += 1
                 return put(obj, *args)
 
             monkeypatch.setattr(cls, "get", counted_get)
@@ -121,11 +121,16 @@ def test_a_rebuild_after_a_change_publishes_what_a_full_build_does(tmp_path, cor
     counting = Counting(monkeypatch)
     rebuilt = build(store, corpus_folder, parallel)
     assert rebuilt["corpus"].version != before["corpus"].version
+    if how == "append":  # a new vocabulary: the encoded runs seen before are remapped to it
+        vocabularies = [ArtifactStore(ref.store).read_parquet("tokenizer", ref.version, "vocab.parquet")
+                        for ref in (before["tokenizer"], rebuilt["tokenizer"])]
+        assert not vocabularies[0].equals(vocabularies[1])
     # Only the changed file was read again; most word-count runs were found.
     changed = {"append": 1, "remove": 0, "edit": 1}[how]
     assert counting.made["corpus"] == changed
     assert counting.reused["corpus"] == len(list(corpus_folder.iterdir())) - changed
-    assert counting.reused["word_counts"] > counting.made["word_counts"]
+    for stage in ("word_counts", "encoded"):
+        assert counting.reused[stage] > counting.made[stage] > 0 or how == "remove", stage
     fresh = build(ArtifactStore(tmp_path / "fresh"), corpus_folder, parallel)
     assert_identical(rebuilt, fresh)
     # And with no pieces at all: the path that keeps none gives the same artifacts.
