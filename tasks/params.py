@@ -140,7 +140,12 @@ PPMIParams = section(
         "window", description="Word-context counts PPMI weighs: the co-occurrence window's, or the term-term matrix "
                               "X·Xᵀ of the term-document matrix X (the notes' review question; denser, so for small "
                               "corpora).")))
-SVDParams = section("SVDParams", svd.svd_vectors)
+SVDParams = section(
+    "SVDParams", svd.svd_vectors,
+    warm_start=(bool, Field(False, description="Start the randomized SVD from the basis of the newest SVD embeddings "
+                                               "of the same parameters built from another PPMI matrix in the store (a "
+                                               "rebuild of a grown corpus: fewer power iterations); the artifact's "
+                                               "version and manifest name the embeddings it started from.")))
 LSIParams = section("LSIParams", svd.svd_vectors, lsi.weigh)
 Word2VecParams = section("Word2VecParams", Word2VecConfig)
 GloVeParams = section("GloVeParams", GloVeConfig)
