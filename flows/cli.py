@@ -343,17 +343,24 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
 
 def cmd_gc(args: argparse.Namespace) -> int:
+    from lexiflow.storage.pieces import garbage as piece_garbage
+    from lexiflow.storage.pieces import remove_garbage as remove_piece_garbage
+
     catalog = read_catalog(args.store)
     store = catalog.store
     leftovers = store.leftovers(older_than=args.older_than)
     versions = catalog.unreferenced(args.keep) if args.keep is not None else []
+    pieces = piece_garbage(store, args.older_than, gone=versions)  # docs/design.md, "Incremental rebuilds"
     verb = "would remove" if args.dry_run else "removed"
     if not args.dry_run:
         store.remove_leftovers(leftovers)
         for kind, version in versions:
             store.delete(kind, version)
+        remove_piece_garbage(store, pieces)
     for entry in leftovers:
         print(f"{verb} leftover {entry}")
+    if pieces:
+        print(f"{verb} {len(pieces)} pieces and records of partial results no artifact uses")
     for kind, version in versions:
         print(f"{verb} {kind}:{version}")
     policy = (f"keeping the {args.keep} newest of each kind, the released ones and what they were built from"

@@ -34,21 +34,60 @@ def svd_vectors(
     seed: Annotated[int, Field(ge=0, description="Random seed.")] = 0,
     threads: Threads = DEFAULT_THREADS,
     progress: Callable[[float | None], None] | None = None,
+    start: np.ndarray | None = None,
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Return (word vectors float32 [rows × dim], singular values [dim]); `threads`: BLAS threads."""
+    """Return (word vectors float32 [rows × dim], singular values [dim]); `threads`: BLAS threads. `start`: a
+    warm start, the word vectors of an earlier SVD of a matrix like this one (rows in this matrix's order, zero
+    rows for words it did not have): subspace iteration from their basis (`warm_svd`) instead of from random."""
     if dim < 1 or dim >= min(matrix.shape):
         raise ParameterError(f"svd.dim={dim}: must be between 1 and {min(matrix.shape) - 1} for this vocabulary")
     # float32 halves the memory traffic of the sparse products that dominate the time.
     m = sp.csr_matrix(matrix, dtype=np.float32)
-    with limit_threads(threads, "svd.threads"), _estimated_progress(m, dim, n_iter, progress):
+    iterations = n_iter if start is None else warm_iterations(n_iter)
+    with limit_threads(threads, "svd.threads"), _estimated_progress(m, dim, iterations, progress):
         from sklearn.utils.extmath import randomized_svd  # imported here: 1-2 s a cached run need not pay
 
-        u, s, vt = randomized_svd(m, n_components=dim, n_iter=n_iter, random_state=seed)
+        if start is None:
+            u, s, vt = randomized_svd(m, n_components=dim, n_iter=n_iter, random_state=seed)
+        else:
+            u, s, vt = warm_svd(m, dim, start, iterations, seed)
     scale = s**power
     vectors = u * scale
     if add_context:
         vectors = vectors + vt.T * scale
     return vectors.astype(np.float32), s
+
+
+def warm_iterations(n_iter: int) -> int:
+    """Power iterations of a warm start: a basis that already spans most of the top subspace needs fewer (on
+    the WikiText-2 validation text's PPMI matrix, dim 100, grown by 10 %: 2 iterations found singular values at
+    least the cold 5's, 1 fell 0.7 % short). 2·2 + 3 products of the matrix, against a cold SVD's 2·5 + 2."""
+    return min(n_iter, max(2, n_iter // 2))
+
+
+def warm_svd(m: sp.csr_matrix, dim: int, start: np.ndarray, n_iter: int, seed: int
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Randomized SVD (Halko, Martinsson & Tropp 2011, algorithm 4.4: subspace iteration) whose range finder
+    starts from Mᵀ·`start` (the earlier left vectors' span carried to the right side), completed to dim +
+    oversamples columns with Gaussian ones, instead of from random columns alone: u, s, vt of the top `dim`."""
+    from scipy.linalg import lu, qr, svd
+    from sklearn.utils.extmath import svd_flip
+
+    size = min(dim + _OVERSAMPLES, min(m.shape))
+    rng = np.random.default_rng(seed)
+    basis = np.asarray(m.T @ np.asarray(start[:, :size], dtype=np.float32), dtype=np.float32)
+    extra = size - basis.shape[1]
+    if extra > 0:
+        basis = np.hstack([basis, rng.standard_normal((m.shape[1], extra)).astype(np.float32)])
+    q = qr(basis, mode="economic")[0]
+    for _ in range(n_iter):  # as scikit-learn's range finder: LU between products, QR at the end
+        q = lu(m @ q, permute_l=True)[0]
+        q = lu(m.T @ q, permute_l=True)[0]
+    q = qr(m @ q, mode="economic")[0]
+    u_small, s, vt = svd(np.asarray((m.T @ q).T), full_matrices=False)
+    u = q @ u_small
+    u, vt = svd_flip(u, vt)
+    return u[:, :dim], s[:dim], vt[:dim]
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 from collections.abc import Callable
@@ -11,13 +12,15 @@ from typing import Any
 import polars as pl
 from lexiflow.models import ingest
 from lexiflow.models.config import from_section
-from lexiflow.storage import ArtifactWriter
+from lexiflow.storage import ArtifactStore, ArtifactWriter
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, TAGGED
 from lexiflow.storage.parquet_concat import Segment
+from lexiflow.storage.pieces import piece_key, record_uses
 from lexiflow.storage.store import read_segment, write_segment
 from lexiflow.tasks.parallel import stream_shards
 from lexiflow.tasks.params import CorpusParams, ParallelParams
 from lexiflow.tasks.parts import deliver, received
+from lexiflow.tasks.pieces import CORPUS, CorpusPieces
 from lexiflow.tasks.shards import corpus_shard
 from lexiflow.tasks.stage import stage
 
@@ -78,6 +81,21 @@ def spill_to(folder: Path) -> Callable[[pl.DataFrame], pl.LazyFrame]:
     return spill
 
 
+def corpus_pieces(out: ArtifactWriter, files: list[Path], opts: ingest.IngestOptions, parallel: ParallelParams,
+                  shards: list[list]) -> CorpusPieces | None:
+    """The corpus pieces of this build (None with `parallel.pieces` off, or a writer without a store: a test's),
+    their keys recorded as the artifact's before any is written (`storage.pieces.record_uses`: gc keeps them)."""
+    store, version = getattr(out, "store_url", None), getattr(out, "version", None)
+    if not parallel.pieces or store is None:
+        return None
+    salt = piece_key(out.code_version, {"options": dataclasses.asdict(opts), "chunk_bytes": parallel.shard_bytes})
+    pieces = CorpusPieces(store, salt, tuple(source_fingerprints(files)))
+    if version is not None:
+        record_uses(ArtifactStore(store), "corpus", version, {CORPUS: [pieces.key(part) for shard in shards
+                                                                       for part in shard]})
+    return pieces
+
+
 @stage("corpus", fingerprint=sources_fingerprint)
 def ingest_corpus(out: ArtifactWriter, params: CorpusParams, parallel: ParallelParams | None = None) -> None:
     """Shards of the sources (byte ranges of large text/JSONL files, groups of whole files) are
@@ -85,12 +103,14 @@ def ingest_corpus(out: ArtifactWriter, params: CorpusParams, parallel: ParallelP
     parallel = parallel or ParallelParams()
     files, opts = ingest.resolve_sources(params.sources), options(params)
     shards = ingest.plan_shards(files, opts, parallel.shard_bytes)
+    pieces = corpus_pieces(out, files, opts, parallel, shards)
     if len(shards) == 1:  # the common small case: byte-level progress, no pool (a large file spills its batches)
         results = [ingest.ingest_shard(shards[0], opts, out.progress, parallel.shard_bytes,
-                                       spill_to(out.work / "batches"))]
+                                       spill_to(out.work / "batches"), pieces)]
     else:  # merged in order as they finish, while later shards run
         results = (ingest.ShardResult(*result) for result in stream_shards(
-            corpus_shard, [{"shard": shard, "options": opts, "chunk_bytes": parallel.shard_bytes} for shard in shards],
+            corpus_shard, [{"shard": shard, "options": opts, "chunk_bytes": parallel.shard_bytes, "pieces": pieces}
+                           for shard in shards],
             parallel, "corpus", out, lazy=True))
     if isinstance(results, list) and isinstance(results[0].documents, pl.DataFrame):  # in memory: nothing to merge
         corpus = ingest.merge_shards(files, results, opts)

@@ -11,10 +11,10 @@ import polars as pl
 import torch
 from lexiflow.models import device, embedding_plots, glove, lsi, svd, vectors, vocab, word2vec
 from lexiflow.models.errors import InputError
-from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter
-from lexiflow.storage.formats import read_manifest, read_matrix, read_table, write_vectors
+from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter, Catalog
+from lexiflow.storage.formats import read_manifest, read_matrix, read_table, read_vectors, write_vectors
 from lexiflow.tasks.params import GloVeParams, LSIParams, SVDParams, Word2VecParams
-from lexiflow.tasks.stage import stage
+from lexiflow.tasks.stage import HOW_FIELDS, stage
 
 logger = logging.getLogger("lexiflow.embeddings")
 
@@ -46,12 +46,48 @@ def write_embeddings(out: ArtifactWriter, vocabulary: pl.DataFrame, word_vectors
                                for k in ("words_per_s", "cells_per_s") if k in history[0]}})
 
 
-@stage("embeddings")
+def warm_start_source(store: str, ppmi: ArtifactRef, params: SVDParams) -> str | None:
+    """The version of the newest SVD embeddings in the store with these parameters (warm start aside) made from
+    another PPMI matrix, or None: what `svd.warm_start` starts from."""
+    wanted = params.model_dump(mode="json", exclude=HOW_FIELDS | {"warm_start"})
+    found = [m for m in Catalog(ArtifactStore(store)).list("embeddings")
+             if m["metrics"].get("method") == "svd" and m["inputs"].get("ppmi", {}).get("version") != ppmi.version
+             and {k: v for k, v in m["parameters"].get("params", {}).items() if k != "warm_start"} == wanted]
+    return found[-1]["version"] if found else None
+
+
+def svd_parameters(arguments: dict) -> dict:
+    """The SVD's versioned parameters; with `warm_start`, the embeddings it starts from too (a warm-started
+    SVD is not the cold one: its version says from which)."""
+    params = arguments["params"]
+    described = {"params": params.model_dump(mode="json", exclude=HOW_FIELDS)}
+    if params.warm_start:
+        described["warm_start_from"] = warm_start_source(arguments["store"], arguments["ppmi"], params)
+    return described
+
+
+def warm_start_basis(store: str, version: str, vocabulary: pl.DataFrame) -> np.ndarray:
+    """The earlier embeddings' vectors in this vocabulary's row order (zero rows for words they lack)."""
+    words, _counts, earlier = read_vectors(ArtifactStore(store).ref("embeddings", version))
+    rows = vocabulary.select("token").with_row_index("row").join(
+        pl.DataFrame({"token": words, "earlier": np.arange(len(words))}), on="token", how="inner")
+    basis = np.zeros((vocabulary.height, earlier.shape[1]), dtype=np.float32)
+    basis[rows["row"].to_numpy()] = earlier[rows["earlier"].to_numpy()]
+    return basis
+
+
+@stage("embeddings", parameters=svd_parameters)
 def svd_embeddings(out: ArtifactWriter, ppmi: ArtifactRef, params: SVDParams) -> None:
+    vocabulary = read_table(ppmi, "vocab.parquet")
+    source = warm_start_source(getattr(out, "store_url", None) or ppmi.store, ppmi, params) \
+        if params.warm_start else None
+    start = warm_start_basis(getattr(out, "store_url", None) or ppmi.store, source, vocabulary) if source else None
     word_vectors, singular_values = svd.svd_vectors(read_matrix(ppmi), params.dim, params.power, params.add_context,
                                                     params.n_iter, params.seed, params.threads,
-                                                    progress=out.progress)
-    write_embeddings(out, read_table(ppmi, "vocab.parquet"), word_vectors, "svd")
+                                                    progress=out.progress, start=start)
+    write_embeddings(out, vocabulary, word_vectors, "svd")
+    if source:
+        out.metrics["warm_start_from"] = source
     out.metrics["device"] = device.describe(torch.device("cpu"), "fp32")  # scikit-learn, where the flow runs
     out.metrics["top_singular_value"] = float(singular_values[0])
 

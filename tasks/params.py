@@ -107,6 +107,10 @@ class ParallelParams(Params):
     shard_rows: int | None = Field(None, ge=1, le=1 << 40, description="Shard size in table rows, at most (documents; "
                                    "sentences for co-occurrence), overriding the defaults: documents by `shard_bytes`, "
                                    f"{COOCCURRENCE_SHARD_SENTENCES:,} sentences per co-occurrence shard.")
+    pieces: bool = Field(True, description="Keep what each piece of the sources gave (its cleaned documents, the "
+                         "word counts of runs of documents) in the store, under .pieces/, and reuse it when a later "
+                         "corpus holds the same piece: a rebuild after a change costs the changed pieces, and gives "
+                         "the artifacts a full build gives. Off: no piece is read or written.")
 
 
 VocabularyParams = section("VocabularyParams", Vocabulary.from_counts)
@@ -136,7 +140,12 @@ PPMIParams = section(
         "window", description="Word-context counts PPMI weighs: the co-occurrence window's, or the term-term matrix "
                               "X·Xᵀ of the term-document matrix X (the notes' review question; denser, so for small "
                               "corpora).")))
-SVDParams = section("SVDParams", svd.svd_vectors)
+SVDParams = section(
+    "SVDParams", svd.svd_vectors,
+    warm_start=(bool, Field(False, description="Start the randomized SVD from the basis of the newest SVD embeddings "
+                                               "of the same parameters built from another PPMI matrix in the store (a "
+                                               "rebuild of a grown corpus: fewer power iterations); the artifact's "
+                                               "version and manifest name the embeddings it started from.")))
 LSIParams = section("LSIParams", svd.svd_vectors, lsi.weigh)
 Word2VecParams = section("Word2VecParams", Word2VecConfig)
 GloVeParams = section("GloVeParams", GloVeConfig)

@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 import scipy.sparse as sp
 from lexiflow.models import cooccurrence, ingest, tokenizers, vocab
 from lexiflow.models.heap import release_freed_memory
@@ -29,10 +30,12 @@ from lexiflow.storage.formats import (
 )
 from lexiflow.storage.parquet_concat import Segment
 from lexiflow.tasks.parts import deliver, deliver_partitions, deliver_row_groups, row_partitions, sum_matrices
+from lexiflow.tasks.pieces import CorpusPieces, RunPieces
 
 
 def corpus_shard(shard: list[ingest.FileRange | ingest.Streams], options: ingest.IngestOptions, chunk_bytes: int,
-                 part: str | None) -> tuple[Any, dict[int, int], dict[int, tuple[int, int, str]], Any, Any]:
+                 part: str | None, pieces: CorpusPieces | None = None
+                 ) -> tuple[Any, dict[int, int], dict[int, tuple[int, int, str]], Any, Any]:
     """Read and clean one shard of the sources (documents delivered in memory or as a part; a shard
     that streams in several batches, a large compressed file, delivers each batch as a part of its own;
     its distinct words as a part too). As parts, each table's first copies are encoded here as
@@ -49,7 +52,7 @@ def corpus_shard(shard: list[ingest.FileRange | ingest.Streams], options: ingest
 
     # In this process the batches stay tables, so the documents come in the same tables as on any runner.
     spill = (lambda docs: docs) if part is None else (lambda docs: delivered(docs, f"{next(batch):05d}"))
-    result = ingest.ingest_shard(shard, options, chunk_bytes=chunk_bytes, spill=spill)
+    result = ingest.ingest_shard(shard, options, chunk_bytes=chunk_bytes, spill=spill, pieces=pieces)
     if part is None:  # in this process: the merge encodes what it keeps
         documents, row_groups = result.documents, None
     elif isinstance(result.documents, tuple):
@@ -72,6 +75,34 @@ def add_word_counts(results: list[tuple[pl.DataFrame, int]]) -> tuple[pl.DataFra
     return vocab.merge_counts([counts for counts, _ in results]), sum(n for _, n in results)
 
 
+def count_words_pieces(corpus: ArtifactRef, start: int, stop: int, pieces: RunPieces,
+                       part: str | None) -> tuple[Any, int, tuple[str, ...]]:
+    """`count_words_shard` run by run of documents (`tasks.pieces.content_cuts`), each run's counts taken from
+    the store's pieces when a corpus version before had the same run, else counted and left there; and the
+    keys of the runs (the pieces the tokenizer is made of). The counts add up to the shard's, exactly."""
+    documents = read_rows(corpus, "documents.parquet", start, stop)
+    results, keys = [], []
+    for _, rows, key, found in pieces.runs(documents):
+        if found is None:
+            words = vocab.sentence_tokens(rows.filter(pl.col("split") == "train"))["words"]
+            counts, n_words = vocab.token_counts(words), int(words.list.len().sum() or 0)
+            pieces.put(key, {"counts": counts}, {"words": n_words})
+        else:
+            counts, n_words = found[0]["counts"], found[1]["words"]
+        results.append((counts, n_words))
+        keys.append(key)
+    counts, n_words = add_word_counts(results) if results else (vocab.token_counts(pl.Series("words", [], pl.List(
+        pl.String))), 0)
+    return deliver(counts, part), n_words, tuple(keys)
+
+
+def add_keyed_word_counts(results: list[tuple[pl.DataFrame, int, tuple[str, ...]]]
+                          ) -> tuple[pl.DataFrame, int, tuple[str, ...]]:
+    """`add_word_counts` of `count_words_pieces` results, their piece keys joined."""
+    counts, n_words = add_word_counts([(counts, n) for counts, n, _ in results])
+    return counts, n_words, tuple(key for *_, keys in results for key in keys)
+
+
 def encode_shard(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: int,
                  part: str | None) -> tuple[Segment, int, int, dict[str, int]]:
     """The sentences of documents [start, stop), encoded (doc_index counts from the corpus start) into
@@ -85,6 +116,49 @@ def encode_shard(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: 
     per_split = dict(table.group_by("split").agg(pl.col("ids").list.len().sum()).iter_rows())
     return (deliver_row_groups(table, part, TOKENS, SHARDED_ROW_GROUP), table.height, unknown,
             {split: int(n) for split, n in per_split.items()})
+
+
+def encode_pieces(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: int, pieces: RunPieces,
+                  part: str | None) -> tuple[Segment, int, int, dict[str, int], tuple[str, ...]]:
+    """`encode_shard` for a word vocabulary, run by run of documents (`tasks.pieces.content_cuts`): each run's
+    sentences pre-tokenized into run-local ids over the run's distinct words, taken from the store's pieces when
+    a corpus version before had the run, else made and left there; then the run's words looked up in this
+    vocabulary and its ids remapped (a new vocabulary costs a lookup of each run's distinct words, not a
+    tokenization). The same table as `encode_shard`'s, row for row; and the keys of the runs."""
+    documents = read_rows(corpus, "documents.parquet", start, stop)
+    with ArtifactStore(tokenizer.store).local_dir(tokenizer.kind, tokenizer.version) as folder:
+        words = tokenizers.load(folder)
+    tables, keys = [], []
+    for a, rows, key, found in pieces.runs(documents):
+        if found is None:
+            run = vocab.sentence_tokens(rows)
+            distinct = run["words"].explode().drop_nulls().unique(maintain_order=True)
+            local = run["words"].list.eval(pl.element().cast(pl.Enum(distinct), strict=True).to_physical()
+                                           .cast(pl.UInt32))
+            sentences = run.select("doc_index", "sentence", "split").with_columns(local.alias("local"))
+            pieces.put(key, {"sentences": sentences, "words": distinct.alias("word").to_frame()}, {})
+        else:
+            sentences, distinct = found[0]["sentences"], found[0]["words"]["word"]
+        ids = words.encode_batch(pl.Series([distinct.to_list()], dtype=pl.List(pl.String)), is_pretokenized=True)
+        tables.append(sentences.select(pl.col("doc_index") + (start + a), "sentence", "split",
+                                       remap(sentences["local"], ids[0].to_numpy()).alias("ids")))
+        keys.append(key)
+    table = pl.concat(tables).rechunk() if tables else pl.from_arrow(TOKENS.empty_table())
+    unknown = int(table["ids"].explode().eq(vocab.UNK_ID).sum())
+    per_split = dict(table.group_by("split").agg(pl.col("ids").list.len().sum()).iter_rows())
+    return (deliver_row_groups(table, part, TOKENS, SHARDED_ROW_GROUP), table.height, unknown,
+            {split: int(n) for split, n in per_split.items()}, tuple(keys))
+
+
+def remap(local: pl.Series, ids: np.ndarray) -> pl.Series:
+    """Lists of run-local ids as lists of `ids[local]` (UInt32), the lists' lengths kept."""
+    lists = local.to_arrow()
+    lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
+    flat = lists.flatten().to_numpy(zero_copy_only=False)
+    offsets = np.asarray(lists.offsets)
+    mapped = pa.array(ids.astype(np.uint32)[flat.astype(np.int64)], pa.uint32())
+    array = type(lists).from_arrays(pa.array(offsets - offsets[0], lists.offsets.type), mapped)
+    return pl.from_arrow(array).cast(pl.List(pl.UInt32))
 
 
 def cooccurrence_shard(tokens: ArtifactRef, start: int, stop: int, keep_prob: np.ndarray, window: int, seed: int,

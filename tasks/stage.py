@@ -428,6 +428,8 @@ def stage(kind: str, fingerprint: Callable[[dict], Any] | None = None,
                                       code_version=code_hash(arguments.get(choice)),
                                       run=run_info) as out:
                     out.progress = _progress_artifact(kind)
+                    # what a builder keeping partial results per piece keys them by (tasks/pieces.py)
+                    out.store_url, out.version, out.code_version = store, version, code_hash(arguments.get(choice))
                     with limit_threads(stage_threads(arguments), f"{kind} threads"):
                         build(out, **arguments)
             _PROGRESS.pop(str(task_run.id or ""), None)  # no later attempt will move this bar

@@ -9,7 +9,7 @@ from lexiflow.models.config import from_section
 from lexiflow.models.errors import InputError
 from lexiflow.models.ingest import sources as ingest
 from lexiflow.models.tokenizers import BPE, WordPiece
-from lexiflow.storage import ArtifactRef, ArtifactWriter
+from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter
 from lexiflow.storage.formats import (
     SHARDED_ROW_GROUP,
     TOKENS,
@@ -18,13 +18,22 @@ from lexiflow.storage.formats import (
     read_manifest,
     read_table,
 )
+from lexiflow.storage.pieces import record_uses
 from lexiflow.tasks.parallel import (
     reduce_shards,
     shard_ranges,
     stream_shards,
 )
 from lexiflow.tasks.params import ParallelParams, TokenizerParams, VocabularyParams
-from lexiflow.tasks.shards import add_word_counts, count_words_shard, encode_shard
+from lexiflow.tasks.pieces import ENCODED, WORD_COUNTS, RunPieces
+from lexiflow.tasks.shards import (
+    add_keyed_word_counts,
+    add_word_counts,
+    count_words_pieces,
+    count_words_shard,
+    encode_pieces,
+    encode_shard,
+)
 from lexiflow.tasks.stage import stage
 
 SUBWORD = {"bpe": BPE, "wordpiece": WordPiece}
@@ -50,8 +59,16 @@ def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: Vocabular
     require_train_split(corpus)
     parallel = parallel or ParallelParams()
     ranges = shard_ranges(corpus, "documents.parquet", parallel)
-    counts, n_words = reduce_shards(count_words_shard, [{"corpus": corpus, "start": a, "stop": b} for a, b in ranges],
-                                    add_word_counts, parallel, "tokenizer", out)
+    calls = [{"corpus": corpus, "start": a, "stop": b} for a, b in ranges]
+    store, version = getattr(out, "store_url", None), getattr(out, "version", None)
+    if parallel.pieces and store is not None:  # counted run by run of documents, the runs seen before reused
+        pieces = RunPieces(store, out.code_version, WORD_COUNTS)
+        counts, n_words, keys = reduce_shards(count_words_pieces, [{**call, "pieces": pieces} for call in calls],
+                                              add_keyed_word_counts, parallel, "tokenizer", out)
+        if version is not None:
+            record_uses(ArtifactStore(store), "tokenizer", version, {WORD_COUNTS: keys})
+    else:
+        counts, n_words = reduce_shards(count_words_shard, calls, add_word_counts, parallel, "tokenizer", out)
     vocabulary = vocab.Vocabulary.from_counts(counts, params.min_count, params.max_size)
     if len(vocabulary) <= len(vocab.SPECIALS):  # an empty vocabulary is no artifact: nothing could use it
         raise InputError(f"no word occurs {params.min_count} times or more (vocabulary.min_count) in the train "
@@ -84,16 +101,24 @@ def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactR
     parallel = parallel or ParallelParams()
     ranges = shard_ranges(corpus, "documents.parquet", parallel)
     calls = [{"corpus": corpus, "tokenizer": tokenizer, "start": a, "stop": b} for a, b in ranges]
+    store, version, encode, keys = getattr(out, "store_url", None), getattr(out, "version", None), encode_shard, []
+    if parallel.pieces and store is not None and read_manifest(tokenizer)["metrics"].get("kind") == "word":
+        # run by run of documents, the runs seen before remapped to this vocabulary (tasks/pieces.py)
+        pieces = RunPieces(store, out.code_version, ENCODED)
+        encode, calls = encode_pieces, [{**call, "pieces": pieces} for call in calls]
     sentences, unknown, per_split = 0, 0, {}
     # Shard by shard, in order, as they finish: their row groups appended while later shards run.
     with out.parquet_parts("tokens.parquet", TOKENS, SHARDED_ROW_GROUP) as write:
-        for row_groups, shard_sentences, shard_unknown, shard_tokens in stream_shards(
-                encode_shard, calls, parallel, "tokenized_corpus", out, lazy=True):
+        for row_groups, shard_sentences, shard_unknown, shard_tokens, *shard_keys in stream_shards(
+                encode, calls, parallel, "tokenized_corpus", out, lazy=True):
             write(row_groups)
+            keys.extend(key for found in shard_keys for key in found)
             sentences += shard_sentences
             unknown += shard_unknown
             for split, n in shard_tokens.items():
                 per_split[split] = per_split.get(split, 0) + n
+    if encode is encode_pieces and version is not None:
+        record_uses(ArtifactStore(store), "tokenized_corpus", version, {ENCODED: keys})
     n_tokens = sum(per_split.values())
     out.metrics.update({"sentences": sentences, "tokens": n_tokens, "unk_rate": unknown / max(n_tokens, 1),
                         **{f"tokens_{split}": n for split, n in sorted(per_split.items())}})

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from lexiflow.storage import ArtifactRef, ArtifactStore
+from lexiflow.tasks.stage import code_version
 
 
 def publish(store: ArtifactStore, stage, **arguments) -> ArtifactRef:
@@ -11,5 +12,7 @@ def publish(store: ArtifactStore, stage, **arguments) -> ArtifactRef:
     inputs, params, version = stage.describe({"store": store.url, **arguments})
     if not store.exists(stage.name, version):
         with store.writer(stage.name, version, inputs=inputs, parameters=params) as out:
+            out.store_url, out.version = store.url, version  # as the task sets them (its pieces: tasks/pieces.py)
+            out.code_version = code_version(stage.code_modules({"store": store.url, **arguments}))
             stage.fn.__wrapped__(out, **arguments)
     return store.ref(stage.name, version)

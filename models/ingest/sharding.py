@@ -16,6 +16,7 @@ import polars as pl
 from lexiflow.models.errors import InputError, ParameterError, shown
 from lexiflow.models.heap import release_freed_memory
 from lexiflow.models.ingest.multistream import Streams, one_shard_why, plan_streams, streams_chunks
+from lexiflow.models.ingest.pieces import PieceCache, PieceRecord
 from lexiflow.models.ingest.readers import (
     BINARY_SNIFF,
     WIDE_BOMS,
@@ -119,6 +120,7 @@ class ShardResult:
 _SHARD_SCHEMA = {"file": pl.UInt32, "doc_id": pl.String, "source": pl.String, "split": pl.String, "text": pl.String,
                  "n_words": pl.UInt32, "n_sentences": pl.UInt32, "n_bytes": pl.UInt32}
 _WORDS_SCHEMA = {"file": pl.UInt32, "word": pl.String}
+_PIECE_SCHEMA = {name: dtype for name, dtype in _SHARD_SCHEMA.items() if name != "file"}
 
 
 def plan_shards(files: list[Path], options: IngestOptions, shard_bytes: int) -> list[list[FileRange | Streams]]:
@@ -219,7 +221,8 @@ def _range_texts(part: FileRange, options: IngestOptions) -> pl.Series:
 
 
 def ingest_shard(shard: list[FileRange | Streams], options: IngestOptions, progress: Callable | None = None,
-                 chunk_bytes: int = STREAM_CHUNK, spill: Callable[[pl.DataFrame], Any] | None = None) -> ShardResult:
+                 chunk_bytes: int = STREAM_CHUNK, spill: Callable[[pl.DataFrame], Any] | None = None,
+                 pieces: PieceCache | None = None) -> ShardResult:
     """Read and clean one shard. Errors are returned per file, not raised: the bad-file policy
     needs every range of a file (`merge_shards` applies it). With `bad_files="fail"` the shard
     stops at its first error (what follows would not be used).
@@ -229,7 +232,11 @@ def ingest_shard(shard: list[FileRange | Streams], options: IngestOptions, progr
     `spill(batch)` stores a cleaned batch (a part file) and returns what stands for it: once a shard
     has a second batch, every batch goes there and the documents are the tuple of what it returned, so
     memory holds one batch, not the shard (a large compressed file is one shard). Without it, or with
-    one batch, the documents are one table."""
+    one batch, the documents are one table.
+
+    `pieces`: each part of the shard found there is replayed instead of read (`models.ingest.pieces`), and each
+    part read without error is left there; chunks are then cleaned as they are read (a piece's own rows), which
+    gives the batches the same rows as cleaning them whole."""
     batches: list = []
     raw: list[pl.DataFrame] = []
     held = 0
@@ -239,11 +246,14 @@ def ingest_shard(shard: list[FileRange | Streams], options: IngestOptions, progr
 
     def clean_batch() -> None:
         nonlocal held
-        batch = _clean(pl.concat(raw), options)
+        if pieces is None:
+            batch = _clean(pl.concat(raw), options)
+            for (file,), rows in batch.group_by("file"):
+                words.setdefault(file, DistinctWords()).add(words_of(rows["text"])[1])
+        else:  # cleaned chunk by chunk, their words counted, as they came
+            batch = pl.concat(raw)
         raw.clear()
         held = 0
-        for (file,), rows in batch.group_by("file"):
-            words.setdefault(file, DistinctWords()).add(words_of(rows["text"])[1])
         if spill is not None and batches:
             if len(batches) == 1:
                 batches[0] = spill(batches[0])
@@ -254,8 +264,24 @@ def ingest_shard(shard: list[FileRange | Streams], options: IngestOptions, progr
     with Progress("ingest", total=sum(part.size for part in shard), unit="bytes", callback=progress) as bar:
         for part in shard:
             texts.setdefault(part.file, 0)
+            record = pieces.get(part) if pieces is not None else None
+            if record is not None:  # read before: replayed chunk by chunk, as it was read
+                for (n, raw_bytes), docs in zip(record.chunks, record.documents, strict=True):
+                    texts[part.file] += n
+                    if not n:
+                        continue
+                    raw.append(docs.with_columns(file=pl.lit(part.file, pl.UInt32)).select(*_SHARD_SCHEMA))
+                    held += raw_bytes
+                    if 2 * held >= chunk_bytes:
+                        clean_batch()
+                words.setdefault(part.file, DistinctWords()).add(record.words)
+                bar.update(part.size)
+                continue
             path = Path(part.path)
             reported = [0]  # of the part's bytes, told to the progress bar as a large file streams
+            chunks: list[tuple[int, int]] | None = []  # what the piece record keeps (None: not kept)
+            cleaned: list[pl.DataFrame] = []
+            part_words = DistinctWords()
 
             def read(n: int, reported: list[int] = reported) -> None:
                 reported[0] += n
@@ -264,19 +290,34 @@ def ingest_shard(shard: list[FileRange | Streams], options: IngestOptions, progr
             try:
                 for docs in _range_chunks(part, options, chunk_bytes, read):
                     texts[part.file] += len(docs)
+                    raw_bytes = int(docs.str.len_bytes().sum()) if len(docs) else 0
+                    if pieces is not None:
+                        chunks.append((len(docs), raw_bytes))
                     if not len(docs):
+                        if pieces is not None:
+                            cleaned.append(pl.DataFrame(schema=_PIECE_SCHEMA))
                         continue
-                    raw.append(pl.DataFrame({"file": part.file, "source": path.name, "text": docs,
-                                             "file_split": file_split(path)},
-                                            schema={"file": pl.UInt32, "source": pl.String, "text": pl.String,
-                                                    "file_split": pl.String}))
-                    held += int(docs.str.len_bytes().sum())
+                    frame = pl.DataFrame({"file": part.file, "source": path.name, "text": docs,
+                                          "file_split": file_split(path)},
+                                         schema={"file": pl.UInt32, "source": pl.String, "text": pl.String,
+                                                 "file_split": pl.String})
+                    if pieces is not None:
+                        frame = _clean(frame, options)
+                        found = words_of(frame["text"])[1]
+                        words.setdefault(part.file, DistinctWords()).add(found)
+                        part_words.add(found)
+                        cleaned.append(frame.drop("file"))
+                    raw.append(frame)
+                    held += raw_bytes
                     if 2 * held >= chunk_bytes:  # the text of a chunk of raw bytes (lines, JSON) is less
                         clean_batch()
             except InputError as exc:  # the file's documents read before it stay: the merge leaves them out
                 errors[part.file] = (int(isinstance(exc, _ParseError)), part.start, str(exc))
+                chunks = None  # a piece with an error is read again: its error is reported again
                 if options.bad_files != "skip":
                     break
+            if pieces is not None and chunks is not None:
+                pieces.put(part, PieceRecord(chunks, cleaned, part_words.unique()))
             bar.update(part.size - reported[0])
     if raw:
         clean_batch()

@@ -1,0 +1,230 @@
+"""Incremental rebuilds (docs/design.md, "Incremental rebuilds"): a store that built a corpus before rebuilds a
+changed one (a file appended, removed or edited) from the pieces it has seen and the new ones, and publishes
+every count-based artifact with the version and the bytes of a from-scratch build of the new corpus."""
+
+import shutil
+import time
+
+import polars as pl
+import pytest
+from lexiflow.storage import ArtifactStore
+from lexiflow.storage.pieces import PIECES, garbage, remove_garbage
+from lexiflow.tasks import pieces as pieces_module
+from lexiflow.tasks.corpus import ingest_corpus
+from lexiflow.tasks.lm import train_lm
+from lexiflow.tasks.matrices import compute_ppmi, count_cooccurrence
+from lexiflow.tasks.params import (
+    CooccurrenceParams,
+    CorpusParams,
+    NgramParams,
+    ParallelParams,
+    PPMIParams,
+    VocabularyParams,
+)
+from lexiflow.tasks.pieces import CorpusPieces, RunPieces
+from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
+
+from tests.stages import publish
+
+WORDS = ("cat dog bird fish cow horse sheep goat mouse owl fox bear wolf deer hare lynx seal crab frog toad "
+         "ant bee wasp moth").split()
+
+
+def write_file(path, seed: int, lines: int = 60) -> None:
+    """Lines of words, some repeated across files (duplicates the corpus drops), a blank line or two."""
+    rows = []
+    for i in range(lines):
+        k = (seed * 7919 + i * 104729) % 1000
+        rows.append("" if k % 17 == 0 else
+                    "the shared line about animals ." if k % 13 == 0 else
+                    " ".join(WORDS[(k + j * (seed + 3)) % len(WORDS)] for j in range(3 + k % 9)) + " .")
+    path.write_text("\n".join(rows) + "\n")
+
+
+def build(store: ArtifactStore, folder, parallel: ParallelParams) -> dict:
+    sources = sorted(str(p) for p in folder.iterdir())
+    corpus = CorpusParams(sources=sources, valid_fraction=0.2, test_fraction=0.2)
+    docs = publish(store, ingest_corpus, params=corpus, parallel=parallel)
+    words = publish(store, learn_vocabulary, corpus=docs, params=VocabularyParams(min_count=2), parallel=parallel)
+    tokens = publish(store, encode_corpus, corpus=docs, tokenizer=words, parallel=parallel)
+    counts = publish(store, count_cooccurrence, tokens=tokens, tokenizer=words, params=CooccurrenceParams(window=3),
+                     parallel=parallel)
+    pmi = publish(store, compute_ppmi, cooccurrence=counts, params=PPMIParams())
+    lm = publish(store, train_lm, tokens=tokens, tokenizer=words, model="ngram", params=NgramParams())
+    return {ref.kind: ref for ref in (docs, words, tokens, counts, pmi, lm)}
+
+
+def assert_identical(a: dict, b: dict) -> None:
+    """The same versions, and byte for byte the same files (sizes and SHA-256 in the manifests)."""
+    assert {k: r.version for k, r in a.items()} == {k: r.version for k, r in b.items()}
+    for kind, ref in a.items():
+        left = ArtifactStore(ref.store).manifest(kind, ref.version)["files"]
+        right = ArtifactStore(b[kind].store).manifest(kind, b[kind].version)["files"]
+        assert left == right, kind
+
+
+class Counting:
+    """How many pieces of each stage were read from the store and how many were made (in this process)."""
+
+    def __init__(self, monkeypatch) -> None:
+        self.reused = {"corpus": 0, "word_counts": 0, "encoded": 0}
+        self.made = {"corpus": 0, "word_counts": 0, "encoded": 0}
+        for cls in (CorpusPieces, RunPieces):
+            get, put = cls.get, cls.put
+
+            def counted_get(obj, *args, get=get):
+                found = get(obj, *args)
+                self.reused[getattr(obj, "stage", "corpus")] += found is not None
+                return found
+
+            def counted_put(obj, *args, put=put):
+                self.made[getattr(obj, "stage", "corpus")] += 1
+                return put(obj, *args)
+
+            monkeypatch.setattr(cls, "get", counted_get)
+            monkeypatch.setattr(cls, "put", counted_put)
+
+
+CHANGES = ["append", "remove", "edit"]
+
+
+def change(folder, how: str) -> None:
+    if how == "append":
+        write_file(folder / "f9.txt", 99, lines=30)
+    elif how == "remove":
+        (folder / "f2.txt").unlink()
+    else:
+        with (folder / "f3.txt").open("a") as f:
+            f.write("an edited line about a new animal : the okapi .\n")
+
+
+@pytest.fixture()
+def corpus_folder(tmp_path):
+    folder = tmp_path / "sources"
+    folder.mkdir()
+    for i in range(6):
+        write_file(folder / f"f{i}.txt", i)
+    return folder
+
+
+# Small shards: the 6 files make several shards, and the documents several word-count runs per shard.
+SHARDS = {"shard_bytes": 2500, "shard_rows": 90}
+
+
+@pytest.mark.parametrize("how", CHANGES)
+def test_a_rebuild_after_a_change_publishes_what_a_full_build_does(tmp_path, corpus_folder, monkeypatch, how):
+    monkeypatch.setattr(pieces_module, "PIECE_DOCUMENTS", 8)  # runs of ~8 documents: several per shard
+    parallel = ParallelParams(runner="local", **SHARDS)
+    store = ArtifactStore(tmp_path / "store")
+    before = build(store, corpus_folder, parallel)
+    change(corpus_folder, how)
+    counting = Counting(monkeypatch)
+    rebuilt = build(store, corpus_folder, parallel)
+    assert rebuilt["corpus"].version != before["corpus"].version
+    if how == "append":  # a new vocabulary: the encoded runs seen before are remapped to it
+        vocabularies = [ArtifactStore(ref.store).read_parquet("tokenizer", ref.version, "vocab.parquet")
+                        for ref in (before["tokenizer"], rebuilt["tokenizer"])]
+        assert not vocabularies[0].equals(vocabularies[1])
+    # Only the changed file was read again; most word-count runs were found.
+    changed = {"append": 1, "remove": 0, "edit": 1}[how]
+    assert counting.made["corpus"] == changed
+    assert counting.reused["corpus"] == len(list(corpus_folder.iterdir())) - changed
+    for stage in ("word_counts", "encoded"):
+        assert counting.reused[stage] > counting.made[stage] > 0 or how == "remove", stage
+    fresh = build(ArtifactStore(tmp_path / "fresh"), corpus_folder, parallel)
+    assert_identical(rebuilt, fresh)
+    # And with no pieces at all: the path that keeps none gives the same artifacts.
+    plain = build(ArtifactStore(tmp_path / "plain"), corpus_folder, ParallelParams(runner="local", pieces=False,
+                                                                                   **SHARDS))
+    assert_identical(rebuilt, plain)
+    assert not (tmp_path / "plain" / PIECES).exists()
+
+
+def test_one_shard_and_a_large_file_in_byte_ranges_rebuild_the_same(tmp_path, corpus_folder):
+    # One shard of every file (the single-shard path), and a file larger than a shard (its byte ranges). The
+    # shard size is not versioned: a store keeps the row groups of the shards it first built with.
+    big = corpus_folder / "f8.txt"
+    for parallel in (ParallelParams(runner="local"), ParallelParams(runner="local", shard_bytes=3000)):
+        store = ArtifactStore(tmp_path / f"store{parallel.shard_bytes}")
+        write_file(big, 8, lines=400)
+        build(store, corpus_folder, parallel)
+        with big.open("a") as f:  # a growing log: its byte ranges move
+            f.write("one more line about the growing log .\n")
+        write_file(corpus_folder / "f9.txt", 9)
+        assert_identical(build(store, corpus_folder, parallel),
+                         build(ArtifactStore(tmp_path / f"fresh{parallel.shard_bytes}"), corpus_folder, parallel))
+        (corpus_folder / "f9.txt").unlink()
+
+
+@pytest.mark.parametrize("runner", ["threads", "processes"])
+def test_rebuilds_on_a_pool_publish_what_a_full_build_does(tmp_path, corpus_folder, runner):
+    parallel = ParallelParams(runner=runner, workers=2, **SHARDS)
+    store = ArtifactStore(tmp_path / "store")
+    build(store, corpus_folder, parallel)
+    for how in CHANGES:
+        change(corpus_folder, how)
+        assert_identical(build(store, corpus_folder, parallel),
+                         build(ArtifactStore(tmp_path / f"fresh-{how}"), corpus_folder, parallel))
+
+
+def test_rebuilds_on_dask_publish_what_a_full_build_does(tmp_path, corpus_folder):
+    from distributed import LocalCluster
+
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False, dashboard_address=None) as cluster:
+        parallel = ParallelParams(runner="dask", dask_address=cluster.scheduler_address, **SHARDS)
+        store = ArtifactStore(tmp_path / "store")
+        build(store, corpus_folder, parallel)
+        change(corpus_folder, "append")
+        rebuilt = build(store, corpus_folder, parallel)
+    assert_identical(rebuilt, build(ArtifactStore(tmp_path / "fresh"), corpus_folder,
+                                    ParallelParams(runner="local", **SHARDS)))
+
+
+def test_gc_removes_the_pieces_no_artifact_uses(tmp_path, corpus_folder):
+    parallel = ParallelParams(runner="local", **SHARDS)
+    store = ArtifactStore(tmp_path / "store")
+    before = build(store, corpus_folder, parallel)
+    pieces = tmp_path / "store" / PIECES
+    assert garbage(store, older_than=0) == []  # every piece is some artifact's
+    (corpus_folder / "f1.txt").unlink()
+    after = build(store, corpus_folder, parallel)
+    assert garbage(store, older_than=0) == []  # the old corpus still uses f1's piece
+    # The records of artifacts about to be removed go at once (`gone`), young pieces stay (a build at work)
+    gone = [(kind, before[kind].version) for kind in ("corpus", "tokenizer")]
+    assert garbage(store, older_than=3600, gone=gone) == [
+        str(pieces / "uses" / kind / f"{version}.json") for kind, version in gone]
+    for kind, version in gone:
+        store.delete(kind, version)
+    assert garbage(store, older_than=3600) == []  # a record without its artifact: a build at work, while young
+    found = garbage(store, older_than=0)
+    remove_garbage(store, found)
+    assert garbage(store, older_than=0) == []
+    corpus_keys = {p.name for p in (pieces / "corpus").iterdir()}
+    assert len(corpus_keys) == 5  # f1's piece went with the corpus that used it
+    # What is left still rebuilds the corpus from its pieces alone, the same artifacts
+    fresh = build(ArtifactStore(tmp_path / "fresh"), corpus_folder, parallel)
+    shutil.rmtree(tmp_path / "store" / "corpus")
+    assert_identical(build(store, corpus_folder, parallel), fresh)
+    assert after["corpus"].version == fresh["corpus"].version
+    # A data file no piece.json names (a writer that lost the race) goes too, once old
+    stray = next((pieces / "corpus").iterdir()) / "documents-000000000000"
+    stray.write_bytes(b"x")
+    assert str(stray) not in garbage(store, older_than=3600)
+    old = time.time() - 7200
+    import os
+    os.utime(stray, (old, old))
+    for path in (pieces / "corpus").rglob("*"):
+        os.utime(path, (old, old))
+    assert garbage(store, older_than=3600) == [str(stray)]
+
+
+def test_the_word_count_runs_are_cut_by_content(monkeypatch):
+    monkeypatch.setattr(pieces_module, "PIECE_DOCUMENTS", 4)
+    ids = pl.Series([f"{i * 2654435761 % 2**32:08x}00000000" for i in range(40)])
+    runs = pieces_module.content_cuts(ids, 0, 40)
+    assert runs[0][0] == 0 and runs[-1][1] == 40 and all(a < b for a, b in runs)
+    # A document inserted leaves every run before and after its own the same content
+    inserted = pl.concat([ids.slice(0, 20), pl.Series(["ffffffff00000001"]), ids.slice(20)])
+    again = pieces_module.content_cuts(inserted, 0, 41)
+    contents = {tuple(ids.slice(a, b - a)) for a, b in runs}
+    assert sum(tuple(inserted.slice(a, b - a)) not in contents for a, b in again) == 1
