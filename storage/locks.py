@@ -2,7 +2,8 @@
 
 - A local store: an OS lock (`flock`) on `<root>/.lock`. Movers hold it shared (they may run together: the release
   log orders them), deleters exclusive, so a deleter decides and deletes while no move is under way, and a move
-  checks that its version exists while no deletion is. A killed holder releases it with its process.
+  checks that its version exists while no deletion is. A killed holder releases it with its process. The last
+  holder removes the file (one that locked a removed file finds it gone, and locks the new one at the path).
 - An object store has no lock: a deleter holds a lease, `<root>/.lock` created exclusively (the conditional write
   `put_file(mode="create")`, `If-None-Match: *`), which other deleters wait for; a mover writes its release intent
   first (storage/releases.py), then looks for a lease, and backs off while there is one, while a deleter, once its
@@ -57,13 +58,28 @@ def store_lock(store: ArtifactStore, exclusive: bool) -> Iterator[None]:
     if path.is_symlink() or (path.exists() and not path.is_file()):
         raise StoreError(f"{path}: not the store's lock file (a link or a folder); remove it")
     mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-    with path.open("a") as handle:
+    while True:  # the file locked must be the one at the path: the last holder removes it (below)
+        handle = path.open("a")
         try:
             fcntl.flock(handle, mode | fcntl.LOCK_NB)
         except BlockingIOError:
             _waiting(str(path))
             fcntl.flock(handle, mode)
-        yield  # closing the file releases the lock; the file stays (removing it would let two hold two files)
+        try:
+            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        handle.close()
+    with handle:
+        try:
+            yield
+        finally:
+            try:  # the last holder removes the file: the store holds no lock file while idle
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                path.unlink(missing_ok=True)  # anyone who opened it meanwhile finds it gone once locked, and retries
+            except BlockingIOError:
+                pass  # another holder: it removes it
 
 
 def lease_held(store: ArtifactStore) -> bool:
