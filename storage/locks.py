@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from lexiflow.storage.store import ArtifactStore, StoreError
+from lexiflow.storage.store import ArtifactStore, StoreError, lock_file_at
 
 log = logging.getLogger("lexiflow")
 
@@ -58,20 +58,7 @@ def store_lock(store: ArtifactStore, exclusive: bool) -> Iterator[None]:
     if path.is_symlink() or (path.exists() and not path.is_file()):
         raise StoreError(f"{path}: not the store's lock file (a link or a folder); remove it")
     mode = fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH
-    while True:  # the file locked must be the one at the path: the last holder removes it (below)
-        handle = path.open("a")
-        try:
-            fcntl.flock(handle, mode | fcntl.LOCK_NB)
-        except BlockingIOError:
-            _waiting(str(path))
-            fcntl.flock(handle, mode)
-        try:
-            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
-                break
-        except FileNotFoundError:
-            pass
-        handle.close()
-    with handle:
+    with lock_file_at(path, mode, lambda: _waiting(str(path))) as handle:
         try:
             yield
         finally:

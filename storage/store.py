@@ -944,9 +944,27 @@ def held_lock_file(path: Path) -> Iterator[None]:
     """Create the lock file `path` and hold an OS lock on it while the block runs (a killed holder releases it),
     then remove it. Locked before anything it guards exists, and checked to be the file still at its path: a `gc`
     that found it free in the instant between its creation and the lock has removed it, so lock a new one."""
+    with lock_file_at(path, fcntl.LOCK_EX):
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+
+
+@contextmanager
+def lock_file_at(path: Path, mode: int, waiting: Callable[[], None] | None = None) -> Iterator[Any]:
+    """Hold an OS lock (`mode`: fcntl.LOCK_EX or LOCK_SH) on the file at `path`, made if missing, while the block
+    runs; yields its open file. The file locked is the one at the path when the lock is taken: one removed while
+    this caller waited (by its last holder, or a `gc`) is let go, and the new one at the path locked.
+    `waiting()` is called before the caller waits for another holder."""
     while True:
         handle = path.open("a")
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting is not None:
+                waiting()
+            fcntl.flock(handle, mode)
         try:
             if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
                 break
@@ -954,10 +972,7 @@ def held_lock_file(path: Path) -> Iterator[None]:
             pass
         handle.close()
     with handle:
-        try:
-            yield
-        finally:
-            path.unlink(missing_ok=True)
+        yield handle
 
 
 def _held(lock: Path) -> bool | None:
