@@ -290,6 +290,9 @@ def pick(catalog, spec: str) -> dict[str, Any]:
     validate_kind(split_alias(kind)[0])  # a hostile name is refused as such, before it is read as a tag
     if not which or "@" in which or re.fullmatch(r"[0-9a-f]{16}", which):
         return catalog.get(kind, which or None)
+    if re.fullmatch(r"[0-9a-fA-F]*[0-9][0-9a-fA-F]*", which) or re.fullmatch(r"[0-9a-fA-F]{16}", which):
+        raise ParameterError(f"{spec}: {which!r} is not a version: a version is 16 lowercase hexadecimal digits, "
+                             f"whole (`lexiflow artifacts list --kind {kind}` shows them)")
     if kind not in DISTINGUISHED_BY:
         raise ParameterError(f"{spec}: {which!r} is not a version (16 hex digits), and {kind} artifacts have no "
                              f"tag to select by; use KIND or KIND:VERSION")
@@ -316,24 +319,28 @@ def cmd_verify(args: argparse.Namespace) -> int:
 def cmd_rm(args: argparse.Namespace) -> int:
     from lexiflow.models.errors import ParameterError
     from lexiflow.storage import StoreError
+    from lexiflow.storage.releases import deleting, pending_versions
 
     kind, _, version = args.artifact.partition(":")
     if not version:
         raise ParameterError(f"{args.artifact}: give KIND:VERSION (`lexiflow artifacts list` shows them)")
     catalog = read_catalog(args.store)
     store = catalog.store
-    if not store.exists(kind, version):
-        raise StoreError(f"no artifact {kind}:{version} in {store.url}")
-    released = names_of(catalog.aliases(kind), kind, version)
-    if released and not args.force:
-        raise StoreError(f"{kind}:{version} is released as {', '.join(f'{kind}@{name}' for name in released)}; "
-                         "release another version first, or add --force (the alias then names a missing artifact)")
-    built_from_it = catalog.dependents(kind, version)
-    if built_from_it and not args.force:
-        raise StoreError(f"{kind}:{version}: {len(built_from_it)} artifact(s) were built from it "
-                         f"({', '.join(built_from_it[:5])}{', ...' if len(built_from_it) > 5 else ''}); remove them "
-                         "first, or add --force (they stay usable, their lineage then names a missing input)")
-    store.delete(kind, version)
+    with deleting(catalog, _announcer(catalog)):  # no alias moves while it decides and deletes
+        if not store.exists(kind, version):
+            raise StoreError(f"no artifact {kind}:{version} in {store.url}")
+        released = names_of(catalog.aliases(kind), kind, version)
+        if (kind, version) in pending_versions(store) and not args.force:
+            raise StoreError(f"{kind}:{version} is being released; try again once the release is done")
+        if released and not args.force:
+            raise StoreError(f"{kind}:{version} is released as {', '.join(f'{kind}@{name}' for name in released)}; "
+                             "release another version first, or add --force (the alias then names a missing artifact)")
+        built_from_it = catalog.dependents(kind, version)
+        if built_from_it and not args.force:
+            raise StoreError(f"{kind}:{version}: {len(built_from_it)} artifact(s) were built from it "
+                             f"({', '.join(built_from_it[:5])}{', ...' if len(built_from_it) > 5 else ''}); remove "
+                             "them first, or add --force (they stay usable, their lineage then names a missing input)")
+        store.delete(kind, version)
     print(f"removed {kind}:{version}")
     if built_from_it:
         print(f"{len(built_from_it)} artifact(s) built from it stay usable; their lineage names {kind}:{version} as "
@@ -345,18 +352,20 @@ def cmd_rm(args: argparse.Namespace) -> int:
 def cmd_gc(args: argparse.Namespace) -> int:
     from lexiflow.storage.pieces import garbage as piece_garbage
     from lexiflow.storage.pieces import remove_garbage as remove_piece_garbage
+    from lexiflow.storage.releases import deleting
 
     catalog = read_catalog(args.store)
     store = catalog.store
-    leftovers = store.leftovers(older_than=args.older_than)
-    versions = catalog.unreferenced(args.keep) if args.keep is not None else []
-    pieces = piece_garbage(store, args.older_than, gone=versions)  # docs/design.md, "Incremental rebuilds"
-    verb = "would remove" if args.dry_run else "removed"
-    if not args.dry_run:
-        store.remove_leftovers(leftovers)
-        for kind, version in versions:
-            store.delete(kind, version)
-        remove_piece_garbage(store, pieces)
+    with deleting(catalog, _announcer(catalog)):  # no alias moves between deciding and deleting
+        leftovers = store.leftovers(older_than=args.older_than)
+        versions = catalog.unreferenced(args.keep) if args.keep is not None else []
+        pieces = piece_garbage(store, args.older_than, gone=versions)  # docs/design.md, "Incremental rebuilds"
+        verb = "would remove" if args.dry_run else "removed"
+        if not args.dry_run:
+            store.remove_leftovers(leftovers)
+            for kind, version in versions:
+                store.delete(kind, version)
+            remove_piece_garbage(store, pieces)
     for entry in leftovers:
         print(f"{verb} leftover {entry}")
     if pieces:
@@ -370,35 +379,57 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return 0
 
 
+def _announcer(catalog):
+    """How this command sends the events of alias moves (flows/release.py), imported only when it moves or deletes."""
+    from lexiflow.flows.release import announcer
+
+    return announcer(catalog.store.url)
+
+
+def printable(text: str) -> str:
+    """`text` for one line of a terminal: control characters (newlines, escapes) as Python writes them escaped."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
 def cmd_release(args: argparse.Namespace) -> int:
     """Move an alias to a version (`KIND:VERSION`, or `KIND:TAG`/`KIND@OTHER` for the version they name), or
     back one release (`--rollback KIND`), and print the move; or print a kind's release log (`--log KIND`)."""
     from lexiflow.models.errors import ParameterError
-    from lexiflow.storage.catalog import DEFAULT_ALIAS
+    from lexiflow.storage import StoreError
+    from lexiflow.storage.catalog import DEFAULT_ALIAS, validate_alias
 
     catalog = read_catalog(args.store)
     action = "--rollback" if args.rollback else "--log" if args.log else None
     if action and (":" in args.artifact or "@" in args.artifact):
         raise ParameterError(f"{action} {args.artifact}: give the kind alone (e.g. {action} embeddings), with --as "
                              "NAME for one alias")
+    alias = None if args.log and args.alias is None else validate_alias(DEFAULT_ALIAS if args.alias is None
+                                                                        else args.alias)
     if args.log:
-        entries = catalog.release_log(args.artifact, args.alias)
+        entries = catalog.release_log(args.artifact, alias)
+        if alias is not None and not entries:
+            raise StoreError(f"no alias {alias!r} for {args.artifact} in {catalog.store.url}: nothing released under "
+                             "it (`lexiflow artifacts list` shows the aliases there)")
         if args.json:
             print(strict_json(entries))
         for e in [] if args.json else entries:
             print(f"{e['kind']}@{e['alias']} #{e['seq']} {e['at'][:19]} {e['action']:<8} {e['from'] or '(none)'} -> "
-                  f"{e['to']}" + (f"  reason: {e['reason']}" if e["reason"] else "")
-                  + (f"  flow run: {e['flow_run']}" if e["flow_run"] else ""))
+                  f"{e['to']}" + (f"  reason: {printable(e['reason'])}" if e["reason"] else "")
+                  + (f"  flow run: {printable(e['flow_run'])}" if e["flow_run"] else ""))
         return 0
-    alias = args.alias or DEFAULT_ALIAS
     if args.rollback:
-        entry = catalog.rollback(args.artifact, alias, reason=args.reason)
+        entry = catalog.rollback(args.artifact, alias, reason=args.reason, announce=_announcer(catalog))
     else:
         if ":" not in args.artifact and "@" not in args.artifact:
             raise ParameterError(f"{args.artifact}: give KIND:VERSION to release (`lexiflow artifacts list` shows "
                                  "them), or --rollback KIND")
         manifest = pick(catalog, args.artifact)
-        entry = catalog.release(manifest["kind"], manifest["version"], alias, reason=args.reason)
+        entry = catalog.release(manifest["kind"], manifest["version"], alias, reason=args.reason,
+                                announce=_announcer(catalog))
+    if entry.get("unchanged"):
+        print(f"{entry['kind']}@{entry['alias']} already names {entry['to']}: nothing moved"
+              + (", the reason is not recorded" if args.reason else ""))
+        return 0
     print(f"{entry['kind']}@{entry['alias']}: {entry['from'] or '(none)'} -> {entry['to']}"
           + (" (rollback)" if entry["action"] == "rollback" else ""))
     return 0
@@ -781,7 +812,7 @@ def main(argv: list[str] | None = None) -> int:
         return status
     except (LexiflowError, StoreError) as exc:
         # One line whatever the message holds (a name with a newline or an escape code, from a source not quoted)
-        print("error: " + "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(exc)), file=sys.stderr)
+        print("error: " + printable(str(exc)), file=sys.stderr)
         return 2
     except BrokenPipeError:  # the reader stopped early (`| head`): stop quietly, as other CLIs do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # Python flushes stdout again at exit

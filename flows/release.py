@@ -7,8 +7,9 @@ each kind in the run also under the alias itself (`embeddings@production`: the f
 `tokenizer@production`: the word vocabulary). The checks compare each artifact with the version released
 under its name (tasks/checks.py). A run releases when `release.when` says so (`scheduled`: only runs a
 schedule started; `always`) and every blocking check passed; then each alias that moves is logged in the
-store's release log and announced by a `lexiflow.artifact.released` event, after all of them moved (a
-downstream job started by the first event finds the whole release).
+store's release log, as one transaction (all or none: storage/releases.py), and announced by a
+`lexiflow.artifact.released` event, after all of them moved (a downstream job started by the first event finds the
+whole release). Manual moves (`lexiflow release`, `--rollback`) are announced the same way (`announcer`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 from lexiflow.models import checks
 from lexiflow.models.errors import LexiflowError
 from lexiflow.storage import ArtifactRef, Catalog
+from lexiflow.storage.releases import Announce
 from lexiflow.tasks.params import ReleaseParams
 from lexiflow.tasks.stage import RELEASED, STAGE_RETRIES, LookupTask, emit_artifact_event
 from prefect import get_run_logger, task
@@ -85,18 +87,35 @@ def wanted(params: ReleaseParams) -> bool:
         return bool(client.read_flow_run(flow_run.id).auto_scheduled)
 
 
+def announcer(store: str) -> Announce | None:
+    """How this process sends a move's `lexiflow.artifact.released` event: inside a flow or task run, or with a
+    Prefect server configured (PREFECT_API_URL). None elsewhere: the moves' events then wait in the store's outbox
+    for the next command or run that can send them (storage/releases.py), rather than go to a temporary server
+    started for nobody to hear them. The payload says the action (release or rollback), where from, and why."""
+    from prefect.context import FlowRunContext, TaskRunContext
+    from prefect.settings import get_current_settings
+
+    if not (FlowRunContext.get() or TaskRunContext.get() or get_current_settings().api.url):
+        return None
+
+    def announce(entry: dict[str, Any], payload: dict[str, Any]) -> None:
+        ref = ArtifactRef(store=store, kind=entry["kind"], version=entry["to"])
+        emit_artifact_event(RELEASED, ref, entry["alias"], {**payload, "action": entry["action"], "from": entry["from"],
+                                                            "seq": entry["seq"], "reason": entry["reason"]})
+
+    return announce
+
+
 @task(name="release", cache_policy=NO_CACHE, persist_result=False, **STAGE_RETRIES)
 def move_aliases(refs: dict[str, ArtifactRef], checked: ArtifactRef, alias: str) -> list[tuple[ArtifactRef, str]]:
-    """Move every alias of the run's artifacts that does not name its version yet; [(ref, alias)] moved."""
-    catalog, moved = Catalog(checked.store), []
-    for name, names in aliases(refs, alias).items():
-        ref = refs[name]
-        for each in names:
-            if catalog.released(ref.kind, each) != ref.version:
-                catalog.release(ref.kind, ref.version, each, reason=f"checks passed ({checked})",
-                                flow_run=str(flow_run.id or "") or None)
-                moved.append((ref, each))
-    return moved
+    """Move every alias of the run's artifacts that does not name its version yet, as one transaction (all or
+    none, its events sent once all moved); [(ref, alias)] moved."""
+    catalog = Catalog(checked.store)
+    moves = [(refs[name].kind, refs[name].version, each) for name, names in aliases(refs, alias).items()
+             for each in names]
+    entries = catalog.release_many(moves, reason=f"checks passed ({checked})", flow_run=str(flow_run.id or "") or None,
+                                   payload={"checks": checked.version}, announce=announcer(checked.store))
+    return [(catalog.store.ref(e["kind"], e["to"]), e["alias"]) for e in entries if not e.get("unchanged")]
 
 
 def release(refs: dict[str, ArtifactRef], checked: ArtifactRef, results: list[dict[str, Any]],
@@ -112,9 +131,7 @@ def release(refs: dict[str, ArtifactRef], checked: ArtifactRef, results: list[di
         return []
     if failed:
         raise ReleaseRefused(checks.failure_line(failed))
-    moved = move_aliases(refs, checked, params.alias)
-    for ref, alias in moved:
-        emit_artifact_event(RELEASED, ref, alias, {"checks": checked.version})
+    moved = move_aliases(refs, checked, params.alias)  # announced by it, once all moved
     logger.info("released: %s", ", ".join(f"{ref.kind}@{alias}={ref.version}" for ref, alias in moved) or
                 "every alias already names this run's versions")
     return moved

@@ -20,12 +20,13 @@ import datetime as dt
 import json
 import logging
 import os
-import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
+from lexiflow.storage import releases
 from lexiflow.storage.built_by import next_step
 from lexiflow.storage.formats import DISTINGUISHED_BY  # noqa: F401  (re-exported: the catalog selects by it)
+from lexiflow.storage.releases import ALIAS_PATTERN, ALIASES, Announce, Move, validate_alias  # noqa: F401  (re-exported)
 from lexiflow.storage.store import (
     DEFAULT_ROOT,
     KIND_PATTERN,
@@ -44,18 +45,8 @@ from lexiflow.storage.store import (
 
 log = logging.getLogger("lexiflow")
 
-ALIASES = ".aliases"  # <root>/.aliases/<kind>/<alias>/<seq>.json: the release log, one file per move
 DEFAULT_ALIAS = "production"
-ALIAS_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
-_LOG_ENTRY = re.compile(r"^([0-9]{8})\.json$")  # zero-padded: listings sort as the sequence does
 _MOVE_ATTEMPTS = 1000  # each failed attempt means another writer moved the alias: progress, not a spin
-
-
-def validate_alias(name: str) -> str:
-    if not isinstance(name, str) or not ALIAS_PATTERN.fullmatch(name):
-        raise StoreError(f"invalid alias name {name!r}: use lowercase letters, digits, '_' and '-', starting with a "
-                         "letter (e.g. production)")
-    return name
 
 
 def split_alias(spec: str) -> tuple[str, str | None]:
@@ -262,118 +253,166 @@ class Catalog:
                 problems.extend(self.store.verify(kind, version, full=full))
             except StoreError as exc:
                 problems.append(str(exc))
-        for (kind, alias), paths in sorted(self._log_files().items()):
+        problems += self._alias_problems()
+        return checked, problems
+
+    def _alias_problems(self) -> list[str]:
+        """Everything wrong with the release logs and the transactions in the store (see `audit`)."""
+        scan = releases.scan(self.store)
+        problems = [problem for _, problem in scan.problems]
+        hidden = releases.hidden(self.store)
+        for (kind, alias), files in sorted(scan.files.items()):
             try:
-                version = [self._read_entry(path) for path in paths][-1]["to"]
+                entries = [self._read_entry(path) for _, path in files]
             except StoreError as exc:
                 problems.append(str(exc))
                 continue
-            if not self.store.exists(kind, version):
-                problems.append(f"{kind}@{alias} names {kind}:{version}, which is not in the store; release another "
-                                f"version: {release_command(kind, alias)}")
-        return checked, problems
+            broken = releases.chain_problems(entries, self._alias_folder(kind, alias))
+            problems += broken
+            visible = [e for e in entries if e.get("tx") not in hidden]
+            if broken or not visible:
+                continue
+            if not self.store.exists(kind, visible[-1]["to"]):
+                problems.append(f"{kind}@{alias} names {kind}:{visible[-1]['to']}, which is not in the store; release "
+                                f"another version: {release_command(kind, alias)}")
+        for tx in sorted(releases.pending(self.store)):
+            try:
+                releases.read_intent(self.store, tx)
+            except StoreError as exc:
+                problems.append(str(exc))
+        return problems
 
     # ---- aliases and the release log --------------------------------------------------------
     def release(self, kind: str, version: str, alias: str = DEFAULT_ALIAS, *, reason: str = "",
-                flow_run: Any = None) -> dict[str, Any]:
+                flow_run: Any = None, announce: Announce | None = None) -> dict[str, Any]:
         """Point `kind@alias` at `kind:version` and append the move to the release log; returns the log
-        entry. A release of the version the alias already names writes nothing and returns the entry
-        that moved it there."""
-        validate_kind(kind), validate_version(version), validate_alias(alias)
+        entry. A release of the version the alias already names writes nothing and returns the entry that moved
+        it there, with `unchanged: True`. `announce(entry, payload)` sends the move's event (storage/releases.py)."""
+        return self.release_many([(kind, version, alias)], reason=reason, flow_run=flow_run, announce=announce)[0]
+
+    def release_many(self, moves: list[tuple[str, str, str]], *, reason: str = "", flow_run: Any = None,
+                     payload: dict[str, Any] | None = None, announce: Announce | None = None) -> list[dict[str, Any]]:
+        """Move several aliases, [(kind, version, alias)], as one: readers see all of them moved or none, also
+        when the mover dies midway (the next mover or deleter completes it). One entry per move, as `release`."""
+        checked = []
+        for kind, version, alias in moves:
+            validate_kind(kind), validate_version(version), validate_alias(alias)
+            checked.append(Move(kind, alias, "release", version))
+        return releases.transact(self, checked, reason=reason, flow_run=flow_run, payload=payload, announce=announce)
+
+    def rollback(self, kind: str, alias: str = DEFAULT_ALIAS, *, reason: str = "",
+                 flow_run: Any = None, announce: Announce | None = None) -> dict[str, Any]:
+        """Move `kind@alias` back one release (to the version it named before the current one) and log it.
+        If another writer moves the alias meanwhile, nothing is written: roll back what you have seen."""
+        validate_kind(kind), validate_alias(alias)
+        return releases.transact(self, [Move(kind, alias, "rollback")], reason=reason, flow_run=flow_run,
+                                 announce=announce)[0]
+
+    def rollback_target(self, kind: str, alias: str, log: list[dict[str, Any]]) -> str:
+        """The version a rollback of `kind@alias`, whose log is `log`, returns to (a StoreError if none)."""
+        history = release_history(log)
+        if not history:
+            raise StoreError(f"no alias {alias!r} for {kind} in {self.store.url}; nothing to roll back")
+        if len(history) < 2:
+            raise StoreError(f"{kind}@{alias} names {history[-1]}, its first release: no earlier version to roll back "
+                             "to")
+        if not self.store.exists(kind, history[-2]):
+            raise StoreError(f"{kind}@{alias}: the version before, {kind}:{history[-2]}, is no longer in "
+                             f"{self.store.url}; release another version: {release_command(kind, alias)}")
+        return history[-2]
+
+    def check_releasable(self, kind: str, version: str) -> None:
+        """A version a move may name: in the store, and its files as its manifest says."""
         if not self.store.exists(kind, version):
             raise ArtifactNotFound(f"no artifact {kind}:{version} in {self.store.url}; `lexiflow artifacts list "
                                    f"--kind {kind}` shows the versions there")
         if problems := self.store.verify(kind, version):  # sizes: one listing; downstream jobs would read it
             raise ArtifactDamaged(f"not released: {problems[0]}; {repair_hint(kind, version)}")
-        return self._move(kind, alias, lambda log: ("release", version), reason, flow_run)
-
-    def rollback(self, kind: str, alias: str = DEFAULT_ALIAS, *, reason: str = "",
-                 flow_run: Any = None) -> dict[str, Any]:
-        """Move `kind@alias` back one release (to the version it named before the current one) and log it.
-        If another writer moves the alias meanwhile, nothing is written: roll back what you have seen."""
-        validate_kind(kind), validate_alias(alias)
-        seen: list[str] = []
-
-        def back(log: list[dict[str, Any]]) -> tuple[str, str]:
-            history = release_history(log)
-            if not history:
-                raise StoreError(f"no alias {alias!r} for {kind} in {self.store.url}; nothing to roll back")
-            seen.append(history[-1])
-            if seen[0] != history[-1]:
-                raise StoreError(f"{kind}@{alias} moved to {history[-1]} while rolling back {seen[0]}; nothing "
-                                 "rolled back, check the release log and try again")
-            if len(history) < 2:
-                raise StoreError(f"{kind}@{alias} names {history[-1]}, its first release: no earlier version to "
-                                 "roll back to")
-            if not self.store.exists(kind, history[-2]):
-                raise StoreError(f"{kind}@{alias}: the version before, {kind}:{history[-2]}, is no longer in "
-                                 f"{self.store.url}; release another version: {release_command(kind, alias)}")
-            return "rollback", history[-2]
-
-        return self._move(kind, alias, back, reason, flow_run)
 
     def released(self, kind: str, alias: str = DEFAULT_ALIAS) -> str | None:
         """The version `kind@alias` names (the last entry of its log), None if never released."""
-        entries = self._log_files(validate_kind(kind), validate_alias(alias)).get((kind, alias))
-        return self._read_entry(entries[-1])["to"] if entries else None
+        log = self.visible_log(validate_kind(kind), validate_alias(alias))
+        return log[-1]["to"] if log else None
 
-    def release_log(self, kind: str, alias: str | None = None) -> list[dict[str, Any]]:
+    def release_log(self, kind: str, alias: str | None = None, *, pending: bool = False) -> list[dict[str, Any]]:
         """The moves of a kind's aliases (of one alias with `alias`), per alias in sequence order, each entry
         with `kind`, `alias`, `seq`, `action` (release or rollback), `from` (None for the first), `to`,
-        `at` (UTC, ISO-8601), `reason` and `flow_run`."""
+        `at` (UTC, ISO-8601), `reason` and `flow_run` (and `tx`, the transaction that made it). The moves of a
+        transaction not committed yet are there only with `pending`. A damaged log is a StoreError naming the file."""
         validate_kind(kind)
-        files = self._log_files(kind, None if alias is None else validate_alias(alias))
-        return [self._read_entry(path) for key in sorted(files) for path in files[key]]
+        names = [validate_alias(alias)] if alias is not None else sorted(name for _, name in self._logs(kind))
+        read = self.full_log if pending else self.visible_log
+        return [entry for name in names for entry in read(kind, name)]
+
+    def visible_log(self, kind: str, alias: str) -> list[dict[str, Any]]:
+        """The log of `kind@alias` as readers see it (`release_log`)."""
+        hidden = releases.hidden(self.store)
+        return [entry for entry in self.full_log(kind, alias) if entry.get("tx") not in hidden]
+
+    def tx_entries(self, kind: str, alias: str, tx: str) -> list[dict[str, Any]]:
+        """The entries of `kind@alias` the transaction `tx` wrote."""
+        return [entry for entry in self.full_log(kind, alias) if entry.get("tx") == tx]
 
     def aliases(self, kind: str | None = None) -> dict[str, dict[str, str]]:
         """kind -> {alias: version} for every alias in the store (of one kind with `kind`)."""
         found: dict[str, dict[str, str]] = {}
-        for (found_kind, alias), paths in sorted(self._log_files(kind and validate_kind(kind)).items()):
-            found.setdefault(found_kind, {})[alias] = self._read_entry(paths[-1])["to"]
+        for found_kind, alias in self._logs(kind and validate_kind(kind)):
+            if version := self.released(found_kind, alias):
+                found.setdefault(found_kind, {})[alias] = version
         return found
 
     def protected(self) -> set[tuple[str, str]]:
-        """(kind, version) of what `gc` must keep whatever its age: every alias's version, and the one a
-        rollback would return to."""
-        kept: set[tuple[str, str]] = set()
-        for (kind, _alias), paths in self._log_files().items():
-            kept.update((kind, version) for version in release_history([self._read_entry(p) for p in paths])[-2:])
+        """(kind, version) of what `gc` must keep whatever its age: every alias's version, the one a rollback
+        would return to, and every version a pending release moves an alias to."""
+        kept = releases.pending_versions(self.store)
+        for kind, alias in self._logs():
+            kept.update((kind, version) for version in release_history(self.visible_log(kind, alias))[-2:])
         return kept
 
-    def _move(self, kind: str, alias: str, decide: Callable[[list[dict[str, Any]]], tuple[str, str]],
-              reason: str, flow_run: Any) -> dict[str, Any]:
-        """Append one move to the log of `kind@alias`: read the log, `decide(log)` -> (action, version), create
-        the next entry exclusively; when another writer created that number first, read again and retry."""
+    def append_move(self, move: Move, reason: str, flow_run: Any, tx: str | None = None) -> dict[str, Any] | None:
+        """Append `move` to the log of its alias, created exclusively under the next number; when another writer
+        created that number first, read again and retry. None when there is nothing to write: a release to the
+        version the alias names. A rollback whose alias moved from `move.expect` meanwhile is a StoreError."""
+        kind, alias = move.kind, move.alias
         for _ in range(_MOVE_ATTEMPTS):
-            entries = self.release_log(kind, alias)
-            action, version = decide(entries)
+            # One read, uncommitted moves included (a move under way is a move: it is completed, never undone).
+            entries = self.release_log(kind, alias, pending=True)
+            head = entries[-1]["to"] if entries else None
+            if move.action == "release" and head == move.to:
+                return None  # already there: not a move
+            if move.action == "rollback" and head != move.expect:
+                raise StoreError(f"{kind}@{alias} moved to {head} while rolling back {move.expect}; nothing rolled "
+                                 "back, check the release log and try again")
             last = entries[-1] if entries else None
-            if action == "release" and last is not None and last["to"] == version:
-                return last  # already there: not a move
-            entry = {"kind": kind, "alias": alias, "seq": last["seq"] + 1 if last else 1, "action": action,
-                     "from": last and last["to"], "to": version, "at": dt.datetime.now(dt.UTC).isoformat(),
-                     "reason": reason, "flow_run": flow_run}
+            entry = {"kind": kind, "alias": alias, "seq": last["seq"] + 1 if last else 1, "action": move.action,
+                     "from": last and last["to"], "to": move.to, "at": dt.datetime.now(dt.UTC).isoformat(),
+                     "reason": reason, "flow_run": flow_run, **({"tx": tx} if tx else {})}
             data = json.dumps(entry, indent=2, default=str).encode()
-            if self.store.create_file(f"{self._alias_folder(kind, alias)}/{entry['seq']:08d}.json", data):
-                log.info("%s@%s: %s -> %s (%s)", kind, alias, entry["from"], version, action)
+            if self.store.create_file(f"{self._alias_folder(kind, alias)}/{releases.entry_name(entry['seq'])}", data):
+                log.info("%s@%s: %s -> %s (%s)", kind, alias, entry["from"], move.to, move.action)
                 return json.loads(data)
         raise StoreError(f"{kind}@{alias}: the release log kept moving under {_MOVE_ATTEMPTS} attempts; try again")
 
     def _alias_folder(self, kind: str, alias: str | None = None) -> str:
         return "/".join([self.store.root, ALIASES, kind, *([alias] if alias else [])])
 
-    @retry_transient
-    def _log_files(self, kind: str | None = None, alias: str | None = None) -> dict[tuple[str, str], list[str]]:
-        """(kind, alias) -> paths of its log entries in sequence order, from one listing of the store."""
-        self.store.refresh()
-        top = f"{self.store.root}/{ALIASES}" if kind is None else self._alias_folder(kind, alias)
-        found: dict[tuple[str, str], list[str]] = {}
-        for path in sorted(self.store.fs.find(top)):
-            parts = path[len(self.store.root) + len(ALIASES) + 2:].split("/")
-            if len(parts) == 3 and KIND_PATTERN.fullmatch(parts[0]) and ALIAS_PATTERN.fullmatch(parts[1]) \
-                    and _LOG_ENTRY.fullmatch(parts[2]):
-                found.setdefault((parts[0], parts[1]), []).append(path)
-        return found
+    def _logs(self, kind: str | None = None) -> list[tuple[str, str]]:
+        """(kind, alias) of every release log (of one kind), from one listing; damage is a StoreError."""
+        scan = releases.scan(self.store, kind)
+        if damage := scan.damage(kind):
+            raise StoreError(damage)
+        return sorted(scan.files)
+
+    def full_log(self, kind: str, alias: str) -> list[dict[str, Any]]:
+        """Every entry of the log of `kind@alias`, committed or not, checked: its files, each entry against its
+        path, the chain. Damage is a StoreError naming the file."""
+        scan = releases.scan(self.store, kind, alias)
+        if damage := scan.damage(kind, alias):
+            raise StoreError(damage)
+        entries = [self._read_entry(path) for _, path in scan.files.get((kind, alias), [])]
+        if broken := releases.chain_problems(entries, self._alias_folder(kind, alias)):
+            raise StoreError(broken[0])
+        return entries
 
     def _read_entry(self, path: str) -> dict[str, Any]:
         if path not in self._log_entries:
@@ -387,8 +426,4 @@ class Catalog:
                 entry = json.load(f)
         except (ValueError, UnicodeDecodeError) as exc:  # entries are created whole: only tampering does this
             raise StoreError(f"release log entry {path}: not valid JSON ({exc}); restore it from a backup") from None
-        if not (isinstance(entry, dict) and isinstance(entry.get("to"), str) and entry.get("action") in
-                ("release", "rollback") and isinstance(entry.get("seq"), int)
-                and f"{entry['seq']:08d}.json" == path.rsplit("/", 1)[-1]):
-            raise StoreError(f"release log entry {path}: not a release log entry; restore it from a backup")
-        return entry
+        return releases.check_entry(entry, path)

@@ -471,8 +471,7 @@ class ArtifactStore:
         parent.mkdir(parents=True, exist_ok=True)
         staging = parent / f"{prefix}{name}"
         shared = f"{self.root}/{STAGING}/{name}{SHARED_SUFFIX}"
-        with staging.with_name(staging.name + ".lock").open("w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # taken before the folder exists: gc never sees it unlocked
+        with held_lock_file(staging.with_name(staging.name + ".lock")):  # before the folder: gc never sees it unlocked
             staging.mkdir()
             try:
                 yield staging, shared if self.is_local else self.fs.unstrip_protocol(shared)
@@ -480,7 +479,6 @@ class ArtifactStore:
                 shutil.rmtree(staging, ignore_errors=True)
                 shutil.rmtree(staging.with_name(staging.name + "-work"), ignore_errors=True)
                 self._remove_shared(shared)
-                Path(lock.name).unlink(missing_ok=True)
 
     def _remove_shared(self, path: str) -> None:
         """Best effort (gc removes what stays: `leftovers`)."""
@@ -654,19 +652,21 @@ class ArtifactStore:
         if self.is_local:
             folder = Path(self.root) / STAGING
             folder.mkdir(parents=True, exist_ok=True)
-            temporary = folder / f"create-{os.urandom(6).hex()}.tmp"  # no lock: gc removes it when old
-            try:
-                temporary.write_bytes(data)
-                _fsync(temporary)
-                Path(path).parent.mkdir(parents=True, exist_ok=True)
+            parent = self._local_folder_inside(path)
+            temporary = folder / f"create-{os.urandom(6).hex()}.tmp"
+            # Its lock file is held while it lives, as a staging folder's is: gc removes it only once its writer died.
+            with held_lock_file(temporary.with_name(temporary.name + ".lock")):
                 try:
-                    os.link(temporary, path)
-                except FileExistsError:
-                    return False
-                _fsync(Path(path).parent)
-                return True
-            finally:
-                temporary.unlink(missing_ok=True)
+                    temporary.write_bytes(data)
+                    _fsync(temporary)
+                    try:
+                        os.link(temporary, path)
+                    except FileExistsError:
+                        return False
+                    _fsync(parent)
+                    return True
+                finally:
+                    temporary.unlink(missing_ok=True)
         with tempfile.NamedTemporaryFile(prefix="lexiflow-") as temporary:
             temporary.write(data)
             temporary.flush()
@@ -677,6 +677,25 @@ class ArtifactStore:
                 with self.fs.open(path, "rb") as f:
                     return f.read() == data
         return True
+
+    def _local_folder_inside(self, path: str) -> Path:
+        """The folder of `path` (a local store's file), made where missing, refusing a symbolic link or a file on
+        the way from the root: a link planted in the store must not lead a write outside it."""
+        root, parent = Path(self.root), Path(path).parent
+        try:
+            parts = parent.relative_to(root).parts
+        except ValueError:
+            raise StoreError(f"{path}: not inside the store {self.url}") from None
+        here = root
+        for part in parts:
+            here = here / part
+            if here.is_symlink():
+                raise StoreError(f"{here}: a symbolic link in the store; lexiflow writes no file through one (remove "
+                                 "it, or restore the folder from a backup)")
+            if here.exists() and not here.is_dir():
+                raise StoreError(f"{here}: a file where the store keeps a folder; restore it from a backup")
+        parent.mkdir(parents=True, exist_ok=True)
+        return parent
 
     def clean_staging(self, older_than: float = 0.0) -> int:
         """Remove what killed writers left (`leftovers`); returns how many entries were removed."""
@@ -918,6 +937,42 @@ def _identity(path: Path) -> tuple[int, int, int]:
     """What changes when a file is replaced or rewritten: inode, size, modification time."""
     stat = path.stat()
     return stat.st_ino, stat.st_size, stat.st_mtime_ns
+
+
+@contextmanager
+def held_lock_file(path: Path) -> Iterator[None]:
+    """Create the lock file `path` and hold an OS lock on it while the block runs (a killed holder releases it),
+    then remove it. Locked before anything it guards exists, and checked to be the file still at its path: a `gc`
+    that found it free in the instant between its creation and the lock has removed it, so lock a new one."""
+    with lock_file_at(path, fcntl.LOCK_EX):
+        try:
+            yield
+        finally:
+            path.unlink(missing_ok=True)
+
+
+@contextmanager
+def lock_file_at(path: Path, mode: int, waiting: Callable[[], None] | None = None) -> Iterator[Any]:
+    """Hold an OS lock (`mode`: fcntl.LOCK_EX or LOCK_SH) on the file at `path`, made if missing, while the block
+    runs; yields its open file. The file locked is the one at the path when the lock is taken: one removed while
+    this caller waited (by its last holder, or a `gc`) is let go, and the new one at the path locked.
+    `waiting()` is called before the caller waits for another holder."""
+    while True:
+        handle = path.open("a")
+        try:
+            fcntl.flock(handle, mode | fcntl.LOCK_NB)
+        except BlockingIOError:
+            if waiting is not None:
+                waiting()
+            fcntl.flock(handle, mode)
+        try:
+            if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        handle.close()
+    with handle:
+        yield handle
 
 
 def _held(lock: Path) -> bool | None:

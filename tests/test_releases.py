@@ -50,7 +50,7 @@ def test_release_names_a_version_and_logs_each_move(store_url):
     second = catalog.release("corpus", V2, reason="better coverage", flow_run="a1b2")
     assert (second["seq"], second["from"], second["to"], second["reason"], second["flow_run"]) == (
         2, V1, V2, "better coverage", "a1b2")
-    assert catalog.release("corpus", V2) == second  # already there: no move, nothing written
+    assert catalog.release("corpus", V2) == {**second, "unchanged": True}  # already there: nothing written
     catalog.release("corpus", V1, "staging")
 
     other = Catalog(store_url)  # another reader sees the moves (no cached listing)
@@ -138,8 +138,8 @@ class PausedCatalog(Catalog):
         super().__init__(url)
         self.barrier, self.reads = barrier, 0
 
-    def release_log(self, kind, alias=None):
-        entries = super().release_log(kind, alias)
+    def release_log(self, kind, alias=None, **options):
+        entries = super().release_log(kind, alias, **options)
         self.reads += 1
         if self.reads == 1:
             self.barrier.wait(timeout=60)
