@@ -159,7 +159,12 @@ def _strict(schema: Any) -> Any:
     class StrictParameterSchema(ParameterSchema):
         additionalProperties: bool = False
 
-    return StrictParameterSchema(**_escape_descriptions(schema.model_dump()), additionalProperties=False)
+    from lexiflow.tasks.params import title
+
+    dumped = _escape_descriptions(schema.model_dump())
+    for name, prop in dumped["properties"].items():  # Prefect titles a parameter by its name: in words, as its fields
+        prop["title"] = title(name)
+    return StrictParameterSchema(**dumped, additionalProperties=False)
 
 
 def _escape_descriptions(node: Any) -> Any:

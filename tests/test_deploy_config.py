@@ -146,3 +146,25 @@ def test_the_operations_table_lists_every_deployment_serve_deploys():
     table = next(part for part in (ROOT / "docs" / "operations.md").read_text(encoding="utf-8").split("\n\n")
                  if part.startswith("| deployment"))
     assert sorted(re.findall(r"^\| `[\w-]+/([\w-]+)` \|", table, re.M)) == sorted(spec.name for spec in DEPLOYMENTS)
+
+
+def test_the_form_puts_the_essentials_first_with_titles_people_read():
+    """The pipeline's Custom run form (the deployment's schema): the sections an operator changes most often first,
+    every label in words (pydantic's would read "N Iter", "Lm Deployment"), no None toggle where 0 or "" serves."""
+    from lexiflow.deployments.definitions import _strict
+    from lexiflow.flows.pipeline import pipeline
+    from lexiflow.tasks.params import title
+    from prefect.utilities.callables import parameter_schema
+
+    schema = _strict(parameter_schema(pipeline)).model_dump()
+    order = list(schema["properties"])
+    assert order[:5] == ["store", "corpus", "embeddings", "lm", "release"]
+    assert order[-3:] == ["training", "parallel", "checks"]
+    titles = {name: prop["title"] for name, prop in schema["properties"].items()}
+    assert (titles["lm"], titles["svd"], titles["store"]) == ("Language models", "SVD", "Artifact store")
+    fields = {name: prop for section in schema["definitions"].values() for name, prop in section["properties"].items()}
+    assert all(prop["title"] == title(name) for name, prop in fields.items())
+    assert (title("n_iter"), title("lm_deployment"), title("lr"), title("min_count")) == (
+        "Iterations", "LM deployment", "Learning rate", "Min count")
+    parallel = schema["definitions"]["ParallelParams"]["properties"]
+    assert (parallel["shard_rows"]["type"], parallel["dask_address"]["type"]) == ("integer", "string")
