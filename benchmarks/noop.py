@@ -51,6 +51,7 @@ def run(quick: bool = False, repeats: int | str = 5, corpus: str = "") -> list[R
     with tempfile.TemporaryDirectory(prefix="noop-bench-") as work:
         env = {**os.environ, "PREFECT_HOME": str(Path(work) / "prefect")}  # no server of the user's, none running
         env.pop("PREFECT_API_URL", None)
+        env.setdefault("PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS", "600")  # a busy machine: slow, not failed
         helps = [_timed([*lexiflow, "--help"], work, env)[0] for _ in range(repeats)]
         argv = [*lexiflow, "run", "--store", str(Path(work) / "store"), *options]
         cold, first = _timed(argv, work, env)
