@@ -35,8 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from lexiflow.flows.config import add_configuration, merged
 from lexiflow.flows.training_kinds import TRAINING_FLOWS
-from pydantic import BaseModel, ConfigDict, Field
+from lexiflow.models.errors import ParameterError
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_CRON = "0 3 * * 1"  # Mondays 03:00
@@ -55,11 +57,27 @@ class DeployConfig(BaseModel):
                               description="Cron of corpus-rebuild (5 fields).")
     timezone: str = Field("UTC", description="Time zone of the cron.")
     remote_training: bool = Field(True, description="Deployed pipelines hand training to the gpu pool.")
-    serving: str = Field(str(ROOT / "serving"), description="Folder the example downstream job (serve-release) "
-                                                             "exports the released embeddings and tokenizer to.")
+    parameters: dict[str, Any] = Field({}, description="Pipeline parameters the pipeline and corpus-rebuild "
+                                       "deployments get (a --config file and --set, read as `lexiflow run` reads "
+                                       "them: flows/config.py); the fields above win over them.")
+    serving: str = Field(None, validate_default=True, description=(
+        "Folder the example downstream job (serve-release) exports the released embeddings and tokenizer to; "
+        "default: `serving` beside a local store's folder, else in $PREFECT_HOME. Never the checkout."))
     alias: str = Field("production", description="The alias corpus-rebuild releases to and serve-release serves.")
     cpu_pool: str = "cpu"
     gpu_pool: str = "gpu"
+
+    @field_validator("serving", mode="before")
+    @classmethod
+    def _serving_beside_the_store(cls, value: str | None, info: ValidationInfo) -> str:
+        if value:
+            return value
+        store = info.data.get("store", "")
+        if "://" in store and not store.startswith("file://"):  # an object store: the server's home
+            from lexiflow.flows.prefect_env import default_home
+
+            return str(default_home() / "serving")
+        return str(Path(store.removeprefix("file://")).resolve().parent / "serving")
 
 
 @dataclass(frozen=True)
@@ -84,7 +102,9 @@ def _released_embeddings(c: DeployConfig) -> list[Any]:
 
 
 def _pipeline_parameters(c: DeployConfig) -> dict[str, Any]:
-    return {"store": c.store, "training": {"remote": c.remote_training}}
+    """The configured parameters (as given: the flow adds the defaults), with the deployment's store and where
+    training runs."""
+    return {**merged({"training": {"remote": c.remote_training}}, c.parameters), "store": c.store}
 
 
 DEPLOYMENTS: list[DeploymentSpec] = [
@@ -95,8 +115,8 @@ DEPLOYMENTS: list[DeploymentSpec] = [
                    "Scheduled rebuild of the corpus from its configured sources and of every stage downstream, "
                    "released (alias moved) when every blocking check passes. Unchanged sources give the same "
                    "versions: nothing is recomputed.",
-                   lambda c: {**_pipeline_parameters(c), "corpus": {"sources": c.sources},
-                              "release": {"when": "always", "alias": c.alias}},
+                   lambda c: merged(_pipeline_parameters(c), {"corpus": {"sources": c.sources},
+                                                              "release": {"when": "always", "alias": c.alias}}),
                    cron=lambda c: c.rebuild_cron, tags=("scheduled",)),
     *(DeploymentSpec(spec.name, f"flows/training.py:{spec.entrypoint}", "gpu",
                      f"Train {spec.what} (started by the pipeline, or by hand).", tags=("training",))
@@ -139,7 +159,12 @@ def _strict(schema: Any) -> Any:
     class StrictParameterSchema(ParameterSchema):
         additionalProperties: bool = False
 
-    return StrictParameterSchema(**_escape_descriptions(schema.model_dump()), additionalProperties=False)
+    from lexiflow.tasks.params import title
+
+    dumped = _escape_descriptions(schema.model_dump())
+    for name, prop in dumped["properties"].items():  # Prefect titles a parameter by its name: in words, as its fields
+        prop["title"] = title(name)
+    return StrictParameterSchema(**dumped, additionalProperties=False)
 
 
 def _escape_descriptions(node: Any) -> Any:
@@ -156,7 +181,7 @@ def deploy(config: DeployConfig, only: list[str] | None = None) -> dict[str, str
     from prefect import Flow, get_client
     from prefect.exceptions import ObjectNotFound
 
-    check_schedules(config)
+    check(config)
     ensure_pools(config)
     ids = {}
     for spec in DEPLOYMENTS:
@@ -186,7 +211,6 @@ def deploy(config: DeployConfig, only: list[str] | None = None) -> dict[str, str
 
 def _cron_schedule(cron: str, timezone: str, active: bool = True) -> Any:
     """The schedule; a ParameterError naming the setting when the cron or the time zone is invalid."""
-    from lexiflow.models.errors import ParameterError
     from prefect.client.schemas.schedules import CronSchedule
     from prefect.schedules import Cron
     from pydantic import ValidationError
@@ -202,11 +226,33 @@ def _cron_schedule(cron: str, timezone: str, active: bool = True) -> Any:
     return Cron(cron, timezone=timezone, active=active)
 
 
-def check_schedules(config: DeployConfig) -> None:
-    """Refuse a bad schedule before anything is started, created or deployed."""
+def check(config: DeployConfig) -> None:
+    """Refuse a bad schedule or bad pipeline parameters before anything is started, created or deployed: a
+    ParameterError naming the setting (`corpus-rebuild: invalid pipeline parameters: svd.dim: ...`)."""
+    from lexiflow.flows.params import validate
+
     for spec in DEPLOYMENTS:
         if (cron := spec.cron(config)) is not None:
             _cron_schedule(cron, config.timezone)
+    for spec in DEPLOYMENTS:
+        if spec.entrypoint.endswith(":pipeline"):
+            try:
+                validate(spec.parameters(config))
+            except ParameterError as exc:
+                raise ParameterError(f"{spec.name}: {exc}") from None
+
+
+def deploy_config(parameters: dict[str, Any], **fields: Any) -> DeployConfig:
+    """The configuration of the deployments from a pipeline parameter tree (flows/config.py) and the fields
+    given (None: not given). The tree's `store` and `corpus.sources` are the deployments' store and
+    corpus-rebuild's sources unless `store` and `sources` are given."""
+    fields = {name: value for name, value in fields.items() if value is not None}
+    if "store" in parameters:
+        fields.setdefault("store", str(parameters["store"]))
+    corpus = parameters.get("corpus")
+    if isinstance(corpus, dict) and corpus.get("sources"):
+        fields.setdefault("sources", corpus["sources"])
+    return DeployConfig(parameters=parameters, **fields)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,18 +260,23 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deployments.definitions", description=main.__doc__)
     defaults = DeployConfig()
     parser.add_argument("--source", default=defaults.source, help="code folder shared by the workers, or a git URL")
-    parser.add_argument("--store", default=defaults.store, help="artifact store shared by the workers")
-    parser.add_argument("--sources", nargs="+", default=defaults.sources, help="corpus sources of corpus-rebuild")
+    parser.add_argument("--store", help=f"artifact store shared by the workers (default {defaults.store})")
+    parser.add_argument("--sources", nargs="+", help="corpus sources of corpus-rebuild (default: the config's "
+                                                     "corpus.sources, else builtin:enwiki)")
+    add_configuration(parser)
     parser.add_argument("--cron", default=defaults.rebuild_cron, help=f"corpus-rebuild cron (default {DEFAULT_CRON})")
     parser.add_argument("--timezone", default=defaults.timezone)
+    parser.add_argument("--serving", help="serve-release's folder (default: `serving` beside a local store, else "
+                                          "in $PREFECT_HOME)")
     parser.add_argument("--local-training", action="store_true", help="deployed pipelines train in-process")
     parser.add_argument("--only", nargs="+", metavar="NAME", help="deploy only these")
     args = parser.parse_args(argv)
-    config = DeployConfig(source=args.source, store=args.store, sources=args.sources, rebuild_cron=args.cron,
-                          timezone=args.timezone, remote_training=not args.local_training)
-    from lexiflow.models.errors import ParameterError
+    from lexiflow.flows.config import parameter_tree
 
     try:
+        config = deploy_config(parameter_tree(args.config, args.set), source=args.source, store=args.store,
+                               sources=args.sources, rebuild_cron=args.cron, timezone=args.timezone,
+                               serving=args.serving, remote_training=False if args.local_training else None)
         ids = deploy(config, args.only)
     except ParameterError as exc:
         print(f"error: {exc}", file=sys.stderr)

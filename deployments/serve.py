@@ -24,7 +24,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from lexiflow.deployments.definitions import DeployConfig, check_schedules, deploy
+from lexiflow.deployments.definitions import DeployConfig, check, deploy
 from lexiflow.deployments.serve_state import SERVE_STATE, Started, free_port, is_running, read_state, start_ticks
 from lexiflow.flows.prefect_env import environment
 from lexiflow.models.device import gpu_warning
@@ -75,7 +75,7 @@ def start(home: str | os.PathLike[str], config: DeployConfig, *, port: int | Non
           gpus: list[str] | None = None, cpu_limit: int = 2, worker_poll_seconds: float = 5.0,
           startup_timeout: float = 120.0) -> dict[str, Any]:
     """Start server, pools, deployments and workers; returns the recorded state (urls, processes)."""
-    check_schedules(config)  # a bad --cron fails now, not after the server has started
+    check(config)  # a bad --cron or parameter fails now, not after the server has started
     home = Path(home).resolve()
     state = read_state(home)
     if state and any(is_running(Started(**p)) for p in state["processes"]):

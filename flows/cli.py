@@ -14,7 +14,7 @@
     lexiflow artifacts rm KIND:VERSION [--force] [--store DIR]
     lexiflow artifacts gc [--keep N] [--older-than SECONDS] [--dry-run] [--store DIR]
     lexiflow serve [--home DIR] [--port N] [--store DIR] [--corpus SOURCE ...] [--cron CRON] [--timezone TZ]
-                   [--gpus 0,1] | --stop
+                   [--config FILE] [--set key=value ...] [--serving DIR] [--gpus 0,1] | --stop
 
 Errors a user can fix print one line (`error: ...`) and exit with status 2.
 """
@@ -26,12 +26,11 @@ import contextlib
 import json
 import os
 import sys
-import tomllib
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from lexiflow.flows import prefect_env
+from lexiflow.flows import config, prefect_env
 
 if TYPE_CHECKING:
     from lexiflow.flows.params import PipelineParams
@@ -39,66 +38,13 @@ if TYPE_CHECKING:
 DEFAULT_STORE = os.environ.get("LEXIFLOW_STORE", "artifacts")
 
 
-def parse_value(text: str) -> Any:
-    """`--set` values: JSON when they parse as JSON (numbers, true/false/null, lists), else text."""
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError:
-        return text
-
-
-def load_config(path: str) -> dict[str, Any]:
-    from lexiflow.models.errors import ParameterError
-
-    file = Path(path)
-    if not file.is_file():
-        raise ParameterError(f"--config {path}: no such file")
-    language = "JSON" if file.suffix == ".json" else "TOML"
-    try:
-        text = file.read_text(encoding="utf-8")
-        tree = json.loads(text) if language == "JSON" else tomllib.loads(text)
-    except UnicodeDecodeError as exc:
-        raise ParameterError(f"--config {path}: not UTF-8 text (byte {exc.start}); save it as UTF-8") from None
-    except OSError as exc:
-        raise ParameterError(f"--config {path}: cannot read it ({exc.strerror})") from None
-    except (json.JSONDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ParameterError(f"--config {path}: not valid {language} ({exc})") from None
-    if not isinstance(tree, dict):  # JSON may hold a list or a number; TOML is always a table
-        raise ParameterError(f"--config {path}: expected an object of parameter sections, e.g. "
-                             f'{{"svd": {{"dim": 200}}}}, found {json.dumps(tree)[:40]}')
-    return tree
-
-
-def set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
-    """tree["a"]["b"] = value for dotted "a.b"."""
-    from lexiflow.models.errors import ParameterError
-
-    *parents, leaf = dotted.split(".")
-    for name in parents:
-        node = tree.setdefault(name, {})
-        if not isinstance(node, dict):
-            raise ParameterError(f"--set {dotted}: {name!r} is a value, not a section")
-        tree = node
-    tree[leaf] = value
-
-
 def params_tree(args: argparse.Namespace) -> dict[str, Any]:
-    """Config file ← --corpus ← --set, as given (`validate` adds the defaults and checks the whole)."""
-    from lexiflow.models.errors import ParameterError
+    """Config file ← --store ← --corpus ← --set, as given (`validate` adds the defaults and checks the whole)."""
+    from lexiflow.flows.config import parameter_tree
 
-    tree: dict[str, Any] = load_config(args.config) if args.config else {}
-    if args.store:
-        tree["store"] = args.store
-    if args.corpus:
-        set_dotted(tree, "corpus.sources", args.corpus)
-    if getattr(args, "release", False):
-        set_dotted(tree, "release.when", "always")
-    for item in args.set or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise ParameterError(f"--set {item!r}: expected key=value, e.g. --set svd.dim=200")
-        set_dotted(tree, key.strip(), parse_value(value))
-    return tree
+    return parameter_tree(args.config, args.set, {
+        "store": args.store or None, "corpus.sources": args.corpus or None,
+        "release.when": "always" if getattr(args, "release", False) else None})
 
 
 def pipeline_params(args: argparse.Namespace):
@@ -636,22 +582,29 @@ def cmd_serve(args: argparse.Namespace) -> int:
         lines = serve.stop(home)
         print("\n".join(lines) if lines else f"nothing to stop (no {serve.SERVE_STATE} in {home})")
         return 1 if any(line.endswith("still running!") for line in lines) else 0
-    from lexiflow.deployments.definitions import DeployConfig
+    from lexiflow.deployments.definitions import deploy_config
 
-    config = DeployConfig(**{k: v for k, v in {"store": args.store and _absolute(args.store),
-                                                "sources": args.corpus and [_absolute(s) for s in args.corpus],
-                                                "rebuild_cron": args.cron, "timezone": args.timezone}.items() if v})
+    tree = config.parameter_tree(args.config, args.set)
+    store = args.store or tree.get("store")
+    settings = deploy_config(
+        tree, store=store and _absolute(str(store)), rebuild_cron=args.cron, timezone=args.timezone,
+        serving=_absolute(args.serving) if args.serving else None if "://" not in str(store or "") else str(
+            home / "serving"),  # an object store's exports go in the server's home
+        sources=[_absolute(s) for s in args.corpus or tree.get("corpus", {}).get("sources") or []] or None)
     try:
-        state = serve.start(home, config, port=args.port, gpus=args.gpus.split(",") if args.gpus else None)
+        state = serve.start(home, settings, port=args.port, gpus=args.gpus.split(",") if args.gpus else None)
     except serve.ServeError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     for warning in state.get("warnings", []):
         print(f"warning: {warning}", file=sys.stderr)
     print(f"Prefect UI: {state['ui_url']}   (PREFECT_API_URL={state['api_url']})")
-    print(f"Store: {config.store}\nDeployments: {', '.join(state['deployments'])}")
-    print(f"Schedule: corpus-rebuild at cron '{config.rebuild_cron}' in time zone {config.timezone} "
+    print(f"Store: {settings.store}\nDeployments: {', '.join(state['deployments'])}")
+    print(f"Schedule: corpus-rebuild at cron '{settings.rebuild_cron}' in time zone {settings.timezone} "
           f"(--cron, --timezone)")
+    if settings.parameters:
+        print(f"Parameters of pipeline and corpus-rebuild (--config, --set): {json.dumps(settings.parameters)}")
+    print(f"serve-release exports to: {settings.serving} (--serving)")
     for proc in state["processes"]:
         print(f"  {proc['name']:<12} pid {proc['pid']:<8} log {proc['log']}")
     print("Stop everything with: lexiflow serve --stop" + (f" --home {args.home}" if args.home else ""))
@@ -792,10 +745,14 @@ def build_parser() -> argparse.ArgumentParser:
     srv.add_argument("--home", help="PREFECT_HOME: database, logs, state file (default $PREFECT_HOME or .prefect)")
     srv.add_argument("--port", type=int, help="server port on 127.0.0.1 (default: a free one)")
     srv.add_argument("--store", help=f"artifact store the workers share (default {DEFAULT_STORE})")
-    srv.add_argument("--corpus", nargs="+", metavar="SOURCE", help="corpus-rebuild sources (default builtin:enwiki)")
+    srv.add_argument("--corpus", nargs="+", metavar="SOURCE", help="corpus-rebuild sources (default: the config's "
+                                                                   "corpus.sources, else builtin:enwiki)")
     srv.add_argument("--cron", help="corpus-rebuild schedule (default weekly: '0 3 * * 1')")
     srv.add_argument("--timezone", help="IANA time zone of --cron (default UTC), e.g. Europe/Berlin")
     srv.add_argument("--gpus", help="GPU ids, one GPU worker each with CUDA_VISIBLE_DEVICES set (default 0)")
+    srv.add_argument("--serving", metavar="DIR", help="serve-release's export folder (default: `serving` beside a "
+                                                      "local store, else in --home)")
+    config.add_configuration(srv)
     srv.set_defaults(func=cmd_serve)
     return parser
 

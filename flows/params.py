@@ -64,17 +64,23 @@ class PipelineParams(Params):
     """Every parameter of the `pipeline` flow, one section per stage: the flow's signature, its UI
     form, `--set` names and config files all derive from this class (`flow_signature`)."""
 
+    # The form's order (Prefect's follows the signature): what a run changes most often first (the corpus, the
+    # methods, releasing), then each stage's settings in the recipe's order; how it runs and the checks last.
     store: str = Field(DEFAULT_ROOT, min_length=1, description="Artifact store shared by every worker: a folder or "
                                                               "an fsspec URL (s3://...).")
     corpus: CorpusParams = Field(CorpusParams(), description="Corpus sources and cleaning.")
+    embeddings: EmbeddingMethods = Field(
+        default=["svd", "sgns"],
+        description="Embedding methods, each its own artifact, evaluated side by side: svd, lsi, sgns, cbow, glove.")
+    lm: list[LMKind] = Field(default=["ngram"], description="Language models to train, each its own artifact: "
+                                                           "ngram, ffnn, rnn, lstm, gru, transformer.")
+    release: ReleaseParams = Field(ReleaseParams(), description="Whether this run releases its artifacts (moves "
+                                                                "their alias) when every blocking check passes.")
     vocabulary: VocabularyParams = Field(VocabularyParams(), description="Word-level vocabulary (counts, "
                                                                          "co-occurrence and embeddings use it).")
     cooccurrence: CooccurrenceParams = Field(CooccurrenceParams(), description="Co-occurrence window, weighting and "
                                                                                "frequent-word subsampling.")
     ppmi: PPMIParams = Field(PPMIParams(), description="Positive PMI smoothing and shift.")
-    embeddings: EmbeddingMethods = Field(
-        default=["svd", "sgns"],
-        description="Embedding methods, each its own artifact, evaluated side by side: svd, lsi, sgns, cbow, glove.")
     svd: SVDParams = Field(SVDParams(), description="SVD (LSA) embeddings of the PPMI matrix.")
     lsi: LSIParams = Field(LSIParams(), description="LSI: SVD of the tf-idf (or count) term-document matrix.")
     word2vec: Word2VecParams = Field(Word2VecParams(), description="Skip-gram / CBOW with negative sampling "
@@ -84,20 +90,12 @@ class PipelineParams(Params):
     evaluation: EvaluationParams = Field(EvaluationParams(), description="Intrinsic evaluation of the embeddings.")
     tokenizer: TokenizerParams = Field(TokenizerParams(), description="Tokens for the language models: words, BPE "
                                                                       "or WordPiece.")
-    lm: list[LMKind] = Field(default=["ngram"], description="Language models to train, each its own artifact: "
-                                                           "ngram, ffnn, rnn, lstm, gru, transformer.")
     ngram: NgramParams = Field(NgramParams(), description="n-gram model settings.")
     neural: NeuralLMParams = Field(NeuralLMParams(), description="Neural LM architecture and training settings.")
     tagger: TaggerParams = Field(TaggerParams(), description="Part-of-speech taggers, HMM and/or neural (CoNLL-U "
                                                              "sources only).")
     elmo: ElmoParams = Field(ElmoParams(), description="The ELMo biLM trained on the corpus for the bilstm+elmo "
                                                        "tagger.")
-    training: TrainingParams = Field(TrainingParams(), description="Where training stages run (this process, or "
-                                                                   "the gpu work pool).")
-    parallel: ParallelParams = Field(ParallelParams(), description="How ingestion, vocabulary, encoding and "
-                                                                   "co-occurrence shards run (threads, processes, a "
-                                                                   "Dask cluster); results and versions do not "
-                                                                   "depend on it.")
     translation: TranslationCorpusParams = Field(TranslationCorpusParams(), description="Parallel (source, target) "
                                                  "sources; when given, the translation stages run.")
     seq2seq: Seq2SeqParams = Field(Seq2SeqParams(), description="Translation models (RNN encoder-decoder with "
@@ -108,10 +106,14 @@ class PipelineParams(Params):
     finetune: FineTuneParams = Field(FineTuneParams(), description="Fine-tuning the encoder on the tagged corpus: "
                                                                    "tasks (upos, genre) and modes (scratch, frozen, "
                                                                    "full, adapters, lora).")
+    training: TrainingParams = Field(TrainingParams(), description="Where training stages run (this process, or "
+                                                                   "the gpu work pool).")
+    parallel: ParallelParams = Field(ParallelParams(), description="How ingestion, vocabulary, encoding and "
+                                                                   "co-occurrence shards run (threads, processes, a "
+                                                                   "Dask cluster); results and versions do not "
+                                                                   "depend on it.")
     checks: ChecksParams = Field(ChecksParams(), description="Quality checks of each artifact against the released "
                                                              "version (thresholds; first builds: floors).")
-    release: ReleaseParams = Field(ReleaseParams(), description="Whether this run releases its artifacts (moves "
-                                                                "their alias) when every blocking check passes.")
 
     @model_validator(mode="after")
     def _combinations_work(self) -> PipelineParams:

@@ -64,15 +64,24 @@ def released_versions(refs: dict[str, ArtifactRef], alias: str) -> dict[str, Art
 def publish_checks(checked: ArtifactRef, results: list[dict[str, Any]]) -> None:
     """The checks as a table artifact of the run (`release-checks`), published whether the release happens or not."""
     try:
-        create_table_artifact([{**row, "value": _cell(row["value"]), "released": _cell(row["released"]),
-                                "limit": _cell(row["limit"])} for row in results], key="release-checks",
+        create_table_artifact([checks_row(row) for row in results], key="release-checks",
                               description=f"Release checks ({checked}): each artifact against the released version")
     except Exception:  # no Prefect run context (a plain function call): nothing to show it in
         pass
 
 
+def checks_row(row: dict[str, Any]) -> dict[str, Any]:
+    """A check as the `release-checks` table shows it: the verdict first (the columns a 1400 px page shows
+    before it scrolls), figures to 4 significant digits, a range's both bounds."""
+    result = checks.Result(**row)
+    return {"passed": result.passed, "blocking": result.blocking, "artifact": result.artifact, "check": result.check,
+            "value": _cell(result.value), "released": _cell(result.released), "limit": result.bounds,
+            "rule": result.rule}
+
+
 def _cell(value: Any) -> Any:
-    return None if value is None or value != value else float(f"{value:.6g}")  # NaN: not measured
+    """A float to 4 significant digits (a count stays whole); NaN, not measured, None."""
+    return None if value is None or value != value else float(f"{value:.4g}") if isinstance(value, float) else value
 
 
 def wanted(params: ReleaseParams) -> bool:

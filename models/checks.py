@@ -40,6 +40,15 @@ class Result:
     rule: str
     passed: bool
     blocking: bool = True
+    low: float | None = None  # a range's bounds (`within`); `limit` is then the one the value is nearest
+    high: float | None = None
+
+    @property
+    def bounds(self) -> str:
+        """The limit as people read it, 4 significant digits: one number, or a range's both bounds."""
+        if self.low is not None and self.high is not None:
+            return f"[{self.low:.4g}, {self.high:.4g}]"
+        return "–" if _missing(self.limit) else f"{self.limit:.4g}"
 
     @property
     def name(self) -> str:
@@ -85,7 +94,7 @@ def within(artifact: str, check: str, value: Any, released: Any, tolerance: floa
     ok = not _missing(value) and low <= value <= high
     limit = low if not _missing(value) and value < low else high
     rule = f"within ±{tolerance:.0%} of released {released:.4g}: [{low:.4g}, {high:.4g}]"
-    return Result(artifact, check, value, released, limit, rule, ok)
+    return Result(artifact, check, value, released, limit, rule, ok, low=low, high=high)
 
 
 # ---- corpus ------------------------------------------------------------------------------------
@@ -260,7 +269,7 @@ def failure_line(results: list[Result]) -> str:
     return f"release refused, {len(failed)} blocking check(s) failed: " + "; ".join(r.line() for r in failed)
 
 
-TABLE_COLUMNS = ("check", "value", "released", "limit", "rule", "passed", "blocking")
+TABLE_COLUMNS = ("passed", "blocking", "check", "value", "released", "limit", "rule")  # the verdict first
 
 
 def markdown(results: list[Result]) -> list[str]:
@@ -270,6 +279,6 @@ def markdown(results: list[Result]) -> list[str]:
 
     lines = ["| " + " | ".join(TABLE_COLUMNS) + " |", "|" + "---|" * len(TABLE_COLUMNS)]
     for r in results:
-        lines.append(f"| {r.name} | {cell(r.value)} | {cell(r.released)} | {cell(r.limit)} | {r.rule} | "
-                     f"{'yes' if r.passed else '**no**'} | {'yes' if r.blocking else 'no'} |")
+        lines.append(f"| {'yes' if r.passed else '**no**'} | {'yes' if r.blocking else 'no'} | {r.name} | "
+                     f"{cell(r.value)} | {cell(r.released)} | {r.bounds} | {r.rule} |")
     return lines

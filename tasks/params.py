@@ -34,18 +34,44 @@ from lexiflow.models.word2vec import Word2VecConfig
 from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.fields import FieldInfo
 
+# The form's labels: a field's name in words (`min_count`: "Min count"), these words spelled out or capitalised.
+WORDS = {"lr": "learning rate", "dim": "dimensions", "emb": "embedding", "vocab": "vocabulary", "lm": "LM",
+         "ffnn": "FFNN", "ffn": "FFN", "hmm": "HMM", "bptt": "BPTT", "nsp": "NSP", "lora": "LoRA", "mlm": "MLM",
+         "seq2seq": "seq2seq", "pppl": "pseudo-perplexity", "ws353": "WS-353", "z": "z", "x": "x", "k": "k",
+         "num": "number of", "n": "number of", "eval": "evaluation", "d": "width:", "ff": "feed-forward",
+         "upos": "UPOS", "xpos": "XPOS", "bleu": "BLEU", "dask": "Dask", "elmo": "ELMo", "ns": "negative sampling",
+         "svd": "SVD", "lsi": "LSI", "ppmi": "PPMI", "glove": "GloVe", "ngram": "n-gram",
+         "cooccurrence": "co-occurrence",
+         "finetune": "fine-tuning", "pretrain": "pretraining", "finetuned": "fine-tuned", "neural": "neural LMs"}
+# Names whose words read badly (`d_model`: "Width: model").
+TITLES = {"d_model": "Model width (d_model)", "d_ff": "Feed-forward width (d_ff)", "n_iter": "Iterations",
+          "x_max": "x_max (GloVe weighting cap)", "k": "k", "bptt": "BPTT length", "when": "Release when",
+          "alias": "Alias", "store": "Artifact store", "lm": "Language models", "nsp": "Next-sentence prediction"}
+
+
+def title(name: str, *_: Any) -> str:
+    """A field's label in the UI form, derived from its name once for every section (pydantic's
+    `field_title_generator`; its default would read "N Iter", "Lm Deployment")."""
+    if name in TITLES:
+        return TITLES[name]
+    text = " ".join(WORDS.get(word, word) for word in name.split("_"))
+    return text[:1].upper() + text[1:]
+
 
 class Params(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf passes ge= bounds
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False,  # inf passes ge= bounds
+                              field_title_generator=title)
 
 
 def section(name: str, *sources: Any, doc: str | None = None, base: type[Params] = Params,
-            defaults: dict[str, Any] | None = None, **own: tuple[Any, Any]) -> type[Params]:
+            defaults: dict[str, Any] | None = None, first: tuple[str, ...] = (),
+            **own: tuple[Any, Any]) -> type[Params]:
     """A pipeline section derived from models' declared parameters (config dataclasses, estimators,
     functions: models/config.py), plus `own` fields (name=(type, default)) of the pipeline's and those
     of a `base` section. A name
     declared by several sources must be declared alike (type, bounds, description, default); `defaults`
-    gives this section's own default for a derived field (type and bounds stay as declared)."""
+    gives this section's own default for a derived field (type and bounds stay as declared); `first` names own
+    fields the form shows before the derived ones (what a run changes most: the sources, the models)."""
     fields: dict[str, tuple[Any, Any]] = {}
     for source in sources:
         for field, declared in parameters(source).items():
@@ -55,7 +81,8 @@ def section(name: str, *sources: Any, doc: str | None = None, base: type[Params]
             fields[field] = declared
     for field, value in (defaults or {}).items():
         fields[field] = (fields[field][0], value)
-    return create_model(name, __base__=base, __doc__=doc or base.__doc__, __module__=__name__, **fields, **own)
+    ordered = {**{field: own[field] for field in first}, **fields, **own}  # the form's order; versions sort keys
+    return create_model(name, __base__=base, __doc__=doc or base.__doc__, __module__=__name__, **ordered)
 
 
 TRAINING = ("epochs", "max_steps", "batch_size", "lr", "warmup_steps", "patience", "checkpoint_every", "device", "seed",
@@ -75,7 +102,7 @@ def training(batch: str, names: tuple[str, ...] = TRAINING, **defaults: Any) -> 
 
 
 CorpusParams = section(
-    "CorpusParams", IngestOptions,
+    "CorpusParams", IngestOptions, first=("sources",),
     threads=(Threads, DEFAULT_THREADS),
     sources=(list[str], Field(
         default=["builtin:enwiki"], min_length=1,
@@ -97,16 +124,16 @@ class ParallelParams(Params):
                                "(a thread pool), processes (a process pool), dask (a Dask cluster).")
     workers: int = Field(2, ge=1, le=1024, description="Parallel shards (threads, processes, or workers of the "
                                                        "LocalCluster started when no dask_address is given).")
-    dask_address: str | None = Field(
-        None, pattern=r"^[a-z][a-z0-9+]*://\S+$",
+    dask_address: str = Field(
+        "", pattern=r"^([a-z][a-z0-9+]*://\S+)?$",
         description="Scheduler of a running Dask cluster, e.g. tcp://10.0.0.5:8786 (workers need the sources and "
-                    "the store at the same paths or URLs). None: a LocalCluster on this machine.")
+                    "the store at the same paths or URLs). Empty: a LocalCluster on this machine.")
     shard_bytes: int = Field(64 << 20, ge=1, le=1 << 40, description="Shard size: large plain-text and JSONL "
                              "files are cut into byte ranges of this size (smaller files are grouped up to it), and "
                              "vocabulary and encoding shards hold this much of the documents table.")
-    shard_rows: int | None = Field(None, ge=1, le=1 << 40, description="Shard size in table rows, at most (documents; "
-                                   "sentences for co-occurrence), overriding the defaults: documents by `shard_bytes`, "
-                                   f"{COOCCURRENCE_SHARD_SENTENCES:,} sentences per co-occurrence shard.")
+    shard_rows: int = Field(0, ge=0, le=1 << 40, description="Shard size in table rows, at most (documents; "
+                            "sentences for co-occurrence), overriding the defaults (0): documents by `shard_bytes`, "
+                            f"{COOCCURRENCE_SHARD_SENTENCES:,} sentences per co-occurrence shard.")
     pieces: bool = Field(True, description="Keep what each piece of the sources gave (its cleaned documents, the "
                          "word counts of runs of documents) in the store, under .pieces/, and reuse it when a later "
                          "corpus holds the same piece: a rebuild after a change costs the changed pieces, and gives "
@@ -256,7 +283,7 @@ class TranslationCorpusParams(Params):
 
 Seq2SeqKind = Literal["rnn", "transformer"]
 Seq2SeqParams = section(
-    "Seq2SeqParams", TokenizerConfig, RNNSeq2SeqConfig, TransformerSeq2SeqConfig,
+    "Seq2SeqParams", TokenizerConfig, RNNSeq2SeqConfig, TransformerSeq2SeqConfig, first=("models",),
     doc="Translation models: tokens, the RNN and Transformer encoder-decoders, training and BLEU evaluation.",
     models=(list[Seq2SeqKind], Field(["rnn"], description="Translation models to train, each its own seq2seq "
                                                            "artifact: rnn, transformer.")),
@@ -281,7 +308,7 @@ PretrainParams = section(
 FineTuneTask = Literal["upos", "genre"]
 FineTuneMode = Literal["scratch", "frozen", "full", "adapters", "lora"]
 FineTuneParams = section(
-    "FineTuneParams", FineTuneConfig,
+    "FineTuneParams", FineTuneConfig, first=("tasks", "modes"),
     doc="Fine-tuning the pretrained encoder on the tagged corpus (CoNLL-U sources), one artifact per task and mode.",
     tasks=(list[FineTuneTask], Field([], description="Tasks (empty: no pretraining or fine-tuning runs): upos "
                                                      "(tagging, head on every first sub-token), genre (the sent_id "

@@ -28,7 +28,8 @@ LM_COLUMNS = ("model", "tokenizer", "device", "vocabulary_size", "train_tokens",
 # The figure that sums up an artifact of each kind, in the lineage table.
 KEY_METRIC = {"corpus": "tokens", "tagged_corpus": "sentences", "tokenizer": "vocabulary_size",
               "tokenized_corpus": "unk_rate", "cooccurrence": "nonzeros", "ppmi": "nonzeros", "embeddings": "dim",
-              "evaluation": "ws353_spearman", "lm": "valid_perplexity", "tagger": "accuracy", "report": "embeddings",
+              "evaluation": "ws353_spearman", "lm": "valid_perplexity", "tagger": "accuracy",
+              "report": "ws353_spearman",
               "parallel_corpus": "pairs", "seq2seq": "test_bleu", "elmo": "valid_loss",
               "encoder": "mlm_accuracy", "finetuned": "accuracy", "checks": "passed"}
 TAGGER_COLUMNS = ("column", "model", "evaluated_on", "accuracy", "known_accuracy", "unknown_accuracy", "tokens",
@@ -163,7 +164,9 @@ def write_report(out: ArtifactWriter, evaluations: list[ArtifactRef], lms: list[
                     ("artifact", "tag", "key metric", "made from"))
     out.write_text("report.md", "\n".join(lines) + "\n")
     out.metrics.update({"embeddings": len(evaluations), "lms": len(lms or []), "taggers": len(taggers or []),
-                        "translations": len(translations or []), "finetuned": len(finetuned or [])})
+                        "translations": len(translations or []), "finetuned": len(finetuned or []),
+                        # the headline of the first method, the one `embeddings@production` releases
+                        "ws353_spearman": read_manifest(evaluations[0])["metrics"].get("ws353_spearman")})
 
 
 def _checks_section(checks: ArtifactRef) -> list[str]:
@@ -263,6 +266,10 @@ def publish_lineage(refs: dict[str, ArtifactRef]) -> list[dict[str, Any]]:
     any_ref = next(iter(refs.values()))
     store = ArtifactStore(any_ref.store)
     names = {(ref.kind, ref.version): name for name, ref in refs.items()}
+    if "checks" in refs:  # the released versions the checks compared against (inputs `released.<name>`)
+        names = {**{(entry["kind"], entry["version"]): f"{name.removeprefix('released.')} (released)"
+                    for name, entry in read_manifest(refs["checks"])["inputs"].items()
+                    if name.startswith("released.")}, **names}
     rows = [{"name": names.get(tuple(row["artifact"].split(":")), "(input)"), **row,
              "location": store.location(*row["artifact"].split(":"))} for row in read_lineage(list(refs.values()))]
     lines = ["# Artifacts of this run", "", f"Store: `{store.url}`. Used or made by this run, inputs first "
