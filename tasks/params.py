@@ -46,7 +46,8 @@ WORDS = {"lr": "learning rate", "dim": "dimensions", "emb": "embedding", "vocab"
 # Names whose words read badly (`d_model`: "Width: model").
 TITLES = {"d_model": "Model width (d_model)", "d_ff": "Feed-forward width (d_ff)", "n_iter": "Iterations",
           "x_max": "x_max (GloVe weighting cap)", "k": "k", "bptt": "BPTT length", "when": "Release when",
-          "alias": "Alias", "store": "Artifact store", "lm": "Language models", "nsp": "Next-sentence prediction"}
+          "alias": "Alias", "store": "Artifact store", "lm": "Language models", "nsp": "Next-sentence prediction",
+          "lrs": "Learning rates tried", "init": "Weight init"}
 
 
 def title(name: str, *_: Any) -> str:
