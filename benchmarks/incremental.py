@@ -104,7 +104,7 @@ def run(quick: bool = False, files: str = "10", file_mb: str = "3.0", runner: st
         dim: str = "300", svd_warm: str = "1") -> list[Row]:
     n_files, size = (4, 50_000) if quick else (int(files), int(float(file_mb) * 1e6))
     dim_n = 20 if quick else int(dim)
-    parallel = ParallelParams(runner=runner, workers=int(workers))
+    parallel = ParallelParams(runner=runner, workers=int(workers), pieces=True)
     warm = svd_warm not in ("0", "false", "no")
     lines = Lines()
     rows: list[Row] = []

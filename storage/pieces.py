@@ -59,11 +59,11 @@ def read_piece(store: ArtifactStore, stage: str, key: str) -> dict[str, Any] | N
 
 
 def new_file(store: ArtifactStore, stage: str, key: str, name: str) -> str:
-    """The path of a new data file of a piece (open it with `store.fs`)."""
+    """The path of a new data file of a piece, an Arrow IPC file (open it with `store.fs`)."""
     folder = f"{stage_folder(store, stage)}/{key}"
     if store.is_local:
         os.makedirs(folder, exist_ok=True)
-    return f"{folder}/{name}-{os.urandom(6).hex()}"
+    return f"{folder}/{name}-{os.urandom(6).hex()}.arrow"
 
 
 def commit_piece(store: ArtifactStore, stage: str, key: str, meta: Mapping[str, Any]) -> None:

@@ -135,7 +135,9 @@ class ParallelParams(Params):
     shard_rows: int = Field(0, ge=0, le=1 << 40, description="Shard size in table rows, at most (documents; "
                             "sentences for co-occurrence), overriding the defaults (0): documents by `shard_bytes`, "
                             f"{COOCCURRENCE_SHARD_SENTENCES:,} sentences per co-occurrence shard.")
-    pieces: bool = Field(True, description="Keep what each piece of the sources gave (its cleaned documents, the "
+    # Off by default: pieces multiply a corpus build's writes, and on flaky storage its retries ran out
+    # (tests/test_reliability.py); co-occurrence, PPMI and n-gram counts do not reuse pieces yet.
+    pieces: bool = Field(False, description="Keep what each piece of the sources gave (its cleaned documents, the "
                          "word counts of runs of documents) in the store, under .pieces/, and reuse it when a later "
                          "corpus holds the same piece: a rebuild after a change costs the changed pieces, and gives "
                          "the artifacts a full build gives. Off: no piece is read or written.")

@@ -108,7 +108,7 @@ def corpus_folder(tmp_path):
 
 
 # Small shards: the 6 files make several shards, and the documents several word-count runs per shard.
-SHARDS = {"shard_bytes": 2500, "shard_rows": 90}
+SHARDS = {"shard_bytes": 2500, "shard_rows": 90, "pieces": True}  # pieces are off by default
 
 
 @pytest.mark.parametrize("how", CHANGES)
@@ -134,8 +134,8 @@ def test_a_rebuild_after_a_change_publishes_what_a_full_build_does(tmp_path, cor
     fresh = build(ArtifactStore(tmp_path / "fresh"), corpus_folder, parallel)
     assert_identical(rebuilt, fresh)
     # And with no pieces at all: the path that keeps none gives the same artifacts.
-    plain = build(ArtifactStore(tmp_path / "plain"), corpus_folder, ParallelParams(runner="local", pieces=False,
-                                                                                   **SHARDS))
+    plain = build(ArtifactStore(tmp_path / "plain"), corpus_folder, ParallelParams(runner="local",
+                                                                                   **{**SHARDS, "pieces": False}))
     assert_identical(rebuilt, plain)
     assert not (tmp_path / "plain" / PIECES).exists()
 
@@ -144,7 +144,8 @@ def test_one_shard_and_a_large_file_in_byte_ranges_rebuild_the_same(tmp_path, co
     # One shard of every file (the single-shard path), and a file larger than a shard (its byte ranges). The
     # shard size is not versioned: a store keeps the row groups of the shards it first built with.
     big = corpus_folder / "f8.txt"
-    for parallel in (ParallelParams(runner="local"), ParallelParams(runner="local", shard_bytes=3000)):
+    for parallel in (ParallelParams(runner="local", pieces=True),
+                     ParallelParams(runner="local", shard_bytes=3000, pieces=True)):
         store = ArtifactStore(tmp_path / f"store{parallel.shard_bytes}")
         write_file(big, 8, lines=400)
         build(store, corpus_folder, parallel)

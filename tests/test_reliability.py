@@ -118,8 +118,9 @@ def test_four_concurrent_runs_on_one_store(zygote, tmp_path):
 
 
 def assert_no_pickle(store: Path) -> None:
-    """Every artifact file is an open format: Parquet, JSON, text/markdown, word2vec binary or safetensors."""
-    allowed = {".parquet", ".json", ".md", ".txt", ".bin", ".safetensors", ".png"}
+    """Every file in the store is an open format: Parquet, JSON, text/markdown, word2vec binary or safetensors,
+    and Arrow IPC for the pieces' partial results (docs/design.md, "Incremental rebuilds")."""
+    allowed = {".parquet", ".json", ".md", ".txt", ".bin", ".safetensors", ".png", ".arrow"}
     files = [p for p in store.rglob("*") if p.is_file() and ".staging" not in p.parts]
     assert files
     for path in files:

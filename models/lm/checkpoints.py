@@ -1,4 +1,4 @@
-"""Weights and checkpoints of the training loop (`models.lm.train`): safetensors + JSON, never pickle.
+"""Weights and checkpoints of the training loop (`models.lm.train`): safetensors + JSON (no pickle anywhere).
 
 A checkpoint (every `checkpoint_every` steps and at each epoch end) holds the weights, optimizer moments, RNG
 state, carried state and the position in the data, so a killed run resumes where it stopped and ends where an
