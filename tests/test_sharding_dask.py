@@ -11,7 +11,7 @@ import scipy.sparse as sp
 from distributed import LocalCluster
 from lexiflow.models.threads import machine_cores
 from lexiflow.storage import ArtifactStore
-from lexiflow.tasks import parallel, runners
+from lexiflow.tasks import runners
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.matrices import count_cooccurrence
 from lexiflow.tasks.parallel import map_shards, reduce_partitioned, stream_shards
@@ -61,7 +61,7 @@ def test_dask_threads_and_processes_publish_what_one_process_does_and_reruns_reu
     # modules once a run, not once a stage).
     started = []
     monkeypatch.setattr(runners, "_process_pools", {})
-    monkeypatch.setattr(parallel, "ProcessPoolExecutor", lambda **options: started.append(options) or
+    monkeypatch.setattr(runners, "ProcessPoolExecutor", lambda **options: started.append(options) or
                         concurrent.futures.ProcessPoolExecutor(**options))
     processes = ParallelParams(runner="processes", workers=2, **shards)
     assert_same_artifacts(local, counts_flow(str(tmp_path / "processes"), sources, processes))
