@@ -54,7 +54,6 @@ def test_a_gain_the_seeds_cannot_tell_apart_misses_the_target():
 
 
 def test_the_hf_anchor_trains_on_hf_loss_and_is_scored_like_lexiflows_encoder():
-    pytest.importorskip("transformers")
     config = EncoderConfig(vocab_size=50, d_model=16, n_layers=1, n_heads=2, d_ff=32, max_len=16, dropout=0.0)
     torch.manual_seed(0)
     model = HFBert(config).eval()
