@@ -71,13 +71,28 @@ def commit_piece(store: ArtifactStore, stage: str, key: str, meta: Mapping[str, 
     store.create_file(f"{stage_folder(store, stage)}/{key}/{COMMIT}", json.dumps(dict(meta), sort_keys=True).encode())
 
 
+def _uses_path(store: ArtifactStore, kind: str, version: str) -> str:
+    return f"{store.root}/{PIECES}/{USES}/{kind}/{version}.json"
+
+
 def record_uses(store: ArtifactStore, kind: str, version: str, keys: Mapping[str, Iterable[str]]) -> None:
-    """Record the pieces `kind:version` is made of (before they are written: gc keeps them from then)."""
-    data = json.dumps({stage: sorted(set(found)) for stage, found in keys.items()}, sort_keys=True).encode()
-    path = f"{store.root}/{PIECES}/{USES}/{kind}/{version}.json"
+    """Record the pieces `kind:version` is made of (before they are written: gc keeps them from then), each key
+    as often as the artifact holds its piece (two runs of the same documents: a stage below that adds the pieces'
+    results, `read_uses`, adds it twice)."""
+    data = json.dumps({stage: sorted(found) for stage, found in keys.items()}, sort_keys=True).encode()
+    path = _uses_path(store, kind, version)
     if not store.create_file(path, data):  # written by an earlier build of this version: take the newer list
         with store.fs.open(path, "wb") as f:
             f.write(data)
+
+
+def read_uses(store: ArtifactStore, kind: str, version: str) -> dict[str, list[str]] | None:
+    """The pieces `kind:version` is made of, by stage (`record_uses`), or None: built without pieces."""
+    try:
+        with store.fs.open(_uses_path(store, kind, version), "rb") as f:
+            return json.loads(f.read())
+    except FileNotFoundError:
+        return None
 
 
 def _mtime(info: Mapping[str, Any]) -> float:

@@ -20,6 +20,7 @@ from lexiflow.models.lm import distributed, neural, ngram, registry, train
 from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import read_manifest, read_table, read_vectors
 from lexiflow.tasks.params import NeuralLMParams, NgramParams
+from lexiflow.tasks.pieces import count_ngrams
 from lexiflow.tasks.stage import stage
 
 
@@ -28,9 +29,7 @@ def split_sentences(tokens: ArtifactRef) -> dict[str, list[np.ndarray]]:
     table = read_table(tokens, "tokens.parquet")
     out = {}
     for split in ("train", "valid", "test"):
-        ids = table.filter(pl.col("split") == split)["ids"]
-        flat = ids.explode().drop_nulls().to_numpy().astype(np.int64)
-        out[split] = np.split(flat, np.cumsum(ids.list.len().to_numpy())[:-1]) if len(ids) else []
+        out[split] = ngram.sentence_arrays(table.filter(pl.col("split") == split)["ids"])
     return out
 
 
@@ -90,7 +89,9 @@ def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, m
     vocabulary = read_table(tokenizer, "vocab.parquet")
     data = split_sentences(tokens)
     if model == "ngram":
-        lm = from_section(ngram.NgramLM, params, vocab_size=vocabulary.height).fit(data["train"])
+        lm = from_section(ngram.NgramLM, params, vocab_size=vocabulary.height)
+        counted = count_ngrams(out, tokens, tokenizer, lm)  # run by run, from the store's pieces where it has them
+        lm = lm.fit(data["train"]) if counted is None else lm.fit_counts(*counted)
         out.metrics["device"] = device.describe(torch.device("cpu"), "fp64")  # counts and probabilities in numpy
     else:
         dim_name = "d_model" if model == "transformer" else "emb_dim"

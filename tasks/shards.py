@@ -30,7 +30,7 @@ from lexiflow.storage.formats import (
 )
 from lexiflow.storage.parquet_concat import Segment
 from lexiflow.tasks.parts import deliver, deliver_partitions, deliver_row_groups, row_partitions, sum_matrices
-from lexiflow.tasks.pieces import CorpusPieces, RunPieces
+from lexiflow.tasks.pieces import CorpusPieces, RunPieces, vocabulary_ids
 
 
 def corpus_shard(shard: list[ingest.FileRange | ingest.Streams], options: ingest.IngestOptions, chunk_bytes: int,
@@ -139,9 +139,8 @@ def encode_pieces(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop:
             pieces.put(key, {"sentences": sentences, "words": distinct.alias("word").to_frame()}, {})
         else:
             sentences, distinct = found[0]["sentences"], found[0]["words"]["word"]
-        ids = words.encode_batch(pl.Series([distinct.to_list()], dtype=pl.List(pl.String)), is_pretokenized=True)
         tables.append(sentences.select(pl.col("doc_index") + (start + a), "sentence", "split",
-                                       remap(sentences["local"], ids[0].to_numpy()).alias("ids")))
+                                       remap(sentences["local"], vocabulary_ids(words, distinct)).alias("ids")))
         keys.append(key)
     table = pl.concat(tables).rechunk() if tables else pl.from_arrow(TOKENS.empty_table())
     unknown = int(table["ids"].explode().eq(vocab.UNK_ID).sum())

@@ -67,8 +67,8 @@ class Counting:
     """How many pieces of each stage were read from the store and how many were made (in this process)."""
 
     def __init__(self, monkeypatch) -> None:
-        self.reused = {"corpus": 0, "word_counts": 0, "encoded": 0}
-        self.made = {"corpus": 0, "word_counts": 0, "encoded": 0}
+        self.reused = {"corpus": 0, "word_counts": 0, "encoded": 0, "ngrams": 0}
+        self.made = {"corpus": 0, "word_counts": 0, "encoded": 0, "ngrams": 0}
         for cls in (CorpusPieces, RunPieces):
             get, put = cls.get, cls.put
 
@@ -129,7 +129,7 @@ def test_a_rebuild_after_a_change_publishes_what_a_full_build_does(tmp_path, cor
     changed = {"append": 1, "remove": 0, "edit": 1}[how]
     assert counting.made["corpus"] == changed
     assert counting.reused["corpus"] == len(list(corpus_folder.iterdir())) - changed
-    for stage in ("word_counts", "encoded"):
+    for stage in ("word_counts", "encoded", "ngrams"):  # n-gram counts of the runs seen before, remapped
         assert counting.reused[stage] > counting.made[stage] > 0 or how == "remove", stage
     fresh = build(ArtifactStore(tmp_path / "fresh"), corpus_folder, parallel)
     assert_identical(rebuilt, fresh)

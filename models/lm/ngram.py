@@ -65,6 +65,12 @@ def _find(keys: np.ndarray, query: np.ndarray) -> np.ndarray:
     return np.where(hit, pos_c, -1)
 
 
+def sentence_arrays(ids: pl.Series) -> list[np.ndarray]:
+    """Lists of token ids (a tokenized corpus's `ids`) as the sentences the models take: 1-D int64 arrays."""
+    flat = ids.explode().drop_nulls().to_numpy().astype(np.int64)
+    return np.split(flat, np.cumsum(ids.list.len().to_numpy())[:-1]) if len(ids) else []
+
+
 class NgramLM(Estimator):
     """An n-gram language model over token ids ``0..vocab_size-1``.
 
@@ -194,21 +200,39 @@ class NgramLM(Estimator):
     # ------------------------------------------------------------------ fitting
     def fit(self, sentences: Sequence[np.ndarray]) -> NgramLM:
         """Count the n-grams of `sentences` (each a 1-D array of ids, no boundary tokens)."""
+        rows = self.ngram_rows(sentences, "fit(sentences)")
+        return self.fit_counts(rows, np.ones(len(rows), dtype=np.int64))
+
+    def ngram_rows(self, sentences: Sequence[np.ndarray], what: str = "sentences") -> np.ndarray:
+        """(M, order) int64: the padded n-grams of `sentences` (`_ngram_matrix`), ids as given (not mapped to
+        <unk>): what `fit_counts` counts."""
         self._check_params()
-        tokens, lengths = self._concat(sentences, "fit(sentences)")
+        return self._ngram_matrix(*self._concat(sentences, what))
+
+    def fit_counts(self, rows: np.ndarray, counts: np.ndarray) -> NgramLM:
+        """`fit` from counted n-grams: `rows` (M, order) padded n-grams as `ngram_rows` gives them, each seen
+        `counts` times (rows may repeat: their counts add). Counts of the rows of any split of a corpus add up
+        to the corpus's, and the model depends on nothing else: fit from their sum, it is the model `fit` makes
+        of the whole corpus (the unigram counts that decide `<unk>` are the counts of the rows' last column)."""
+        self._check_params()
+        rows, counts = np.asarray(rows, dtype=np.int64).reshape(-1, self.order), np.asarray(counts, dtype=np.int64)
+        if not len(rows):
+            raise InputError("fit: the corpus is empty; give at least one sentence")
+        words = rows[:, -1]
+        is_token = words != self.eos_id  # each sentence's last prediction is its </s>
+        tokens, weights = words[is_token], counts[is_token]
         specials = max(self.unk_id, self.bos_id, self.eos_id, self.pad_id)
         V = self.vocab_size if self.vocab_size is not None else max(int(tokens.max(initial=0)), specials) + 1
-        with Progress("ngram.fit", total=float(tokens.size + len(lengths)), unit="tokens") as progress:
+        with Progress("ngram.fit", total=float(counts.sum()), unit="tokens") as progress:
             in_range = tokens < V
-            unigram = np.bincount(tokens[in_range], minlength=V)
+            unigram = np.bincount(tokens[in_range], weights=weights[in_range], minlength=V)
             known = unigram >= self.min_count
             known[[self.unk_id, self.bos_id, self.eos_id]] = True
             known[self.pad_id] = False
             self.vocab_size_ = V
             self.known_ = known
-            rows = self._ngram_matrix(self._map_ids(tokens), lengths)
-            self._build(rows, np.ones(len(rows), dtype=np.int64))
-            progress.update(tokens.size + len(lengths))
+            self._build(self._map_ids(rows), counts)
+            progress.update(float(counts.sum()))
         return self
 
     def _build(self, rows: np.ndarray, weights: np.ndarray) -> None:
