@@ -136,9 +136,9 @@ class ParallelParams(Params):
                             "sentences for co-occurrence), overriding the defaults (0): documents by `shard_bytes`, "
                             f"{COOCCURRENCE_SHARD_SENTENCES:,} sentences per co-occurrence shard.")
     # Off by default: pieces multiply a corpus build's writes, and on flaky storage its retries ran out
-    # (tests/test_reliability.py); co-occurrence, PPMI and n-gram counts do not reuse pieces yet.
-    pieces: bool = Field(False, description="Keep what each piece of the sources gave (its cleaned documents, the "
-                         "word counts of runs of documents) in the store, under .pieces/, and reuse it when a later "
+    # (tests/test_reliability.py); co-occurrence (and so PPMI) counts do not reuse pieces (docs/design.md).
+    pieces: bool = Field(False, description="Keep what each piece of the sources gave (its cleaned documents; per "
+                         "run of documents its word counts, encoding and n-gram counts) in the store, under .pieces/, and reuse it when a later "
                          "corpus holds the same piece: a rebuild after a change costs the changed pieces, and gives "
                          "the artifacts a full build gives. Off: no piece is read or written.")
 
