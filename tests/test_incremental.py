@@ -8,7 +8,7 @@ import time
 import polars as pl
 import pytest
 from lexiflow.storage import ArtifactStore
-from lexiflow.storage.pieces import PIECES, garbage, remove_garbage
+from lexiflow.storage.pieces import PIECES, garbage, read_uses, record_uses, remove_garbage
 from lexiflow.tasks import pieces as pieces_module
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.lm import train_lm
@@ -229,3 +229,11 @@ def test_the_word_count_runs_are_cut_by_content(monkeypatch):
     again = pieces_module.content_cuts(inserted, 0, 41)
     contents = {tuple(ids.slice(a, b - a)) for a, b in runs}
     assert sum(tuple(inserted.slice(a, b - a)) not in contents for a, b in again) == 1
+
+
+def test_a_uses_record_keeps_a_piece_as_often_as_the_artifact_holds_it(tmp_path):
+    # Two runs of the same documents are one piece, counted twice by a stage that adds runs (the n-gram LM)
+    store = ArtifactStore(tmp_path / "store")
+    assert read_uses(store, "tokenized_corpus", "v1") is None  # built without pieces
+    record_uses(store, "tokenized_corpus", "v1", {"encoded": ["b", "a", "b"]})
+    assert read_uses(store, "tokenized_corpus", "v1") == {"encoded": ["a", "b", "b"]}

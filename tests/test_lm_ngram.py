@@ -207,6 +207,24 @@ def test_save_load_round_trips_exactly_as_parquet_and_json(tmp_path) -> None:
             np.testing.assert_array_equal(loaded.log_probs(ctx), model.log_probs(ctx))
 
 
+def test_a_model_fit_from_the_summed_counts_of_parts_is_the_model_fit_from_the_whole(tmp_path) -> None:
+    # What the n-gram pieces rely on (tasks/pieces.py: count_ngrams): counted rows of parts, in any order, with
+    # repeats, give the same files as `fit`; <unk> (min_count) follows the summed counts, not any part's.
+    train = _random_corpus(7)
+    for params in (dict(order=3, min_count=3), dict(order=2, smoothing="add_k", k=0.5, min_count=2)):
+        whole = NgramLM(**params, vocab_size=30).fit(train)
+        model = NgramLM(**params, vocab_size=30)
+        parts = [model.ngram_rows(train[i: i + 40]) for i in range(0, len(train), 40)]
+        rows = np.concatenate(parts[::-1])
+        unique, counts = np.unique(rows, axis=0, return_counts=True)
+        summed = model.fit_counts(np.concatenate([unique, rows[:5]]),
+                                  np.concatenate([counts, np.zeros(5, np.int64)]))
+        whole.save(tmp_path / "whole")
+        summed.save(tmp_path / "summed")
+        for name in sorted(p.name for p in (tmp_path / "whole").iterdir()):
+            assert (tmp_path / "whole" / name).read_bytes() == (tmp_path / "summed" / name).read_bytes(), name
+
+
 def test_damaged_saved_model_names_the_file(tmp_path) -> None:
     model = NgramLM(order=2).fit(_random_corpus(5))
     model.save(tmp_path / "m")
