@@ -170,6 +170,7 @@ def count_ngrams(out: Any, tokens: ArtifactRef, tokenizer: ArtifactRef,
     runs = (read_uses(ArtifactStore(store), "tokenized_corpus", tokens.version) or {}).get(ENCODED) if store else None
     if not runs:
         return None
+    # the encoded runs are read by the keys the record names: no salt of theirs is needed here
     encoded, counted = RunPieces(store, "", ENCODED), RunPieces(store, out.code_version, NGRAMS)
     keys = [piece_key(out.code_version, [run, lm.order]) for run in runs]
     if version is not None:
