@@ -196,6 +196,28 @@ def test_manual_release_and_rollback_announce_themselves(tmp_path, events, capsy
     capsys.readouterr()
 
 
+def test_with_a_server_configured_manual_moves_send_their_events(tmp_path, monkeypatch, capsys):
+    """The real announcer (not the `events` stand-in): PREFECT_API_URL set, `release` and `--rollback` emit
+    `lexiflow.artifact.released` themselves; the emitter is recorded, nothing reaches the network."""
+    from lexiflow.flows import release as flow_release
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    store = ArtifactStore(tmp_path / "store")
+    publish(store, "corpus", V1)
+    publish(store, "corpus", V2)
+    emitted = []
+    monkeypatch.setattr(flow_release, "emit_artifact_event",
+                        lambda name, ref, alias, payload: emitted.append((name, ref.version, alias, payload["action"])))
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        for command in ([f"corpus:{V1}"], [f"corpus:{V2}"], ["--rollback", "corpus"]):
+            assert main(["release", *command, "--store", store.url]) == 0
+    assert emitted == [(flow_release.RELEASED, V1, "production", "release"),
+                       (flow_release.RELEASED, V2, "production", "release"),
+                       (flow_release.RELEASED, V1, "production", "rollback")]
+    assert [f for f in files(store) if f.startswith(".releases/")] == []  # sent, so not left in the outbox
+    capsys.readouterr()
+
+
 def test_events_a_command_could_not_send_wait_in_the_outbox(tmp_path, events, monkeypatch, capsys):
     """Moves made where no event can be sent (a library call, no server): the next command that can sends them."""
     store = ArtifactStore(tmp_path / "store")
