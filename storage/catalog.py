@@ -11,7 +11,9 @@ log, `<root>/.aliases/<kind>/<alias>/<seq>.json`: one immutable entry per move (
 the flow run), each created exclusively under the next sequence number (`ArtifactStore.create_file`),
 and the alias is the last entry's `to`. Two writers that move one alias at once both try the same
 number; one creates it, the other reads the log again and appends after it, so no move is lost and
-the alias always equals the log's last entry, on a local folder and an object store alike.
+the alias always equals the log's last entry, on a local folder and an object store alike. After its entry, each
+move writes the entry's head record (`<seq>.head`, created the same way): the log must reach the newest one, so a
+deleted or altered last entry is damage, not an alias that silently names the version before.
 """
 
 from __future__ import annotations
@@ -261,13 +263,18 @@ class Catalog:
         scan = releases.scan(self.store)
         problems = [problem for _, problem in scan.problems]
         hidden = releases.hidden(self.store)
-        for (kind, alias), files in sorted(scan.files.items()):
+        for kind, alias in scan.aliases():
             try:
-                entries = [self._read_entry(path) for _, path in files]
+                entries = [self._read_entry(path) for _, path in scan.files.get((kind, alias), [])]
             except StoreError as exc:
                 problems.append(str(exc))
                 continue
             broken = releases.chain_problems(entries, self._alias_folder(kind, alias))
+            if not broken and self._head_problem(kind, alias, scan, entries):
+                try:  # confirmed by fresh listings: a mover may have written an entry and its record since this one
+                    entries = self.full_log(kind, alias)
+                except StoreError as exc:
+                    broken = [] if str(exc) in problems else [str(exc)]
             problems += broken
             visible = [e for e in entries if e.get("tx") not in hidden]
             if broken or not visible:
@@ -401,18 +408,43 @@ class Catalog:
         scan = releases.scan(self.store, kind)
         if damage := scan.damage(kind):
             raise StoreError(damage)
-        return sorted(scan.files)
+        return scan.aliases()
 
     def full_log(self, kind: str, alias: str) -> list[dict[str, Any]]:
         """Every entry of the log of `kind@alias`, committed or not, checked: its files, each entry against its
-        path, the chain. Damage is a StoreError naming the file."""
+        path, the chain, the newest head record. Damage is a StoreError naming the file."""
+        entries, problem = self._checked_log(kind, alias)
+        if problem:  # the listing may have caught a mover between its entry and its head record: list once more
+            entries, problem = self._checked_log(kind, alias)
+        if problem:
+            raise StoreError(problem)
+        return entries
+
+    def _checked_log(self, kind: str, alias: str) -> tuple[list[dict[str, Any]], str | None]:
+        """`full_log`'s entries from one listing, and what the newest head record says is wrong with them."""
         scan = releases.scan(self.store, kind, alias)
         if damage := scan.damage(kind, alias):
             raise StoreError(damage)
         entries = [self._read_entry(path) for _, path in scan.files.get((kind, alias), [])]
         if broken := releases.chain_problems(entries, self._alias_folder(kind, alias)):
             raise StoreError(broken[0])
-        return entries
+        return entries, self._head_problem(kind, alias, scan, entries)
+
+    def _head_problem(self, kind: str, alias: str, scan: releases.LogScan, entries: list[dict[str, Any]]) -> str | None:
+        """What the newest head record of `kind@alias` says is wrong with its entries (releases.head_problem)."""
+        if not (heads := scan.heads.get((kind, alias))):
+            return None  # a log from before head records, or whose mover died before its first one
+        path = heads[-1][1]
+        try:
+            head = self._read_entry(path)
+        except StoreError as exc:
+            return str(exc)
+        return releases.head_problem(head, path, entries, self._alias_folder(kind, alias))
+
+    def write_head(self, entry: dict[str, Any]) -> None:
+        """Write the head record of a log entry just appended (or found without one by `settle`)."""
+        folder = self._alias_folder(entry["kind"], entry["alias"])
+        self.store.create_file(f"{folder}/{releases.head_name(entry['seq'])}", releases.head_record(entry))
 
     def _read_entry(self, path: str) -> dict[str, Any]:
         if path not in self._log_entries:
@@ -421,9 +453,12 @@ class Catalog:
 
     @retry_transient
     def _load_entry(self, path: str) -> dict[str, Any]:
+        """A log entry or (`.head`) a head record, checked against its path."""
+        head = path.endswith(".head")
         try:
             with self.store.fs.open(path, "r") as f:
                 entry = json.load(f)
         except (ValueError, UnicodeDecodeError) as exc:  # entries are created whole: only tampering does this
-            raise StoreError(f"release log entry {path}: not valid JSON ({exc}); restore it from a backup") from None
-        return releases.check_entry(entry, path)
+            what = "release log head record" if head else "release log entry"
+            raise StoreError(f"{what} {path}: not valid JSON ({exc}); restore it from a backup") from None
+        return releases.check_head(entry, path) if head else releases.check_entry(entry, path)

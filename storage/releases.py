@@ -3,27 +3,30 @@
 The release log of `kind@alias` is `<root>/.aliases/<kind>/<alias>/<seq>.json` (storage/catalog.py). Reading it here
 names what is wrong instead of skipping it (`scan`, `check_entry`, `chain_problems`): a file or link where a folder
 should be, a file the reader would not read, an entry whose fields disagree with its path, a `to` that is not a
-version, a gap or break in the chain. Readers of a damaged alias fail with one line naming the file; `verify`
-reports every case.
+version, a gap or break in the chain, a last entry deleted or altered after its head record (`<seq>.head`, written
+after each entry: `head_problem`). Readers of a damaged alias fail with one line naming the file; `verify` reports
+every case.
 
 Every alias move (a release, a rollback, all the aliases a flow run moves at once) is a transaction:
 1. its intent, `<root>/.releases/<id>.json` (the moves, created exclusively) — on a local store the mover holds an
    OS lock on `<id>.lock` beside it while it lives;
-2. one log entry per move, each carrying the transaction's `tx` id: readers do not see entries of a transaction
-   that has an intent and no commit, so a reader sees all of its moves or none;
+2. one log entry per move, each carrying the transaction's `tx` id, then its head record: readers do not see entries
+   of a transaction that has an intent and no commit, so a reader sees all of its moves or none;
 3. the commit, `<id>.commit`: from now on every move is visible;
 4. the events (`announce`, one per move), then the intent and the commit are removed: the drained outbox.
 A transaction whose mover died (its lock free on a local store; on an object store its intent older than
 `STALE_SECONDS`) is completed by the next mover or deleter (`settle`): the moves not yet in their logs are appended
-(a rollback only if the alias still names what it rolled back), it is committed, and its events are sent. A command
-that cannot send events (no Prefect server configured) leaves committed transactions in place, as the outbox the
-next one that can drains; an event may so be sent twice (a crash between sending and draining), never not at all.
+(a rollback only if the alias still names what it rolled back), the missing head records written, it is committed,
+and its events are sent. A command that cannot send events (no Prefect server configured) leaves committed
+transactions in place, as the outbox the next one that can drains; an event may so be sent twice (a crash between
+sending and draining), never not at all.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import fcntl
+import hashlib
 import json
 import os
 import re
@@ -47,7 +50,7 @@ from lexiflow.storage.store import (
 ALIASES = ".aliases"  # <root>/.aliases/<kind>/<alias>/<seq>.json: the release log, one file per move
 TRANSACTIONS = ".releases"  # <root>/.releases/<id>.json (intent), <id>.commit, <id>.lock (local: the live mover)
 ALIAS_PATTERN = re.compile(r"^[a-z][a-z0-9_-]{0,63}$")
-LOG_ENTRY = re.compile(r"^([0-9]{8,})\.json$")  # zero-padded to 8 digits, more past 99999999: sorted as numbers
+LOG_FILE = re.compile(r"^([0-9]{8,})\.(json|head)$")  # zero-padded to 8 digits, more past 99999999: sorted as numbers
 STALE_SECONDS = 600.0  # an object store's intent older than this was left by a killed mover
 STEP: Callable[[str], None] | None = None  # called at each step of a transaction (tests kill a mover there)
 Announce = Callable[[dict[str, Any], dict[str, Any]], None]  # (log entry, payload): emit its event
@@ -64,6 +67,12 @@ def entry_name(seq: int) -> str:
     return f"{seq:08d}.json"
 
 
+def head_name(seq: int) -> str:
+    """The head record of entry `seq`: written after the entry, it witnesses that the log reached it (a deleted last
+    entry would otherwise read as an alias that never made that move)."""
+    return f"{seq:08d}.head"
+
+
 def _step(name: str) -> None:
     if STEP is not None:
         STEP(name)
@@ -72,11 +81,12 @@ def _step(name: str) -> None:
 # ---- reading the logs, damage named ----------------------------------------------------------
 @dataclass
 class LogScan:
-    """What is under `.aliases` (or one kind's or alias's part of it): each alias's entries in sequence order,
-    and the damage found. A problem's scope says which readers it stops: () every one, (kind,) those of that kind,
-    (kind, alias) those of that alias, None none (only `verify` reports it)."""
+    """What is under `.aliases` (or one kind's or alias's part of it): each alias's entries and head records in
+    sequence order, and the damage found. A problem's scope says which readers it stops: () every one, (kind,) those
+    of that kind, (kind, alias) those of that alias, None none (only `verify` reports it)."""
 
     files: dict[tuple[str, str], list[tuple[int, str]]] = field(default_factory=dict)
+    heads: dict[tuple[str, str], list[tuple[int, str]]] = field(default_factory=dict)
     problems: list[tuple[tuple[str, ...] | None, str]] = field(default_factory=list)
 
     def damage(self, kind: str | None = None, alias: str | None = None) -> str | None:
@@ -86,6 +96,10 @@ class LogScan:
             if scope is not None and (scope[:len(wanted)] == wanted or wanted[:len(scope)] == scope):
                 return problem
         return None
+
+    def aliases(self) -> list[tuple[str, str]]:
+        """(kind, alias) of every log found, also one whose entries are all gone but a head record."""
+        return sorted({*self.files, *self.heads})
 
 
 def _type(store: ArtifactStore, path: str) -> str | None:
@@ -146,9 +160,10 @@ def scan(store: ArtifactStore, kind: str | None = None, alias: str | None = None
             elif found != "directory":
                 result.problems.append((parts, _not_a_folder(path, found)))
         elif len(parts) == 3 and KIND_PATTERN.fullmatch(parts[0]) and ALIAS_PATTERN.fullmatch(parts[1]):
-            match = LOG_ENTRY.fullmatch(parts[2])
-            if match and found == "file" and entry_name(int(match[1])) == parts[2]:
-                result.files.setdefault(parts[:2], []).append((int(match[1]), path))
+            match = LOG_FILE.fullmatch(parts[2])
+            if match and found == "file" and f"{int(match[1]):08d}.{match[2]}" == parts[2]:
+                found_in = result.files if match[2] == "json" else result.heads
+                found_in.setdefault(parts[:2], []).append((int(match[1]), path))
             elif found == "link" or (match and found == "directory"):
                 what = "a symbolic link" if found == "link" else "a folder"
                 result.problems.append((parts[:2], f"{path}: {what}, not a release log entry; restore the entry "
@@ -156,7 +171,7 @@ def scan(store: ArtifactStore, kind: str | None = None, alias: str | None = None
             else:
                 result.problems.append((None, f"{path}: not a release log entry (NNNNNNNN.json); the reader skips "
                                               "it (remove it)"))
-    for entries in result.files.values():
+    for entries in (*result.files.values(), *result.heads.values()):
         entries.sort()
     return result
 
@@ -181,6 +196,39 @@ def check_entry(entry: Any, path: str) -> dict[str, Any]:
         if not (isinstance(value, str) and VERSION_PATTERN.fullmatch(value)) and not (key == "from" and value is None):
             raise bad(f"its {key!r} {value!r} is not a version (16 hexadecimal digits)")
     return entry
+
+
+def digest(entry: dict[str, Any]) -> str:
+    """An entry's fingerprint, over its fields (not its file's bytes): what its head record holds."""
+    return hashlib.sha256(json.dumps(entry, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def head_record(entry: dict[str, Any]) -> bytes:
+    """The head record of a log entry; the same bytes whoever writes it (the mover, or `settle` after its crash)."""
+    return json.dumps({"seq": entry["seq"], "to": entry["to"], "sha256": digest(entry)}).encode()
+
+
+def check_head(record: Any, path: str) -> dict[str, Any]:
+    """A head record read from `path` (`.aliases/<kind>/<alias>/<seq>.head`), checked against its path."""
+    if not (isinstance(record, dict) and type(record.get("seq")) is int and record["seq"] >= 1
+            and head_name(record["seq"]) == path.rsplit("/", 1)[-1]
+            and isinstance(record.get("sha256"), str) and VERSION_PATTERN.fullmatch(str(record.get("to")))):
+        raise StoreError(f"release log head record {path}: not a head record; restore it from a backup")
+    return record
+
+
+def head_problem(head: dict[str, Any], path: str, entries: list[dict[str, Any]], folder: str) -> str | None:
+    """What a log's newest head record `head` says is wrong with its (chain-checked) `entries`: the entry it names
+    is missing (deleted: the alias would silently name an older version) or altered. An entry newer than the head
+    record is no damage: its mover died before writing the record."""
+    seq = head["seq"]
+    if seq > len(entries):
+        return (f"{folder}/{entry_name(seq)}: missing (its head record {path} says the log reached #{seq}, moving "
+                f"the alias to {head['to']}; the log ends at #{len(entries)}); restore it from a backup")
+    if digest(entries[seq - 1]) != head["sha256"]:
+        return (f"release log entry {folder}/{entry_name(seq)}: changed since its head record {path} was written "
+                "(the fields differ); restore it from a backup")
+    return None
 
 
 def chain_problems(entries: list[dict[str, Any]], folder: str) -> list[str]:
@@ -333,7 +381,9 @@ def transact(catalog: Any, moves: list[Move], *, reason: str = "", flow_run: Any
                         results[i] = entry if entry is not None else {**catalog.full_log(move.kind, move.alias)[-1],
                                                                       "unchanged": True}
                         written += [entry] if entry is not None else []
-                        _step(f"entry-{len(written)}")
+                        _step(f"entry-{len(written)}")  # a crash here leaves an entry without its head record
+                        if entry is not None:
+                            catalog.write_head(entry)
                 except StoreError:
                     if written:
                         raise  # its intent stays: the next mover or deleter completes it
@@ -388,6 +438,8 @@ def settle(catalog: Any, announce: Announce | None) -> None:
                 for move in moves:
                     if not catalog.tx_entries(move.kind, move.alias, tx):
                         catalog.append_move(move, intent.get("reason", ""), intent.get("flow_run"), tx)
+                    for entry in catalog.tx_entries(move.kind, move.alias, tx):
+                        catalog.write_head(entry)  # its mover may have died between the entry and its record
                 _Transaction(store, tx).commit()
             if announce is not None:
                 entries = [e for move in moves for e in catalog.tx_entries(move.kind, move.alias, tx)]

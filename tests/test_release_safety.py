@@ -157,6 +157,8 @@ def test_a_release_killed_at_any_step_is_all_or_nothing_and_the_next_command_sen
         assert len(sent_by_child) == max(0, STEPS.index(step) - STEPS.index("commit")), step  # sent before the kill
         assert [e["seq"] for e in Catalog(store.url).release_log("corpus")] == [1, 2]  # completed once
         assert [f for f in files(store) if f.startswith(".releases/")] == []  # the outbox drained
+        log = [f.removesuffix(".json") for f in files(store) if f.startswith(".aliases/") and f.endswith(".json")]
+        assert [f for f in files(store) if f.endswith(".head")] == sorted(f"{f}.head" for f in log), step  # settled
         events.clear()
         assert main(["artifacts", "gc", "--store", store.url]) == 0
         assert events == []  # sent once
@@ -191,6 +193,28 @@ def test_manual_release_and_rollback_announce_themselves(tmp_path, events, capsy
     assert [(e["action"], e["from"], e["to"], e["reason"]) for e, _ in events] == [
         ("release", None, V1, ""), ("release", V1, V2, "new dump"), ("rollback", V2, V1, "bad")]
     assert [f for f in files(store) if f.startswith(".releases/")] == []
+    capsys.readouterr()
+
+
+def test_with_a_server_configured_manual_moves_send_their_events(tmp_path, monkeypatch, capsys):
+    """The real announcer (not the `events` stand-in): PREFECT_API_URL set, `release` and `--rollback` emit
+    `lexiflow.artifact.released` themselves; the emitter is recorded, nothing reaches the network."""
+    from lexiflow.flows import release as flow_release
+    from prefect.settings import PREFECT_API_URL, temporary_settings
+
+    store = ArtifactStore(tmp_path / "store")
+    publish(store, "corpus", V1)
+    publish(store, "corpus", V2)
+    emitted = []
+    monkeypatch.setattr(flow_release, "emit_artifact_event",
+                        lambda name, ref, alias, payload: emitted.append((name, ref.version, alias, payload["action"])))
+    with temporary_settings(updates={PREFECT_API_URL: "http://127.0.0.1:9/api"}):
+        for command in ([f"corpus:{V1}"], [f"corpus:{V2}"], ["--rollback", "corpus"]):
+            assert main(["release", *command, "--store", store.url]) == 0
+    assert emitted == [(flow_release.RELEASED, V1, "production", "release"),
+                       (flow_release.RELEASED, V2, "production", "release"),
+                       (flow_release.RELEASED, V1, "production", "rollback")]
+    assert [f for f in files(store) if f.startswith(".releases/")] == []  # sent, so not left in the outbox
     capsys.readouterr()
 
 
@@ -263,6 +287,14 @@ DAMAGE = {
     "alias-is-a-link": (lambda root, folder: (os.rename(folder, f"{root}/../elsewhere"),
                                               os.symlink(f"{root}/../elsewhere", folder)),
                         "production: a symbolic link"),
+    # The last entry deleted or altered: without its head record, the alias would silently name the one before.
+    "last-deleted": (lambda root, folder: os.remove(f"{folder}/00000003.json"),
+                     "00000003.json: missing (its head record"),
+    "all-deleted": (lambda root, folder: [os.remove(f"{folder}/{seq:08d}.json") for seq in (1, 2, 3)],
+                    "00000003.json: missing (its head record"),
+    "last-altered": (lambda root, folder: rewrite(folder, 3, to=V1), "00000003.json: changed since its head record"),
+    "head-damaged": (lambda root, folder: Path(f"{folder}/00000003.head").write_text("{"),
+                     "00000003.head: not valid JSON"),
 }
 
 
@@ -274,7 +306,7 @@ def test_damage_is_reported_and_stops_readers_and_movers_with_one_line(tmp_path,
     outside = sorted(os.listdir(tmp_path))
     assert main(["artifacts", "verify", "--store", store.url]) == 1
     assert said in capsys.readouterr().out
-    for command in (["artifacts", "show", "corpus@production"],
+    for command in (["artifacts", "show", "corpus@production"], ["artifacts", "list"],
                     ["artifacts", "export", "corpus@production", str(tmp_path / "out")],
                     ["release", f"corpus:{V1}"], ["release", "--rollback", "corpus"],
                     ["artifacts", "gc", "--keep", "1"]):
@@ -284,7 +316,47 @@ def test_damage_is_reported_and_stops_readers_and_movers_with_one_line(tmp_path,
     assert all(store.exists("corpus", v) for v in (V1, V2, V3))  # gc refused: it cannot tell what is released
     assert sorted(os.listdir(tmp_path)) == outside and not Path(tmp_path / "out").exists()
     if case == "alias-is-a-link":
-        assert sorted(os.listdir(tmp_path / "elsewhere")) == ["00000001.json", "00000002.json", "00000003.json"]
+        assert sorted(os.listdir(tmp_path / "elsewhere")) == [f"0000000{seq}.{suffix}" for seq in (1, 2, 3)
+                                                              for suffix in ("head", "json")]
+
+
+def test_a_deleted_last_entry_is_damage_on_every_store(store_url, capsys):
+    """The head record travels with the log on an object store too: the alias never silently reverts."""
+    store = ArtifactStore(store_url)
+    publish(store, "corpus", V1)
+    publish(store, "corpus", V2)
+    Catalog(store_url).release("corpus", V1)
+    Catalog(store_url).release("corpus", V2)
+    last = f"{store.root}/.aliases/corpus/production/00000002.json"
+    store.fs.rm(last)
+    with pytest.raises(StoreError, match="00000002.json: missing .*00000002.head says the log reached #2, moving "
+                                         f"the alias to {V2}; the log ends at #1"):
+        Catalog(store_url).released("corpus")
+    assert main(["artifacts", "verify", "--store", store_url]) == 1
+    assert f"{last}: missing" in capsys.readouterr().out
+
+
+def test_an_entry_newer_than_its_head_record_is_the_alias(tmp_path, monkeypatch, capsys):
+    """A mover that died between its entry and its head record: the entry is the truth (no damage), and the next
+    move writes the records; a listing that caught a live mover between the two is read again, not reported."""
+    store, folder = damaged_store(tmp_path)
+    os.remove(f"{folder}/00000003.head")  # as if its mover died right after the entry
+    assert Catalog(store.url).released("corpus") == V3
+    assert main(["artifacts", "verify", "--store", store.url]) == 0
+    assert main(["release", f"corpus:{V1}", "--store", store.url]) == 0
+    assert sorted(os.listdir(folder))[-2:] == ["00000004.head", "00000004.json"]
+    real_scan, listings = releases.scan, []
+
+    def scan(*args):  # the first listing misses the newest entry but has its head record (a live mover's)
+        found = real_scan(*args)
+        listings.append(args)
+        if len(listings) == 1:
+            del found.files[("corpus", "production")][-1]
+        return found
+
+    monkeypatch.setattr(releases, "scan", scan)
+    assert Catalog(store.url).released("corpus") == V1 and len(listings) == 2
+    capsys.readouterr()
 
 
 def test_verify_reports_files_the_reader_would_skip_and_reads_numbers_past_eight_digits(tmp_path, capsys):

@@ -63,10 +63,12 @@ def test_release_names_a_version_and_logs_each_move(store_url):
     assert other.get("corpus@production")["version"] == V2
     assert other.get("corpus", "corpus@staging")["version"] == V1
     assert other.ref("corpus@production") == store.ref("corpus", V2)
-    # The layout docs/artifacts.md describes: one immutable entry per move, the alias its last entry.
+    # The layout docs/artifacts.md describes: one immutable entry per move, the alias its last entry, and each
+    # entry's head record.
     aliases = [f for f in files(store) if f.startswith(".aliases/")]
-    assert aliases == [".aliases/corpus/production/00000001.json", ".aliases/corpus/production/00000002.json",
-                       ".aliases/corpus/staging/00000001.json"]
+    assert aliases == [f".aliases/corpus/{name}" for name in ("production/00000001.head", "production/00000001.json",
+                       "production/00000002.head", "production/00000002.json", "staging/00000001.head",
+                       "staging/00000001.json")]
     with store.fs.open(f"{store.root}/.aliases/corpus/production/00000002.json") as f:
         assert json.load(f) == second
 
