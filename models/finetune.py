@@ -12,10 +12,12 @@ Modes (what trains besides the head):
     adapters  Houlsby et al. (2019) bottlenecks h <- h + W_up f(W_down h) after each attention output projection
               and each feed-forward block (with the LayerNorms, as Houlsby trains them); W_up starts at zero, so
               the adapted model starts as the pretrained one
-    lora      Hu et al. (2022) on the attention projections (W^Q, W^K, W^V, W^O; the encoder's and the LM's alike)
-              and, by default (`lora_targets="all"`), the feed-forward layers:
-              h = x W^T + (α / r) x A^T B^T, A (r, d_in) random, B (d_out, r) zero; `merge_lora` folds
-              W' = W + (α / r) B A into plain Linear layers for inference (same outputs, no extra cost)
+    lora      Hu et al. (2022) on the attention projections (W^Q, W^K, W^V, W^O; the encoder's and the LM's alike),
+              with `lora_targets="linear"` the feed-forward layers too, and by default (`"all"`) the token
+              embedding as well (a lookup is a linear map of a one-hot input; peft's embedding LoRA):
+              h = x W^T + (α / r) x A^T B^T, A (r, d_in) random, B (d_out, r) zero;
+              e = E[id] + (α / r) A[id] B, A (V, r) zero, B (r, d) random; `merge_lora` folds
+              W' = W + (α / r) B A (E' = E + (α / r) A B) into plain layers for inference (same outputs, no extra cost)
 
 Bodies: `EncoderModel` (models/encoder.py) and the GPT-style `Transformer` LM (models/lm/transformer.py); both
 read WordPiece ids with BERT_SPECIALS (the LM reads [CLS] as <s> and [SEP] as </s>). Training goes through
@@ -60,13 +62,15 @@ class FineTuneConfig:
     """How a pretrained body is adapted to a task. Annotated fields are pipeline parameters."""
 
     mode: Literal["full", "frozen", "adapters", "lora"] = "full"  # what trains besides the head (pipeline: each)
-    # r = 8 (α = 16): ~1.3 % of the default encoder's parameters with a head, within the benchmark's 2 % budget
-    lora_rank: Annotated[int, Field(ge=1, le=256, description="LoRA rank r.")] = 8
-    lora_alpha: Annotated[float, Field(gt=0, description="LoRA scale α (updates weigh α / r).")] = 16.0
-    # every linear layer by default: on the attention projections alone LoRA trailed full fine-tuning by several
-    # points of UPOS (benchmarks/results/finetune.md), as QLoRA (Dettmers et al. 2023) found at larger scale
-    lora_targets: Annotated[Literal["attention", "all"], Field(description=(
-        "LoRA's layers: attention (W^Q, W^K, W^V, W^O, Hu et al.) or all (also the feed-forward layers)."))] = "all"
+    # r = 4 on every target: under 5 % of the default encoder's parameters with a head. α / r = 8: with B = 0 at
+    # init and Adam, the scale sets how fast B moves against A (LoRA+, Hayou et al. 2024); chosen on EWT dev
+    lora_rank: Annotated[int, Field(ge=1, le=256, description="LoRA rank r.")] = 4
+    lora_alpha: Annotated[float, Field(gt=0, description="LoRA scale α (updates weigh α / r).")] = 32.0
+    # every linear map by default, the token embedding included: with the embedding frozen, even full fine-tuning
+    # of the rest trailed full fine-tuning by 5 points of UPOS at 10 % of EWT, LoRA by 8 (benchmarks/results/lora.md)
+    lora_targets: Annotated[Literal["attention", "linear", "all"], Field(description=(
+        "LoRA's layers: attention (W^Q, W^K, W^V, W^O, Hu et al.), linear (also the feed-forward layers) or all "
+        "(also the token embedding)."))] = "all"
     adapter_size: Annotated[int, Field(ge=1, le=4096, description="Adapter bottleneck width.")] = 16
     head_dropout: Annotated[float, Field(ge=0, lt=1, description="Dropout before the task head.")] = 0.1
 
@@ -121,18 +125,47 @@ class LoRALinear(nn.Module):
         return out.to(self.base.weight.device)
 
 
+class LoRAEmbedding(nn.Module):
+    """base(ids) + (α / r) A[ids] B with the base Embedding frozen; A = 0 at init (the base model exactly). The
+    factors' roles swap against LoRALinear's: a lookup's input is one-hot, so the zero factor is the per-id one."""
+
+    def __init__(self, base: nn.Embedding, rank: int, alpha: float) -> None:
+        super().__init__()
+        self.base, self.scale = base, alpha / rank
+        self.A = nn.Parameter(torch.zeros(base.num_embeddings, rank))
+        self.B = nn.Parameter(torch.empty(rank, base.embedding_dim))
+        nn.init.normal_(self.B, std=0.02)  # BERT's embedding init
+        base.weight.requires_grad_(False)
+
+    @property
+    def weight(self) -> torch.Tensor:  # what a tied output layer reads (the MLM head): the base matrix
+        return self.base.weight
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.base(ids) + F.embedding(ids, self.A) @ self.B * self.scale
+
+    def merged(self) -> nn.Embedding:
+        """A plain Embedding with E' = E + (α / r) A B."""
+        out = nn.Embedding(self.base.num_embeddings, self.base.embedding_dim)
+        with torch.no_grad():
+            out.weight.copy_(self.base.weight + self.scale * self.A @ self.B)
+        return out.to(self.base.weight.device)
+
+
 def _layers(body: nn.Module) -> nn.ModuleList:
     """The body's layers; each has `attn` (a models.attention.MultiHeadAttention) and `ffn`."""
     return body.encoder.layers if isinstance(body, EncoderModel) else body.blocks
 
 
 def _projections(body: nn.Module, targets: str = "attention") -> list[tuple[nn.Module, str]]:
-    """(parent, attribute) of LoRA's targets: each attention projection, and with `targets="all"` each linear
-    layer of the feed-forward blocks too."""
+    """(parent, attribute) of LoRA's targets: each attention projection, with `targets="linear"` each linear layer
+    of the feed-forward blocks too, and with "all" the token embedding as well."""
     out = [(layer.attn, name) for layer in _layers(body) for name in ("q_proj", "k_proj", "v_proj", "out_proj")]
-    if targets == "all":
+    if targets in ("linear", "all"):
         out += [(layer.ffn, name) for layer in _layers(body) for name, m in layer.ffn.named_children()
                 if isinstance(m, nn.Linear)]
+    if targets == "all":
+        out.append((body.embed, "token") if isinstance(body, EncoderModel) else (body, "embedding"))
     return out
 
 
@@ -145,7 +178,7 @@ def merge_lora(module: nn.Module) -> nn.Module:
     """Replace every LoRALinear in `module` by its merged Linear (in place); returns the module."""
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, LoRALinear):
+            if isinstance(child, (LoRALinear, LoRAEmbedding)):
                 setattr(parent, name, child.merged())
     return module
 
@@ -211,7 +244,9 @@ def prepare(model: Classifier, config: FineTuneConfig) -> dict[str, int]:
                 m.requires_grad_(True)
     elif mode == "lora":
         for parent, name in _projections(body, config.lora_targets):
-            setattr(parent, name, LoRALinear(getattr(parent, name), config.lora_rank, config.lora_alpha))
+            base = getattr(parent, name)
+            lora = LoRAEmbedding if isinstance(base, nn.Embedding) else LoRALinear
+            setattr(parent, name, lora(base, config.lora_rank, config.lora_alpha))
     return parameter_counts(model)
 
 

@@ -318,14 +318,15 @@ FineTuneParams = section(
                                                      "prefix, as EWT's: head on the mean token state).")),
     modes=(list[FineTuneMode], Field(["scratch", "frozen", "full", "adapters", "lora"], min_length=1, description=(
         "scratch (the same encoder randomly initialised, all trained), frozen (head only), full, adapters "
-        "(Houlsby), lora (attention projections, merged after training)."))),
+        "(Houlsby), lora (low-rank updates of every linear map and the token embedding, merged after training)."))),
     train_fraction=(float, Field(1.0, gt=0, le=1, description="Share of the train split's sentences fine-tuned on "
                                                               "(a seeded draw; smaller shares are subsets of larger "
                                                               "ones): the learning curve's x axis.")),
     lrs=(list[Annotated[float, Field(gt=0, le=1)]], Field([], description=(
         "Peak learning rates tried, the best on the valid split kept (empty: the mode's grid, scratch as full: " +
         "; ".join(f"{mode} {', '.join(f'{lr:g}' for lr in grid)}" for mode, grid in LR_GRID.items()) + ")."))),
-    **training("Sentences", tuple(n for n in TRAINING if n != "lr"), epochs=5, batch_size=32, warmup_steps=100,
+    # 10 epochs: LoRA's dev loss still falls after 5 at 10 % of EWT; early stopping ends converged runs sooner
+    **training("Sentences", tuple(n for n in TRAINING if n != "lr"), epochs=10, batch_size=32, warmup_steps=100,
                patience=2))
 
 

@@ -15,6 +15,7 @@ from lexiflow.models.finetune import (
     Classifier,
     Example,
     FineTuneConfig,
+    LoRAEmbedding,
     LoRALinear,
     accuracy,
     ewt_examples,
@@ -59,7 +60,7 @@ def test_padding_never_changes_a_sentences_outputs(kind, task):
 
 
 @pytest.mark.parametrize("kind", BODIES)
-@pytest.mark.parametrize("targets", ["attention", "all"])
+@pytest.mark.parametrize("targets", ["attention", "linear", "all"])
 def test_lora_starts_as_the_base_model_and_merging_changes_nothing(kind, targets):
     model = Classifier(body(kind), "token", 5).eval()
     with torch.no_grad():
@@ -67,18 +68,24 @@ def test_lora_starts_as_the_base_model_and_merging_changes_nothing(kind, targets
         counts = prepare(model, FineTuneConfig(mode="lora", lora_rank=2, lora_alpha=4, lora_targets=targets))
         torch.testing.assert_close(model(BATCH), base)  # B = 0
         loras = [m for m in model.modules() if isinstance(m, LoRALinear)]
-        assert len(loras) == 8 + 4 * (targets == "all")  # 2 layers x W^Q, W^K, W^V, W^O (+ the 2 FFN layers)
+        assert len(loras) == 8 + 4 * (targets != "attention")  # 2 layers x W^Q, W^K, W^V, W^O (+ the 2 FFN layers)
+        embeddings = [m for m in model.modules() if isinstance(m, LoRAEmbedding)]
+        assert len(embeddings) == (targets == "all")
         for m in loras:
             m.B.normal_(std=0.5)
+        for m in embeddings:
+            m.A.normal_(std=0.5)
         unmerged = model(BATCH)
         assert not torch.allclose(unmerged, base, atol=1e-3)
         merge_lora(model)
-        assert not any(isinstance(m, LoRALinear) for m in model.modules())
+        assert not any(isinstance(m, (LoRALinear, LoRAEmbedding)) for m in model.modules())
         torch.testing.assert_close(model(BATCH), unmerged, atol=1e-5, rtol=1e-4)
-    # trainable: A and B of each projection (r (d_in + d_out)), of each FFN layer with "all", and the head
+    # trainable: A and B of each projection (r (d_in + d_out)), of each FFN layer with "linear" and "all", of the
+    # token embedding (r (V + d)) with "all", and the head
     lora = 2 * 2 * (16 + 16) * 4  # layers r (d_in + d_out) projections
     d_ff = 32 if kind == "encoder" else 4 * 16
-    lora += 2 * 2 * 2 * (16 + d_ff) * (targets == "all")  # layers r (d_in + d_out) (two FFN layers)
+    lora += 2 * 2 * 2 * (16 + d_ff) * (targets != "attention")  # layers r (d_in + d_out) (two FFN layers)
+    lora += 2 * (40 + 16) * (targets == "all")  # r (V + d)
     assert counts["trainable"] == lora + 16 * 5 + 5
 
 
@@ -115,6 +122,8 @@ def test_only_the_intended_parameters_receive_gradients(kind, mode):
                     m.up.weight.normal_(std=0.1)
                 if isinstance(m, LoRALinear):
                     m.B.normal_(std=0.1)
+                if isinstance(m, LoRAEmbedding):
+                    m.A.normal_(std=0.1)
     model(BATCH).sum().backward()
     got = {n for n, p in model.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
     names = {n for n, _ in model.named_parameters()}
