@@ -266,10 +266,12 @@ def test_accuracy(job: dict, test: list) -> float:
 
 
 def run(quick: bool = False, seeds: str = "3", pretrain_seeds: str = "3", workers: str = "2", hf: str = "1",
-        extended: str = "0", steps: str = "") -> list[Row]:
+        extended: str = "0", steps: str = "", hf_steps: str = "1000") -> list[Row]:
     """Options: seeds (fine-tuning seeds per cell), pretrain_seeds (MLM seeds of the one cell that varies both:
     UPOS at 1 %), workers (processes of one thread), hf=0 (no Hugging Face anchor), extended=1 (frozen, adapters and
-    the GPT-style decoder too), steps (MLM steps; default the recipe's)."""
+    the GPT-style decoder too), steps (MLM steps; default the recipe's), hf_steps (the steps at which HF's BERT and
+    lexiflow's MLM are compared, each trained that far with the recipe's schedule; empty: the recipe's steps. HF's
+    runs at a third of lexiflow's speed: 1000 keeps the benchmark in its 30 minutes)."""
     _threads()
     log = logging.getLogger("lexiflow.benchmark")
     t0, cpu0 = time.perf_counter(), time.process_time()
@@ -277,6 +279,7 @@ def run(quick: bool = False, seeds: str = "3", pretrain_seeds: str = "3", worker
     n_tokens = sum(map(len, train_ids))
     log.info("pretraining corpus: %d lines, %d WordPiece tokens (%d types)", len(train_ids), n_tokens, len(tok))
     steps_ = 40 if quick else int(steps or RECIPE.max_steps)
+    hf_steps_ = 20 if quick else int(hf_steps or steps_)
     n_seeds, n_pretrain = int(seeds), int(pretrain_seeds)
     runs = RUNS + (EXTENDED if int(extended) else ())
     limit = 600 if quick else None
@@ -316,8 +319,10 @@ def run(quick: bool = False, seeds: str = "3", pretrain_seeds: str = "3", worker
 
         # first in the queue, the longest jobs: the MLM, HF's (2-3x slower) and the GPT-style LM
         mlm_futures = {0: mlm_future(0)}
-        hf_future = pool.submit(pretrain_hf, encoder, train_ids, held_ids, lr=RECIPE.lr, steps=steps_,
+        hf_future = pool.submit(pretrain_hf, encoder, train_ids, held_ids, lr=RECIPE.lr, steps=hf_steps_,
                                 quick=quick) if int(hf) else None
+        twin_future = pool.submit(pretrain_mlm, encoder, train_ids, held_ids, lr=RECIPE.lr, steps=hf_steps_,
+                                  quick=quick) if int(hf) and hf_steps_ != steps_ else None
         lm_future = pool.submit(pretrain_lm, configs["decoder"][1], train_ids, held_ids, 40 if quick else LM_STEPS,
                                 quick) if int(extended) else None
         # the learning rate of each cell, chosen on dev accuracy at fine-tuning seed 0; scratch runs meanwhile
@@ -364,7 +369,8 @@ def run(quick: bool = False, seeds: str = "3", pretrain_seeds: str = "3", worker
     with open(Path(tempfile.gettempdir()) / f"lexiflow-bench-finetune-{'quick' if quick else 'full'}.pkl", "wb") as f:
         pickle.dump({"done": [{k: v for k, v in j.items() if k != "state"} for j in done], "mlm": mlm.metrics,
                      "hf": hf_metrics}, f)
-    rows = pretraining_rows(mlm, hf_metrics, steps_, n_tokens, len(tok))
+    rows = pretraining_rows(mlm, hf_metrics, steps_, n_tokens, len(tok),
+                            twin_future.result() if twin_future is not None else None, hf_steps_)
     rows += curve_rows(done, n_seeds)
     plot_curves(done, RESULTS_DIR / ("finetune-curves-quick.png" if quick else "finetune-curves.png"))
     wall, cpu = time.perf_counter() - t0, time.process_time() - cpu0
@@ -376,10 +382,15 @@ def run(quick: bool = False, seeds: str = "3", pretrain_seeds: str = "3", worker
     return rows
 
 
-def pretraining_rows(mlm: MaskedLM, hf: dict | None, steps: int, n_tokens: int, vocab: int) -> list[Row]:
-    m = mlm.metrics
-    case = f"MLM pretraining, {steps} steps of {RECIPE.batch_size} lines at lr {RECIPE.lr:g}, {n_tokens} WordPiece " \
-           f"tokens ({vocab} types)"
+def pretraining_rows(mlm: MaskedLM, hf: dict | None, steps: int, n_tokens: int, vocab: int,
+                     twin: MaskedLM | None = None, hf_steps: int = 0) -> list[Row]:
+    """The recipe's MLM against the unigram; against HF's at HF's steps (`twin`: lexiflow's MLM run to those
+    steps, when they are not the recipe's)."""
+    def case_at(n: int) -> str:
+        return f"MLM pretraining, {n} steps of {RECIPE.batch_size} lines at lr {RECIPE.lr:g}, {n_tokens} WordPiece " \
+               f"tokens ({vocab} types)"
+
+    m, case = mlm.metrics, case_at(steps)
     notes = (f"encoder d={SIZE['d_model']}, {SIZE['n_layers']} layers, {mlm.n_parameters} parameters, init "
              f"{mlm.config.init}; held-out = the ingest valid split; {m['mask_tokens']} [MASK] positions")
     rows = [Row("finetune", case, "[MASK] perplexity", m["mask_perplexity"], m["unigram_perplexity"],
@@ -388,6 +399,8 @@ def pretraining_rows(mlm: MaskedLM, hf: dict | None, steps: int, n_tokens: int, 
             Row("finetune", case, "pseudo-perplexity", m["pseudo_perplexity"], m["unigram_pseudo_perplexity"],
                 "held-out unigram", higher_is_better=False, notes="first 100 held-out lines, every token")]
     if hf is not None:
+        if twin is not None:
+            m, case = twin.metrics, case_at(hf_steps)
         rows += [Row("finetune", case, "[MASK] perplexity", m["mask_perplexity"], hf["mask_perplexity"],
                      "HF BertForMaskedLM, same size, batches, masks and steps", higher_is_better=False,
                      target="ratio <= 1", met=m["mask_perplexity"] <= hf["mask_perplexity"],

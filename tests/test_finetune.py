@@ -89,8 +89,9 @@ def test_lora_starts_as_the_base_model_and_merging_changes_nothing(kind, targets
     assert counts["trainable"] == lora + 16 * 5 + 5
 
 
-def test_lora_on_every_linear_layer_trains_under_5_percent_of_the_default_encoder():
-    model = Classifier(EncoderModel(EncoderConfig(vocab_size=PretrainParams().vocab_size)), "token", len(UPOS_TAGS))
+@pytest.mark.parametrize("vocab_size", [2000, PretrainParams().vocab_size])  # a small corpus' WordPiece, the default
+def test_lora_on_every_linear_layer_trains_under_5_percent_of_the_default_encoder(vocab_size):
+    model = Classifier(EncoderModel(EncoderConfig(vocab_size=vocab_size)), "token", len(UPOS_TAGS))
     counts = prepare(model, from_section(FineTuneConfig, FineTuneParams(), mode="lora"))
     assert FineTuneParams().lora_targets == "all"
     assert 0.01 < counts["trainable"] / counts["total"] <= 0.05
