@@ -255,7 +255,8 @@ def _reached(fn: Callable, seen: set) -> set[str]:
     while codes:
         code = codes.pop()
         codes += [c for c in code.co_consts if isinstance(c, CodeType)]
-        for name in code.co_names:
+        # locals too, arguments aside: `from lexiflow.models import encoder as enc` in a function binds a local
+        for name in code.co_names + code.co_varnames[code.co_argcount + code.co_kwonlyargcount:]:
             value = fn.__globals__.get(name)
             if name in imports:
                 modules.add(imports[name])
@@ -270,10 +271,10 @@ def _reached(fn: Callable, seen: set) -> set[str]:
 
 def code_modules(build: Callable, variant: Any = None, variants: Iterable[Any] = ()) -> list[str]:
     """The modules a builder's artifact depends on: its own module, and the closure of what it uses.
-    A stage that serves several kinds (`variants`: the modules or objects each kind's code lives in)
+    A stage that serves several kinds (`variants`: the modules, module names or objects each kind's code lives in)
     depends on the chosen kind's code only: editing the Transformer does not retrain n-gram models."""
     own = build.__module__
-    kinds = [getattr(v, "__name__", None) if isinstance(v, ModuleType) else v.__module__ for v in variants]
+    kinds = [v if isinstance(v, str) else v.__name__ if isinstance(v, ModuleType) else v.__module__ for v in variants]
     shared = _closure(_reached(build, {build}) - set(kinds)) - _closure(kinds)
     chosen = _closure([kinds[list(variants).index(variant)]]) if variant is not None else set()
     return sorted({own} | shared | chosen)
@@ -395,7 +396,7 @@ def stage(kind: str, fingerprint: Callable[[dict], Any] | None = None,
     """Decorate `build(out, **arguments)`; see the module docstring. `parameters(arguments)`: the
     parameters the artifact depends on, for a builder that reads only part of its arguments
     (default: every argument that is not an input artifact or in HOW). `variants=(argument, {value:
-    module or object})`: a stage serving several kinds, each kind's code versioned on its own."""
+    module, module name or object})`: a stage serving several kinds, each kind's code versioned on its own."""
 
     def decorate(build: Callable[..., None]):
         choice, kinds = variants or (None, {})
