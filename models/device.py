@@ -5,11 +5,13 @@ from __future__ import annotations
 import os
 import platform
 from functools import cache
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import torch
 from lexiflow.models.errors import ParameterError
 from pydantic import Field
+
+if TYPE_CHECKING:
+    import torch
 
 # The device parameter of every trainer (models/config.py).
 Device = Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="auto picks CUDA when present.")]
@@ -18,6 +20,8 @@ Device = Annotated[str, Field(pattern=r"^(auto|cpu|cuda(:\d+)?)$", description="
 def resolve_device(device: str, parameter: str = "device") -> torch.device:
     """'auto' → CUDA when present, else CPU; an explicit CUDA device must exist (`parameter` names
     the setting in errors). Under torchrun (several ranks) a bare 'cuda' is this rank's GPU."""
+    import torch  # here: the `Device` parameter is declared without torch (models/lm/config.py)
+
     if device == "auto":
         device = "cuda" if torch.cuda.is_available() else "cpu"
     try:
@@ -47,6 +51,8 @@ def describe(dev: torch.device | str, precision: str, count: int = 1) -> dict:
     """What a training ran on, for its manifest and the report: device type, name (the GPU's, or the
     CPU model), how many (GPUs of a data-parallel run; 1 on CPU, with its torch threads), precision
     (`fp32`, `bf16` autocast, ...). "auto" resolves as the trainers resolve it."""
+    import torch
+
     dev = resolve_device(dev) if isinstance(dev, str) else dev
     if dev.type == "cuda":
         return {"type": "cuda", "name": torch.cuda.get_device_name(dev), "count": count, "precision": precision}
@@ -62,6 +68,8 @@ def lm_precision(dev: torch.device, precision: str) -> str:
 def gpu_warning(environ: dict[str, str] | None = None) -> str | None:
     """A warning when this process is meant for a GPU (CUDA_VISIBLE_DEVICES names one) but torch sees
     none: training with device=auto would run on the CPU without a word."""
+    import torch
+
     visible = (environ if environ is not None else os.environ).get("CUDA_VISIBLE_DEVICES", "")
     if not visible or torch.cuda.is_available():
         return None

@@ -25,14 +25,13 @@ import math
 import shutil
 import tempfile
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
-from typing import Annotated, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lexiflow.models.config import check
+from lexiflow.models.encoder_config import CLS_ID, MASK_ID, PAD_ID, SEP_ID, EncoderConfig
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.lm.train import (
     IGNORE,
@@ -46,8 +45,7 @@ from lexiflow.models.lm.train import (
     to_device,
 )
 from lexiflow.models.mlm import mask_tokens
-from lexiflow.models.transformer_blocks import BlockConfig, Embeddings, Encoder
-from pydantic import Field
+from lexiflow.models.transformer_blocks import Embeddings, Encoder
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -57,40 +55,8 @@ logger = logging.getLogger("lexiflow.encoder")
 # [UNK], [CLS], [SEP], [PAD]; [MASK] is 4. A decoder-only LM trained with the same tokenizer reads
 # [CLS] as <s> and [SEP] as </s>.
 BERT_SPECIALS = ("[UNK]", "[CLS]", "[SEP]", "[PAD]", "[MASK]")
-UNK_ID, CLS_ID, SEP_ID, PAD_ID, MASK_ID = range(5)
 
 
-@dataclass
-class EncoderConfig:
-    """The encoder and its pretraining objective. Annotated fields are pipeline parameters."""
-
-    vocab_size: int
-    d_model: Annotated[int, Field(ge=8, le=4096, description="Encoder width.")] = 128
-    n_layers: Annotated[int, Field(ge=1, le=48, description="Encoder layers.")] = 2
-    n_heads: Annotated[int, Field(ge=1, le=64, description="Encoder attention heads (divide d_model).")] = 4
-    d_ff: Annotated[int, Field(ge=8, le=16384, description="Encoder feed-forward width.")] = 512
-    max_len: Annotated[int, Field(ge=8, le=4096, description="Encoder context (WordPiece tokens).")] = 128
-    dropout: Annotated[float, Field(ge=0, lt=1, description="Encoder dropout.")] = 0.1
-    norm: Annotated[Literal["pre", "post"], Field(description="LayerNorm placement (BERT: post).")] = "pre"
-    mask_probability: Annotated[float, Field(gt=0, lt=1, description="MLM: share of tokens chosen.")] = 0.15
-    nsp: Annotated[bool, Field(description="Also train next-sentence prediction (off: RoBERTa).")] = False
-    # Chosen on held-out [MASK] loss (benchmarks/results/pretrain_sweep.md): torch's layer defaults let the
-    # residual branches outweigh the N(0, 0.02) embeddings, and a frozen probe of the top layer lost word identity.
-    init: Annotated[Literal["bert", "torch"], Field(description=(
-        "Weight init: bert (N(0, 0.02) embeddings and linear layers, zero biases) or torch (each layer's "
-        "default)."))] = "bert"
-    specials: tuple[int, ...] = field(default=(UNK_ID, CLS_ID, SEP_ID, PAD_ID, MASK_ID))
-
-    def validate(self) -> None:
-        check(self)
-        if self.d_model % self.n_heads:
-            raise ParameterError(f"EncoderConfig.d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
-        if self.vocab_size <= len(self.specials):
-            raise ParameterError(f"EncoderConfig.vocab_size={self.vocab_size}: needs more than the "
-                                 f"{len(self.specials)} special tokens")
-
-    def blocks(self) -> BlockConfig:
-        return BlockConfig(self.d_model, self.n_heads, self.d_ff, self.dropout, self.norm, "gelu")
 
 
 class EncoderModel(nn.Module):

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
-from gensim.models import KeyedVectors
-from gensim.test.utils import datapath
 from lexiflow.models.progress import Progress
+
+if TYPE_CHECKING:  # gensim is imported where its files are read: the pipeline's sections read DEFAULT_PROBES only
+    from gensim.models import KeyedVectors
 
 SIMILARITY_SETS = {"ws353": "wordsim353.tsv", "simlex999": "simlex999.txt"}
 ANALOGY_SET = "questions-words.txt"
@@ -38,6 +40,8 @@ class AnalogyResult:
 
 
 def word_similarity(kv: KeyedVectors, dataset: str) -> dict[str, float]:
+    from gensim.test.utils import datapath
+
     path = datapath(SIMILARITY_SETS.get(dataset, dataset))
     try:
         pearson, spearman, oov = kv.evaluate_word_pairs(path, restrict_vocab=len(kv), case_insensitive=True)
@@ -48,6 +52,8 @@ def word_similarity(kv: KeyedVectors, dataset: str) -> dict[str, float]:
 
 def read_analogies(path: str | None = None) -> pl.DataFrame:
     """The Google analogy file as (section, a, b, c, d), lowercased."""
+    from gensim.test.utils import datapath
+
     rows, section = [], ""
     with open(path or datapath(ANALOGY_SET), encoding="utf-8") as f:
         for line in f:

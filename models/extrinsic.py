@@ -14,39 +14,19 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lexiflow.models.config import check
 from lexiflow.models.conllu import Sentence, read_conllu
 from lexiflow.models.errors import InputError
-from pydantic import Field
+from lexiflow.models.extrinsic_config import ClassifierConfig
 from torch import nn
 
 SPLITS = ("train", "dev", "test")
 
 
-@dataclass(frozen=True)
-class ClassifierConfig:
-    """The extrinsic classifier's settings (pipeline parameters of the evaluation section)."""
-
-    classifier_hidden1: Annotated[int, Field(ge=1, le=4096, description="Extrinsic classifier: first hidden layer "
-                                                                        "size d1.")] = 128
-    classifier_hidden2: Annotated[int, Field(ge=1, le=4096, description="Extrinsic classifier: second hidden layer "
-                                                                        "size d2.")] = 64
-    classifier_activation: Annotated[Literal["relu", "tanh", "sigmoid"], Field(
-        description="Extrinsic classifier: activation f of the hidden layers.")] = "relu"
-    classifier_epochs: Annotated[int, Field(ge=1, le=500, description="Extrinsic classifier: passes over train (the "
-                                                                      "best epoch on dev is kept).")] = 30
-    classifier_lr: Annotated[float, Field(gt=0, le=1, description="Extrinsic classifier: Adam step size.")] = 1e-3
-    classifier_seed: Annotated[int, Field(ge=0, description="Extrinsic classifier: random seed.")] = 0
-
-    def validate(self) -> None:
-        check(self)
 
 
 class FeedForwardClassifier(nn.Module):
@@ -145,7 +125,7 @@ def fit_classifier(x: dict[str, np.ndarray], y: dict[str, np.ndarray], n_classes
 
 
 def genre_accuracy(words: Sequence[str], matrix: np.ndarray, directory: str | Path,
-                   c: ClassifierConfig = ClassifierConfig(), lowercase: bool = True) -> dict[str, float]:
+                   c: ClassifierConfig = ClassifierConfig(), lowercase: bool = True) -> dict[str, float]:  # noqa: B008 -- frozen
     """The genre task's metrics for one embedding matrix (rows = `words`)."""
     data = read_genre_splits(directory)
     classes = sorted(set(data["train"][1]))

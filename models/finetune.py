@@ -32,52 +32,22 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from lexiflow.models.config import check
 from lexiflow.models.conllu import read_conllu
 from lexiflow.models.encoder import CLS_ID, PAD_ID, SEP_ID, EncoderModel, pad_rows
 from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.finetune_config import LR_GRID, MODES, FineTuneConfig  # noqa: F401  (re-exported)
 from lexiflow.models.lm.train import IGNORE, TrainConfig, Trainer, TrainTask, autocast, length_batches, to_device
 from lexiflow.models.lm.transformer import Transformer
-from pydantic import Field
 from torch import nn
 
 logger = logging.getLogger("lexiflow.finetune")
 
-MODES = ("full", "frozen", "adapters", "lora")
-# Peak learning rates tried per mode, the best kept on dev accuracy (the benchmark and the pipeline alike; a
-# from-scratch body gets full's grid). The modes that train few weights take larger steps; pretrained bodies, whose
-# embeddings grew in pretraining, may want smaller ones than a random body.
-LR_GRID = {"full": (3e-4, 1e-3, 3e-3), "frozen": (1e-3, 3e-3, 1e-2), "adapters": (1e-3, 3e-3, 1e-2),
-           "lora": (1e-3, 3e-3, 1e-2)}
 GENRES = ("answers", "email", "newsgroup", "reviews", "weblog")  # EWT sent_id prefixes
-
-
-@dataclass
-class FineTuneConfig:
-    """How a pretrained body is adapted to a task. Annotated fields are pipeline parameters."""
-
-    mode: Literal["full", "frozen", "adapters", "lora"] = "full"  # what trains besides the head (pipeline: each)
-    # r = 4 on every target: under 5 % of the default encoder's parameters with a head. α / r = 8: with B = 0 at
-    # init and Adam, the scale sets how fast B moves against A (LoRA+, Hayou et al. 2024); chosen on EWT dev
-    lora_rank: Annotated[int, Field(ge=1, le=256, description="LoRA rank r.")] = 4
-    lora_alpha: Annotated[float, Field(gt=0, description="LoRA scale α (updates weigh α / r).")] = 32.0
-    # every linear map by default, the token embedding included: with the embedding frozen, even full fine-tuning
-    # of the rest trailed full fine-tuning by 5 points of UPOS at 10 % of EWT, LoRA by 8 (benchmarks/results/lora.md)
-    lora_targets: Annotated[Literal["attention", "linear", "all"], Field(description=(
-        "LoRA's layers: attention (W^Q, W^K, W^V, W^O, Hu et al.), linear (also the feed-forward layers) or all "
-        "(also the token embedding)."))] = "all"
-    adapter_size: Annotated[int, Field(ge=1, le=4096, description="Adapter bottleneck width.")] = 16
-    head_dropout: Annotated[float, Field(ge=0, lt=1, description="Dropout before the task head.")] = 0.1
-
-    def validate(self) -> None:
-        check(self)
-        if self.mode not in MODES:
-            raise ParameterError(f"FineTuneConfig.mode={self.mode!r}: use one of {', '.join(MODES)}")
 
 
 # ---------------------------------------------------------------------------------------------

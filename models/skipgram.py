@@ -13,17 +13,13 @@ pairs within `window` words.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Annotated, Literal
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from lexiflow.models.errors import InputError, ParameterError
-from pydantic import Field
+from lexiflow.models.word2vec_config import Which
 from torch import nn
-
-Which = Annotated[Literal["u", "v", "u+v"], Field(
-    description="Which vectors are the embeddings: input/center u (word2vec's usual), output/context v, or u + v.")]
 
 
 class SkipGramSoftmax(nn.Module):

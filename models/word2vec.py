@@ -29,9 +29,8 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Any
 
 import numpy as np
 import polars as pl
@@ -39,14 +38,13 @@ from gensim.models import KeyedVectors
 from gensim.models import Word2Vec as GensimWord2Vec
 from gensim.models.callbacks import CallbackAny2Vec
 from gensim.models.word2vec_inner import MAX_WORDS_IN_BATCH
-from lexiflow.models.config import check
-from lexiflow.models.errors import InputError, ParameterError
+from lexiflow.models.errors import InputError
 from lexiflow.models.estimator import Estimator
 from lexiflow.models.progress import Progress
 from lexiflow.models.skipgram import Which, word_vectors
 from lexiflow.models.text import pretokenize_expr
 from lexiflow.models.vocab import SPECIALS, Vocabulary
-from pydantic import Field
+from lexiflow.models.word2vec_config import Word2VecConfig
 
 logger = logging.getLogger("lexiflow.word2vec")
 
@@ -86,33 +84,6 @@ class ParquetSentences:
                 yield from (s for s in series.to_list() if s)
 
 
-@dataclass(frozen=True)
-class Word2VecConfig:
-    """Annotated fields are pipeline parameters (models/config.py); `sg` is the method (sgns or cbow)."""
-
-    sg: bool = True  # True: skip-gram, False: CBOW (mean of context vectors)
-    dim: Annotated[int, Field(ge=2, le=2000, description="Embedding dimension (skip-gram and CBOW).")] = 100
-    window: Annotated[int, Field(ge=1, le=50, description="Context words on each side.")] = 5
-    negative: Annotated[int, Field(ge=1, le=50, description="Noise words per positive pair (negative "
-                                                            "sampling).")] = 5
-    sample: Annotated[float, Field(ge=0, le=1, description="Subsampling threshold of frequent words "
-                                                           "(0 = off).")] = 1e-3
-    # small corpora need many passes (dev pairs peak near 25 at 1 M tokens); gensim: 5
-    epochs: Annotated[int, Field(ge=1, le=200, description="Passes over the corpus (25 tuned on dev pairs for ~1M-"
-                                                           "token corpora; gensim's 5 suits 100M+ tokens).")] = 25
-    # Mikolov et al. 2013
-    ns_exponent: Annotated[float, Field(ge=0, le=1, description="Noise distribution ∝ count^exponent.")] = 0.75
-    seed: Annotated[int, Field(ge=0, description="Random seed.")] = 0
-    # 2: ~1.6x faster on 2 cores (make run's SGNS: 49 s, not 78 s), the scores within seed noise; 1 repeats bit for bit
-    workers: Annotated[int, Field(ge=1, le=64, description="gensim threads: 1 gives the same vectors every run "
-                                                           "(for a seed); more train faster, varying like a seed.")] = 2
-    min_count: int = 1  # words of the vocabulary with a lower count are left out (zero rows)
-    vectors: Which = "u"  # the notes' u (gensim's wv), v (its syn1neg output vectors) or u + v
-
-    def validate(self) -> None:
-        check(self)
-        if self.min_count < 1:
-            raise ParameterError(f"Word2Vec min_count={self.min_count!r}: must be at least 1")
 
 
 class Word2Vec(Estimator):

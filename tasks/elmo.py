@@ -4,19 +4,26 @@ checkpoints into the artifact's scratch folder, so a killed or retried run resum
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import polars as pl
-from lexiflow.models import elmo as bilm_module
 from lexiflow.models import text
 from lexiflow.models.config import from_section
 from lexiflow.models.errors import InputError
-from lexiflow.models.lm import train
 from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import read_manifest, read_table
 from lexiflow.tasks.params import ElmoParams
 from lexiflow.tasks.stage import stage
 
+# The model modules import torch: the functions that train import them (a cached run imports none).
+if TYPE_CHECKING:
+    from lexiflow.models import elmo as bilm_module
+
 
 def bilm_config(params: ElmoParams, lowercase: bool, scratch: str) -> bilm_module.BiLMConfig:
+    from lexiflow.models import elmo as bilm_module
+    from lexiflow.models.lm import train
+
     schedule = from_section(train.TrainConfig, params, clip_grad_norm=5.0, patience=1, warmup_steps=100,
                             checkpoint_dir=scratch, checkpoint_every=200)
     return bilm_module.BiLMConfig(token_input=params.token_input, dim=params.dim, hidden_dim=params.hidden_dim,
@@ -26,6 +33,8 @@ def bilm_config(params: ElmoParams, lowercase: bool, scratch: str) -> bilm_modul
 
 @stage("elmo")
 def train_elmo(out: ArtifactWriter, corpus: ArtifactRef, params: ElmoParams) -> None:
+    from lexiflow.models import elmo as bilm_module
+
     docs = read_table(corpus, "documents.parquet")
     split = {name: text.sentence_words(docs.filter(pl.col("split") == name)["text"].to_list())
              for name in ("train", "valid")}

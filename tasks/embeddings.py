@@ -8,13 +8,13 @@ import logging
 
 import numpy as np
 import polars as pl
-import torch
-from lexiflow.models import device, embedding_plots, glove, lsi, svd, vectors, vocab, word2vec
 from lexiflow.models.errors import InputError
 from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter, Catalog
 from lexiflow.storage.formats import read_manifest, read_matrix, read_table, read_vectors, write_vectors
 from lexiflow.tasks.params import GloVeParams, LSIParams, SVDParams, Word2VecParams
 from lexiflow.tasks.stage import HOW_FIELDS, stage
+
+# The model modules import torch or gensim: the functions that use them import them (a cached run imports none).
 
 logger = logging.getLogger("lexiflow.embeddings")
 
@@ -23,6 +23,8 @@ def write_embeddings(out: ArtifactWriter, vocabulary: pl.DataFrame, word_vectors
                      history: list[dict] | None = None, context_vectors: np.ndarray | None = None) -> None:
     """Words (specials excluded) in frequency order, as Parquet and both word2vec formats; a method with
     two vector sets (word2vec's input u and output v) also exports v as `context_vectors.bin`."""
+    from lexiflow.models import embedding_plots, vectors, vocab
+
     n_special = len(vocab.SPECIALS)
     words = vocabulary["token"].to_list()[n_special:]
     counts = vocabulary["count"].to_numpy()[n_special:]
@@ -78,6 +80,9 @@ def warm_start_basis(store: str, version: str, vocabulary: pl.DataFrame) -> np.n
 
 @stage("embeddings", parameters=svd_parameters)
 def svd_embeddings(out: ArtifactWriter, ppmi: ArtifactRef, params: SVDParams) -> None:
+    import torch
+    from lexiflow.models import device, svd
+
     vocabulary = read_table(ppmi, "vocab.parquet")
     source = warm_start_source(getattr(out, "store_url", None) or ppmi.store, ppmi, params) \
         if params.warm_start else None
@@ -97,6 +102,8 @@ def lsi_embeddings(out: ArtifactWriter, cooccurrence: ArtifactRef, params: LSIPa
     """LSI: truncated SVD of the (tf-idf or count) term-document matrix the cooccurrence stage writes.
     Its rank is at most the number of documents: a larger `dim` is lowered to it (logged, `dim` in the
     metrics is the one used), since a corpus of few long documents is a normal input, not an error."""
+    from lexiflow.models import lsi, svd
+
     termdoc = lsi.weigh(read_matrix(cooccurrence, "termdoc.parquet"), params.weighting)
     dim = min(params.dim, min(termdoc.shape) - 1)
     if dim < params.dim:
@@ -115,6 +122,9 @@ def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: Art
     """Skip-gram (`sgns`) or CBOW (`cbow`) through gensim, streaming the corpus artifact's train text
     (one record batch in memory at a time; held-out text never reaches vectors that may initialise a
     language model) on our word vocabulary."""
+    import torch
+    from lexiflow.models import device, vocab, word2vec
+
     kind = read_manifest(tokenizer)["metrics"].get("kind")
     if kind != "word":  # a subword vocabulary would leave nearly every corpus word unknown
         raise InputError(f"inputs.tokenizer={tokenizer.version}: a {kind} tokenizer; {method} learns word vectors, "
@@ -135,6 +145,9 @@ def glove_embeddings(out: ArtifactWriter, cooccurrence: ArtifactRef, params: Glo
     """GloVe on the co-occurrence artifact (on CUDA when the worker has one). Its speed is given in
     cells/s and, comparable with word2vec's, in corpus words/s: the train split's words (every one, in
     the vocabulary or not, as word2vec counts them) per second of an epoch."""
+    import torch
+    from lexiflow.models import device, glove
+
     model = glove.GloVe(**params.model_dump()).fit(read_matrix(cooccurrence), progress=out.progress)
     n_tokens = read_manifest(cooccurrence)["metrics"]["corpus_tokens"]
     history = [{**h, "words_per_s": n_tokens / max(h["seconds"], 1e-12)} for h in model.history_]

@@ -6,12 +6,13 @@ from __future__ import annotations
 import logging
 
 import polars as pl
-from lexiflow.models import embedding_plots, evaluation, extrinsic, vectors
 from lexiflow.models.config import from_section
 from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import read_manifest, read_vectors
 from lexiflow.tasks.params import EvaluationParams
 from lexiflow.tasks.stage import stage
+
+# The model modules import torch or gensim: the functions that use them import them (a cached run imports none).
 
 logger = logging.getLogger("lexiflow.evaluation")
 
@@ -22,6 +23,8 @@ def _method(ref: ArtifactRef) -> str:
 
 @stage("evaluation")
 def evaluate_embeddings(out: ArtifactWriter, embeddings: ArtifactRef, params: EvaluationParams) -> None:
+    from lexiflow.models import embedding_plots, evaluation, extrinsic, vectors
+
     words, _counts, matrix = read_vectors(embeddings)
     result = evaluation.evaluate(vectors.keyed_vectors(words, matrix), params.analogy_vocabulary, params.probes,
                                  progress=out.progress)

@@ -8,24 +8,29 @@ GPU of the worker; `models.lm.distributed`) and publishes what rank 0 wrote."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import numpy as np
 import polars as pl
-import torch
 from lexiflow.models import device, vocab
 from lexiflow.models.config import from_section
 from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import ParameterError
-from lexiflow.models.lm import distributed, neural, ngram, registry, train
 from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import read_manifest, read_table, read_vectors
 from lexiflow.tasks.params import NeuralLMParams, NgramParams
 from lexiflow.tasks.pieces import count_ngrams
 from lexiflow.tasks.stage import stage
 
+# The model modules import torch: the functions that train import them (a cached run imports none).
+if TYPE_CHECKING:
+    from lexiflow.models.lm import neural
+
 
 def split_sentences(tokens: ArtifactRef) -> dict[str, list[np.ndarray]]:
     """Sentences (1-D id arrays, no boundary tokens) per split."""
+    from lexiflow.models.lm import ngram
+
     table = read_table(tokens, "tokens.parquet")
     out = {}
     for split in ("train", "valid", "test"):
@@ -49,6 +54,8 @@ def words_per_split(tokens: ArtifactRef, tokenizer_kind: str, data: dict[str, li
 
 def word_perplexity(token_ppl: float, tokens: int, words: int) -> float:
     """exp(total NLL / words) from the per-token perplexity over `tokens` scored tokens."""
+    from lexiflow.models.lm import train
+
     return train.perplexity(math.log(token_ppl) * tokens / words) if math.isfinite(token_ppl) else math.inf
 
 
@@ -67,20 +74,30 @@ def pretrained_matrix(embeddings: ArtifactRef, tokens: list[str], dim: int, dim_
     return matrix
 
 
+# Where each kind's code lives (models/lm/registry.py's KINDS, named: importing them imports torch).
+KIND_MODULES = {kind: f"lexiflow.models.lm.{module}" for kind, module in (
+    ("ngram", "ngram"), ("ffnn", "ffnn"), ("rnn", "rnn"), ("lstm", "rnn"), ("gru", "rnn"),
+    ("transformer", "transformer"))}
+
 # What the pipeline sets itself in a kind's config, beyond its section (models/config.py).
 FIXED = {"rnn": {"cell": "rnn"}, "lstm": {"cell": "lstm"}, "gru": {"cell": "gru"}}
 
 
 def neural_model(kind: str, vocab_size: int, p: NeuralLMParams, out: ArtifactWriter,
                  embeddings: np.ndarray | None) -> neural.NeuralLM:
+    from lexiflow.models.lm import registry, train
+
     estimator, fixed = registry.KINDS[kind], FIXED.get(kind, {})
     schedule = from_section(train.TrainConfig, p, checkpoint_dir=str(out.scratch))
     return estimator(from_section(estimator.config_class, p, vocab_size=vocab_size, **fixed), schedule, embeddings)
 
 
-@stage("lm", variants=("model", registry.KINDS))  # each kind versioned with its own code
+@stage("lm", variants=("model", KIND_MODULES))  # each kind versioned with its own code
 def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, model: str,
              params: NgramParams | NeuralLMParams, embeddings: ArtifactRef | None = None) -> None:
+    import torch
+    from lexiflow.models.lm import distributed, ngram
+
     encoded_with = read_manifest(tokens)["inputs"].get("tokenizer")
     if encoded_with and encoded_with["version"] != tokenizer.version:  # train-lm takes the two by version
         raise ParameterError(f"inputs: {tokens} was encoded with tokenizer:{encoded_with['version']}, not "

@@ -12,25 +12,20 @@ from typing import Annotated, Any, Literal, get_args
 
 from lexiflow.models import checks, lsi, ppmi, svd
 from lexiflow.models.config import parameters
-from lexiflow.models.encoder import EncoderConfig
+from lexiflow.models.encoder_config import EncoderConfig
 from lexiflow.models.evaluation import DEFAULT_PROBES
-from lexiflow.models.extrinsic import ClassifierConfig
-from lexiflow.models.finetune import LR_GRID, FineTuneConfig
-from lexiflow.models.glove import GloVeConfig
+from lexiflow.models.extrinsic_config import ClassifierConfig
+from lexiflow.models.finetune_config import LR_GRID, FineTuneConfig
+from lexiflow.models.glove_config import GloVeConfig
 from lexiflow.models.ingest import IngestOptions
-from lexiflow.models.lm.ffnn import FFNNConfig
+from lexiflow.models.lm.config import FFNNConfig, RNNConfig, TrainConfig, TransformerConfig
 from lexiflow.models.lm.ngram import NgramLM
-from lexiflow.models.lm.rnn import RNNConfig
-from lexiflow.models.lm.train import TrainConfig
-from lexiflow.models.lm.transformer import TransformerConfig
-from lexiflow.models.neural_tagger import TaggerConfig
-from lexiflow.models.seq2seq.rnn import RNNSeq2SeqConfig
-from lexiflow.models.seq2seq.transformer import TransformerSeq2SeqConfig
-from lexiflow.models.seq2seq.translator import TokenizerConfig
+from lexiflow.models.neural_tagger_config import TaggerConfig
+from lexiflow.models.seq2seq.config import RNNSeq2SeqConfig, TokenizerConfig, TransformerSeq2SeqConfig
 from lexiflow.models.threads import DEFAULT_THREADS, Threads
 from lexiflow.models.tokenizers import BPE, WordPiece
 from lexiflow.models.vocab import Vocabulary
-from lexiflow.models.word2vec import Word2VecConfig
+from lexiflow.models.word2vec_config import Word2VecConfig
 from pydantic import BaseModel, ConfigDict, Field, create_model
 from pydantic.fields import FieldInfo
 
@@ -138,8 +133,9 @@ class ParallelParams(Params):
     # Off by default: pieces multiply a corpus build's writes, and on flaky storage its retries ran out
     # (tests/test_reliability.py); co-occurrence (and so PPMI) counts do not reuse pieces (docs/design.md).
     pieces: bool = Field(False, description="Keep what each piece of the sources gave (its cleaned documents; per "
-                         "run of documents its word counts, encoding and n-gram counts) in the store, under .pieces/, and reuse it when a later "
-                         "corpus holds the same piece: a rebuild after a change costs the changed pieces, and gives "
+                         "run of documents its word counts, encoding and n-gram counts) in the store, under .pieces/, "
+                         "and reuse it when a later corpus holds the same piece: a rebuild after a change costs the "
+                         "changed pieces, and gives "
                          "the artifacts a full build gives. Off: no piece is read or written.")
 
 

@@ -9,21 +9,25 @@ import json
 
 import numpy as np
 import polars as pl
-import torch
-from lexiflow.models import encoder as enc
-from lexiflow.models import finetune as ft
 from lexiflow.models import ingest
 from lexiflow.models.config import from_section
 from lexiflow.models.errors import InputError
-from lexiflow.models.lm.train import TrainConfig, module_tensors
 from lexiflow.models.tokenizers.wordpiece import WordPiece
 from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import read_table
 from lexiflow.tasks.params import FineTuneParams, PretrainParams
 from lexiflow.tasks.stage import stage
-from safetensors.torch import save_file
 
-LABELS = {"upos": ft.UPOS_TAGS, "genre": ft.GENRES}
+# The model modules import torch or gensim: the functions that use them import them (a cached run imports none).
+
+
+
+def labels(task: str) -> tuple[str, ...]:
+    """A fine-tuning task's label set."""
+    from lexiflow.models import finetune as ft
+
+    return {"upos": ft.UPOS_TAGS, "genre": ft.GENRES}[task]
+
 # the encoder's held-out figures each finetuned manifest repeats: did the MLM learn more than token frequencies
 ENCODER_FIGURES = ("mask_accuracy", "mask_perplexity", "unigram_perplexity")
 
@@ -42,6 +46,9 @@ def _pieces(tokenizer: WordPiece, texts: list[str], max_len: int) -> list[np.nda
 
 @stage("encoder")
 def pretrain(out: ArtifactWriter, corpus: ArtifactRef, params: PretrainParams) -> None:
+    from lexiflow.models import encoder as enc
+    from lexiflow.models.lm.train import TrainConfig
+
     documents = read_table(corpus, "documents.parquet")
     train_text, held_text = _sentences(documents, "train"), _sentences(documents, "valid")
     if not train_text:
@@ -58,8 +65,10 @@ def pretrain(out: ArtifactWriter, corpus: ArtifactRef, params: PretrainParams) -
 
 
 def _examples(table: pl.DataFrame, split: str, tokenizer: WordPiece, task: str, max_len: int, where: str):
+    from lexiflow.models import finetune as ft
+
     rows = table.filter(pl.col("split") == split).select("words", "upos", "sent_id").iter_rows()
-    return ft.examples(rows, tokenizer, task, LABELS[task], max_len, f"{where} ({split})") \
+    return ft.examples(rows, tokenizer, task, labels(task), max_len, f"{where} ({split})") \
         if (table["split"] == split).any() else []
 
 
@@ -67,7 +76,12 @@ def _examples(table: pl.DataFrame, split: str, tokenizer: WordPiece, task: str, 
 def finetune(out: ArtifactWriter, encoder: ArtifactRef, tagged: ArtifactRef, task: str, mode: str,
              params: FineTuneParams) -> None:
     """`mode` is one of ft.MODES or "scratch" (full fine-tuning of the same encoder randomly initialised)."""
+    import torch
     from lexiflow.loaders import load
+    from lexiflow.models import encoder as enc
+    from lexiflow.models import finetune as ft
+    from lexiflow.models.lm.train import TrainConfig, module_tensors
+    from safetensors.torch import save_file
 
     mlm = load(encoder.store, "encoder", encoder.version)
     if mlm.tokenizer is None:
@@ -88,7 +102,7 @@ def finetune(out: ArtifactWriter, encoder: ArtifactRef, tagged: ArtifactRef, tas
         body = enc.EncoderModel(mlm.config)
         if mode != "scratch":
             body.load_state_dict(mlm.model.state_dict())
-        model = ft.Classifier(body, "token" if task == "upos" else "sequence", len(LABELS[task]), params.head_dropout)
+        model = ft.Classifier(body, "token" if task == "upos" else "sequence", len(labels(task)), params.head_dropout)
         schedule = from_section(TrainConfig, params, lr=lr, checkpoint_dir=str(out.scratch / f"lr-{lr:g}"),
                                 clip_grad_norm=1.0)
         metrics = ft.finetune(model, config, data["train"], data["valid"] or None, schedule)
@@ -97,7 +111,7 @@ def finetune(out: ArtifactWriter, encoder: ArtifactRef, tagged: ArtifactRef, tas
     model.to("cpu")
     save_file(module_tensors(model), str(out.path("classifier.safetensors")))  # LoRA merged: plain weights
     held_out = "test" if data["test"] else "valid" if data["valid"] else None
-    out.write_text("config.json", json.dumps({"task": task, "mode": mode, "labels": list(LABELS[task]),
+    out.write_text("config.json", json.dumps({"task": task, "mode": mode, "labels": list(labels(task)),
                                               "encoder": encoder.version}, indent=2))
     out.metrics.update({"task": task, "mode": mode, **metrics, "lr": lr,
                         **{f"dev_accuracy_lr_{t[1]:g}": t[0] for t in tried}, "evaluated_on": held_out,

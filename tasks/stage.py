@@ -30,10 +30,12 @@ import contextlib
 import contextvars
 import functools
 import hashlib
-import importlib
+import importlib.util
 import inspect
 import logging
 from collections.abc import Callable, Iterable, Iterator
+from importlib.machinery import ModuleSpec, PathFinder
+from pathlib import Path
 from types import CodeType, ModuleType
 from typing import Any
 
@@ -178,18 +180,48 @@ def _versioned(name: str) -> bool:
 
 @functools.cache
 def _imported_names(module_name: str) -> dict[str, str]:
-    """{name bound by an import anywhere in the module: the lexiflow module it comes from}."""
+    """{name bound by an import anywhere in the module: the lexiflow module it comes from}. Read from the
+    module's file, nothing imported: a cached run derives every stage's version without torch."""
     names = {}
-    for node in ast.walk(ast.parse(inspect.getsource(importlib.import_module(module_name)))):
+    for node in ast.walk(ast.parse(_source(module_name))):
         if isinstance(node, ast.Import):
             names.update({(a.asname or a.name): a.name for a in node.names if a.name.startswith(VERSIONED_PACKAGES)})
         elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(VERSIONED_PACKAGES):
-            base = importlib.import_module(node.module)
-            for a in node.names:
-                obj = getattr(base, a.name)
-                origin = obj.__name__ if isinstance(obj, ModuleType) else getattr(obj, "__module__", None)
-                names[a.asname or a.name] = origin if origin and origin.startswith(VERSIONED_PACKAGES) else node.module
+            names.update({a.asname or a.name: _origin(node.module, a.name) for a in node.names})
     return names
+
+
+@functools.cache
+def _origin(module_name: str, name: str) -> str:
+    """The lexiflow module whose code `from module_name import name` gets, as importing would answer: a
+    submodule, or where a re-exported name is defined (followed through the module's own imports)."""
+    for node in ast.parse(_source(module_name)).body:
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            for a in node.names:
+                if (a.asname or a.name) == name:
+                    return _origin(node.module, a.name) if node.module.startswith(VERSIONED_PACKAGES) else module_name
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.asname == name:
+                    return a.name if a.name.startswith(VERSIONED_PACKAGES) else module_name
+    return f"{module_name}.{name}" if _spec(f"{module_name}.{name}") is not None else module_name
+
+
+@functools.cache
+def _spec(name: str) -> ModuleSpec | None:
+    """A lexiflow module's spec, found without importing it or its packages (a package's __init__ may import
+    torch)."""
+    package = name.rpartition(".")[0]
+    if package in ("", "lexiflow"):  # lexiflow's subpackages are mapped folders (setup.py): its finder knows them
+        return importlib.util.find_spec(name)
+    parent = _spec(package)
+    return None if parent is None or parent.submodule_search_locations is None else \
+        PathFinder.find_spec(name, parent.submodule_search_locations)
+
+
+@functools.cache
+def _source(module_name: str) -> str:
+    return Path(_spec(module_name).origin).read_text(encoding="utf-8")
 
 
 def _closure(modules: Iterable[str]) -> set[str]:
@@ -223,7 +255,8 @@ def _reached(fn: Callable, seen: set) -> set[str]:
     while codes:
         code = codes.pop()
         codes += [c for c in code.co_consts if isinstance(c, CodeType)]
-        for name in code.co_names:
+        # locals too, arguments aside: `from lexiflow.models import encoder as enc` in a function binds a local
+        for name in code.co_names + code.co_varnames[code.co_argcount + code.co_kwonlyargcount:]:
             value = fn.__globals__.get(name)
             if name in imports:
                 modules.add(imports[name])
@@ -238,10 +271,10 @@ def _reached(fn: Callable, seen: set) -> set[str]:
 
 def code_modules(build: Callable, variant: Any = None, variants: Iterable[Any] = ()) -> list[str]:
     """The modules a builder's artifact depends on: its own module, and the closure of what it uses.
-    A stage that serves several kinds (`variants`: the modules or objects each kind's code lives in)
+    A stage that serves several kinds (`variants`: the modules, module names or objects each kind's code lives in)
     depends on the chosen kind's code only: editing the Transformer does not retrain n-gram models."""
     own = build.__module__
-    kinds = [getattr(v, "__name__", None) if isinstance(v, ModuleType) else v.__module__ for v in variants]
+    kinds = [v if isinstance(v, str) else v.__name__ if isinstance(v, ModuleType) else v.__module__ for v in variants]
     shared = _closure(_reached(build, {build}) - set(kinds)) - _closure(kinds)
     chosen = _closure([kinds[list(variants).index(variant)]]) if variant is not None else set()
     return sorted({own} | shared | chosen)
@@ -249,7 +282,7 @@ def code_modules(build: Callable, variant: Any = None, variants: Iterable[Any] =
 
 @functools.cache
 def module_hash(name: str) -> str:
-    return source_hash(inspect.getsource(importlib.import_module(name)))
+    return source_hash(_source(name))
 
 
 def source_hash(source: str) -> str:
@@ -363,7 +396,7 @@ def stage(kind: str, fingerprint: Callable[[dict], Any] | None = None,
     """Decorate `build(out, **arguments)`; see the module docstring. `parameters(arguments)`: the
     parameters the artifact depends on, for a builder that reads only part of its arguments
     (default: every argument that is not an input artifact or in HOW). `variants=(argument, {value:
-    module or object})`: a stage serving several kinds, each kind's code versioned on its own."""
+    module, module name or object})`: a stage serving several kinds, each kind's code versioned on its own."""
 
     def decorate(build: Callable[..., None]):
         choice, kinds = variants or (None, {})

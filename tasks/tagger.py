@@ -7,18 +7,20 @@ its states by it), checkpointing into the artifact's scratch folder (a killed ru
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import polars as pl
-from lexiflow.models import hmm, neural_tagger, tagging_metrics
 from lexiflow.models.config import from_section
-from lexiflow.models.elmo import BiLM
 from lexiflow.models.errors import ParameterError
 from lexiflow.models.ingest import sources as ingest
-from lexiflow.models.lm import train
-from lexiflow.models.vectors import keyed_vectors
 from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter
 from lexiflow.storage.formats import read_table, read_vectors
 from lexiflow.tasks.params import TaggerParams
 from lexiflow.tasks.stage import stage
+
+# The model modules import torch: the functions that train import them (a cached run imports none).
+if TYPE_CHECKING:
+    from lexiflow.models import neural_tagger
 
 OTHER = {"upos": "xpos", "xpos": "upos"}
 HMM_FIELDS = ("order", "method", "beam_width", "refine_states")
@@ -36,6 +38,9 @@ def tagger_parameters(arguments: dict) -> dict:
 
 
 def neural_config(params: TaggerParams, kind: str, scratch: str) -> neural_tagger.TaggerConfig:
+    from lexiflow.models import neural_tagger
+    from lexiflow.models.lm import train
+
     schedule = from_section(train.TrainConfig, params, clip_grad_norm=5.0, warmup_steps=100, min_lr_ratio=0.05,
                             checkpoint_dir=scratch, checkpoint_every=200)
     return from_section(neural_tagger.TaggerConfig, params, aux_weight=1.0 if params.refine_states else 0.0,
@@ -53,6 +58,10 @@ def tagged_split(table: pl.DataFrame, split: str, column: str, refine: bool) -> 
 def train_tagger(out: ArtifactWriter, tagged: ArtifactRef, column: str, params: TaggerParams, kind: str = "hmm",
                  elmo: ArtifactRef | None = None, vectors: ArtifactRef | None = None) -> None:
     """`vectors`: an `embeddings` artifact whose vectors initialise a BiLSTM's word embeddings."""
+    from lexiflow.models import hmm, neural_tagger, tagging_metrics
+    from lexiflow.models.elmo import BiLM
+    from lexiflow.models.vectors import keyed_vectors
+
     if (kind == "bilstm+elmo") != (elmo is not None):
         raise ParameterError(f"tagger kind {kind}: " + ("needs an `elmo` artifact (the biLM)" if elmo is None
                                                            else "takes no `elmo` artifact; use kind bilstm+elmo"))

@@ -4,17 +4,20 @@
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
 import polars as pl
 from lexiflow.models import bleu, ingest, parallel
 from lexiflow.models.config import from_section
-from lexiflow.models.lm import train
-from lexiflow.models.seq2seq import plots, translator
 from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import PAIRS, read_table
 from lexiflow.tasks.corpus import source_fingerprints
 from lexiflow.tasks.params import Seq2SeqParams, TranslationCorpusParams
 from lexiflow.tasks.stage import stage
+
+# The model modules import torch: the functions that train import them (a cached run imports none).
+if TYPE_CHECKING:
+    from lexiflow.models.seq2seq import translator
 
 SAMPLES, HEATMAPS = 10, 3  # sample translations in the manifest/report; attention pictures per model
 
@@ -36,6 +39,9 @@ def ingest_parallel(out: ArtifactWriter, params: TranslationCorpusParams) -> Non
 
 
 def make_translator(model: str, p: Seq2SeqParams, checkpoint_dir: str | None) -> translator.Translator:
+    from lexiflow.models.lm import train
+    from lexiflow.models.seq2seq import translator
+
     config_class = translator.MODELS[model][1]
     schedule = from_section(train.TrainConfig, p, checkpoint_dir=checkpoint_dir, clip_grad_norm=1.0)
     return translator.Translator(model, from_section(config_class, p), from_section(translator.TokenizerConfig, p),
@@ -54,6 +60,8 @@ def _references(src: list[str], tgt: list[str]) -> tuple[list[str], list[list[st
 
 @stage("seq2seq")
 def train_seq2seq(out: ArtifactWriter, pairs: ArtifactRef, model: str, params: Seq2SeqParams) -> None:
+    from lexiflow.models.seq2seq import plots, translator
+
     table = read_table(pairs, "pairs.parquet")
     data = {s: (part["source"].to_list(), part["target"].to_list())
             for s in ("train", "valid", "test") for part in [table.filter(pl.col("split") == s)]}

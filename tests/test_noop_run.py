@@ -37,9 +37,6 @@ def test_help_imports_nothing_heavy(tmp_path):
 
 @pytest.mark.prefect
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 61, not done yet: the stage modules (tasks/lm.py, embeddings.py, ...) "
-                                       "and the model configurations import torch, and code versions import every "
-                                       "module they hash")
 def test_a_run_on_a_fully_cached_store_imports_no_torch(tmp_path):
     argv = ["run", "--store", str(tmp_path / "store"), "--corpus", "builtin:lee", "--set", "svd.dim=20",
             "--set", 'embeddings=["svd"]', "--set", "lm=[]"]

@@ -13,34 +13,11 @@ window, which lets the shared stream training loop (`models.lm.train`) feed it b
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated, Literal
-
 import torch
-from lexiflow.models.errors import ParameterError
+from lexiflow.models.lm.config import FFNNConfig
 from lexiflow.models.lm.module import LMModule, State
-from lexiflow.models.lm.neural import EmbDim, HiddenDim, LMConfig, NeuralLM
-from pydantic import Field
+from lexiflow.models.lm.neural import NeuralLM
 from torch import nn
-
-
-@dataclass
-class FFNNConfig(LMConfig):
-    vocab_size: int
-    context_size: Annotated[int, Field(ge=1, le=16, description="FFNN: previous tokens seen (n - 1).")] = 4
-    emb_dim: EmbDim = 128
-    hidden_dim: HiddenDim = 128
-    ffnn_activation: Annotated[Literal["tanh", "sigmoid"], Field(
-        description="FFNN hidden activation: tanh (Bengio et al. 2003) or the notes' sigmoid, h = σ(W e).")] = "tanh"
-    ffnn_bias: Annotated[bool, Field(description="FFNN: biases in the hidden and output layers (the notes' h = σ(W e), "
-                                                 "z = U h have none).")] = True
-    tie_weights: bool = False  # not offered: the output layer reads the hidden layer, not an embedding
-
-    def validate(self) -> None:
-        super().validate()
-        if self.tie_weights:
-            raise ParameterError("tie_weights=True is not available for the FFNN LM (its output layer reads the "
-                                 "tanh hidden layer): use an RNN or Transformer LM to tie weights")
 
 
 class FFNN(LMModule):

@@ -18,15 +18,14 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import KW_ONLY, asdict, dataclass, fields
+from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Any, ClassVar
 
 import numpy as np
 import polars as pl
 import torch
 import torch.nn.functional as F
-from lexiflow.models.config import check
 from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.estimator import Estimator
@@ -37,7 +36,6 @@ from lexiflow.models.lm.stream import pad_sequences, to_stream
 from lexiflow.models.lm.train import TrainConfig
 from lexiflow.models.plotting import pyplot
 from lexiflow.models.progress import Progress
-from pydantic import Field
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
@@ -48,32 +46,8 @@ METRIC_COLUMNS = {
     "skipped_steps": pl.Int64,
 }
 
-# Pipeline parameters shared by several architectures (one description, one bound; models/config.py).
-EmbDim = Annotated[int, Field(ge=4, le=4096, description="Embedding size (FFNN, RNNs).")]
-HiddenDim = Annotated[int, Field(ge=4, le=8192, description="Hidden size (FFNN, RNNs); = emb_dim to tie weights.")]
-TieWeights = Annotated[bool, Field(description="Output matrix = embedding matrix (RNNs need hidden = emb).")]
 
 
-@dataclass
-class LMConfig:
-    """Fields every neural LM config shares: the vocabulary size and the special ids (keyword-only)."""
-
-    vocab_size: int
-    _: KW_ONLY
-    unk_id: int = 0
-    bos_id: int = 1
-    eos_id: int = 2
-    pad_id: int = 3
-    dropout: Annotated[float, Field(ge=0, lt=1, description="Dropout.")] = 0.2
-    freeze_embeddings: Annotated[bool, Field(description="Keep the (pretrained) embeddings fixed.")] = False
-
-    def validate(self) -> None:
-        check(self)
-        if self.vocab_size < 4:
-            raise ParameterError(f"vocab_size={self.vocab_size}: need at least the 4 special tokens")
-        for name in ("unk_id", "bos_id", "eos_id", "pad_id"):
-            if not 0 <= getattr(self, name) < self.vocab_size:
-                raise ParameterError(f"{name}={getattr(self, name)} is outside [0, vocab_size={self.vocab_size})")
 
 
 def init_embeddings(embedding: nn.Embedding, pretrained: np.ndarray | None, freeze: bool) -> None:

@@ -14,35 +14,15 @@ detached, across bptt windows (truncated backpropagation through time).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated
-
 import torch
-from lexiflow.models.errors import ParameterError
+from lexiflow.models.lm.config import RNNConfig
 from lexiflow.models.lm.module import LMModule, State
-from lexiflow.models.lm.neural import EmbDim, HiddenDim, LMConfig, NeuralLM, TieWeights
-from pydantic import Field
+from lexiflow.models.lm.neural import NeuralLM
 from torch import nn
 
 CELLS = {"rnn": nn.RNN, "lstm": nn.LSTM, "gru": nn.GRU}
 
 
-@dataclass
-class RNNConfig(LMConfig):
-    vocab_size: int
-    cell: str = "lstm"  # "rnn" (Elman, tanh) | "lstm" | "gru"
-    emb_dim: EmbDim = 128
-    hidden_dim: HiddenDim = 128
-    num_layers: Annotated[int, Field(ge=1, le=8, description="Stacked recurrent layers.")] = 2
-    tie_weights: TieWeights = True
-
-    def validate(self) -> None:
-        super().validate()
-        if self.cell not in CELLS:
-            raise ParameterError(f"cell={self.cell!r}: use one of {sorted(CELLS)}")
-        if self.tie_weights and self.hidden_dim != self.emb_dim:
-            raise ParameterError(f"tie_weights=True needs hidden_dim == emb_dim (got {self.hidden_dim} and "
-                                 f"{self.emb_dim}): make them equal or set tie_weights=False")
 
 
 class RNN(LMModule):

@@ -36,16 +36,14 @@ import logging
 import math
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from lexiflow.models.config import check
-from lexiflow.models.device import Device, resolve_device
+from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import ParameterError
 from lexiflow.models.lm.checkpoints import (
     Position,
@@ -57,66 +55,15 @@ from lexiflow.models.lm.checkpoints import (
     module_tensors,
     save_checkpoint,
 )
+from lexiflow.models.lm.config import TrainConfig
 from lexiflow.models.lm.module import LMModule
 from lexiflow.models.lm.precision import autocast, dist_info, tf32_matmuls, to_device
 from lexiflow.models.lm.stream import IGNORE, batchify, evaluate, flat_logits, targets_of, windows
 from lexiflow.models.progress import Progress
-from lexiflow.models.threads import DEFAULT_THREADS, Threads, limit_threads
-from pydantic import Field
+from lexiflow.models.threads import limit_threads
 
 logger = logging.getLogger("lexiflow.lm.train")
 
-@dataclass
-class TrainConfig:
-    """Hyperparameters of the training loop (saved in the `lm` artifact's config.json). Annotated
-    fields are pipeline parameters (models/config.py); their defaults are the pipeline's."""
-
-    epochs: Annotated[int, Field(ge=1, le=1000, description="Training epochs.")] = 2
-    # a cap on optimizer steps; also the schedule's length when smaller
-    max_steps: Annotated[int | None, Field(ge=1, description="Stop after this many optimizer steps.")] = None
-    batch_size: Annotated[int, Field(ge=1, le=4096, description="Parallel rows of the token stream.")] = 20
-    # Transformer: at most its max_len
-    bptt: Annotated[int, Field(ge=2, le=8192, description="Tokens per training window.")] = 35
-    optimizer: Annotated[Literal["adamw", "sgd"], Field(description="Optimizer.")] = "adamw"
-    lr: Annotated[float, Field(gt=0, le=100, description="Peak learning rate (warmup then cosine).")] = 2e-3
-    weight_decay: float = 0.0
-    momentum: float = 0.0  # SGD only
-    beta1: float = 0.9
-    beta2: float = 0.999
-    warmup_steps: Annotated[int, Field(ge=0, description="Linear warmup steps.")] = 50
-    schedule: str = "cosine"  # "cosine" | "constant"
-    min_lr_ratio: float = 0.0  # cosine ends at lr * min_lr_ratio
-    clip_grad_norm: float | None = 0.25
-    device: Device = "auto"
-    precision: str = "auto"  # "auto" (bf16 autocast on CUDA, fp32 on CPU) | "bf16" | "fp32"
-    # Off by measurement: on the CPU 0.81-0.93x eager's speed a step after minutes of compiling (docs/neural_lm.md);
-    # on CUDA `python -m benchmarks gpu` measures both, and its first run decides.
-    compile: Annotated[bool, Field(description="torch.compile the module for training (minutes of compiling "
-                                                "first; slower than eager on the CPU).")] = False
-    max_nonfinite_steps: Annotated[int, Field(ge=1, le=100_000, description=(
-        "Steps in a row with a non-finite loss or gradient (each skipped, nothing updated) before training "
-        "stops with an error."))] = 20
-    checkpoint_dir: str | None = None  # resume from here when a checkpoint exists
-    patience: Annotated[int | None, Field(ge=1, description="Early stopping: epochs without validation gain.")] = None
-    checkpoint_every: Annotated[int, Field(ge=0, description="Steps between checkpoints (0: epoch ends only).")] = 200
-    eval_batch_size: int = 10
-    seed: Annotated[int, Field(ge=0, description="Random seed.")] = 0
-    threads: Threads = DEFAULT_THREADS
-    log_every_s: float = 5.0
-    sparse_grads: bool = True  # plain SGD in one process: the input embedding's gradient holds only the rows used
-
-    def validate(self) -> None:
-        check(self)
-        checks = [
-            ("schedule", self.schedule in ("cosine", "constant"), "use 'cosine' or 'constant'"),
-            ("precision", self.precision in ("auto", "bf16", "fp32"), "use 'auto', 'bf16' or 'fp32'"),
-            ("clip_grad_norm", self.clip_grad_norm is None or self.clip_grad_norm > 0, "use None or > 0"),
-            ("eval_batch_size", self.eval_batch_size >= 1, "use 1 or more"),
-            ("min_lr_ratio", 0 <= self.min_lr_ratio <= 1, "use a fraction of lr in [0, 1]"),
-        ]
-        for name, ok, fix in checks:
-            if not ok:
-                raise ParameterError(f"TrainConfig.{name}={getattr(self, name)!r} is invalid: {fix}")
 
 
 

@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Annotated, Literal
 
 import numpy as np
 import torch
@@ -24,33 +22,12 @@ import torch.nn.functional as F
 from lexiflow.models.attention import MultiHeadAttention
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.lm import train as training
+from lexiflow.models.lm.config import TransformerConfig
 from lexiflow.models.lm.module import LMModule, State
-from lexiflow.models.lm.neural import LMConfig, NeuralLM, TieWeights
+from lexiflow.models.lm.neural import NeuralLM
 from lexiflow.models.lm.stream import pad_sequences
 from lexiflow.models.transformer_blocks import sinusoidal_positions
-from pydantic import Field
 from torch import nn
-
-
-@dataclass
-class TransformerConfig(LMConfig):
-    vocab_size: int
-    d_model: Annotated[int, Field(ge=8, le=8192, description="Transformer width.")] = 128
-    n_layers: Annotated[int, Field(ge=1, le=48, description="Transformer blocks.")] = 2
-    n_heads: Annotated[int, Field(ge=1, le=64, description="Transformer attention heads (divide d_model).")] = 4
-    max_len: Annotated[int, Field(ge=8, le=8192, description="Transformer context window.")] = 128
-    positional: Annotated[Literal["sinusoidal", "learned"], Field(description="Transformer positions.")] = "sinusoidal"
-    norm: Annotated[Literal["pre", "post"], Field(
-        description="Transformer LayerNorm placement: pre-LN x + f(LN(x)) with a final LN (GPT-2; trains stably) or "
-                    "the notes' post-LN LayerNorm(x + f(x)) (Vaswani et al.).")] = "pre"
-    ffn_activation: Annotated[Literal["gelu", "relu"], Field(
-        description="Transformer feed-forward activation: GELU (GPT) or the notes' ReLU.")] = "gelu"
-    tie_weights: TieWeights = True
-
-    def validate(self) -> None:
-        super().validate()
-        if self.d_model % self.n_heads:
-            raise ParameterError(f"d_model={self.d_model} is not divisible by n_heads={self.n_heads}")
 
 
 def count_parameters(c: TransformerConfig) -> int:

@@ -23,16 +23,10 @@ beam reorders memory and state with one index_select on dim 0.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated, Literal
-
 import torch
 import torch.nn.functional as F
 from lexiflow.models.attention import make_score_attention
-from lexiflow.models.config import check
-from lexiflow.models.errors import ParameterError
-from lexiflow.models.seq2seq import Dropout
-from pydantic import Field
+from lexiflow.models.seq2seq.config import RNNSeq2SeqConfig
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
@@ -41,28 +35,6 @@ Memory = tuple[torch.Tensor, ...]
 State = tuple[torch.Tensor, ...]
 
 
-@dataclass
-class RNNSeq2SeqConfig:
-    """Annotated fields are pipeline parameters (the `seq2seq` section, models/config.py)."""
-
-    src_vocab_size: int = 0  # set from the tokenizers by Translator.fit
-    tgt_vocab_size: int = 0
-    cell: Annotated[Literal["gru", "lstm"], Field(description="RNN cell.")] = "gru"
-    emb_dim: Annotated[int, Field(ge=4, le=4096, description="RNN embedding size.")] = 256
-    hidden_dim: Annotated[int, Field(ge=4, le=8192, description="RNN hidden size.")] = 256
-    num_layers: Annotated[int, Field(ge=1, le=8, description="Stacked RNN layers (encoder and decoder).")] = 1
-    bidirectional: Annotated[bool, Field(description="Bidirectional RNN encoder.")] = False
-    attention: Annotated[Literal["none", "dot", "general", "additive"], Field(
-        description="RNN attention score: none (c = the final encoder state at every step), dot, general "
-                    "(bilinear) or additive (MLP, Bahdanau).")] = "additive"
-    dropout: Dropout = 0.2
-    pad_id: int = 3
-
-    def validate(self) -> None:
-        check(self)
-        for name in ("src_vocab_size", "tgt_vocab_size"):
-            if getattr(self, name) < 1:
-                raise ParameterError(f"{name}={getattr(self, name)}: use 1 or more")
 
 
 class RNNSeq2Seq(nn.Module):

@@ -11,55 +11,16 @@ the decoder over it (no key/value cache: sentences are short, and the code stays
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Annotated, Literal
-
 import torch
 import torch.nn.functional as F
-from lexiflow.models.config import check
-from lexiflow.models.errors import ParameterError
-from lexiflow.models.seq2seq import Dropout
-from lexiflow.models.transformer_blocks import BlockConfig, Decoder, Embeddings, Encoder
-from pydantic import Field
+from lexiflow.models.seq2seq.config import TransformerSeq2SeqConfig
+from lexiflow.models.transformer_blocks import Decoder, Embeddings, Encoder
 from torch import nn
 
 Memory = tuple[torch.Tensor, ...]
 State = tuple[torch.Tensor, ...]
 
 
-@dataclass
-class TransformerSeq2SeqConfig:
-    """Annotated fields are pipeline parameters (the `seq2seq` section, models/config.py)."""
-
-    src_vocab_size: int = 0  # set from the tokenizers by Translator.fit
-    tgt_vocab_size: int = 0
-    d_model: Annotated[int, Field(ge=8, le=8192, description="Transformer width.")] = 256
-    n_heads: Annotated[int, Field(ge=1, le=64, description="Transformer attention heads (divide d_model).")] = 4
-    d_ff: Annotated[int, Field(ge=8, le=32768, description="Transformer feed-forward size.")] = 512
-    encoder_layers: Annotated[int, Field(ge=1, le=48, description="Transformer encoder layers.")] = 2
-    decoder_layers: Annotated[int, Field(ge=1, le=48, description="Transformer decoder layers.")] = 2
-    dropout: Dropout = 0.2
-    norm: Annotated[Literal["post", "pre"], Field(
-        description="Transformer LayerNorm(x + Sublayer(x)) (post, the paper's and the notes') or "
-                    "x + Sublayer(LayerNorm(x)) (pre).")] = "pre"
-    activation: Annotated[Literal["relu", "gelu"], Field(description="Transformer FFN activation.")] = "relu"
-    positional: Annotated[Literal["sinusoidal", "learned"], Field(description="Transformer positions.")] = \
-        "sinusoidal"
-    max_len: Annotated[int, Field(ge=8, le=8192, description="Transformer: longest source or target in "
-                                                              "tokens.")] = 256
-    tie_embeddings: Annotated[bool, Field(description="Transformer: the target embedding is the output "
-                                                      "matrix.")] = True
-    pad_id: int = 3
-
-    def block(self) -> BlockConfig:
-        return BlockConfig(self.d_model, self.n_heads, self.d_ff, self.dropout, self.norm, self.activation)
-
-    def validate(self) -> None:
-        check(self)
-        self.block().validate()
-        for name in ("src_vocab_size", "tgt_vocab_size"):
-            if getattr(self, name) < 1:
-                raise ParameterError(f"{name}={getattr(self, name)}: use 1 or more")
 
 
 class TransformerSeq2Seq(nn.Module):

@@ -28,14 +28,13 @@ import shutil
 import tempfile
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Any
 
 import numpy as np
 import polars as pl
 import torch
 import torch.nn.functional as F
 from lexiflow.models.bleu import BLEUScore, corpus_bleu
-from lexiflow.models.config import check
 from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.lm.train import (
@@ -50,13 +49,13 @@ from lexiflow.models.lm.train import (
     module_tensors,
     to_device,
 )
+from lexiflow.models.seq2seq.config import TokenizerConfig
 from lexiflow.models.seq2seq.decoding import Hypothesis, beam_search, greedy
 from lexiflow.models.seq2seq.rnn import RNNSeq2Seq, RNNSeq2SeqConfig
 from lexiflow.models.seq2seq.transformer import TransformerSeq2Seq, TransformerSeq2SeqConfig
 from lexiflow.models.text import pretokenize_expr
 from lexiflow.models.tokenizers import BPE, WordPiece
 from lexiflow.models.vocab import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Vocabulary
-from pydantic import Field
 from safetensors.torch import load_file, save_file
 from torch import nn
 
@@ -67,20 +66,6 @@ MODELS: dict[str, tuple[type, type]] = {
 _SUBWORD = {"bpe": BPE, "wordpiece": WordPiece}
 
 
-@dataclass
-class TokenizerConfig:
-    """Source and target tokens. Annotated fields are pipeline parameters (models/config.py)."""
-
-    tokenizer: Annotated[Literal["word", "bpe", "wordpiece"], Field(
-        description="Source and target tokens: words (rarer ones <unk>), BPE or WordPiece subwords.")] = "word"
-    vocab_size: Annotated[int, Field(ge=16, le=1_000_000, description="Vocabulary per side (or joint), specials "
-                                                                      "included.")] = 8000
-    joint_vocabulary: Annotated[bool, Field(description="One tokenizer learned on both sides.")] = False
-    min_count: Annotated[int, Field(ge=1, description="Rarer words become <unk> (word); subword training's "
-                                                      "minimum pair frequency.")] = 1
-
-    def validate(self) -> None:
-        check(self)
 
 
 class Codec:
