@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import glob
 import hashlib
+import importlib.util
 import os
 import re
 from dataclasses import dataclass
@@ -56,6 +57,15 @@ class IngestOptions:
             raise ParameterError("valid_fraction + test_fraction must leave a training split (< 1)")
 
 
+def gensim_data(name: str) -> Path:
+    """A file of the test data gensim ships, found without importing gensim (seconds: smart_open, boto3), where
+    `gensim.test.utils.datapath` finds it."""
+    spec = importlib.util.find_spec("gensim")
+    if spec is None or spec.origin is None:
+        raise ParameterError(f"built-in corpus {name!r} ships with gensim, which is not installed: pip install gensim")
+    return Path(spec.origin).parent / "test" / "test_data" / name
+
+
 def resolve_sources(sources: list[str]) -> list[Path]:
     """Expand built-ins, directories and globs into a sorted, de-duplicated list of files (without the
     multistream index of a dump among them: it says where the dump's streams start, it is not text)."""
@@ -64,9 +74,7 @@ def resolve_sources(sources: list[str]) -> list[Path]:
     files: list[Path] = []
     for source in sources:
         if source in BUILTIN:
-            from gensim.test.utils import datapath
-
-            files.append(Path(datapath(BUILTIN[source])))
+            files.append(gensim_data(BUILTIN[source]))
         elif source.startswith("builtin:"):
             raise ParameterError(f"unknown built-in corpus {source!r}; choose from {', '.join(BUILTIN)}")
         elif os.path.isdir(source):
