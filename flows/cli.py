@@ -151,7 +151,7 @@ def flush_prefect_workers(timeout: float = 30.0) -> None:
 def headline(kind: str, metrics: dict[str, Any]) -> str | None:
     """The headline figures of an artifact's manifest metrics (None for kinds without any): a score
     with nothing to score (null in the manifest, NaN in older ones) is "–", an infinite perplexity "inf"."""
-    from lexiflow.storage.store import metric_number
+    from lexiflow.storage.manifests import metric_number
     from lexiflow.tasks.report_image import HEADLINE
 
     def figure(key: str, digits: int) -> str:
@@ -194,7 +194,7 @@ def names_of(aliases: dict[str, dict[str, str]], kind: str, version: str) -> lis
 
 def strict_json(obj: Any) -> str:
     """JSON output by the manifest convention (manifests written before it may hold NaN/Infinity)."""
-    from lexiflow.storage.store import json_safe
+    from lexiflow.storage.manifests import json_safe
 
     return json.dumps(json_safe(obj), indent=2, default=str, allow_nan=False)
 
@@ -230,7 +230,7 @@ def pick(catalog, spec: str) -> dict[str, Any]:
     from lexiflow.models.errors import ParameterError
     from lexiflow.storage.catalog import split_alias
     from lexiflow.storage.formats import DISTINGUISHED_BY
-    from lexiflow.storage.store import validate_kind
+    from lexiflow.storage.manifests import validate_kind
 
     kind, _, which = spec.partition(":")
     validate_kind(split_alias(kind)[0])  # a hostile name is refused as such, before it is read as a tag
