@@ -24,7 +24,8 @@ import pytest
 import scipy.sparse as sp
 from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster, WorkerPlugin
 from lexiflow import POLARS_ALLOCATOR
-from lexiflow.flows.cli import main, prestart_cluster
+from lexiflow.flows.cli import main
+from lexiflow.flows.commands.run import prestart_cluster
 from lexiflow.flows.params import validate
 from lexiflow.models.threads import machine_cores
 from lexiflow.storage import ArtifactStore, Catalog
