@@ -472,7 +472,7 @@ def neural_crash_loop(zygote: Zygote, workdir: Path, kills: int, seed: int = 0) 
         break
     report.problems += audit(store)
     from lexiflow.storage import ArtifactStore
-    from lexiflow.storage.store import metric_number
+    from lexiflow.storage.manifests import metric_number
 
     (ours, weights), (theirs, reference_weights) = _lm_weights(store), _lm_weights(reference_store)
     report.problems += ArtifactStore(str(store)).verify("lm", ours["version"], full=True)

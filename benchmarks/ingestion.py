@@ -26,7 +26,7 @@ from pathlib import Path
 from lexiflow.models.ingest import IngestOptions, ShardResult, build_corpus, ingest_shard, merge_shards, plan_shards
 from lexiflow.storage import ArtifactStore
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP
-from lexiflow.storage.store import ArtifactWriter
+from lexiflow.storage.writer import ArtifactWriter
 from lexiflow.tasks.corpus import documents_writer
 from lexiflow.tasks.parts import Part, deliver, received
 

@@ -174,7 +174,7 @@ def _damage(work: Path) -> list[Row]:
 
     import polars as pl
     from lexiflow.storage import ArtifactStore
-    from lexiflow.storage.store import ArtifactDamaged
+    from lexiflow.storage.manifests import ArtifactDamaged
     from lexiflow.tasks.stage import reusable
 
     from benchmarks.hostile import flip_byte, rewrite_manifest
@@ -408,7 +408,7 @@ def _read_checks(work: Path) -> list[Row]:
     import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
-    from lexiflow.storage.store import PARQUET_OPTIONS
+    from lexiflow.storage.writer import PARQUET_OPTIONS
 
     rng = np.random.default_rng(0)
     path = work / "matrix.parquet"

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from lexiflow.storage.catalog import Catalog
-from lexiflow.storage.store import MANIFEST, StoreError
+from lexiflow.storage.manifests import MANIFEST, StoreError
 
 Extra = Callable[[Catalog, dict[str, Any], Path], list[Path]]  # (catalog, manifest, folder) -> files written
 

@@ -24,7 +24,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from pathlib import Path
 
-from lexiflow.storage.store import ArtifactStore, StoreError, lock_file_at
+from lexiflow.storage.lockfiles import lock_file_at
+from lexiflow.storage.manifests import StoreError
+from lexiflow.storage.store import ArtifactStore
 
 log = logging.getLogger("lexiflow")
 

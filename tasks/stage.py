@@ -42,7 +42,7 @@ from typing import Any
 from lexiflow.models.threads import DEFAULT_THREADS, limit_threads
 from lexiflow.storage import ArtifactRef, ArtifactStore, StoreError, content_version
 from lexiflow.storage.formats import read_manifest
-from lexiflow.storage.store import ArtifactNotFound
+from lexiflow.storage.manifests import ArtifactNotFound
 from lexiflow.tasks.retries import USER_ERRORS, worth_retrying
 from prefect import Task, get_run_logger
 from prefect.artifacts import (
@@ -167,6 +167,8 @@ CANNOT_CHANGE_CONTENT = frozenset({
     "lexiflow.models.progress",  # progress logging
     "lexiflow.models.heap",  # allocator settings
     "lexiflow.tasks.stage", "lexiflow.storage.store",  # versioning and publishing; the layout has SCHEMA_VERSION
+    "lexiflow.storage.manifests", "lexiflow.storage.files", "lexiflow.storage.publishing",  # the store's parts
+    "lexiflow.storage.writer", "lexiflow.storage.lockfiles", "lexiflow.storage.transient",
     "lexiflow.storage.parquet_concat",  # Parquet files appended from row groups: their layout, not their rows
     "lexiflow.tasks.params",  # parameter models: their values are part of the version
     "lexiflow.storage.catalog",  # reading inputs: manifests and listings, no model objects

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from lexiflow.storage.store import register_storage_options
+from lexiflow.storage.files import register_storage_options
 
 BACKENDS = ["local", "s3"]
 

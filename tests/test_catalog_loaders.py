@@ -23,8 +23,8 @@ from lexiflow.loaders import LOADERS, EvaluationReport, MatrixArtifact, load
 from lexiflow.models import text, vocab
 from lexiflow.models.lm.ngram import NgramLM
 from lexiflow.storage import ArtifactStore, Catalog, StoreError
+from lexiflow.storage.files import storage_options_for
 from lexiflow.storage.formats import MATRIX, write_matrix
-from lexiflow.storage.store import storage_options_for
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.embeddings import svd_embeddings
 from lexiflow.tasks.evaluation import evaluate_embeddings

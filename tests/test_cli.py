@@ -501,7 +501,7 @@ def test_artifact_listings_are_strict_json_and_headlines_show_non_finite_figures
     convention (NaN, Infinity) is still listed as strict JSON."""
     import json
 
-    from lexiflow.flows.cli import headline
+    from lexiflow.flows.commands.run import headline
     from lexiflow.storage import ArtifactStore
 
     from tests.test_store import strict
@@ -571,7 +571,8 @@ def test_every_next_step_is_a_run_that_builds_the_kind(tmp_path):
     """Each command of the table parses and validates, and asks for what builds the kind (or its tag)."""
     import shlex
 
-    from lexiflow.flows.cli import build_parser, pipeline_params
+    from lexiflow.flows.cli import build_parser
+    from lexiflow.flows.commands.run import pipeline_params
     from lexiflow.loaders import LOADERS
     from lexiflow.storage.built_by import BUILT_BY, next_step
     from lexiflow.storage.formats import DISTINGUISHED_BY

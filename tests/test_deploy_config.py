@@ -46,7 +46,8 @@ def started(monkeypatch):
 
 
 def test_serve_bakes_the_config_file_and_set_into_pipeline_and_corpus_rebuild(tmp_path, monkeypatch, started, capsys):
-    from lexiflow.flows.cli import build_parser, main, params_tree
+    from lexiflow.flows.cli import build_parser, main
+    from lexiflow.flows.commands.run import params_tree
 
     (tmp_path / "rebuild.toml").write_text(CONFIG)
     monkeypatch.chdir(tmp_path)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from lexiflow.storage import ArtifactRef, ArtifactStore
 from lexiflow.storage.formats import MATRIX_ROW_GROUP, matrix_schema, read_matrix, write_matrix
 from lexiflow.storage.parquet_concat import ParquetAssembler, ParquetConcatError, Segment, write_row_groups
-from lexiflow.storage.store import PARQUET_OPTIONS
+from lexiflow.storage.writer import PARQUET_OPTIONS
 
 ROWS = 5000
 

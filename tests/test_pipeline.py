@@ -358,7 +358,7 @@ def test_damaged_artifacts_are_rebuilt_or_refused_through_the_pipeline(tmp_path,
     naming the artifact and the repair, which then works (docs/reliability.md, "Damage and repair")."""
     from pathlib import Path
 
-    from lexiflow.storage.store import ArtifactDamaged
+    from lexiflow.storage.manifests import ArtifactDamaged
 
     store = tmp_path / "store"
     corpus = tmp_path / "docs.txt"

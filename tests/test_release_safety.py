@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from lexiflow.flows import cli
+from lexiflow.flows import release as release_flow
 from lexiflow.flows.cli import main
 from lexiflow.storage import ArtifactStore, Catalog, StoreError, locks, releases
 
@@ -35,7 +35,7 @@ def one_error_line(capsys) -> str:
 def events(monkeypatch) -> list[tuple[dict, dict]]:
     """The events commands send ((entry, payload) per alias move), as if a Prefect server were configured."""
     sent: list[tuple[dict, dict]] = []
-    monkeypatch.setattr(cli, "_announcer", lambda catalog: lambda entry, payload: sent.append((entry, payload)))
+    monkeypatch.setattr(release_flow, "announcer", lambda url: lambda entry, payload: sent.append((entry, payload)))
     return sent
 
 

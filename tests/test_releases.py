@@ -229,7 +229,7 @@ def test_many_concurrent_movers_leave_one_chain_with_every_move(store_url):
 MOVER = """
 import json, sys
 from lexiflow.storage import Catalog
-from lexiflow.storage.store import register_storage_options
+from lexiflow.storage.files import register_storage_options
 register_storage_options(sys.argv[1], json.loads(sys.argv[2]) or None)
 catalog, versions = Catalog(sys.argv[1]), sys.argv[3:]
 print("ready", flush=True)

@@ -16,7 +16,7 @@ import polars as pl
 import pytest
 from lexiflow.flows.cli import main
 from lexiflow.storage import ArtifactRef, ArtifactStore, Catalog, StoreError
-from lexiflow.storage.store import validate_file_name, validate_kind, validate_version
+from lexiflow.storage.manifests import validate_file_name, validate_kind, validate_version
 
 ROOT = Path(__file__).resolve().parents[1]
 V1, V2 = "0123456789abcdef", "fedcba9876543210"

@@ -39,7 +39,7 @@ from lexiflow.models.shards import aligned, equal_ranges, shard_count
 from lexiflow.models.vocab import SPECIALS
 from lexiflow.storage import ArtifactRef, ArtifactStore
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, by_columns, read_matrix, write_matrix_columns
-from lexiflow.storage.store import ArtifactWriter, write_segment
+from lexiflow.storage.writer import ArtifactWriter, write_segment
 from lexiflow.tasks.corpus import documents_writer, ingest_corpus
 from lexiflow.tasks.matrices import count_cooccurrence
 from lexiflow.tasks.parallel import shard_ranges

@@ -24,7 +24,8 @@ import pytest
 import scipy.sparse as sp
 from distributed import Client, LocalCluster, Nanny, Scheduler, SpecCluster, WorkerPlugin
 from lexiflow import POLARS_ALLOCATOR
-from lexiflow.flows.cli import main, prestart_cluster
+from lexiflow.flows.cli import main
+from lexiflow.flows.commands.run import prestart_cluster
 from lexiflow.flows.params import validate
 from lexiflow.models.threads import machine_cores
 from lexiflow.storage import ArtifactStore, Catalog
@@ -127,7 +128,8 @@ def test_a_killed_writers_shared_parts_are_garbage_collected(tmp_path, moto_s3):
     for url in (str(tmp_path / "store"), moto_s3.new_url()):
         code = textwrap.dedent(f"""
             import os, signal, fsspec
-            from lexiflow.storage.store import ArtifactStore, register_storage_options, storage_options_for
+            from lexiflow.storage.files import register_storage_options, storage_options_for
+            from lexiflow.storage.store import ArtifactStore
             register_storage_options("s3://{moto_s3.bucket}", {moto_s3.options!r})
             with ArtifactStore({url!r}).writer("corpus", "ab" * 8) as out:
                 fs, path = fsspec.core.url_to_fs(out.shared, **storage_options_for(out.shared))

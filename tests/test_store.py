@@ -391,7 +391,7 @@ def test_a_local_publish_is_on_disk_before_its_rename(tmp_path, monkeypatch):
     """A power loss after the rename must not leave a published folder whose files never reached the
     disk: every staged file, the manifest and the folder are flushed before the rename, the folders
     holding the rename after it."""
-    import lexiflow.storage.store as store_module
+    import lexiflow.storage.publishing as store_module
 
     events = []
     monkeypatch.setattr(store_module, "_fsync", lambda path: events.append(("fsync", Path(path).name)))

@@ -17,7 +17,7 @@ import pytest
 from lexiflow.flows.cli import main
 from lexiflow.storage import ArtifactStore, Catalog
 from lexiflow.storage.formats import read_rows
-from lexiflow.storage.store import ArtifactDamaged, manifest_problems
+from lexiflow.storage.manifests import ArtifactDamaged, manifest_problems
 from lexiflow.tasks.stage import reusable
 
 from benchmarks.hostile import flip_byte, rewrite_manifest
@@ -170,7 +170,7 @@ def test_gc_keeps_the_newest_of_each_kind_and_their_whole_lineage(store_url, cap
 WRITER = """
 import sys, time
 from lexiflow.storage import ArtifactStore
-from lexiflow.storage.store import register_storage_options
+from lexiflow.storage.files import register_storage_options
 import json
 register_storage_options(sys.argv[1], json.loads(sys.argv[2]) or None)
 with ArtifactStore(sys.argv[1]).writer("corpus", "{version}") as out:
