@@ -4,7 +4,8 @@ deployments, REST-triggered runs as the UI makes them, the cron schedule, the UI
 Chromium, and a plain (lexiflow-free) process reading the embeddings with DuckDB.
 
 Fast unit tests first (registry, strict schemas, stop-by-PID), then the slow integration module.
-Screenshots go to build/test-output/ (ignored by git).
+Screenshots go to build/test-output/ (ignored by git). One file over 600 lines: its integration tests share one
+module-scoped server and its workers (minutes to start), which pytest shares within a module only.
 """
 
 from __future__ import annotations
