@@ -68,7 +68,7 @@ VOCAB, MIN_PAIR_COUNT = RECIPE.vocab_size, RECIPE.min_frequency
 SIZE = dict(d_model=RECIPE.d_model, n_layers=RECIPE.n_layers, n_heads=RECIPE.n_heads, max_len=RECIPE.max_len)
 LM_STEPS = 600  # the GPT-style decoder (extended runs only)
 # Fine-tuning epochs per label share (early stopping on dev keeps the best epoch): LoRA's dev loss still fell after
-# 5 epochs at 10 % and 2 at 100 % (benchmarks/results/lora_sweep.md); full fine-tuning stops early once converged.
+# 5 epochs at 10 % and 2 at 100 % (benchmarks/results/lora_sweep-notes.md); full fine-tuning stops early once converged.
 FT_EPOCHS = {0.01: 15, 0.1: 10, 1.0: 4}
 PATIENCE = 2
 # Rates are chosen on dev at 1 % and 10 %; 100 % takes the 10 % choice and one seed (the targets ask seeds of the

@@ -8,7 +8,8 @@ defaults, MLM seed 0), kept in a scratch folder between runs. Each run fine-tune
 is. The winner becomes FineTuneConfig's defaults (docs/pretraining.md).
 
 Options: runs=TARGETS:RANK:ALPHA:LR:FRACTION:EPOCHS,... (TARGETS: attention, linear, all, full or
-frozen-embedding; RANK and ALPHA are ignored by the last two), workers=2.
+frozen-embedding; RANK and ALPHA are ignored by the last two; a LoRA target with "+norms", e.g. all+norms, also
+trains the LayerNorms and the biases), workers=2.
 """
 
 from __future__ import annotations
@@ -70,8 +71,16 @@ def sweep_job(spec: str, quick: bool) -> dict:
     body = EncoderModel(config)
     body.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
     model = Classifier(body, "token", len(labels))
+    norms = targets.endswith("+norms")
+    targets = targets.removesuffix("+norms")
     if targets in ("attention", "linear", "all"):
         prepare(model, FineTuneConfig(mode="lora", lora_rank=int(rank), lora_alpha=float(alpha), lora_targets=targets))
+        if norms:
+            for m in body.modules():
+                if isinstance(m, torch.nn.LayerNorm):
+                    m.requires_grad_(True)
+                if isinstance(m, torch.nn.Linear) and m.bias is not None:
+                    m.bias.requires_grad_(True)
     elif targets == "frozen-embedding":
         body.embed.token.requires_grad_(False)
     cfg = TrainConfig(epochs=1 if quick else int(epochs), batch_size=32, lr=float(lr),

@@ -31,7 +31,7 @@ class FineTuneConfig:
     lora_alpha: Annotated[float, Field(gt=0, description="LoRA scale α (updates weigh α / r).")] = 32.0
     # every linear map by default, the token embedding included: with the embedding frozen, even full fine-tuning
     # of the rest trailed full fine-tuning by 6 points of UPOS at 10 % of EWT, LoRA by 8
-    # (benchmarks/results/lora_sweep.md)
+    # (benchmarks/results/lora_sweep-notes.md)
     lora_targets: Annotated[Literal["attention", "linear", "all"], Field(description=(
         "LoRA's layers: attention (W^Q, W^K, W^V, W^O, Hu et al.), linear (also the feed-forward layers) or all "
         "(also the token embedding)."))] = "all"
