@@ -37,18 +37,18 @@ class Vocabulary:
         counts: pl.DataFrame,
         min_count: Annotated[int, Field(ge=1, description="Words seen fewer times in the train split become "
                                                          "<unk>.")] = 5,
-        max_size: Annotated[int | None, Field(ge=1, description="Keep at most this many words (most frequent "
-                                                               "first).")] = None,
+        max_size: Annotated[int, Field(ge=0, description="Keep at most this many words (most frequent first; 0: "
+                                                         "no limit).")] = 0,
     ) -> Vocabulary:
         """`counts` has columns token, count. max_size counts words only, not the specials."""
         if min_count < 1:
             raise ParameterError(f"min_count={min_count}: must be at least 1")
-        if max_size is not None and max_size < 1:
-            raise ParameterError(f"max_size={max_size}: must be at least 1 (or None for no limit)")
+        if max_size is not None and max_size < 0:
+            raise ParameterError(f"max_size={max_size}: must be at least 0 (0: no limit)")
         words = (
             counts.filter(pl.col("count") >= min_count, ~pl.col("token").is_in(list(SPECIALS)))
             .sort(["count", "token"], descending=[True, False])
-            .head(max_size if max_size is not None else counts.height)
+            .head(max_size or counts.height)
         )
         specials = pl.DataFrame({"token": list(SPECIALS), "count": [0] * len(SPECIALS)})
         frame = pl.concat([specials.cast({"count": pl.UInt64}), words.select("token", pl.col("count").cast(pl.UInt64))])

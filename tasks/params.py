@@ -185,7 +185,7 @@ EvaluationParams = section(
     probes=(list[str], Field(default=list(DEFAULT_PROBES), description="Words whose nearest neighbours are shown.")),
     projection_words=(int, Field(300, ge=0, le=2000, description="Frequent words drawn in the PCA/t-SNE maps (0 = "
                                                                  "no maps).")),
-    genre_treebank=(str | None, Field(None, min_length=1, description="Extrinsic evaluation: folder of a UD treebank "
+    genre_treebank=(str, Field("", description="Extrinsic evaluation: folder of a UD treebank "
                                       "(*-ud-train/dev/test.conllu, e.g. UD English-EWT) whose sentence genre (the "
                                       "sent_id prefix) a feed-forward classifier learns from averaged word vectors; "
                                       "empty = off.")))
@@ -290,8 +290,8 @@ Seq2SeqParams = section(
     beam_width=(int, Field(5, ge=1, le=256, description="Beam width of the BLEU evaluation (1 = greedy).")),
     length_penalty=(float, Field(1.0, ge=0, le=5, description="Beam scores log P / length^alpha (1: the average "
                                                               "log-probability, 0: none).")),
-    eval_sentences=(int | None, Field(None, ge=1, description="Score BLEU on at most this many valid/test "
-                                                              "sentences (None: all).")))
+    eval_sentences=(int, Field(0, ge=0, description="Score BLEU on at most this many valid/test sentences (0: "
+                                                    "all).")))
 
 
 PretrainParams = section(

@@ -75,7 +75,7 @@ def train_seq2seq(out: ArtifactWriter, pairs: ArtifactRef, model: str, params: S
         if not src:
             metrics[f"{split}_bleu"] = metrics[f"{split}_chrf"] = None
             continue
-        src, tgt = src[: params.eval_sentences], tgt[: params.eval_sentences]
+        src, tgt = src[: params.eval_sentences or None], tgt[: params.eval_sentences or None]
         sources, refs = _references(src, tgt)  # all translations of a source sentence are its references
         hyps = tr.translate(sources, beam_width=params.beam_width, alpha=params.length_penalty)
         metrics[f"{split}_bleu"] = bleu.corpus_bleu(hyps, refs).score

@@ -73,7 +73,7 @@ def test_saved_configs_hold_the_parameters_the_hand_kept_lists_wrote(tmp_path):
     ngram = FITS["ngram"](ESTIMATORS["ngram"]())
     ngram.save(tmp_path / "ngram")
     assert json.loads((tmp_path / "ngram" / "config.json").read_text()) == {
-        "format": "lexiflow.ngram", "format_version": 1, "order": 2, "smoothing": "add_k", "discount": None, "k": 0.5,
+        "format": "lexiflow.ngram", "format_version": 1, "order": 2, "smoothing": "add_k", "discount": 0.0, "k": 0.5,
         "min_count": 2, "vocab_size": 12, "unk_id": 0, "bos_id": 1, "eos_id": 2, "pad_id": 3, "vocab_size_": 12}
     assert NgramLM.load(tmp_path / "ngram").get_params() == ngram.get_params()
     assert list(Word2Vec().get_params()) == ["sg", "dim", "window", "negative", "sample", "epochs", "ns_exponent",

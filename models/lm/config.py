@@ -109,7 +109,8 @@ class TrainConfig:
 
     epochs: Annotated[int, Field(ge=1, le=1000, description="Training epochs.")] = 2
     # a cap on optimizer steps; also the schedule's length when smaller
-    max_steps: Annotated[int | None, Field(ge=1, description="Stop after this many optimizer steps.")] = None
+    # 0 for "none" rather than None: the pipeline's form shows a plain number, not a type toggle
+    max_steps: Annotated[int, Field(ge=0, description="Stop after this many optimizer steps (0: no cap).")] = 0
     batch_size: Annotated[int, Field(ge=1, le=4096, description="Parallel rows of the token stream.")] = 20
     # Transformer: at most its max_len
     bptt: Annotated[int, Field(ge=2, le=8192, description="Tokens per training window.")] = 35
@@ -133,7 +134,8 @@ class TrainConfig:
         "Steps in a row with a non-finite loss or gradient (each skipped, nothing updated) before training "
         "stops with an error."))] = 20
     checkpoint_dir: str | None = None  # resume from here when a checkpoint exists
-    patience: Annotated[int | None, Field(ge=1, description="Early stopping: epochs without validation gain.")] = None
+    patience: Annotated[int, Field(ge=0, description="Early stopping: epochs without validation gain (0: "
+                                                     "off).")] = 0
     checkpoint_every: Annotated[int, Field(ge=0, description="Steps between checkpoints (0: epoch ends only).")] = 200
     eval_batch_size: int = 10
     seed: Annotated[int, Field(ge=0, description="Random seed.")] = 0

@@ -78,9 +78,9 @@ class NgramLM(Estimator):
     ----------
     order: n, the number of tokens of an n-gram (context of n-1 tokens).
     smoothing: ``"kneser_ney"`` (interpolated KN, Chen & Goodman eq. 17; modified KN when
-        ``discount`` is None), ``"add_k"`` (Lidstone; k=1 is Laplace) or ``"mle"``.
+        ``discount`` is 0), ``"add_k"`` (Lidstone; k=1 is Laplace) or ``"mle"``.
     discount: Kneser–Ney only. A float in (0, 1]: one absolute discount for every order and count,
-        as NLTK's ``KneserNeyInterpolated(order, discount)``. None: modified KN, three discounts per
+        as NLTK's ``KneserNeyInterpolated(order, discount)``. 0 (or None): modified KN, three discounts per
         order estimated from the count-of-counts (Chen & Goodman eq. 26).
     k: add-k only, the pseudo-count added to every (context, word) pair.
     min_count: training tokens seen fewer times become ``<unk>`` (NLTK's ``unk_cutoff``).
@@ -100,9 +100,8 @@ class NgramLM(Estimator):
         self,
         order: Annotated[int, Field(ge=1, le=8, description="n of the n-gram model.")] = 3,
         smoothing: Annotated[Literal["kneser_ney", "add_k", "mle"], Field(description="Estimator.")] = "kneser_ney",
-        discount: Annotated[float | None, Field(gt=0, le=1, description="Kneser–Ney discount; empty = modified "
-                                                                        "KN (three discounts per order, "
-                                                                        "estimated).")] = None,
+        discount: Annotated[float, Field(ge=0, le=1, description="Kneser–Ney discount; 0 = modified KN (three "
+                                                                 "discounts per order, estimated).")] = 0.0,
         k: Annotated[float, Field(gt=0, description="add-k smoothing constant.")] = 1.0,
         min_count: Annotated[int, Field(ge=1, description="Tokens seen fewer times in training count as <unk>, "
                                                           "so <unk> has probability mass for unseen held-out "
@@ -133,8 +132,8 @@ class NgramLM(Estimator):
             raise ParameterError(f"smoothing={self.smoothing!r}: choose one of {', '.join(SMOOTHINGS)}")
         if self.smoothing == "kneser_ney" and self.order < 2:
             raise ParameterError("order=1 with smoothing='kneser_ney': Kneser-Ney needs order >= 2")
-        if self.discount is not None and not 0.0 < float(self.discount) <= 1.0:
-            raise ParameterError(f"discount={self.discount!r}: must be in (0, 1], or None for modified KN")
+        if self.discount and not 0.0 < float(self.discount) <= 1.0:
+            raise ParameterError(f"discount={self.discount!r}: must be in (0, 1], or 0 for modified KN")
         if not float(self.k) > 0.0:
             raise ParameterError(f"k={self.k!r}: the add-k pseudo-count must be > 0")
         if not isinstance(self.min_count, int | np.integer) or self.min_count < 1:
@@ -280,7 +279,7 @@ class NgramLM(Estimator):
             n_ctx = len(self.ctx_keys_[k - 1])
             ctx_of = self.ngram_keys_[k] // V
             if kn and k > 1:
-                d = self._estimate_discounts(c) if self.discount is None else (float(self.discount),) * 3
+                d = self._estimate_discounts(c) if not self.discount else (float(self.discount),) * 3
                 removed = np.minimum(c, np.choose(np.minimum(c, 3).astype(np.int64) - 1, d))
             else:
                 d, removed = (0.0, 0.0, 0.0), np.zeros_like(c)

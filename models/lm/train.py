@@ -301,7 +301,7 @@ class Trainer:
         if self.world > 1:
             torch.manual_seed(cfg.seed * 1000 + self.rank)  # independent dropout masks per rank (weights equal)
         per_epoch = len(task.epoch_batches(0))
-        self.total_steps = cfg.epochs * per_epoch if cfg.max_steps is None else min(cfg.max_steps,
+        self.total_steps = cfg.epochs * per_epoch if not cfg.max_steps else min(cfg.max_steps,
                                                                                    cfg.epochs * per_epoch)
         self.embedding = getattr(module, "embedding", None)
         self.sparse = sparse_embedding_grads(module, cfg, self.world)
@@ -446,7 +446,7 @@ class Trainer:
                 self.best = {k: v.clone() for k, v in module_tensors(self.module).items()}
             else:
                 pos.bad_epochs += 1
-                if cfg.patience is not None and pos.bad_epochs >= cfg.patience:
+                if cfg.patience and pos.bad_epochs >= cfg.patience:
                     logger.info("early stopping after epoch %d (no improvement in %d epochs)", row["epoch"],
                                 pos.bad_epochs)
                     pos.done = True
