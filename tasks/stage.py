@@ -25,24 +25,20 @@ errors only; `LexiflowError` (bad input or parameters) fails at once.
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import contextvars
 import functools
 import hashlib
-import importlib.util
 import inspect
 import logging
-from collections.abc import Callable, Iterable, Iterator
-from importlib.machinery import ModuleSpec, PathFinder
-from pathlib import Path
-from types import CodeType, ModuleType
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from lexiflow.models.threads import DEFAULT_THREADS, limit_threads
 from lexiflow.storage import ArtifactRef, ArtifactStore, StoreError, content_version
 from lexiflow.storage.formats import read_manifest
 from lexiflow.storage.manifests import ArtifactNotFound
+from lexiflow.tasks.code_versions import code_modules, code_version
 from lexiflow.tasks.retries import USER_ERRORS, worth_retrying
 from prefect import Task, get_run_logger
 from prefect.artifacts import (
@@ -153,157 +149,6 @@ def reusable(store: ArtifactStore, kind: str, version: str, logger: Any = None) 
         with contextlib.suppress(StoreError):  # another run removed it first
             store.delete(kind, version)
     return not problems
-
-
-# ---- code versions ---------------------------------------------------------------------------
-# A stage's code version covers the lexiflow code its artifact's content depends on, derived from the
-# code: the names its builder (and the functions of its own module it calls) uses, then every lexiflow
-# import of those modules, transitively, function-level imports included. Each module is hashed as its
-# AST without docstrings, so a comment or docstring edit rebuilds nothing.
-VERSIONED_PACKAGES = ("lexiflow.models", "lexiflow.storage", "lexiflow.tasks")
-# Modules that cannot change an artifact's content: not hashed, not followed.
-CANNOT_CHANGE_CONTENT = frozenset({
-    "lexiflow.models.errors",  # exception classes and messages
-    "lexiflow.models.progress",  # progress logging
-    "lexiflow.models.heap",  # allocator settings
-    "lexiflow.tasks.stage", "lexiflow.storage.store",  # versioning and publishing; the layout has SCHEMA_VERSION
-    "lexiflow.storage.manifests", "lexiflow.storage.files", "lexiflow.storage.publishing",  # the store's parts
-    "lexiflow.storage.writer", "lexiflow.storage.lockfiles", "lexiflow.storage.transient",
-    "lexiflow.storage.parquet_concat",  # Parquet files appended from row groups: their layout, not their rows
-    "lexiflow.tasks.params",  # parameter models: their values are part of the version
-    "lexiflow.storage.catalog",  # reading inputs: manifests and listings, no model objects
-    "lexiflow.tasks.report_image",  # Prefect UI artifacts only, no file of the report
-})
-
-
-def _versioned(name: str) -> bool:
-    return name.startswith(VERSIONED_PACKAGES) and name not in CANNOT_CHANGE_CONTENT
-
-
-@functools.cache
-def _imported_names(module_name: str) -> dict[str, str]:
-    """{name bound by an import anywhere in the module: the lexiflow module it comes from}. Read from the
-    module's file, nothing imported: a cached run derives every stage's version without torch."""
-    names = {}
-    for node in ast.walk(ast.parse(_source(module_name))):
-        if isinstance(node, ast.Import):
-            names.update({(a.asname or a.name): a.name for a in node.names if a.name.startswith(VERSIONED_PACKAGES)})
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith(VERSIONED_PACKAGES):
-            names.update({a.asname or a.name: _origin(node.module, a.name) for a in node.names})
-    return names
-
-
-@functools.cache
-def _origin(module_name: str, name: str) -> str:
-    """The lexiflow module whose code `from module_name import name` gets, as importing would answer: a
-    submodule, or where a re-exported name is defined (followed through the module's own imports)."""
-    for node in ast.parse(_source(module_name)).body:
-        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            for a in node.names:
-                if (a.asname or a.name) == name:
-                    return _origin(node.module, a.name) if node.module.startswith(VERSIONED_PACKAGES) else module_name
-        elif isinstance(node, ast.Import):
-            for a in node.names:
-                if a.asname == name:
-                    return a.name if a.name.startswith(VERSIONED_PACKAGES) else module_name
-    return f"{module_name}.{name}" if _spec(f"{module_name}.{name}") is not None else module_name
-
-
-@functools.cache
-def _spec(name: str) -> ModuleSpec | None:
-    """A lexiflow module's spec, found without importing it or its packages (a package's __init__ may import
-    torch)."""
-    package = name.rpartition(".")[0]
-    if package in ("", "lexiflow"):  # lexiflow's subpackages are mapped folders (setup.py): its finder knows them
-        return importlib.util.find_spec(name)
-    parent = _spec(package)
-    return None if parent is None or parent.submodule_search_locations is None else \
-        PathFinder.find_spec(name, parent.submodule_search_locations)
-
-
-@functools.cache
-def _source(module_name: str) -> str:
-    return Path(_spec(module_name).origin).read_text(encoding="utf-8")
-
-
-def _closure(modules: Iterable[str]) -> set[str]:
-    """The modules given and every lexiflow module they import, transitively."""
-    seen, todo = set(), list(modules)
-    while todo:
-        module = todo.pop()
-        if _versioned(module) and module not in seen:
-            seen.add(module)
-            todo += _imported_names(module).values()
-    return seen
-
-
-def _defined_in(value: Any) -> set[str]:
-    """The modules a global value's code lives in: a module, a class or function, or a table of them."""
-    if isinstance(value, dict):
-        return set().union(*map(_defined_in, value.values()))
-    if isinstance(value, list | tuple | set | frozenset):
-        return set().union(*map(_defined_in, value))
-    if isinstance(value, ModuleType):
-        return {value.__name__}
-    if inspect.isclass(value) or inspect.isfunction(value):
-        return {value.__module__}
-    return set()
-
-
-def _reached(fn: Callable, seen: set) -> set[str]:
-    """Lexiflow modules whose names `fn` uses, following the functions and tasks of its own module."""
-    home, imports, modules = fn.__module__, _imported_names(fn.__module__), set()
-    codes = [fn.__code__]
-    while codes:
-        code = codes.pop()
-        codes += [c for c in code.co_consts if isinstance(c, CodeType)]
-        # locals too, arguments aside: `from lexiflow.models import encoder as enc` in a function binds a local
-        for name in code.co_names + code.co_varnames[code.co_argcount + code.co_kwonlyargcount:]:
-            value = fn.__globals__.get(name)
-            if name in imports:
-                modules.add(imports[name])
-            else:
-                modules |= _defined_in(value)
-            callee = getattr(value, "fn", value)  # a Prefect task's function
-            if inspect.isfunction(callee) and callee.__module__ == home and callee not in seen:
-                seen.add(callee)
-                modules |= _reached(callee, seen)
-    return modules - {home}  # the stage's own module is hashed whole, its functions followed above
-
-
-def code_modules(build: Callable, variant: Any = None, variants: Iterable[Any] = ()) -> list[str]:
-    """The modules a builder's artifact depends on: its own module, and the closure of what it uses.
-    A stage that serves several kinds (`variants`: the modules, module names or objects each kind's code lives in)
-    depends on the chosen kind's code only: editing the Transformer does not retrain n-gram models."""
-    own = build.__module__
-    kinds = [v if isinstance(v, str) else v.__name__ if isinstance(v, ModuleType) else v.__module__ for v in variants]
-    shared = _closure(_reached(build, {build}) - set(kinds)) - _closure(kinds)
-    chosen = _closure([kinds[list(variants).index(variant)]]) if variant is not None else set()
-    return sorted({own} | shared | chosen)
-
-
-@functools.cache
-def module_hash(name: str) -> str:
-    return source_hash(_source(name))
-
-
-def source_hash(source: str) -> str:
-    """SHA-256 of the code's AST with docstrings removed: comments and docstrings do not count."""
-    tree = ast.parse(source)
-    for node in ast.walk(tree):
-        body = getattr(node, "body", None)
-        if (isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef) and body
-                and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
-                and isinstance(body[0].value.value, str)):
-            node.body = body[1:] or [ast.Pass()]
-    return hashlib.sha256(ast.dump(tree).encode()).hexdigest()
-
-
-def code_version(modules: Iterable[str]) -> str:
-    digest = hashlib.sha256()
-    for name in sorted(modules):
-        digest.update(f"{name}:{module_hash(name)}".encode())
-    return digest.hexdigest()[:16]
 
 
 def _is_refs(value: Any) -> bool:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from lexiflow.storage import ArtifactRef, ArtifactStore
-from lexiflow.tasks.stage import code_version
+from lexiflow.tasks.code_versions import code_version
 
 
 def publish(store: ArtifactStore, stage, **arguments) -> ArtifactRef:

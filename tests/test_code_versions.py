@@ -1,4 +1,4 @@
-"""Code versions are derived from the code (tasks/stage.py): a stage's version covers every lexiflow
+"""Code versions are derived from the code (tasks/code_versions.py): a stage's version covers every lexiflow
 module its builder reaches, imports followed transitively, function-level imports and tables of
 classes included; comments and docstrings do not count; a stage serving several kinds versions each
 kind with its own code."""
@@ -8,7 +8,7 @@ import pkgutil
 import textwrap
 
 from lexiflow import tasks
-from lexiflow.tasks.stage import code_modules, source_hash
+from lexiflow.tasks.code_versions import code_modules, source_hash
 
 
 def stages():
@@ -79,3 +79,49 @@ def test_a_derived_closure_is_the_same_whatever_the_call_order():
 
     build = train_lm.fn.__wrapped__
     assert code_modules(build, KINDS["gru"], KINDS.values()) == code_modules(build, KINDS["lstm"], KINDS.values())
+
+
+def _forget(code_versions):
+    for cached in (code_versions._facts, code_versions._facts_cache, code_versions._imported_names,
+                   code_versions._origin, code_versions.module_hash):
+        cached.cache_clear()
+
+
+def test_the_code_facts_cache_gives_what_parsing_gives_and_survives_damage(tmp_path, monkeypatch):
+    import json
+
+    from lexiflow.tasks import code_versions
+    from lexiflow.tasks.lm import train_lm
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(code_versions, "_facts_of", counted := _counting(code_versions._facts_of))
+    modules = ["lexiflow.tasks.lm", "lexiflow.models.lm.ngram", "lexiflow.models.ingest"]
+
+    def derive():
+        _forget(code_versions)
+        return (code_modules(train_lm.fn.__wrapped__), [code_versions.module_hash(m) for m in modules],
+                [code_versions._imported_names(m) for m in modules])
+
+    try:
+        parsed = derive()
+        assert counted.calls >= len(modules)
+        entries = json.loads(code_versions.facts_path().read_text())
+        assert code_versions.facts_path().parent == tmp_path / "lexiflow" and len(entries) >= len(modules)
+        assert parsed[1] == [source_hash(code_versions._source(m)) for m in modules]
+
+        counted.calls = 0
+        assert derive() == parsed and counted.calls == 0  # read back from disk: nothing parsed
+
+        code_versions.facts_path().write_text('{"truncated": [')  # a crash mid-write elsewhere, a full disk
+        assert derive() == parsed and counted.calls > 0
+        assert len(json.loads(code_versions.facts_path().read_text())) >= len(modules)  # rewritten whole
+    finally:
+        _forget(code_versions)
+
+
+def _counting(fn):
+    def counted(*args):
+        counted.calls += 1
+        return fn(*args)
+    counted.calls = 0
+    return counted
