@@ -27,23 +27,28 @@ if TYPE_CHECKING:
     from lexiflow.models.lm import neural
 
 
-def split_sentences(tokens: ArtifactRef) -> dict[str, list[np.ndarray]]:
-    """Sentences (1-D id arrays, no boundary tokens) per split."""
+SPLITS = ("train", "valid", "test")
+
+
+def split_sentences(table: pl.DataFrame, splits: tuple[str, ...] = SPLITS) -> dict[str, list[np.ndarray]]:
+    """Sentences (1-D id arrays, no boundary tokens) per split of a tokenized corpus' table."""
     from lexiflow.models.lm import ngram
 
-    table = read_table(tokens, "tokens.parquet")
-    out = {}
-    for split in ("train", "valid", "test"):
-        out[split] = ngram.sentence_arrays(table.filter(pl.col("split") == split)["ids"])
-    return out
+    return {split: ngram.sentence_arrays(table.filter(pl.col("split") == split)["ids"]) for split in splits}
 
 
-def words_per_split(tokens: ArtifactRef, tokenizer_kind: str, data: dict[str, list[np.ndarray]]) -> dict[str, int]:
+def scored_tokens(table: pl.DataFrame) -> dict[str, int]:
+    """Tokens a model scores per split: each sentence's ids and its `</s>`."""
+    counts = table.group_by("split").agg(pl.col("ids").list.len().sum() + pl.len()).iter_rows()
+    return {split: 0 for split in SPLITS} | {split: int(n) for split, n in counts}
+
+
+def words_per_split(tokens: ArtifactRef, tokenizer_kind: str, scored: dict[str, int]) -> dict[str, int]:
     """Words scored per split, `</s>` of each sentence included: a per-word perplexity divides the same total
     log-probability by these, so word and subword models compare. Word tokens are words; a subword model's
     words are the corpus sentences' words (the word pre-tokenizer's)."""
     if tokenizer_kind == "word":
-        return {split: sum(len(s) + 1 for s in sentences) for split, sentences in data.items()}
+        return dict(scored)
     corpus = read_manifest(tokens)["inputs"]["corpus"]
     documents = read_table(ArtifactRef(store=tokens.store, kind="corpus", version=corpus["version"]),
                            "documents.parquet").select("text", "split")
@@ -104,13 +109,17 @@ def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, m
                              f"{tokenizer}: pass inputs.tokenizer={encoded_with['version']} (or tokens that "
                              f"{tokenizer} encoded)")
     vocabulary = read_table(tokenizer, "vocab.parquet")
-    data = split_sentences(tokens)
+    table = read_table(tokens, "tokens.parquet")
+    scored = scored_tokens(table)
     if model == "ngram":
         lm = from_section(ngram.NgramLM, params, vocab_size=vocabulary.height)
         counted = count_ngrams(out, tokens, tokenizer, lm)  # run by run, from the store's pieces where it has them
-        lm = lm.fit(data["train"]) if counted is None else lm.fit_counts(*counted)
+        # train's sentences only when nothing was counted: a rebuild from pieces never splits them
+        lm = lm.fit(split_sentences(table, ("train",))["train"]) if counted is None else lm.fit_counts(*counted)
+        data = split_sentences(table, ("valid", "test"))
         out.metrics["device"] = device.describe(torch.device("cpu"), "fp64")  # counts and probabilities in numpy
     else:
+        data = split_sentences(table)
         dim_name = "d_model" if model == "transformer" else "emb_dim"
         init = (pretrained_matrix(embeddings, vocabulary["token"].to_list(), getattr(params, dim_name), dim_name)
                 if embeddings else None)
@@ -131,13 +140,12 @@ def train_lm(out: ArtifactWriter, tokens: ArtifactRef, tokenizer: ArtifactRef, m
     lm.save(out.folder)
     out.write_json("lexiflow.json", {"model": model, "tokenizer": str(tokenizer), "tokens": str(tokens)})
     out.metrics.update({"model": model, "tokenizer": tokenizer.version, "vocabulary_size": vocabulary.height,
-                        "train_tokens": int(sum(len(s) + 1 for s in data["train"]))})
-    words = words_per_split(tokens, read_manifest(tokenizer)["metrics"].get("kind", "word"), data)
+                        "train_tokens": scored["train"]})
+    words = words_per_split(tokens, read_manifest(tokenizer)["metrics"].get("kind", "word"), scored)
     for split in ("valid", "test"):
         if not data[split]:
             out.metrics.update({f"{split}_perplexity": None, f"{split}_word_perplexity": None})
             continue
         ppl = float(lm.perplexity(data[split], progress=out.progress))  # neural: logs sentences/s and ETA
-        scored = sum(len(s) + 1 for s in data[split])
-        out.metrics.update({f"{split}_perplexity": ppl,
-                            f"{split}_word_perplexity": word_perplexity(ppl, scored, words.get(split, scored))})
+        out.metrics.update({f"{split}_perplexity": ppl, f"{split}_word_perplexity": word_perplexity(
+            ppl, scored[split], words.get(split, scored[split]))})

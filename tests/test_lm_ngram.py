@@ -337,3 +337,13 @@ def test_arpa_export_read_by_back_off_gives_our_probabilities(tmp_path, order: i
             scores.append(model.BaseScore(state, w, out))
             state, out = out, state
     np.testing.assert_allclose(scores, expected, atol=1e-5)
+
+
+def test_sentence_arrays_are_each_lists_ids_empty_lists_included():
+    from lexiflow.models.lm.ngram import sentence_arrays
+
+    ids = pl.Series("ids", [[4, 5, 6], [], [7], [8, 9]], dtype=pl.List(pl.UInt32))
+    got = sentence_arrays(ids)
+    assert [a.tolist() for a in got] == [[4, 5, 6], [], [7], [8, 9]]
+    assert all(a.dtype == np.int64 for a in got)
+    assert sentence_arrays(ids.head(0)) == []

@@ -68,7 +68,10 @@ def _find(keys: np.ndarray, query: np.ndarray) -> np.ndarray:
 def sentence_arrays(ids: pl.Series) -> list[np.ndarray]:
     """Lists of token ids (a tokenized corpus's `ids`) as the sentences the models take: 1-D int64 arrays."""
     flat = ids.explode().drop_nulls().to_numpy().astype(np.int64)
-    return np.split(flat, np.cumsum(ids.list.len().to_numpy())[:-1]) if len(ids) else []
+    lengths = ids.list.len().to_numpy()
+    ends = np.cumsum(lengths)
+    # slices, not np.split: its per-piece bookkeeping took 10 s for the 2.5 M sentences of 300 MB of text
+    return [flat[a:b] for a, b in zip((ends - lengths).tolist(), ends.tolist(), strict=True)]
 
 
 class NgramLM(Estimator):
