@@ -18,8 +18,8 @@ from lexiflow.models.device import resolve_device
 from lexiflow.models.errors import ParameterError
 from lexiflow.storage import ArtifactRef, ArtifactWriter
 from lexiflow.storage.formats import read_manifest, read_table, read_vectors
+from lexiflow.tasks.ngram_pieces import count_ngrams
 from lexiflow.tasks.params import NeuralLMParams, NgramParams
-from lexiflow.tasks.pieces import count_ngrams
 from lexiflow.tasks.stage import stage
 
 # The model modules import torch: the functions that train import them (a cached run imports none).

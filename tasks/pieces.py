@@ -1,6 +1,7 @@
 """The sharded stages' partial results per piece, in the store (`lexiflow.storage.pieces`): what each source
 piece gave the corpus (`CorpusPieces`, the `models.ingest.PieceCache` a corpus shard is given), and per run of
-documents (`RunPieces`) its word counts, its word-level encoding and its n-gram counts (`count_ngrams`). Both
+documents (`RunPieces`) its word counts, its word-level encoding and its n-gram counts (tasks/ngram_pieces.py:
+apart, so that the corpus stages' code versions do not follow the n-gram model's). Both
 classes are plain picklable values, sent with the shard calls to any runner's workers, which read and write the
 pieces in the store at its URL (docs/design.md, "Incremental rebuilds"). Like tasks/shards.py, nothing here
 imports Prefect or the stage modules."""
@@ -15,16 +16,13 @@ from typing import Any
 import numpy as np
 import polars as pl
 import pyarrow as pa
-from lexiflow.models import tokenizers, vocab
 from lexiflow.models.ingest.pieces import PieceRecord
-from lexiflow.models.lm.ngram import NgramLM, sentence_arrays
-from lexiflow.storage import ArtifactRef, ArtifactStore
-from lexiflow.storage.pieces import commit_piece, new_file, piece_key, read_piece, read_uses, record_uses
+from lexiflow.storage import ArtifactStore
+from lexiflow.storage.pieces import commit_piece, new_file, piece_key, read_piece
 
 CORPUS = "corpus"
 WORD_COUNTS = "word_counts"
 ENCODED = "encoded"  # word-level encoding: each run's words as run-local ids, remapped to any vocabulary
-NGRAMS = "ngrams"  # n-gram counts of a run's train sentences over its run-local ids, remapped to any vocabulary
 
 
 def _write_ipc(store: ArtifactStore, path: str, tables: list[pa.Table], schema: pa.Schema) -> None:
@@ -144,51 +142,3 @@ def vocabulary_ids(words: Any, distinct: pl.Series) -> np.ndarray:
     array that takes the run's local ids to this vocabulary's."""
     return words.encode_batch(pl.Series([distinct.to_list()], dtype=pl.List(pl.String)), is_pretokenized=True)[0] \
         .to_numpy()
-
-
-def _run_ngrams(lm: NgramLM, sentences: pl.DataFrame) -> pl.DataFrame:
-    """The counted n-grams of a run's train sentences (`ENCODED`'s table), over its local ids shifted above the
-    special ids (the boundaries `<s>`, `</s>` keep theirs): columns w1..wn (UInt32) and count."""
-    columns = [f"w{i}" for i in range(1, lm.order + 1)]
-    local = sentences.filter(pl.col("split") == "train")["local"]
-    if not len(local):
-        return pl.DataFrame(schema={**dict.fromkeys(columns, pl.UInt32), "count": pl.Int64})
-    rows = lm.ngram_rows([ids + len(vocab.SPECIALS) for ids in sentence_arrays(local)])
-    return (pl.DataFrame(rows, schema=columns, orient="row").group_by(columns).len("count").sort(columns)
-            .select(pl.col(columns).cast(pl.UInt32), pl.col("count").cast(pl.Int64)))
-
-
-def count_ngrams(out: Any, tokens: ArtifactRef, tokenizer: ArtifactRef,
-                 lm: NgramLM) -> tuple[np.ndarray, np.ndarray] | None:
-    """The counted n-grams of the train sentences of `tokens` (`NgramLM.fit_counts`'s rows and counts), run by run
-    of documents, when `tokens` was encoded from runs (`ENCODED`: a word tokenizer, pieces on; else None: fit the
-    sentences). A run's n-grams are counted over its local ids and kept as a piece (with the run's words), keyed by
-    the run, the order and the stage's code version: a later corpus holding the run takes them, under any
-    vocabulary, and maps them to its ids (a word outside it becomes <unk>, whose n-grams they join: a sum still).
-    Added piece by piece into one table: no more than one run's counts beside the sum."""
-    store, version = getattr(out, "store_url", None), getattr(out, "version", None)
-    runs = (read_uses(ArtifactStore(store), "tokenized_corpus", tokens.version) or {}).get(ENCODED) if store else None
-    if not runs:
-        return None
-    # the encoded runs are read by the keys the record names: no salt of theirs is needed here
-    encoded, counted = RunPieces(store, "", ENCODED), RunPieces(store, out.code_version, NGRAMS)
-    keys = [piece_key(out.code_version, [run, lm.order]) for run in runs]
-    if version is not None:
-        record_uses(ArtifactStore(store), "lm", version, {NGRAMS: keys})
-    with ArtifactStore(tokenizer.store).local_dir(tokenizer.kind, tokenizer.version) as folder:
-        words = tokenizers.load(folder)
-    columns = [f"w{i}" for i in range(1, lm.order + 1)]
-    total = None
-    for run, key in zip(runs, keys, strict=True):
-        found = counted.get(key)
-        if found is None:
-            made = encoded.get(run)
-            if made is None:  # the run's encoding is gone from the store (copied without .pieces): count it all
-                return None
-            found = {"counts": _run_ngrams(lm, made[0]["sentences"]), "words": made[0]["words"]}, {}
-            counted.put(key, *found)
-        table, distinct = found[0]["counts"], found[0]["words"]["word"]
-        ids = np.concatenate([np.arange(len(vocab.SPECIALS)), vocabulary_ids(words, distinct)]).astype(np.uint32)
-        table = table.with_columns(pl.Series(c, ids[table[c].to_numpy()]) for c in columns)
-        total = table if total is None else pl.concat([total, table]).group_by(columns).agg(pl.col("count").sum())
-    return np.stack([total[c].to_numpy() for c in columns], axis=1), total["count"].to_numpy()

@@ -125,3 +125,14 @@ def _counting(fn):
         return fn(*args)
     counted.calls = 0
     return counted
+
+
+def test_the_corpus_stages_do_not_follow_the_ngram_model():
+    from lexiflow.tasks.corpus import ingest_corpus
+    from lexiflow.tasks.lm import train_lm
+    from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
+
+    # their pieces live in tasks/pieces.py; the n-gram LM's in tasks/ngram_pieces.py
+    for stage in (ingest_corpus, learn_vocabulary, encode_corpus):
+        assert "models.lm.ngram" not in short(stage.code_modules({})), stage.name
+    assert {"models.lm.ngram", "tasks.ngram_pieces"} <= short(train_lm.code_modules({"model": "ngram"}))

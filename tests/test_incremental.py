@@ -9,6 +9,7 @@ import polars as pl
 import pytest
 from lexiflow.storage import ArtifactStore
 from lexiflow.storage.pieces import PIECES, garbage, read_uses, record_uses, remove_garbage
+from lexiflow.tasks import ngram_pieces
 from lexiflow.tasks import pieces as pieces_module
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.lm import train_lm
@@ -114,6 +115,7 @@ SHARDS = {"shard_bytes": 2500, "shard_rows": 90, "pieces": True}  # pieces are o
 @pytest.mark.parametrize("how", CHANGES)
 def test_a_rebuild_after_a_change_publishes_what_a_full_build_does(tmp_path, corpus_folder, monkeypatch, how):
     monkeypatch.setattr(pieces_module, "PIECE_DOCUMENTS", 8)  # runs of ~8 documents: several per shard
+    monkeypatch.setattr(ngram_pieces, "MERGE_RUNS", 3)  # the runs' n-gram counts summed in several batches
     parallel = ParallelParams(runner="local", **SHARDS)
     store = ArtifactStore(tmp_path / "store")
     before = build(store, corpus_folder, parallel)

@@ -208,7 +208,7 @@ def test_save_load_round_trips_exactly_as_parquet_and_json(tmp_path) -> None:
 
 
 def test_a_model_fit_from_the_summed_counts_of_parts_is_the_model_fit_from_the_whole(tmp_path) -> None:
-    # What the n-gram pieces rely on (tasks/pieces.py: count_ngrams): counted rows of parts, in any order, with
+    # What the n-gram pieces rely on (tasks/ngram_pieces.py: count_ngrams): counted rows of parts, in any order, with
     # repeats, give the same files as `fit`; <unk> (min_count) follows the summed counts, not any part's.
     train = _random_corpus(7)
     for params in (dict(order=3, min_count=3), dict(order=2, smoothing="add_k", k=0.5, min_count=2)):
