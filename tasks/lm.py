@@ -37,9 +37,9 @@ def split_sentences(table: pl.DataFrame, splits: tuple[str, ...] = SPLITS) -> di
     return {split: ngram.sentence_arrays(table.filter(pl.col("split") == split)["ids"]) for split in splits}
 
 
-def scored_tokens(table: pl.DataFrame) -> dict[str, int]:
-    """Tokens a model scores per split: each sentence's ids and its `</s>`."""
-    counts = table.group_by("split").agg(pl.col("ids").list.len().sum() + pl.len()).iter_rows()
+def scored_tokens(table: pl.DataFrame, column: str = "ids") -> dict[str, int]:
+    """Tokens a model scores per split: each sentence's items (`column`, lists) and its `</s>`."""
+    counts = table.group_by("split").agg(pl.col(column).list.len().sum() + pl.len()).iter_rows()
     return {split: 0 for split in SPLITS} | {split: int(n) for split, n in counts}
 
 
@@ -52,9 +52,7 @@ def words_per_split(tokens: ArtifactRef, tokenizer_kind: str, scored: dict[str, 
     corpus = read_manifest(tokens)["inputs"]["corpus"]
     documents = read_table(ArtifactRef(store=tokens.store, kind="corpus", version=corpus["version"]),
                            "documents.parquet").select("text", "split")
-    counts = (vocab.sentence_tokens(documents).group_by("split")
-              .agg(pl.col("words").list.len().sum() + pl.len()).iter_rows())
-    return {split: int(n) for split, n in counts}
+    return scored_tokens(vocab.sentence_tokens(documents), "words")
 
 
 def word_perplexity(token_ppl: float, tokens: int, words: int) -> float:
