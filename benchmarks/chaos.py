@@ -275,9 +275,11 @@ def crash_loop(zygote: Zygote, workdir: Path, kills: int, seed: int = 0,
     A store lives until a run on it completes (an "episode"): every run after a kill is a rerun of
     the same parameters on the same store. After every kill the store must audit clean; every
     rerun must reuse (never publish again) each stage published before it started, and the rerun
-    that ends an episode must complete with every stage present. Kill moments are uniform over
-    1.1 × the expected rest of the run (a calibration run gives each stage's duration), so most
-    runs are killed somewhere in the work still to do and about one in ten completes.
+    that ends an episode must complete with every stage present. Each kill first draws the stage to
+    strike among those the store lacks, waits until the run has published or reused the stages that
+    came before it in a calibration run, then strikes at a moment uniform over 1.1 × that stage's calibrated duration.
+    Drawing a stage, not a moment in the run, spreads the kills over the pipeline however fast this
+    machine is now and whichever order concurrent stages finish in.
     """
     rng = random.Random(seed)
     report = CrashReport()
@@ -293,20 +295,23 @@ def crash_loop(zygote: Zygote, workdir: Path, kills: int, seed: int = 0,
     report.runs_completed += 1
     total = time.monotonic() - calibration.started
     times = calibration.publish_times()
-    first = min(times.values())
-    # Seconds from the start of a run until each stage has published, on this machine now.
-    finished_at = {kind: (total - (max(times.values()) - first)) * 0.5 + (t - first) for kind, t in times.items()}
+    order = sorted(times, key=times.get)  # stages in the order the calibration run published them
+    startup = (total - (times[order[-1]] - times[order[0]])) * 0.5  # a guess: half of the rest is start-up
+    # Seconds of work before each stage published, on this machine now (the first includes start-up).
+    duration = {kind: times[kind] - times[prev] if prev else startup for prev, kind in zip([None, *order], order)}
 
-    tail = total - max(finished_at.values())  # from the last publish to the process's exit
     store = new_store()
     while report.kills_tried < kills:
         before = published(store)
-        done = [finished_at.get(kind, 0.0) for kind in before]
-        expected = max(1.0, total - (max(done) if done else 0.0) + tail)
+        missing = [kind for kind in order if kind not in before]
         run = zygote.start(["run", "--store", str(store), *args])
-        # Once every stage is there, the rerun is let finish: it ends the episode.
-        delay = rng.uniform(0.0, 1.1 * expected) if set(before) != set(finished_at) else float("inf")
-        deadline = run.started + delay
+        target = rng.choice(missing) if missing else None  # none missing: the rerun ends the episode
+        needed = set(order[:order.index(target)]) if target else set()
+        # A rerun logs each stage it reuses, so this also waits out its start-up and reuse checks.
+        while not needed <= run.published() | run.reused() and run.returncode() is None and run.alive():
+            time.sleep(0.01)
+        delay = rng.uniform(0.0, 1.1 * duration[target]) if target else float("inf")
+        deadline = time.monotonic() + delay
         while time.monotonic() < deadline and run.returncode() is None and run.alive():
             time.sleep(0.01)
         struck = run.kill()
@@ -318,7 +323,7 @@ def crash_loop(zygote: Zygote, workdir: Path, kills: int, seed: int = 0,
         problems += audit(store)
         if struck:
             report.kills_tried += 1
-            report.kill_stages.append(f"after {len(set(published(store)))} stages, {delay:.1f}s")
+            report.kill_stages.append(f"after {len(set(published(store)))} stages, aimed at {target} +{delay:.1f}s")
             if not problems:
                 report.kills_survived += 1
         elif rc == 0:
