@@ -73,14 +73,24 @@ def sweep_job(spec: str, quick: bool) -> dict:
     model = Classifier(body, "token", len(labels))
     norms = targets.endswith("+norms")
     targets = targets.removesuffix("+norms")
+    emb_full = targets.endswith("+embfull")  # diagnostic: the token embedding trains in full
+    targets = targets.removesuffix("+embfull")
     if targets in ("attention", "linear", "all"):
-        prepare(model, FineTuneConfig(mode="lora", lora_rank=int(rank), lora_alpha=float(alpha), lora_targets=targets))
+        linear_rank, _, embedding_rank = rank.partition("/")  # RANK: r, or r/r_e for the embedding's own rank
+        prepare(model, FineTuneConfig(mode="lora", lora_rank=int(linear_rank), lora_alpha=float(alpha),
+                                      lora_embedding_rank=int(embedding_rank or linear_rank), lora_targets=targets))
         if norms:
             for m in body.modules():
                 if isinstance(m, torch.nn.LayerNorm):
                     m.requires_grad_(True)
                 if isinstance(m, torch.nn.Linear) and m.bias is not None:
                     m.bias.requires_grad_(True)
+        if emb_full:
+            body.embed.token.base.requires_grad_(True) if hasattr(body.embed.token, "base") else \
+                body.embed.token.requires_grad_(True)
+    elif targets == "embedding-only":  # diagnostic: the token embedding and the head train, nothing else
+        body.requires_grad_(False)
+        body.embed.token.requires_grad_(True)
     elif targets == "frozen-embedding":
         body.embed.token.requires_grad_(False)
     cfg = TrainConfig(epochs=1 if quick else int(epochs), batch_size=32, lr=float(lr),

@@ -16,8 +16,9 @@ Modes (what trains besides the head):
               with `lora_targets="linear"` the feed-forward layers too, and by default (`"all"`) the token
               embedding as well (a lookup is a linear map of a one-hot input; peft's embedding LoRA):
               h = x W^T + (α / r) x A^T B^T, A (r, d_in) random, B (d_out, r) zero;
-              e = E[id] + (α / r) A[id] B, A (V, r) zero, B (r, d) random; `merge_lora` folds
-              W' = W + (α / r) B A (E' = E + (α / r) A B) into plain layers for inference (same outputs, no extra cost)
+              e = E[id] + (α / r) A[id] B, A (V, r_e) zero, B (r_e, d) random (the embedding has its own rank r_e,
+              the same scale α / r); `merge_lora` folds W' = W + (α / r) B A (E' = E + (α / r) A B) into plain
+              layers for inference (same outputs, no extra cost)
 
 Bodies: `EncoderModel` (models/encoder.py) and the GPT-style `Transformer` LM (models/lm/transformer.py); both
 read WordPiece ids with BERT_SPECIALS (the LM reads [CLS] as <s> and [SEP] as </s>). Training goes through
@@ -70,11 +71,11 @@ class Adapter(nn.Module):
 
 
 class LoRALinear(nn.Module):
-    """base(x) + (α / r) (x Aᵀ) Bᵀ with the base Linear frozen; B = 0 at init (the base model exactly)."""
+    """base(x) + scale (x Aᵀ) Bᵀ with the base Linear frozen; B = 0 at init (the base model exactly)."""
 
-    def __init__(self, base: nn.Linear, rank: int, alpha: float) -> None:
+    def __init__(self, base: nn.Linear, rank: int, scale: float) -> None:
         super().__init__()
-        self.base, self.scale = base, alpha / rank
+        self.base, self.scale = base, scale
         self.A = nn.Parameter(torch.empty(rank, base.in_features))
         self.B = nn.Parameter(torch.zeros(base.out_features, rank))
         nn.init.kaiming_uniform_(self.A, a=math.sqrt(5))  # as nn.Linear's weight (Hu et al.'s reference code)
@@ -96,12 +97,12 @@ class LoRALinear(nn.Module):
 
 
 class LoRAEmbedding(nn.Module):
-    """base(ids) + (α / r) A[ids] B with the base Embedding frozen; A = 0 at init (the base model exactly). The
+    """base(ids) + scale A[ids] B with the base Embedding frozen; A = 0 at init (the base model exactly). The
     factors' roles swap against LoRALinear's: a lookup's input is one-hot, so the zero factor is the per-id one."""
 
-    def __init__(self, base: nn.Embedding, rank: int, alpha: float) -> None:
+    def __init__(self, base: nn.Embedding, rank: int, scale: float) -> None:
         super().__init__()
-        self.base, self.scale = base, alpha / rank
+        self.base, self.scale = base, scale
         self.A = nn.Parameter(torch.zeros(base.num_embeddings, rank))
         self.B = nn.Parameter(torch.empty(rank, base.embedding_dim))
         nn.init.normal_(self.B, std=0.02)  # BERT's embedding init
@@ -213,10 +214,13 @@ def prepare(model: Classifier, config: FineTuneConfig) -> dict[str, int]:
             if isinstance(m, (Adapter, nn.LayerNorm)):
                 m.requires_grad_(True)
     elif mode == "lora":
+        scale = config.lora_alpha / config.lora_rank  # one scale for every update, whatever its rank
         for parent, name in _projections(body, config.lora_targets):
             base = getattr(parent, name)
-            lora = LoRAEmbedding if isinstance(base, nn.Embedding) else LoRALinear
-            setattr(parent, name, lora(base, config.lora_rank, config.lora_alpha))
+            if isinstance(base, nn.Embedding):
+                setattr(parent, name, LoRAEmbedding(base, config.lora_embedding_rank, scale))
+            else:
+                setattr(parent, name, LoRALinear(base, config.lora_rank, scale))
     return parameter_counts(model)
 
 

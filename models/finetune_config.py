@@ -29,6 +29,8 @@ class FineTuneConfig:
     # init and Adam, the scale sets how fast B moves against A (LoRA+, Hayou et al. 2024); chosen on EWT dev
     lora_rank: Annotated[int, Field(ge=1, le=256, description="LoRA rank r.")] = 4
     lora_alpha: Annotated[float, Field(gt=0, description="LoRA scale α (updates weigh α / r).")] = 32.0
+    lora_embedding_rank: Annotated[int, Field(ge=1, le=256, description=(
+        "LoRA rank of the token embedding (lora_targets all); its updates weigh α / r too."))] = 4
     # every linear map by default, the token embedding included: with the embedding frozen, even full fine-tuning
     # of the rest trailed full fine-tuning by 6 points of UPOS at 10 % of EWT, LoRA by 8
     # (benchmarks/results/lora_sweep-notes.md)

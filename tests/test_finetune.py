@@ -65,7 +65,8 @@ def test_lora_starts_as_the_base_model_and_merging_changes_nothing(kind, targets
     model = Classifier(body(kind), "token", 5).eval()
     with torch.no_grad():
         base = model(BATCH)
-        counts = prepare(model, FineTuneConfig(mode="lora", lora_rank=2, lora_alpha=4, lora_targets=targets))
+        counts = prepare(model, FineTuneConfig(mode="lora", lora_rank=2, lora_alpha=4, lora_embedding_rank=3,
+                                               lora_targets=targets))
         torch.testing.assert_close(model(BATCH), base)  # B = 0
         loras = [m for m in model.modules() if isinstance(m, LoRALinear)]
         assert len(loras) == 8 + 4 * (targets != "attention")  # 2 layers x W^Q, W^K, W^V, W^O (+ the 2 FFN layers)
@@ -81,11 +82,11 @@ def test_lora_starts_as_the_base_model_and_merging_changes_nothing(kind, targets
         assert not any(isinstance(m, (LoRALinear, LoRAEmbedding)) for m in model.modules())
         torch.testing.assert_close(model(BATCH), unmerged, atol=1e-5, rtol=1e-4)
     # trainable: A and B of each projection (r (d_in + d_out)), of each FFN layer with "linear" and "all", of the
-    # token embedding (r (V + d)) with "all", and the head
+    # token embedding (r_e (V + d), its own rank) with "all", and the head
     lora = 2 * 2 * (16 + 16) * 4  # layers r (d_in + d_out) projections
     d_ff = 32 if kind == "encoder" else 4 * 16
     lora += 2 * 2 * 2 * (16 + d_ff) * (targets != "attention")  # layers r (d_in + d_out) (two FFN layers)
-    lora += 2 * (40 + 16) * (targets == "all")  # r (V + d)
+    lora += 3 * (40 + 16) * (targets == "all")  # r_e (V + d)
     assert counts["trainable"] == lora + 16 * 5 + 5
 
 
