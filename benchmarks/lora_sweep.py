@@ -7,9 +7,10 @@ defaults, MLM seed 0), kept in a scratch folder between runs. Each run fine-tune
 `frozen-embedding` trains every weight but the token embedding: how much of full fine-tuning's lead the embedding
 is. The winner becomes FineTuneConfig's defaults (docs/pretraining.md).
 
-Options: runs=TARGETS:RANK:ALPHA:LR:FRACTION:EPOCHS,... (TARGETS: attention, linear, all, full or
-frozen-embedding; RANK and ALPHA are ignored by the last two; a LoRA target with "+norms", e.g. all+norms, also
-trains the LayerNorms and the biases), workers=2.
+Options: runs=TARGETS:RANK:ALPHA:LR:FRACTION:EPOCHS,... (TARGETS: attention, linear, all, full, frozen-embedding or
+embedding-only (the token embedding and the head); RANK and ALPHA are ignored by the last three; a LoRA target with
+"+norms", e.g. all+norms, also trains the LayerNorms and the biases, with "+embfull" the whole token embedding;
+RANK r/r_e gives the embedding its own rank), workers=2.
 """
 
 from __future__ import annotations
@@ -110,7 +111,8 @@ def run(quick: bool = False, runs: str = DEFAULT_RUNS, workers: str = "2") -> li
     rows = []
     for m in done:
         targets, rank, alpha, lr, fraction, _ = m["spec"].split(":")
-        what = targets if targets in ("full", "frozen-embedding") else f"LoRA {targets}, r {rank}, α {alpha}"
+        what = targets if targets in ("full", "frozen-embedding", "embedding-only") else \
+            f"LoRA {targets}, r {rank}, α {alpha}"
         rows.append(Row("lora_sweep", f"{what}, lr {lr}, {float(fraction):.0%} of EWT train",
                         "EWT dev UPOS accuracy", m["dev"],
                         notes=f"{100 * m['share']:.2f} % trainable; {m['epochs']} epochs; best dev loss "
