@@ -33,16 +33,19 @@ def lock_file_at(path: Path, mode: int, waiting: Callable[[], None] | None = Non
     while True:
         handle = path.open("a")
         try:
-            fcntl.flock(handle, mode | fcntl.LOCK_NB)
-        except BlockingIOError:
-            if waiting is not None:
-                waiting()
-            fcntl.flock(handle, mode)
-        try:
+            try:
+                fcntl.flock(handle, mode | fcntl.LOCK_NB)
+            except BlockingIOError:
+                if waiting is not None:
+                    waiting()
+                fcntl.flock(handle, mode)
             if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
                 break
         except FileNotFoundError:
             pass
+        except BaseException:  # interrupted while waiting: no open file left behind
+            handle.close()
+            raise
         handle.close()
     with handle:
         yield handle

@@ -34,10 +34,11 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from lexiflow.storage.lockfiles import held_lock_file, lock_held
+from lexiflow.storage.lockfiles import held_lock_file, lock_file_at, lock_held
 from lexiflow.storage.manifests import (
     KIND_PATTERN,
     MANIFEST,
@@ -103,22 +104,8 @@ class Publishing:
         validate_kind(kind), validate_version(version)
         path = self._lock_path(kind, version)
         path.parent.mkdir(parents=True, exist_ok=True)
-        while True:
-            handle = path.open("a")
-            try:
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    log.info("%s:%s: another run is building it on this machine; waiting for it", kind, version)
-                    fcntl.flock(handle, fcntl.LOCK_EX)
-                with suppress(FileNotFoundError):
-                    if os.stat(path).st_ino == os.fstat(handle.fileno()).st_ino:
-                        break  # the file at the path is the one locked
-            except BaseException:
-                handle.close()
-                raise
-            handle.close()  # the run waited for removed this file: lock the one at the path now
-        with handle:
+        waiting = partial(log.info, "%s:%s: another run is building it on this machine; waiting for it", kind, version)
+        with lock_file_at(path, fcntl.LOCK_EX, waiting):
             yield
             path.unlink(missing_ok=True)
 
