@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import re
+import stat
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -105,9 +106,10 @@ class LogScan:
 def _type(store: ArtifactStore, path: str) -> str | None:
     """'directory', 'file', 'link' or None (missing), without following a link."""
     if store.is_local:
-        if os.path.islink(path):
-            return "link"
-        return "directory" if os.path.isdir(path) else "file" if os.path.lexists(path) else None
+        try:
+            return _local_type(os.lstat(path).st_mode)
+        except FileNotFoundError:
+            return None
     try:
         return store.fs.info(path)["type"]
     except FileNotFoundError:
@@ -124,9 +126,15 @@ def _tree(store: ArtifactStore, top: str) -> list[tuple[tuple[str, ...], str]]:
     for folder, folders, names in os.walk(top, followlinks=False):
         for name in sorted(folders + names):
             path = os.path.join(folder, name)
-            kind = "link" if os.path.islink(path) else "directory" if os.path.isdir(path) else "file"
-            found.append((tuple(os.path.relpath(path, top).split(os.sep)), kind))
+            with suppress(FileNotFoundError):  # removed by a mover meanwhile: not there
+                found.append((tuple(os.path.relpath(path, top).split(os.sep)), _local_type(os.lstat(path).st_mode)))
     return found
+
+
+def _local_type(mode: int) -> str:
+    """The type of a path from one `lstat`: two looks (is it a folder? does it exist?) would call a folder another
+    mover creates between them a file."""
+    return "link" if stat.S_ISLNK(mode) else "directory" if stat.S_ISDIR(mode) else "file"
 
 
 def _not_a_folder(path: str, kind: str) -> str:

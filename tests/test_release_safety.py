@@ -444,3 +444,32 @@ def test_on_an_object_store_a_mover_backs_off_while_a_deleter_holds_the_lease(st
     pending_intent = f"{store.root}/.releases/x.json"
     put(store, pending_intent, json.dumps({"moves": [{"kind": "corpus", "to": V2}]}).encode())
     assert (("corpus", V2) in Catalog(store_url).protected())
+
+
+def test_a_folder_another_mover_creates_while_the_scan_looks_is_never_called_a_file(tmp_path, monkeypatch):
+    """`releases.scan` types each path from one `lstat`. With several looks (a link? a folder? there at all?), a
+    kind's folder that a concurrent first release created between them read as a file, and a release failed on
+    "damage" (CI, 2026-12-07). The mover's mkdir is put in that window explicitly: right after a second look."""
+    store = ArtifactStore(str(tmp_path / "store"))
+    publish(store, "corpus", V1)
+    target = f"{store.root}/.aliases/corpus"
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    looks: list[str] = []
+
+    def then_created(look):
+        def looked(path, *args, **kwargs):
+            try:
+                return look(path, *args, **kwargs)
+            finally:
+                if os.fspath(path) == target:
+                    looks.append(look.__name__)
+                    if len(looks) == 2:
+                        os.mkdir(target)
+        return looked
+
+    monkeypatch.setattr(os, "lstat", then_created(os.lstat))
+    monkeypatch.setattr(os.path, "isdir", then_created(os.path.isdir))
+    assert releases.scan(store, "corpus").problems == [], looks
+    monkeypatch.undo()
+    Catalog(str(store.root)).release("corpus", V1)
+    assert releases.scan(store, "corpus").problems == []
