@@ -86,9 +86,8 @@ def sweep_job(spec: str, quick: bool) -> dict:
                     m.requires_grad_(True)
                 if isinstance(m, torch.nn.Linear) and m.bias is not None:
                     m.bias.requires_grad_(True)
-        if emb_full:
-            body.embed.token.base.requires_grad_(True) if hasattr(body.embed.token, "base") else \
-                body.embed.token.requires_grad_(True)
+        if emb_full:  # with "all", its LoRA factors train too
+            body.embed.token.requires_grad_(True)
     elif targets == "embedding-only":  # diagnostic: the token embedding and the head train, nothing else
         body.requires_grad_(False)
         body.embed.token.requires_grad_(True)
