@@ -9,12 +9,14 @@ is. The winner becomes FineTuneConfig's defaults (docs/pretraining.md).
 
 Options: runs=TARGETS:RANK:ALPHA:LR:FRACTION:EPOCHS,... (TARGETS: attention, linear, all, full, frozen-embedding or
 embedding-only (the token embedding and the head); RANK and ALPHA are ignored by the last three; a LoRA target with
-"+norms", e.g. all+norms, also trains the LayerNorms and the biases, with "+embfull" the whole token embedding;
+"+norms", e.g. all+norms, also trains the LayerNorms and the biases, with "+embfull" the whole token embedding,
+with "+nodrop" the body has no dropout;
 RANK r/r_e gives the embedding its own rank), workers=2.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -22,7 +24,15 @@ from pathlib import Path
 
 import torch
 from lexiflow.models.encoder import EncoderConfig, EncoderModel
-from lexiflow.models.finetune import Classifier, ClassifyTask, FineTuneConfig, accuracy, parameter_counts, prepare
+from lexiflow.models.finetune import (
+    Classifier,
+    ClassifyTask,
+    FineTuneConfig,
+    accuracy,
+    parameter_counts,
+    prepare,
+    training_ids,
+)
 from lexiflow.models.lm.train import TrainConfig, Trainer
 
 from benchmarks.finetune import (
@@ -68,8 +78,10 @@ def sweep_job(spec: str, quick: bool) -> dict:
             [:600 if quick else None] for split in ("train", "dev")}
     dev = label_fraction(data["dev"], min(1.0, DEV_SENTENCES / len(data["dev"])), seed=1)
     train = label_fraction(data["train"], float(fraction))
+    no_dropout = "+nodrop" in targets  # diagnostic: the body without dropout (the head keeps its own)
+    targets = targets.replace("+nodrop", "")
     torch.manual_seed(0)
-    body = EncoderModel(config)
+    body = EncoderModel(dataclasses.replace(config, dropout=0.0) if no_dropout else config)
     body.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
     model = Classifier(body, "token", len(labels))
     norms = targets.endswith("+norms")
@@ -79,7 +91,8 @@ def sweep_job(spec: str, quick: bool) -> dict:
     if targets in ("attention", "linear", "all"):
         linear_rank, _, embedding_rank = rank.partition("/")  # RANK: r, or r/r_e for the embedding's own rank
         prepare(model, FineTuneConfig(mode="lora", lora_rank=int(linear_rank), lora_alpha=float(alpha),
-                                      lora_embedding_rank=int(embedding_rank or linear_rank), lora_targets=targets))
+                                      lora_embedding_rank=int(embedding_rank or linear_rank), lora_targets=targets),
+                training_ids(train))
         if norms:
             for m in body.modules():
                 if isinstance(m, torch.nn.LayerNorm):

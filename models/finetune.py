@@ -38,6 +38,7 @@ from typing import Literal
 import numpy as np
 import torch
 import torch.nn.functional as F
+from lexiflow.models.attention import MultiHeadAttention
 from lexiflow.models.conllu import read_conllu
 from lexiflow.models.encoder import CLS_ID, PAD_ID, SEP_ID, EncoderModel, pad_rows
 from lexiflow.models.errors import InputError, ParameterError
@@ -97,14 +98,24 @@ class LoRALinear(nn.Module):
 
 
 class LoRAEmbedding(nn.Module):
-    """base(ids) + scale A[ids] B with the base Embedding frozen; A = 0 at init (the base model exactly). The
-    factors' roles swap against LoRALinear's: a lookup's input is one-hot, so the zero factor is the per-id one."""
+    """base(ids) + scale A[row(id)] B with the base Embedding frozen; A = 0 at init (the base model exactly). The
+    factors' roles swap against LoRALinear's: a lookup's input is one-hot, so the zero factor is the per-id one.
 
-    def __init__(self, base: nn.Embedding, rank: int, scale: float) -> None:
+    `ids`: the ids A has a row for (default: every id). Fine-tuning passes the ids its training data holds: a row
+    no training example looks up never gets a gradient, so it would stay zero and only count as trainable."""
+
+    def __init__(self, base: nn.Embedding, rank: int, scale: float, ids: Sequence[int] | None = None) -> None:
         super().__init__()
         self.base, self.scale = base, scale
-        self.A = nn.Parameter(torch.zeros(base.num_embeddings, rank))
-        self.B = nn.Parameter(torch.empty(rank, base.embedding_dim))
+        n = base.num_embeddings
+        adapted = torch.arange(n) if ids is None else torch.as_tensor(sorted(set(ids)), dtype=torch.long)
+        if len(adapted) and not 0 <= int(adapted.min()) <= int(adapted.max()) < n:
+            raise ParameterError(f"LoRA embedding ids: each must lie in 0..{n - 1}, the embedding's rows")
+        row = torch.full((n,), -1, dtype=torch.long)  # id -> its row of A; -1: not adapted
+        row[adapted] = torch.arange(len(adapted))
+        self.register_buffer("row", row.to(base.weight.device), persistent=False)
+        self.A = nn.Parameter(torch.zeros(len(adapted), rank, device=base.weight.device))
+        self.B = nn.Parameter(torch.empty(rank, base.embedding_dim, device=base.weight.device))
         nn.init.normal_(self.B, std=0.02)  # BERT's embedding init
         base.weight.requires_grad_(False)
 
@@ -113,13 +124,17 @@ class LoRAEmbedding(nn.Module):
         return self.base.weight
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
-        return self.base(ids) + F.embedding(ids, self.A) @ self.B * self.scale
+        row = self.row[ids]
+        delta = F.embedding(row.clamp(min=0), self.A) * (row >= 0).unsqueeze(-1).to(self.A.dtype)
+        return self.base(ids) + delta @ self.B * self.scale
 
     def merged(self) -> nn.Embedding:
-        """A plain Embedding with E' = E + (α / r) A B."""
+        """A plain Embedding with E' = E + (α / r) A B on the adapted rows."""
         out = nn.Embedding(self.base.num_embeddings, self.base.embedding_dim)
         with torch.no_grad():
-            out.weight.copy_(self.base.weight + self.scale * self.A @ self.B)
+            out.weight.copy_(self.base.weight)
+            adapted = self.row >= 0
+            out.weight[adapted] += self.scale * self.A[self.row[adapted]] @ self.B
         return out.to(self.base.weight.device)
 
 
@@ -143,6 +158,15 @@ def _projections(body: nn.Module, targets: str = "attention") -> list[tuple[nn.M
 def _adapter_sites(body: nn.Module) -> list[tuple[nn.Module, str]]:
     """(parent, attribute) of the modules an adapter follows: each attention output projection and FFN."""
     return [site for layer in _layers(body) for site in ((layer.attn, "out_proj"), (layer, "ffn"))]
+
+
+def set_dropout(body: nn.Module, p: float) -> None:
+    """Every dropout of `body` (its Dropout layers and its attention weights' dropout) drops with probability p."""
+    for m in body.modules():
+        if isinstance(m, nn.Dropout):
+            m.p = p
+        elif isinstance(m, MultiHeadAttention):
+            m.dropout = p
 
 
 def merge_lora(module: nn.Module) -> nn.Module:
@@ -199,9 +223,10 @@ class Classifier(nn.Module):
         return self.head(self.drop(pooled))
 
 
-def prepare(model: Classifier, config: FineTuneConfig) -> dict[str, int]:
+def prepare(model: Classifier, config: FineTuneConfig, train_ids: Iterable[int] | None = None) -> dict[str, int]:
     """Set `model` up for `config.mode` (adds adapters / LoRA, freezes the body as the mode says);
-    returns {"trainable": ..., "total": ...} parameter counts."""
+    returns {"trainable": ..., "total": ...} parameter counts. `train_ids`: the token ids the training data holds,
+    the rows LoRA adapts in the token embedding (default: every row)."""
     config.validate()
     body, mode = model.body, config.mode
     if mode != "full":
@@ -214,14 +239,20 @@ def prepare(model: Classifier, config: FineTuneConfig) -> dict[str, int]:
             if isinstance(m, (Adapter, nn.LayerNorm)):
                 m.requires_grad_(True)
     elif mode == "lora":
+        set_dropout(body, config.lora_body_dropout)
         scale = config.lora_alpha / config.lora_rank  # one scale for every update, whatever its rank
         for parent, name in _projections(body, config.lora_targets):
             base = getattr(parent, name)
             if isinstance(base, nn.Embedding):
-                setattr(parent, name, LoRAEmbedding(base, config.lora_embedding_rank, scale))
+                setattr(parent, name, LoRAEmbedding(base, config.lora_embedding_rank, scale, train_ids))
             else:
                 setattr(parent, name, LoRALinear(base, config.lora_rank, scale))
     return parameter_counts(model)
+
+
+def training_ids(examples: Iterable[Example]) -> set[int]:
+    """The token ids `examples` hold: the embedding rows fine-tuning can move."""
+    return {i for ex in examples for i in ex.ids}
 
 
 def parameter_counts(model: nn.Module) -> dict[str, int]:
@@ -365,7 +396,7 @@ def finetune(model: Classifier, config: FineTuneConfig, train: list[Example], de
              cfg: TrainConfig) -> dict:
     """Prepare `model` for the mode, train it through the one loop, merge LoRA; returns the metrics (trainable
     and total parameters, dev accuracy, training tokens/s)."""
-    counts = prepare(model, config)
+    counts = prepare(model, config, training_ids(train))
     logger.info("fine-tuning (%s): %d of %d parameters trainable (%.2f %%)", config.mode, counts["trainable"],
                 counts["total"], 100 * counts["trainable"] / counts["total"])
     trainer = Trainer(model, ClassifyTask(train, dev, cfg), cfg, name=f"finetune.{config.mode}")
