@@ -7,11 +7,12 @@ defaults, MLM seed 0), kept in a scratch folder between runs. Each run fine-tune
 `frozen-embedding` trains every weight but the token embedding: how much of full fine-tuning's lead the embedding
 is. The winner becomes FineTuneConfig's defaults (docs/pretraining.md).
 
-Options: runs=TARGETS:RANK:ALPHA:LR:FRACTION:EPOCHS,... (TARGETS: attention, linear, all, full, frozen-embedding or
-embedding-only (the token embedding and the head); RANK and ALPHA are ignored by the last three; a LoRA target with
-"+norms", e.g. all+norms, also trains the LayerNorms and the biases, with "+embfull" the whole token embedding,
-with "+nodrop" the body has no dropout;
-RANK r/r_e gives the embedding its own rank), workers=2.
+Options: runs=TARGETS:RANK:ALPHA:LR:FRACTION:EPOCHS[:SEED],... (SEED: the fine-tuning seed, 0 unless given;
+TARGETS: attention, linear, all, full, frozen-embedding or embedding-only (the token embedding and the head); RANK
+and ALPHA are ignored by the last three; a LoRA target with "+norms", e.g. all+norms, also trains the LayerNorms
+and the biases, with "+embfull" the whole token embedding; any target with "+nodrop" trains the body without
+dropout (FineTuneConfig's LoRA default; without it, the body keeps its 0.1); RANK r/r_e gives the embedding its own
+rank), workers=2.
 """
 
 from __future__ import annotations
@@ -51,8 +52,8 @@ from benchmarks.finetune import (
 )
 from benchmarks.harness import Row
 
-DEFAULT_RUNS = ("full:0:0:3e-3:0.1:5,frozen-embedding:0:0:3e-3:0.1:5,linear:8:16:1e-2:0.1:5,all:4:32:3e-3:0.1:10,"
-                "all:4:32:3e-3:1.0:4")
+DEFAULT_RUNS = ("full:0:0:1e-3:1.0:4,frozen-embedding:0:0:1e-3:1.0:4,all:8/7:64:3e-3:1.0:4,"
+                "all+nodrop:8/7:64:3e-3:1.0:4,all+nodrop:8/7:64:3e-3:0.1:10")
 
 
 def pretrained_body(quick: bool) -> tuple[EncoderConfig, dict]:
@@ -70,7 +71,7 @@ def pretrained_body(quick: bool) -> tuple[EncoderConfig, dict]:
 
 def sweep_job(spec: str, quick: bool) -> dict:
     _threads()
-    targets, rank, alpha, lr, fraction, epochs = spec.split(":")
+    targets, rank, alpha, lr, fraction, epochs, seed = (spec + ":0").split(":")[:7]
     config, state = pretrained_body(quick)
     tok = pretraining_data(quick)[0]
     labels = TASKS["upos"]
@@ -78,9 +79,9 @@ def sweep_job(spec: str, quick: bool) -> dict:
             [:600 if quick else None] for split in ("train", "dev")}
     dev = label_fraction(data["dev"], min(1.0, DEV_SENTENCES / len(data["dev"])), seed=1)
     train = label_fraction(data["train"], float(fraction))
-    no_dropout = "+nodrop" in targets  # diagnostic: the body without dropout (the head keeps its own)
+    no_dropout = "+nodrop" in targets  # the body without dropout (the head keeps its own)
     targets = targets.replace("+nodrop", "")
-    torch.manual_seed(0)
+    torch.manual_seed(int(seed))
     body = EncoderModel(dataclasses.replace(config, dropout=0.0) if no_dropout else config)
     body.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
     model = Classifier(body, "token", len(labels))
@@ -91,7 +92,8 @@ def sweep_job(spec: str, quick: bool) -> dict:
     if targets in ("attention", "linear", "all"):
         linear_rank, _, embedding_rank = rank.partition("/")  # RANK: r, or r/r_e for the embedding's own rank
         prepare(model, FineTuneConfig(mode="lora", lora_rank=int(linear_rank), lora_alpha=float(alpha),
-                                      lora_embedding_rank=int(embedding_rank or linear_rank), lora_targets=targets),
+                                      lora_embedding_rank=int(embedding_rank or linear_rank), lora_targets=targets,
+                                      lora_body_dropout=0.0 if no_dropout else config.dropout),
                 training_ids(train))
         if norms:
             for m in body.modules():
@@ -108,7 +110,7 @@ def sweep_job(spec: str, quick: bool) -> dict:
         body.embed.token.requires_grad_(False)
     cfg = TrainConfig(epochs=1 if quick else int(epochs), batch_size=32, lr=float(lr),
                       warmup_steps=min(100, len(train) // 8), clip_grad_norm=1.0, checkpoint_every=0,
-                      patience=PATIENCE, log_every_s=600, seed=0)
+                      patience=PATIENCE, log_every_s=600, seed=int(seed))
     counts = parameter_counts(model)
     history = Trainer(model, ClassifyTask(train, dev, cfg), cfg, name=f"lora_sweep.{targets}").run()
     return {"spec": spec, "dev": accuracy(model, dev), "epochs": len(history),
@@ -122,10 +124,11 @@ def run(quick: bool = False, runs: str = DEFAULT_RUNS, workers: str = "2") -> li
         done = list(pool.map(sweep_job, specs, [quick] * len(specs)))
     rows = []
     for m in done:
-        targets, rank, alpha, lr, fraction, _ = m["spec"].split(":")
+        targets, rank, alpha, lr, fraction, _, *seed = m["spec"].split(":")
         what = targets if targets in ("full", "frozen-embedding", "embedding-only") else \
             f"LoRA {targets}, r {rank}, α {alpha}"
-        rows.append(Row("lora_sweep", f"{what}, lr {lr}, {float(fraction):.0%} of EWT train",
+        rows.append(Row("lora_sweep", f"{what}, lr {lr}, {float(fraction):.0%} of EWT train" +
+                        "".join(f", seed {s}" for s in seed),
                         "EWT dev UPOS accuracy", m["dev"],
                         notes=f"{100 * m['share']:.2f} % trainable; {m['epochs']} epochs; best dev loss "
                               f"{m['dev_loss']:.4f}"))

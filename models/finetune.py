@@ -42,7 +42,12 @@ from lexiflow.models.attention import MultiHeadAttention
 from lexiflow.models.conllu import read_conllu
 from lexiflow.models.encoder import CLS_ID, PAD_ID, SEP_ID, EncoderModel, pad_rows
 from lexiflow.models.errors import InputError, ParameterError
-from lexiflow.models.finetune_config import LR_GRID, MODES, FineTuneConfig  # noqa: F401  (re-exported)
+from lexiflow.models.finetune_config import (  # noqa: F401  (re-exported)
+    LORA_BODY_DROPOUTS,
+    LR_GRID,
+    MODES,
+    FineTuneConfig,
+)
 from lexiflow.models.lm.train import IGNORE, TrainConfig, Trainer, TrainTask, autocast, length_batches, to_device
 from lexiflow.models.lm.transformer import Transformer
 from torch import nn
@@ -239,7 +244,8 @@ def prepare(model: Classifier, config: FineTuneConfig, train_ids: Iterable[int] 
             if isinstance(m, (Adapter, nn.LayerNorm)):
                 m.requires_grad_(True)
     elif mode == "lora":
-        set_dropout(body, config.lora_body_dropout)
+        if config.lora_body_dropout is not None:
+            set_dropout(body, config.lora_body_dropout)
         scale = config.lora_alpha / config.lora_rank  # one scale for every update, whatever its rank
         for parent, name in _projections(body, config.lora_targets):
             base = getattr(parent, name)

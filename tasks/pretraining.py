@@ -6,6 +6,7 @@ train split, stopped early on valid, scored on test."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import polars as pl
@@ -93,28 +94,38 @@ def finetune(out: ArtifactWriter, encoder: ArtifactRef, tagged: ArtifactRef, tas
         raise ingest.no_train_split(where, dict(table.group_by("split").len().iter_rows()))
     data["train"] = ft.label_fraction(data["train"], params.train_fraction, params.seed)
     config = from_section(ft.FineTuneConfig, params, mode="full" if mode == "scratch" else mode)
-    # every rate of the grid trains (each resumable in its own scratch folder); the best on valid is kept
-    grid = params.lrs or ft.LR_GRID[config.mode]
-    lrs = grid if data["valid"] else grid[len(grid) // 2:][:1]  # nothing to choose on: the grid's middle rate
-    tried = []
-    for lr in lrs:
+    def train(lr: float, dropout: float | None) -> tuple:
+        """One fine-tuning run, resumable in its own scratch folder: (dev accuracy, lr, dropout, model, metrics)."""
         torch.manual_seed(params.seed)
         body = enc.EncoderModel(mlm.config)
         if mode != "scratch":
             body.load_state_dict(mlm.model.state_dict())
         model = ft.Classifier(body, "token" if task == "upos" else "sequence", len(labels(task)), params.head_dropout)
-        schedule = from_section(TrainConfig, params, lr=lr, checkpoint_dir=str(out.scratch / f"lr-{lr:g}"),
+        folder = f"lr-{lr:g}" + ("" if dropout is None else f"-dropout-{dropout:g}")
+        schedule = from_section(TrainConfig, params, lr=lr, checkpoint_dir=str(out.scratch / folder),
                                 clip_grad_norm=1.0)
-        metrics = ft.finetune(model, config, data["train"], data["valid"] or None, schedule)
-        tried.append((metrics.get("dev_accuracy", 0.0), lr, model, metrics))
-    _, lr, model, metrics = max(tried, key=lambda t: t[0])  # the first best, in the grid's order
+        metrics = ft.finetune(model, replace(config, lora_body_dropout=dropout), data["train"],
+                              data["valid"] or None, schedule)
+        return metrics.get("dev_accuracy", 0.0), lr, dropout, model, metrics
+
+    # every rate of the grid trains; the best on valid is kept (the first best, in the grid's order); LoRA then
+    # tries the body without dropout at that rate
+    grid = params.lrs or ft.LR_GRID[config.mode]
+    lrs = grid if data["valid"] else grid[len(grid) // 2:][:1]  # nothing to choose on: the grid's middle rate
+    tried = [train(lr, None) for lr in lrs]
+    if config.mode == "lora" and data["valid"]:
+        best_lr = max(tried, key=lambda t: t[0])[1]
+        tried += [train(best_lr, dropout) for dropout in ft.LORA_BODY_DROPOUTS[1:]]
+    _, lr, dropout, model, metrics = max(tried, key=lambda t: t[0])
     model.to("cpu")
     save_file(module_tensors(model), str(out.path("classifier.safetensors")))  # LoRA merged: plain weights
     held_out = "test" if data["test"] else "valid" if data["valid"] else None
     out.write_text("config.json", json.dumps({"task": task, "mode": mode, "labels": list(labels(task)),
                                               "encoder": encoder.version}, indent=2))
     out.metrics.update({"task": task, "mode": mode, **metrics, "lr": lr,
-                        **{f"dev_accuracy_lr_{t[1]:g}": t[0] for t in tried}, "evaluated_on": held_out,
+                        "body_dropout": mlm.config.dropout if dropout is None else dropout,
+                        **{f"dev_accuracy_lr_{t[1]:g}" + ("" if t[2] is None else f"_body_dropout_{t[2]:g}"): t[0]
+                           for t in tried}, "evaluated_on": held_out,
                         "train_fraction": params.train_fraction, "train_sentences": len(data["train"]),
                         "accuracy": ft.accuracy(model, data[held_out]) if held_out else None,
                         **{f"encoder_{k}": mlm.metrics.get(k) for k in ENCODER_FIGURES}})

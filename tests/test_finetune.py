@@ -125,17 +125,17 @@ def test_lora_embedding_on_the_training_ids_only_trains_as_on_every_row(kind):
 
 
 @pytest.mark.parametrize("kind", BODIES)
-def test_lora_trains_the_body_without_dropout_and_full_fine_tuning_keeps_it(kind):
-    for mode in ("full", "lora"):
+def test_lora_body_dropout_switches_the_frozen_bodys_dropout_off(kind):
+    for mode, dropout, deterministic in (("full", None, False), ("lora", None, False), ("lora", 0.0, True)):
         torch.manual_seed(0)
         size = dict(vocab_size=40, d_model=16, n_layers=2, n_heads=2, max_len=16, dropout=0.3)
         model = Classifier(EncoderModel(EncoderConfig(d_ff=32, **size)) if kind == "encoder" else
                            Transformer(TransformerConfig(**size)), "token", 5, head_dropout=0.0)
-        prepare(model, FineTuneConfig(mode=mode, lora_rank=2, lora_embedding_rank=2))
+        prepare(model, FineTuneConfig(mode=mode, lora_rank=2, lora_embedding_rank=2, lora_body_dropout=dropout))
         with torch.no_grad():
             training = model.train()(BATCH)
-            assert torch.allclose(training, model(BATCH)) == (mode == "lora")
-            assert torch.allclose(training, model.eval()(BATCH), atol=1e-6) == (mode == "lora")
+            assert torch.allclose(training, model(BATCH)) == deterministic
+            assert torch.allclose(training, model.eval()(BATCH), atol=1e-6) == deterministic
 
 
 def test_lora_defaults_train_under_5_percent_of_the_default_encoder_on_all_of_ewt_train():

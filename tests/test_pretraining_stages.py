@@ -9,6 +9,7 @@ from lexiflow.models.config import from_section
 from lexiflow.models.conllu import format_sentence, read_conllu
 from lexiflow.models.encoder import BERT_SPECIALS
 from lexiflow.models.errors import InputError
+from lexiflow.models.finetune_config import LR_GRID
 from lexiflow.models.tokenizers.wordpiece import WordPiece
 from lexiflow.storage import ArtifactStore, Catalog
 from lexiflow.storage.formats import read_manifest
@@ -54,6 +55,14 @@ def test_pretrain_then_finetune_publish_artifacts_and_the_report_table(store):
     assert lora["evaluated_on"] == "test" and 0 <= lora["accuracy"] <= 1
     assert lora["train_sentences"] == 60 and lora["train_fraction"] == 0.5  # half of the 120 train sentences
     assert lora["trainable_share"] < 0.5 and scratch["trainable"] == scratch["total"]
+    # every rate of LoRA's grid with the body's dropout, then the body without dropout at the best one: dev keeps one
+    grid = [f"dev_accuracy_lr_{lr:g}" for lr in LR_GRID["lora"]]
+    best = max(grid, key=lora.get)
+    tried = {k: v for k, v in lora.items() if k.startswith("dev_accuracy_lr_")}
+    assert set(tried) == {*grid, f"{best}_body_dropout_0"}
+    assert lora["dev_accuracy"] == max(tried.values())
+    assert lora["body_dropout"] == (0.0 if lora[f"{best}_body_dropout_0"] > lora[best] else mlm.config.dropout)
+    assert "body_dropout_0" not in " ".join(scratch) and scratch["body_dropout"] == mlm.config.dropout
     tagger = load(store, "finetuned", refs[0].version)  # LoRA merged into plain Linear layers
     assert tagger.labels[0] == "ADJ" and not any(type(m).__name__ == "LoRALinear" for m in tagger.modules())
     ids = torch.tensor([[1] + [i for w in tagger.tokenizer.encode_words(["the", "dog"]) for i in w] + [2]])
