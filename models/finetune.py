@@ -246,14 +246,39 @@ def prepare(model: Classifier, config: FineTuneConfig, train_ids: Iterable[int] 
     elif mode == "lora":
         if config.lora_body_dropout is not None:
             set_dropout(body, config.lora_body_dropout)
+        ids = None if train_ids is None else sorted(set(train_ids))
+        targets = _projections(body, config.lora_targets)
+        rank, embedding_rank = lora_ranks(config, [getattr(parent, name) for parent, name in targets],
+                                          parameter_counts(model), ids)
+        if (rank, embedding_rank) != (config.lora_rank, config.lora_embedding_rank):
+            logger.info("LoRA ranks lowered from %d / %d to %d / %d: lora_max_share=%g of this model's weights",
+                        config.lora_rank, config.lora_embedding_rank, rank, embedding_rank, config.lora_max_share)
         scale = config.lora_alpha / config.lora_rank  # one scale for every update, whatever its rank
-        for parent, name in _projections(body, config.lora_targets):
+        for parent, name in targets:
             base = getattr(parent, name)
             if isinstance(base, nn.Embedding):
-                setattr(parent, name, LoRAEmbedding(base, config.lora_embedding_rank, scale, train_ids))
+                setattr(parent, name, LoRAEmbedding(base, embedding_rank, scale, ids))
             else:
-                setattr(parent, name, LoRALinear(base, config.lora_rank, scale))
+                setattr(parent, name, LoRALinear(base, rank, scale))
+        return {**parameter_counts(model), "lora_rank": rank, "lora_embedding_rank": embedding_rank}
     return parameter_counts(model)
+
+
+def lora_ranks(config: FineTuneConfig, targets: Sequence[nn.Module], counts: dict[str, int],
+               ids: Sequence[int] | None) -> tuple[int, int]:
+    """The configured (r, r_e), or both lowered together (r_e in proportion) until LoRA's weights and what already
+    trains (`counts`, the head) are at most `lora_max_share` of the model: a small vocabulary makes a small model."""
+    per_rank = sum(m.in_features + m.out_features for m in targets if isinstance(m, nn.Linear))
+    per_embedding_rank = sum((m.num_embeddings if ids is None else len(ids)) + m.embedding_dim for m in targets
+                             if isinstance(m, nn.Embedding))
+    r, r_e = config.lora_rank, config.lora_embedding_rank
+    for rank in range(r, 0, -1):
+        embedding_rank = max(1, round(r_e * rank / r))
+        added = rank * per_rank + embedding_rank * per_embedding_rank
+        if (counts["trainable"] + added) / (counts["total"] + added) <= config.lora_max_share:
+            return rank, embedding_rank
+    logger.warning("LoRA at rank 1 trains more than lora_max_share=%g of this model's weights", config.lora_max_share)
+    return 1, 1
 
 
 def training_ids(examples: Iterable[Example]) -> set[int]:

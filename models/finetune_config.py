@@ -40,6 +40,9 @@ class FineTuneConfig:
     lora_embedding_rank: Annotated[int, Field(ge=1, le=256, description=(
         "LoRA rank of the token embedding (lora_targets all), on the ids the training data holds; its updates "
         "weigh α / r too."))] = 7
+    lora_max_share: Annotated[float, Field(gt=0, le=1, description=(
+        "The largest share of the model's weights LoRA trains (with the head): smaller models get lower ranks "
+        "(r and the embedding's together, α / r kept)."))] = 0.05
     lora_body_dropout: float | None = None  # dropout in the frozen body while LoRA trains; None: the body's own
     # every linear map by default, the token embedding included: with the embedding frozen, even full fine-tuning
     # of the rest trailed full fine-tuning by 6 points of UPOS at 10 % of EWT, LoRA by 8

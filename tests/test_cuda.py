@@ -120,7 +120,7 @@ def test_fine_tuning_with_lora_learns_upos_on_cuda_and_merging_keeps_its_outputs
                          clip_grad_norm=1.0, device="cuda"))
     assert next(model.parameters()).device.type == "cuda"
     assert accuracy(model, held) > 0.4  # where the model is (the fine-tuning stage calls it so on a GPU worker)
-    lora = FineTuneConfig(mode="lora", lora_rank=4, lora_alpha=8)
+    lora = FineTuneConfig(mode="lora", lora_rank=4, lora_alpha=8, lora_max_share=1)
     metrics = finetune(model, lora, train, held, TrainConfig(epochs=2, batch_size=16, lr=5e-3, log_every_s=1e9,
                                                              checkpoint_every=0, device="cuda"))
     assert metrics["trainable"] < metrics["total"]
