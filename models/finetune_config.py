@@ -20,9 +20,10 @@ LR_GRID = {"full": (3e-4, 1e-3, 3e-3), "frozen": (1e-3, 3e-3, 1e-2), "adapters":
            "lora": (1e-3, 3e-3, 1e-2)}
 
 
-# The frozen body's dropout while LoRA trains, chosen on dev at the rate dev chose (the rates are tried with the
-# first): None, the body's own, or none at all. LoRA overfits 10 % of EWT train and keeps dropout; it underfits all of
-# it, where dropping it gains 0.5 to 0.8 points (benchmarks/results/lora_sweep-notes.md)
+# The frozen body's dropout while LoRA trains, chosen on dev (the pipeline tries its rates with the first and the
+# rest at the best rate; the benchmark tries every pair): None, the body's own, or none at all. LoRA overfits 10 % of
+# EWT train and keeps dropout; it underfits all of it, where dropping it gains 0.5 to 0.8 points
+# (benchmarks/results/lora_sweep-notes.md)
 LORA_BODY_DROPOUTS = (None, 0.0)
 
 
