@@ -21,6 +21,7 @@ import math
 
 import torch
 import torch.nn.functional as F
+from lexiflow.models.dropout import dropout
 from lexiflow.models.errors import ParameterError
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -67,7 +68,7 @@ def scaled_dot_product_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tens
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = torch.matmul(q, k.transpose(-2, -1)) * scale  # (..., T_q, T_k)
     weights = masked_softmax(scores, _combine(mask, causal, q.shape[-2], k.shape[-2], q.device))
-    dropped = F.dropout(weights, dropout_p) if dropout_p > 0 else weights
+    dropped = dropout(weights, dropout_p)
     return torch.matmul(dropped.to(v.dtype), v), weights
 
 
@@ -194,7 +195,7 @@ class MultiHeadAttention(nn.Module):
         if mask is not None and mask.dim() == 2:  # (B, T_k) key padding -> (B, 1, 1, T_k)
             mask = mask[:, None, None, :]
         p = self.dropout if self.training else 0.0
-        if need_weights:
+        if need_weights or (p > 0 and q.device.type == "cpu"):  # torch's kernels draw the CPU dropout slowly
             y, weights = scaled_dot_product_attention(q, k, v, mask, causal, p)
         elif mask is None and (not causal or q.shape[-2] == k.shape[-2]):  # flash kernel: no mask tensor at all
             y, weights = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=causal), None

@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from lexiflow.models.attention import MultiHeadAttention
 from lexiflow.models.conllu import read_conllu
+from lexiflow.models.dropout import Dropout
 from lexiflow.models.encoder import CLS_ID, PAD_ID, SEP_ID, EncoderModel, pad_rows
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.finetune_config import (  # noqa: F401  (re-exported)
@@ -202,7 +203,7 @@ class Classifier(nn.Module):
         if task not in ("token", "sequence"):
             raise ParameterError(f"task={task!r}: use 'token' or 'sequence'")
         self.body, self.task = body, task
-        self.drop = nn.Dropout(head_dropout)
+        self.drop = Dropout(head_dropout)
         self.head = nn.Linear(body_width(body), n_labels)
 
     def hidden(self, ids: torch.Tensor) -> torch.Tensor:

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 from lexiflow.models.attention import MultiHeadAttention
+from lexiflow.models.dropout import Dropout
 from lexiflow.models.errors import ParameterError
 from torch import nn
 
@@ -80,7 +81,7 @@ class Embeddings(nn.Module):
             self.register_buffer("pe", sinusoidal_positions(max_len, d_model), persistent=False)
             nn.init.normal_(self.token.weight, std=d_model**-0.5)
             self.scale = math.sqrt(d_model)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, offset: int = 0) -> torch.Tensor:  # (B, T) ids -> (B, T, D)
         T = x.shape[1]
@@ -95,7 +96,7 @@ class FeedForward(nn.Sequential):
 
     def __init__(self, c: BlockConfig) -> None:
         act = nn.ReLU() if c.activation == "relu" else nn.GELU()
-        super().__init__(nn.Linear(c.d_model, c.d_ff), act, nn.Dropout(c.dropout), nn.Linear(c.d_ff, c.d_model))
+        super().__init__(nn.Linear(c.d_model, c.d_ff), act, Dropout(c.dropout), nn.Linear(c.d_ff, c.d_model))
 
 
 class Sublayer(nn.Module):
@@ -105,7 +106,7 @@ class Sublayer(nn.Module):
         super().__init__()
         self.pre = c.norm == "pre"
         self.norm = nn.LayerNorm(c.d_model)
-        self.drop = nn.Dropout(c.dropout)
+        self.drop = Dropout(c.dropout)
 
     def forward(self, x: torch.Tensor, f) -> tuple[torch.Tensor, torch.Tensor | None]:
         out, weights = f(self.norm(x) if self.pre else x)

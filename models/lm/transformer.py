@@ -20,6 +20,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from lexiflow.models.attention import MultiHeadAttention
+from lexiflow.models.dropout import Dropout
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.models.lm import train as training
 from lexiflow.models.lm.config import TransformerConfig
@@ -44,7 +45,7 @@ class CausalSelfAttention(MultiHeadAttention):
 
     def __init__(self, c: TransformerConfig) -> None:
         super().__init__(c.d_model, c.n_heads, c.dropout)
-        self.resid_drop = nn.Dropout(c.dropout)
+        self.resid_drop = Dropout(c.dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.resid_drop(super().forward(x, causal=True)[0])
@@ -71,7 +72,7 @@ class Block(nn.Module):
         self.ln2 = nn.LayerNorm(c.d_model)
         act = nn.GELU() if c.ffn_activation == "gelu" else nn.ReLU()
         self.ffn = nn.Sequential(nn.Linear(c.d_model, 4 * c.d_model), act, nn.Linear(4 * c.d_model, c.d_model),
-                                 nn.Dropout(c.dropout))  # d_ff = 4d
+                                 Dropout(c.dropout))  # d_ff = 4d
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.pre:
@@ -93,7 +94,7 @@ class Transformer(LMModule):
             self.pos = nn.Embedding(config.max_len, D)
         else:
             self.register_buffer("pe", sinusoidal_positions(config.max_len, D), persistent=False)
-        self.drop = nn.Dropout(config.dropout)
+        self.drop = Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layers))
         self.ln_f = nn.LayerNorm(D) if config.norm == "pre" else nn.Identity()  # post-LN blocks end normalised
         self.lm_head = nn.Linear(D, V, bias=False)
