@@ -298,7 +298,8 @@ def crash_loop(zygote: Zygote, workdir: Path, kills: int, seed: int = 0,
     order = sorted(times, key=times.get)  # stages in the order the calibration run published them
     startup = (total - (times[order[-1]] - times[order[0]])) * 0.5  # a guess: half of the rest is start-up
     # Seconds of work before each stage published, on this machine now (the first includes start-up).
-    duration = {kind: times[kind] - times[prev] if prev else startup for prev, kind in zip([None, *order], order, strict=False)}
+    duration = {kind: times[kind] - times[prev] if prev else startup
+                for prev, kind in zip([None, *order], order, strict=False)}
 
     store = new_store()
     while report.kills_tried < kills:
