@@ -29,7 +29,7 @@ def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     n = x.numel()
     words = torch.empty(-(-n // 4), dtype=torch.int64).random_()  # [0, 2⁶³): each 16-bit lane's low 15 bits
     keep = ((words.view(torch.int16)[:n] & (_LEVELS - 1)) >= m).view(x.shape)
-    return x * keep * (_LEVELS / (_LEVELS - m))
+    return x * keep.to(x.dtype).mul_(_LEVELS / (_LEVELS - m))  # one float mask: x * bool would cast it twice
 
 
 class Dropout(nn.Dropout):
