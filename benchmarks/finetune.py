@@ -144,6 +144,23 @@ def pretraining_data(quick: bool) -> tuple[WordPiece, list[np.ndarray], list[np.
     return tok, train_ids, held_ids
 
 
+def body_dropouts(mode: str) -> tuple:
+    """The body dropouts a mode's rate search tries: LoRA's two, one (the body's own) for the other modes."""
+    return LORA_BODY_DROPOUTS if mode == "lora" else (None,)
+
+
+def full_data_candidates(searched: list[dict]) -> dict[tuple, list[tuple]]:
+    """(task, 100 %, run) -> the (lr, body dropout) pairs to run at 100 %: the FULL_DATA_RATES rates with the best
+    dev accuracy at 10 % (a rate's best over its dropouts), each with every dropout its mode tries."""
+    best: dict[tuple, dict[float, float]] = {}  # (task, 100 %, run) -> rate -> its best dev accuracy at 10 %
+    for job in searched:
+        if job["fraction"] == SELECT_FRACTIONS[-1]:
+            rates = best.setdefault((job["task"], FRACTIONS[-1], job["run"]), {})
+            rates[job["lr"]] = max(rates.get(job["lr"], 0.0), job["metrics"]["dev_accuracy"])
+    return {key: [(lr, d) for lr in sorted(rates, key=rates.get, reverse=True)[:FULL_DATA_RATES]
+                  for d in body_dropouts(key[2][2])] for key, rates in best.items()}
+
+
 def _threads() -> None:
     torch.set_num_threads(1)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(process)d %(name)s %(message)s")
@@ -301,9 +318,6 @@ def run(quick: bool = False, seeds: str = "3", pretrain_seeds: str = "3", worker
     dev = {task: label_fraction(data[task]["dev"], min(1.0, DEV_SENTENCES / len(data[task]["dev"])), seed=1)
            for task in TASKS}
 
-    def dropouts(mode: str) -> tuple:
-        return LORA_BODY_DROPOUTS if mode == "lora" else (None,)
-
     def jobs(run_key: tuple, weights, *, candidates=None, seeds=(0,), cells=None, pretrain_seed: int = 0) -> list[dict]:
         """A job per cell, (lr, LoRA's body dropout) pair and seed; the pairs: `candidates[(task, fraction, run)]`,
         default the whole grid."""
@@ -316,7 +330,7 @@ def run(quick: bool = False, seeds: str = "3", pretrain_seeds: str = "3", worker
                 if cells is not None and (task, fraction) not in cells:
                     continue
                 train = label_fraction(data[task]["train"], fraction)
-                grid = [(lr, d) for lr in LR_GRID["full" if mode == "full" else mode] for d in dropouts(mode)] \
+                grid = [(lr, d) for lr in LR_GRID["full" if mode == "full" else mode] for d in body_dropouts(mode)] \
                     if candidates is None else candidates[(task, fraction, run_key)]
                 out += [dict(task=task, fraction=fraction, run=run_key, mode=mode, lr=lr, dropout=dropout, seed=seed,
                              pretrain_seed=pretrain_seed, n_labels=len(labels), body_class=configs[body][0],
@@ -360,14 +374,8 @@ def run(quick: bool = False, seeds: str = "3", pretrain_seeds: str = "3", worker
             key = (job["task"], job["fraction"], job["run"])
             if key not in chosen or job["metrics"]["dev_accuracy"] > chosen[key]["metrics"]["dev_accuracy"]:
                 chosen[key] = job
-        candidates = {key: [(job["lr"], job["dropout"])] for key, job in chosen.items()}
-        for task, fraction, r in [key for key in chosen if key[1] == SELECT_FRACTIONS[-1]]:
-            best: dict[float, float] = {}  # rate -> its best dev accuracy at 10 %
-            for job in searched:
-                if (job["task"], job["fraction"], job["run"]) == (task, fraction, r):
-                    best[job["lr"]] = max(best.get(job["lr"], 0.0), job["metrics"]["dev_accuracy"])
-            candidates[(task, FRACTIONS[-1], r)] = [
-                (lr, d) for lr in sorted(best, key=best.get, reverse=True)[:FULL_DATA_RATES] for d in dropouts(r[2])]
+        candidates = {key: [(job["lr"], job["dropout"])] for key, job in chosen.items()}  # the seeds' pair
+        candidates |= full_data_candidates(searched)
         weights = {"scratch": None, "mlm": pre["mlm"]}
         if lm_future is not None:
             weights["lm"] = numpy_state(gpt.module_)

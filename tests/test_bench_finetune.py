@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from lexiflow.models.encoder import EncoderConfig
 from lexiflow.models.lm.train import IGNORE, TrainConfig
 
-from benchmarks.finetune import RUNS, HFBert, HFMaskedLMTask, curve_rows
+from benchmarks.finetune import RUNS, HFBert, HFMaskedLMTask, curve_rows, full_data_candidates
 
 
 def job(task, fraction, run, test, seed=0, pretrain_seed=0, lr=1e-3, share=0.04):
@@ -70,3 +70,20 @@ def test_the_hf_anchor_trains_on_hf_loss_and_is_scored_like_lexiflows_encoder():
         ours = F.cross_entropy(model.mlm_logits(model(inputs)[chosen]), labels[chosen], reduction="sum")
     assert n == int(chosen.sum()) > 0
     assert math.isclose(float(nll), float(ours), rel_tol=1e-5)  # HF's loss over every position = ours at the chosen
+
+
+def test_at_100_percent_the_two_best_rates_at_10_percent_compete_again_with_every_body_dropout():
+    def searched(run, fraction, lr, dropout, dev):
+        return dict(task="upos", fraction=fraction, run=run, lr=lr, dropout=dropout, metrics={"dev_accuracy": dev})
+
+    scratch, lora = RUNS[0], RUNS[2]
+    jobs = [searched(scratch, 0.1, 3e-4, None, 0.767), searched(scratch, 0.1, 1e-3, None, 0.763),
+            searched(scratch, 0.1, 3e-3, None, 0.770), searched(scratch, 0.01, 1e-3, None, 0.9),  # 1 %: not read
+            # LoRA: a rate's best over its dropouts ranks it (3e-3 by its dropout-0 run, 1e-2 last)
+            searched(lora, 0.1, 1e-3, None, 0.8167), searched(lora, 0.1, 1e-3, 0.0, 0.8118),
+            searched(lora, 0.1, 3e-3, None, 0.8100), searched(lora, 0.1, 3e-3, 0.0, 0.8170),
+            searched(lora, 0.1, 1e-2, None, 0.8160), searched(lora, 0.1, 1e-2, 0.0, 0.7536)]
+    candidates = full_data_candidates(jobs)
+    assert set(candidates) == {("upos", 1.0, scratch), ("upos", 1.0, lora)}
+    assert candidates[("upos", 1.0, scratch)] == [(3e-3, None), (3e-4, None)]
+    assert candidates[("upos", 1.0, lora)] == [(3e-3, None), (3e-3, 0.0), (1e-3, None), (1e-3, 0.0)]
