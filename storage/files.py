@@ -48,13 +48,13 @@ class StoreFiles:
     def open(self, kind: str, version: str, name: str, mode: str = "rb"):
         return self.fs.open(self.path(kind, version, name), mode)
 
-    def read_parquet(self, kind: str, version: str, name: str) -> pl.DataFrame:
-        return pl.from_arrow(self.read_arrow(kind, version, name))
+    def read_parquet(self, kind: str, version: str, name: str, columns: list[str] | None = None) -> pl.DataFrame:
+        return pl.from_arrow(self.read_arrow(kind, version, name, columns))
 
     @retry_transient
-    def read_arrow(self, kind: str, version: str, name: str) -> pa.Table:
+    def read_arrow(self, kind: str, version: str, name: str, columns: list[str] | None = None) -> pa.Table:
         with self.open(kind, version, name) as f, self.damage_check(kind, version, name):
-            return pq.read_table(f, page_checksum_verification=True)
+            return pq.read_table(f, columns=columns, page_checksum_verification=True)
 
     @contextmanager
     def damage_check(self, kind: str, version: str, name: str) -> Iterator[None]:

@@ -186,8 +186,8 @@ def corpus_sources(ref: ArtifactRef) -> str:
     return "the corpus"
 
 
-def read_table(ref: ArtifactRef, name: str) -> pl.DataFrame:
-    return ArtifactStore(ref.store).read_parquet(ref.kind, ref.version, name)
+def read_table(ref: ArtifactRef, name: str, columns: list[str] | None = None) -> pl.DataFrame:
+    return ArtifactStore(ref.store).read_parquet(ref.kind, ref.version, name, columns)
 
 
 @retry_transient  # open and read: one store operation, retried as ArtifactStore's reads are

@@ -25,7 +25,7 @@ from lexiflow.tasks.parallel import (
     stream_shards,
 )
 from lexiflow.tasks.params import ParallelParams, TokenizerParams, VocabularyParams
-from lexiflow.tasks.pieces import ENCODED, WORD_COUNTS, RunPieces
+from lexiflow.tasks.pieces import ENCODED, WORD_COUNTS, RunPieces, run_aligned
 from lexiflow.tasks.shards import (
     add_keyed_word_counts,
     add_word_counts,
@@ -63,7 +63,8 @@ def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: Vocabular
     store, version = getattr(out, "store_url", None), getattr(out, "version", None)
     if parallel.pieces and store is not None:  # counted run by run of documents, the runs seen before reused
         pieces = RunPieces(store, out.code_version, WORD_COUNTS)
-        counts, n_words, keys = reduce_shards(count_words_pieces, [{**call, "pieces": pieces} for call in calls],
+        calls = [{"corpus": corpus, "start": a, "stop": b, "pieces": pieces} for a, b in run_aligned(corpus, ranges)]
+        counts, n_words, keys = reduce_shards(count_words_pieces, calls,
                                               add_keyed_word_counts, parallel, "tokenizer", out)
         if version is not None:
             record_uses(ArtifactStore(store), "tokenizer", version, {WORD_COUNTS: keys})
@@ -99,7 +100,8 @@ def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactR
     """One row of ids per sentence; shards of documents are encoded apart, each into its own row groups of
     `tokens.parquet` (on the workers, when they run on a pool), which are appended in order."""
     parallel = parallel or ParallelParams()
-    ranges = shard_ranges(corpus, "documents.parquet", parallel)
+    # Cut at runs of documents with pieces or without: the shards decide the row groups, so the same bytes
+    ranges = run_aligned(corpus, shard_ranges(corpus, "documents.parquet", parallel))
     calls = [{"corpus": corpus, "tokenizer": tokenizer, "start": a, "stop": b} for a, b in ranges]
     store, version, encode, keys = getattr(out, "store_url", None), getattr(out, "version", None), encode_shard, []
     if parallel.pieces and store is not None and read_manifest(tokenizer)["metrics"].get("kind") == "word":

@@ -2,6 +2,7 @@
 changed one (a file appended, removed or edited) from the pieces it has seen and the new ones, and publishes
 every count-based artifact with the version and the bytes of a from-scratch build of the new corpus."""
 
+import itertools
 import shutil
 import time
 
@@ -14,6 +15,7 @@ from lexiflow.tasks import pieces as pieces_module
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.lm import train_lm
 from lexiflow.tasks.matrices import compute_ppmi, count_cooccurrence
+from lexiflow.tasks.parallel import shard_ranges
 from lexiflow.tasks.params import (
     CooccurrenceParams,
     CorpusParams,
@@ -22,7 +24,7 @@ from lexiflow.tasks.params import (
     PPMIParams,
     VocabularyParams,
 )
-from lexiflow.tasks.pieces import CorpusPieces, RunPieces
+from lexiflow.tasks.pieces import ENCODED, WORD_COUNTS, CorpusPieces, RunPieces
 from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
 
 from tests.stages import publish
@@ -232,6 +234,32 @@ def test_the_word_count_runs_are_cut_by_content(monkeypatch):
     contents = {tuple(ids.slice(a, b - a)) for a, b in runs}
     assert sum(tuple(inserted.slice(a, b - a)) not in contents for a, b in again) == 1
 
+
+def test_shards_cut_between_runs_so_a_rebuild_recounts_only_new_runs(tmp_path, corpus_folder, monkeypatch):
+    """No shard boundary splits a run: the runs the tokenizer and the tokenized corpus are made of are the whole
+    corpus's content-defined runs, whatever the shards; so after an append, which moves every shard boundary,
+    the runs counted again are those that hold the new file's documents."""
+    monkeypatch.setattr(pieces_module, "PIECE_DOCUMENTS", 8)
+    parallel = ParallelParams(runner="local", **SHARDS)
+    store = ArtifactStore(tmp_path / "store")
+    build(store, corpus_folder, parallel)
+    change(corpus_folder, "append")
+    counting = Counting(monkeypatch)
+    rebuilt = build(store, corpus_folder, parallel)
+    corpus = rebuilt["corpus"]
+    assert len(shard_ranges(corpus, "documents.parquet", parallel)) >= 3
+    documents = store.read_parquet("corpus", corpus.version, "documents.parquet")
+    runs = [documents.slice(a, b - a) for a, b in pieces_module.content_cuts(documents["doc_id"], 0,
+                                                                             documents.height)]
+    for kind, stage in (("tokenizer", WORD_COUNTS), ("tokenized_corpus", ENCODED)):  # no run split in two
+        assert len(read_uses(store, kind, rebuilt[kind].version)[stage]) == len(runs)
+    new_file = documents.with_row_index().filter(pl.col("source").str.ends_with("f9.txt"))["index"]
+    holding_new = sum(any(a <= i < a + rows.height for i in new_file.to_list())
+                      for a, rows in zip(itertools.accumulate([0, *[r.height for r in runs[:-1]]]), runs,
+                                         strict=True))
+    assert 0 < holding_new < len(runs) // 2
+    for stage in (WORD_COUNTS, ENCODED):
+        assert counting.made[stage] == holding_new, stage
 
 def test_a_uses_record_keeps_a_piece_as_often_as_the_artifact_holds_it(tmp_path):
     # Two runs of the same documents are one piece, counted twice by a stage that adds runs (the n-gram LM)

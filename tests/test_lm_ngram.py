@@ -115,6 +115,19 @@ def test_vectorised_scoring_equals_log_probs_lookups() -> None:
         assert model.perplexity(test) == pytest.approx(math.exp(-np.mean(expected)), rel=1e-12)
 
 
+def test_searches_in_sorted_order_find_what_searches_in_query_order_find(monkeypatch) -> None:
+    from lexiflow.models.lm import ngram
+
+    keys = np.array([2, 5, 9, 14])
+    query = np.array([[14, 3, -1], [2, 2, 20]])  # absent, negative and past-the-end queries are -1
+    found = {}
+    for threshold in (0, 10**12):  # every query sorted first, or none
+        monkeypatch.setattr(ngram, "_SORT_QUERIES", threshold)
+        assert ngram._find(keys, query).tolist() == [[3, -1, -1], [0, 0, -1]]
+        model = NgramLM(order=3).fit(_random_corpus(3))
+        found[threshold] = model.token_log_probs(_random_corpus(4, n_sent=50))
+    np.testing.assert_array_equal(found[0], found[10**12])
+
 def reference_probs(model: NgramLM, context: list[int]) -> np.ndarray:
     """p(. | context) one context at a time, in plain Python from the saved count tables (the
     estimators as the NgramLM docstring writes them); context: <s> then ids the model knows."""
