@@ -65,7 +65,14 @@ def test_deployments_registry_pools_and_schedule():
     assert by_name["pipeline"].cron(config) is None
     assert by_name["corpus-rebuild"].parameters(config) == {
         "store": "/data/store", "corpus": {"sources": ["/corpus/*.txt"]}, "training": {"remote": True},
-        "release": {"when": "always", "alias": "production"}}  # a rebuild releases what passes its checks
+        "release": {"when": "always", "alias": "production"},  # a rebuild releases what passes its checks
+        "parallel": {"pieces": True}}  # and rebuilds a grown corpus incrementally (per-piece partial results)
+    assert "pieces" not in by_name["pipeline"].parameters(config).get("parallel", {})  # the manual run: off
+    # a deploy config's parameters win over corpus-rebuild's default, section by section
+    off = DeployConfig(store="/data/store", parameters={"parallel": {"pieces": False, "workers": 4}})
+    assert by_name["corpus-rebuild"].parameters(off)["parallel"] == {"pieces": False, "workers": 4}
+    assert by_name["corpus-rebuild"].parameters(DeployConfig(parameters={"parallel": {"workers": 4}}))["parallel"] \
+        == {"pieces": True, "workers": 4}
     trigger, = by_name["serve-release"].triggers(config)  # the downstream example starts on a release
     assert trigger.expect == {"lexiflow.artifact.released"}
     assert trigger.match.root == {"lexiflow.kind": "embeddings", "lexiflow.alias": "production",
