@@ -12,7 +12,8 @@ Prefect validates the flow's signature and our pydantic sections (`extra="forbid
     pipeline           cpu pool, manual: the full parameter form
     corpus-rebuild     cpu pool, cron (weekly by default): the pipeline on the configured sources,
                        released when its checks pass; unchanged sources give the same artifact
-                       versions, so nothing is recomputed
+                       versions, so nothing is recomputed; a grown corpus is rebuilt incrementally
+                       (parallel.pieces on by default)
     train-embeddings   gpu pool: embeddings from artifacts in the store (the pipeline's hand-off)
     train-lm           gpu pool: a language model on the tokenized corpus
     train-seq2seq      gpu pool: a translation model on the parallel corpus
@@ -107,6 +108,10 @@ def _pipeline_parameters(c: DeployConfig) -> dict[str, Any]:
     return {**merged({"training": {"remote": c.remote_training}}, c.parameters), "store": c.store}
 
 
+# corpus-rebuild's defaults, under the configured parameters (a deploy config's `parallel.pieces: false` wins):
+# the scheduled rebuild of a growing corpus keeps per-piece partial results (docs/design.md, "Incremental rebuilds")
+REBUILD_DEFAULTS: dict[str, Any] = {"parallel": {"pieces": True}}
+
 DEPLOYMENTS: list[DeploymentSpec] = [
     DeploymentSpec("pipeline", "flows/pipeline.py:pipeline", "cpu",
                    "The full pipeline, every parameter in the form. Unchanged stages are reused.",
@@ -114,9 +119,10 @@ DEPLOYMENTS: list[DeploymentSpec] = [
     DeploymentSpec("corpus-rebuild", "flows/pipeline.py:pipeline", "cpu",
                    "Scheduled rebuild of the corpus from its configured sources and of every stage downstream, "
                    "released (alias moved) when every blocking check passes. Unchanged sources give the same "
-                   "versions: nothing is recomputed.",
-                   lambda c: merged(_pipeline_parameters(c), {"corpus": {"sources": c.sources},
-                                                              "release": {"when": "always", "alias": c.alias}}),
+                   "versions: nothing is recomputed. A grown or changed corpus is rebuilt incrementally, reusing "
+                   "the per-piece partial results kept in the store (parallel.pieces, on here by default).",
+                   lambda c: merged(merged(REBUILD_DEFAULTS, _pipeline_parameters(c)), {
+                       "corpus": {"sources": c.sources}, "release": {"when": "always", "alias": c.alias}}),
                    cron=lambda c: c.rebuild_cron, tags=("scheduled",)),
     *(DeploymentSpec(spec.name, f"flows/training.py:{spec.entrypoint}", "gpu",
                      f"Train {spec.what} (started by the pipeline, or by hand).", tags=("training",))

@@ -65,7 +65,8 @@ def test_serve_bakes_the_config_file_and_set_into_pipeline_and_corpus_rebuild(tm
     pipeline = parameters("pipeline", config)
     assert pipeline == {**tree, "store": config.store, "training": {"remote": True}}
     rebuild = parameters("corpus-rebuild", config)
-    assert rebuild == {**pipeline, "release": {"when": "always", "alias": "production"}}
+    assert rebuild == {**pipeline, "release": {"when": "always", "alias": "production"},
+                       "parallel": {"pieces": True}}  # corpus-rebuild's default, under the configured parameters
     # --corpus still names corpus-rebuild's sources, over the file's; a set value wins over serve's defaults
     assert main(["serve", "--home", "h", "--config", "rebuild.toml", "--corpus", "data/*.txt",
                  "--set", "training.remote=false"]) == 0
