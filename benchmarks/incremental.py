@@ -6,7 +6,8 @@ compared (versions and every file's SHA-256).
 
 The stages run as the pipeline's tasks do, without Prefect (`tests/stages.publish`: the builder, its version and
 its pieces), on the `parallel` runner given: corpus → tokenizer → tokenized corpus → co-occurrence → PPMI → SVD,
-and the n-gram LM.
+the n-gram LM, then the SVD's evaluation, the checks and the report: the stages of the issue's default command
+(`lexiflow run --corpus DIR --set 'embeddings=["svd"]' --set 'lm=["ngram"]'`).
 
 Options (`--option KEY=VALUE`): `files` (10), `file_mb` (3.0: MB of each file), `runner` (threads), `workers` (2),
 `dim` (300: SVD dimensions), `svd_warm` (1: the rebuilds' SVD warm-started from the last build's; the full
@@ -24,19 +25,24 @@ import time
 from pathlib import Path
 
 from lexiflow.storage import ArtifactStore
+from lexiflow.tasks.checks import check_artifacts
 from lexiflow.tasks.corpus import ingest_corpus
 from lexiflow.tasks.embeddings import svd_embeddings
+from lexiflow.tasks.evaluation import evaluate_embeddings
 from lexiflow.tasks.lm import train_lm
 from lexiflow.tasks.matrices import compute_ppmi, count_cooccurrence
 from lexiflow.tasks.params import (
+    ChecksParams,
     CooccurrenceParams,
     CorpusParams,
+    EvaluationParams,
     NgramParams,
     ParallelParams,
     PPMIParams,
     SVDParams,
     VocabularyParams,
 )
+from lexiflow.tasks.report import write_report
 from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
 
 from benchmarks.corpora import WIKITEXT_VALID
@@ -84,9 +90,12 @@ def build(store: ArtifactStore, folder: Path, parallel: ParallelParams, dim: int
     pmi = timed("ppmi", compute_ppmi, cooccurrence=counts, params=PPMIParams())
     vectors = timed("svd", svd_embeddings, ppmi=pmi, params=SVDParams(dim=dim, warm_start=warm))
     lm = timed("lm", train_lm, tokens=tokens, tokenizer=words, model="ngram", params=NgramParams())
+    evaluated = timed("evaluation", evaluate_embeddings, embeddings=vectors, params=EvaluationParams())
     refs = {"corpus": docs, "tokenizer": words, "tokenized_corpus": tokens, "cooccurrence": counts, "ppmi": pmi,
-            "svd": vectors, "lm": lm}
-    return refs, times
+            "embeddings.svd": vectors, "evaluation.svd": evaluated, "lm.ngram": lm}
+    checked = timed("checks", check_artifacts, candidates=refs, released=None, params=ChecksParams())
+    timed("report", write_report, evaluations=[evaluated], lms=[lm], checks=checked)
+    return {**refs, "svd": vectors, "lm": lm}, times
 
 
 def differing(a: dict, b: dict) -> list[str]:
@@ -139,15 +148,15 @@ def run(quick: bool = False, files: str = "10", file_mb: str = "3.0", runner: st
                 rows.append(Row("incremental", f"{case_name}: {name}, {stage}", "seconds", times[stage], full[stage],
                                 "full build of the same corpus", higher_is_better=False,
                                 notes=f"cold (first corpus): {cold[stage]:.2f} s"))
-            counted = [stage for stage in times if stage != "svd"]
+            counted = [stage for stage in times if stage in COUNT_BASED]
             ours, peer = sum(times[s] for s in counted), sum(full[s] for s in counted)
             rows.append(Row("incremental", f"{case_name}: {name}, corpus to PPMI and n-gram", "seconds", ours, peer,
                             "full build of the same corpus", False, "ratio <= 0.1", ours <= 0.1 * peer))
             ours_all, peer_all = sum(times.values()), sum(full.values())
-            rows.append(Row("incremental", f"{case_name}: {name}, every stage timed", "seconds", ours_all,
-                            peer_all, "full build of the same corpus", False,
-                            notes=f"SVD {'warm-started' if warm else 'cold'}; no evaluation or report here: not "
-                                  "the issue's 35 % target"))
+            rows.append(Row("incremental", f"{case_name}: {name}, every stage", "seconds", ours_all, peer_all,
+                            "full build of the same corpus", False, "ratio <= 0.35", ours_all <= 0.35 * peer_all,
+                            notes=f"SVD {'warm-started' if warm else 'cold'}; evaluation, checks and report "
+                                  "included; without Prefect's own overhead"))
             diff = differing(rebuilt, fresh)
             rows.append(Row("incremental", f"{case_name}: {name}, count-based artifacts", "identical", float(not diff),
                             target="== 1", met=not diff,
