@@ -18,6 +18,8 @@ NGRAMS = "ngrams"  # n-gram counts of a run's train sentences over its run-local
 # Runs' counts summed at once: one group-by per MERGE_RUNS runs (one per run spent 7 s of a 300 MB rebuild),
 # memory for that many runs' counts beside the sum
 MERGE_RUNS = 16
+# Bits a packed n-gram key may use (`count_ngrams`): an n-gram whose ids need more is grouped on its columns
+PACKED_BITS = 63
 
 
 def _run_ngrams(lm: NgramLM, sentences: pl.DataFrame) -> pl.DataFrame:
@@ -52,6 +54,9 @@ def count_ngrams(out: Any, tokens: ArtifactRef, tokenizer: ArtifactRef,
     with ArtifactStore(tokenizer.store).local_dir(tokenizer.kind, tokenizer.version) as folder:
         words = tokenizers.load(folder)
     columns = [f"w{i}" for i in range(1, lm.order + 1)]
+    # An n-gram's ids packed into one integer where they fit 63 bits: one column to group on, not `order` of them
+    bits = max(1, (max(lm.vocab_size or 0, len(words)) - 1).bit_length())
+    group = ["key"] if bits * lm.order <= PACKED_BITS else columns
     total, batch = None, []
     for i, (run, key) in enumerate(zip(runs, keys, strict=True)):
         found = counted.get(key)
@@ -62,9 +67,21 @@ def count_ngrams(out: Any, tokens: ArtifactRef, tokenizer: ArtifactRef,
             found = {"counts": _run_ngrams(lm, made[0]["sentences"]), "words": made[0]["words"]}, {}
             counted.put(key, *found)
         table, distinct = found[0]["counts"], found[0]["words"]["word"]
-        ids = np.concatenate([np.arange(len(vocab.SPECIALS)), vocabulary_ids(words, distinct)]).astype(np.uint32)
-        batch.append(table.with_columns(pl.Series(c, ids[table[c].to_numpy()]) for c in columns))
+        ids = np.concatenate([np.arange(len(vocab.SPECIALS)), vocabulary_ids(words, distinct)]).astype(np.uint64)
+        mapped = [ids[table[c].to_numpy()] for c in columns]
+        if group == columns:
+            batch.append(pl.DataFrame({c: m.astype(np.uint32) for c, m in zip(columns, mapped, strict=True)}
+                                      | {"count": table["count"]}))
+        else:
+            packed = mapped[0]
+            for m in mapped[1:]:
+                packed = (packed << np.uint64(bits)) | m
+            batch.append(pl.DataFrame({"key": packed, "count": table["count"]}))
         if len(batch) == MERGE_RUNS or i == len(runs) - 1:
-            total = pl.concat(batch if total is None else [total, *batch]).group_by(columns).agg(pl.col("count").sum())
+            total = pl.concat(batch if total is None else [total, *batch]).group_by(group).agg(pl.col("count").sum())
             batch = []
-    return np.stack([total[c].to_numpy() for c in columns], axis=1), total["count"].to_numpy()
+    if group == columns:
+        return np.stack([total[c].to_numpy() for c in columns], axis=1), total["count"].to_numpy()
+    key, mask = total["key"].to_numpy(), np.uint64((1 << bits) - 1)
+    rows = np.stack([(key >> np.uint64(bits * (lm.order - 1 - k))) & mask for k in range(lm.order)], axis=1)
+    return rows.astype(np.int64), total["count"].to_numpy()

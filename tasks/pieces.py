@@ -162,5 +162,4 @@ class RunPieces:
 def vocabulary_ids(words: Any, distinct: pl.Series) -> np.ndarray:
     """The ids a word tokenizer (`tokenizers.load`) gives a run's distinct words (<unk> for those it lacks): the
     array that takes the run's local ids to this vocabulary's."""
-    return words.encode_batch(pl.Series([distinct.to_list()], dtype=pl.List(pl.String)), is_pretokenized=True)[0] \
-        .to_numpy()
+    return words.encode_batch(distinct.cast(pl.String).implode(), is_pretokenized=True)[0].to_numpy()

@@ -63,7 +63,7 @@ def _find(keys: np.ndarray, query: np.ndarray) -> np.ndarray:
         return np.full(query.shape, -1, dtype=np.int64)
     if query.size > _SORT_QUERIES:  # searched in sorted order: 3.5 s -> 0.4 s for 3 M queries in 12 M keys
         flat = query.reshape(-1)
-        order = np.argsort(flat, kind="stable")
+        order = np.argsort(flat)  # not stable: equal queries find the same place; the SIMD sort is 3x faster
         pos = np.empty(flat.shape, dtype=np.int64)
         pos[order] = np.searchsorted(keys, flat[order])
         pos = pos.reshape(query.shape)
@@ -164,10 +164,13 @@ class NgramLM(Estimator):
         arrays = [np.asarray(s) for s in sentences]
         if not arrays:
             raise InputError(f"{what}: the corpus is empty; give at least one sentence")
-        for i, a in enumerate(arrays):
-            if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)):
-                raise InputError(f"{what}: sentence {i} must be a 1-D integer array of token ids, "
-                                 f"got shape {a.shape} dtype {a.dtype}")
+        # one check per distinct (ndim, dtype) of the non-empty sentences, not per sentence (0.7 s of 250 k)
+        if any(ndim != 1 or not np.issubdtype(dtype, np.integer)
+               for ndim, dtype in {(a.ndim, a.dtype) for a in arrays if a.ndim != 1 or a.size}):
+            i, a = next((i, a) for i, a in enumerate(arrays)
+                        if a.ndim != 1 or (a.size and not np.issubdtype(a.dtype, np.integer)))
+            raise InputError(f"{what}: sentence {i} must be a 1-D integer array of token ids, "
+                             f"got shape {a.shape} dtype {a.dtype}")
         lengths = np.fromiter((a.size for a in arrays), dtype=np.int64, count=len(arrays))
         tokens = np.concatenate(arrays).astype(np.int64, copy=False) if lengths.sum() else np.zeros(0, np.int64)
         if tokens.size and tokens.min() < 0:
