@@ -144,6 +144,13 @@ def coverage_checks(artifact: str, figures: dict, released: dict | None, t: Cove
                      (released or {}).get("held_out_coverage"), t.coverage_delta, t.coverage_floor)]
 
 
+def held_out_coverage(tokens: dict[str, int], unknown: dict[str, int]) -> float | None:
+    """The share of held-out tokens that are not `<unk>`, from the tokens and the unknown tokens per split (the
+    tokenized corpus's metrics); None without held-out tokens. `held_out_counts`' share, added up."""
+    total = sum(tokens.get(split, 0) for split in HELD_OUT)
+    return (total - sum(unknown.get(split, 0) for split in HELD_OUT)) / total if total else None
+
+
 def held_out_counts(tokens: pl.DataFrame, unk_id: int) -> tuple[int, int]:
     """(covered, all) token ids of the held-out splits' sentences: covered ones are not `unk_id`."""
     ids = tokens.filter(pl.col("split").is_in(HELD_OUT))["ids"].explode().drop_nulls()

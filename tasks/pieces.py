@@ -96,23 +96,26 @@ def content_cuts(doc_ids: pl.Series, start: int, stop: int) -> list[tuple[int, i
 
 def run_aligned(corpus: Any, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """A corpus's shard `ranges` with each cut between two moved to the nearest run cut (`content_cuts` over the
-    whole corpus), so that no shard boundary splits a run: the runs are then the content's alone, and a rebuild
-    after an append recounts the new documents' runs, not two runs at every shard boundary, which moves with the
-    corpus's size (1 % appended to 300 MB in 10 shards: 19 runs recounted, of which 2 held new documents). A
-    cut with no run cut between its neighbours is dropped (a shard of less than a run)."""
+    whole corpus) within half a shard of it, so that no shard boundary splits a run: the runs are then the
+    content's alone, and a rebuild after an append recounts the new documents' runs, not two runs at every shard
+    boundary, which moves with the corpus's size (1 % appended to 300 MB in 10 shards: 19 runs recounted, of
+    which 2 held new documents). A cut with no run cut that near stays (shards smaller than runs keep their
+    parallelism; the runs it splits are recounted when it moves)."""
     if len(ranges) < 2:
         return ranges
     doc_ids = ArtifactStore(corpus.store).read_parquet(corpus.kind, corpus.version, "documents.parquet",
                                                         ["doc_id"])["doc_id"]
     run_ends = np.array([b for _, b in content_cuts(doc_ids, 0, len(doc_ids))[:-1]], dtype=np.int64)
     if not len(run_ends):
-        return [(ranges[0][0], ranges[-1][1])]
+        return ranges
     wanted = np.array([b for _, b in ranges[:-1]], dtype=np.int64)
     right = np.minimum(np.searchsorted(run_ends, wanted), len(run_ends) - 1)
     left = np.maximum(right - 1, 0)
     nearest = np.where(np.abs(run_ends[left] - wanted) <= np.abs(run_ends[right] - wanted), run_ends[left],
                        run_ends[right])
-    bounds = [ranges[0][0], *sorted(set(nearest.tolist())), ranges[-1][1]]
+    reach = (ranges[-1][1] - ranges[0][0]) / len(ranges) / 2
+    cuts = np.where(np.abs(nearest - wanted) <= reach, nearest, wanted)
+    bounds = [ranges[0][0], *sorted(set(cuts.tolist())), ranges[-1][1]]
     return [(a, b) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
 
 

@@ -104,22 +104,26 @@ def add_keyed_word_counts(results: list[tuple[pl.DataFrame, int, tuple[str, ...]
 
 
 def encode_shard(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: int,
-                 part: str | None) -> tuple[Segment, int, int, dict[str, int]]:
+                 part: str | None) -> tuple[Segment, int, dict[str, int], dict[str, int]]:
     """The sentences of documents [start, stop), encoded (doc_index counts from the corpus start) into
-    `tokens.parquet`'s row groups here, and their counts: sentences, unknown tokens, tokens per split (the
+    `tokens.parquet`'s row groups here, and their counts: sentences, unknown tokens and tokens per split (the
     merge only appends the row groups and adds the counts)."""
     rows = vocab.sentences(read_rows(corpus, "documents.parquet", start, stop), first_doc=start)
     with ArtifactStore(tokenizer.store).local_dir(tokenizer.kind, tokenizer.version) as folder:
         ids = tokenizers.load(folder).encode_batch(rows["text"]).alias("ids")
     table = rows.select("doc_index", "sentence", "split").with_columns(ids)
-    unknown = int(table["ids"].explode().eq(vocab.UNK_ID).sum())
-    per_split = dict(table.group_by("split").agg(pl.col("ids").list.len().sum()).iter_rows())
-    return (deliver_row_groups(table, part, TOKENS, SHARDED_ROW_GROUP), table.height, unknown,
-            {split: int(n) for split, n in per_split.items()})
+    return deliver_row_groups(table, part, TOKENS, SHARDED_ROW_GROUP), table.height, *split_counts(table)
+
+
+def split_counts(table: pl.DataFrame) -> tuple[dict[str, int], dict[str, int]]:
+    """Unknown (`<unk>`) tokens and tokens, per split, of encoded sentences."""
+    rows = table.group_by("split").agg(pl.col("ids").explode().eq(vocab.UNK_ID).sum().alias("unknown"),
+                                       pl.col("ids").list.len().sum().alias("tokens")).rows()
+    return {split: int(unknown or 0) for split, unknown, _ in rows}, {split: int(n) for split, _, n in rows}
 
 
 def encode_pieces(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: int, pieces: RunPieces,
-                  part: str | None) -> tuple[Segment, int, int, dict[str, int], tuple[str, ...]]:
+                  part: str | None) -> tuple[Segment, int, dict[str, int], dict[str, int], tuple[str, ...]]:
     """`encode_shard` for a word vocabulary, run by run of documents (`tasks.pieces.content_cuts`): each run's
     sentences pre-tokenized into run-local ids over the run's distinct words, taken from the store's pieces when
     a corpus version before had the run, else made and left there; then the run's words looked up in this
@@ -143,10 +147,8 @@ def encode_pieces(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop:
                                        remap(sentences["local"], vocabulary_ids(words, distinct)).alias("ids")))
         keys.append(key)
     table = pl.concat(tables).rechunk() if tables else pl.from_arrow(TOKENS.empty_table())
-    unknown = int(table["ids"].explode().eq(vocab.UNK_ID).sum())
-    per_split = dict(table.group_by("split").agg(pl.col("ids").list.len().sum()).iter_rows())
-    return (deliver_row_groups(table, part, TOKENS, SHARDED_ROW_GROUP), table.height, unknown,
-            {split: int(n) for split, n in per_split.items()}, tuple(keys))
+    return (deliver_row_groups(table, part, TOKENS, SHARDED_ROW_GROUP), table.height, *split_counts(table),
+            tuple(keys))
 
 
 def remap(local: pl.Series, ids: np.ndarray) -> pl.Series:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import polars as pl
 from lexiflow.models import text, vocab
+from lexiflow.models.checks import held_out_coverage
 from lexiflow.models.config import from_section
 from lexiflow.models.errors import InputError
 from lexiflow.models.ingest import sources as ingest
@@ -108,7 +109,7 @@ def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactR
         # run by run of documents, the runs seen before remapped to this vocabulary (tasks/pieces.py)
         pieces = RunPieces(store, out.code_version, ENCODED)
         encode, calls = encode_pieces, [{**call, "pieces": pieces} for call in calls]
-    sentences, unknown, per_split = 0, 0, {}
+    sentences, unknown, per_split = 0, {}, {}
     # Shard by shard, in order, as they finish: their row groups appended while later shards run.
     with out.parquet_parts("tokens.parquet", TOKENS, SHARDED_ROW_GROUP) as write:
         for row_groups, shard_sentences, shard_unknown, shard_tokens, *shard_keys in stream_shards(
@@ -116,11 +117,13 @@ def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactR
             write(row_groups)
             keys.extend(key for found in shard_keys for key in found)
             sentences += shard_sentences
-            unknown += shard_unknown
             for split, n in shard_tokens.items():
                 per_split[split] = per_split.get(split, 0) + n
+                unknown[split] = unknown.get(split, 0) + shard_unknown.get(split, 0)
     if encode is encode_pieces and version is not None:
         record_uses(ArtifactStore(store), "tokenized_corpus", version, {ENCODED: keys})
     n_tokens = sum(per_split.values())
-    out.metrics.update({"sentences": sentences, "tokens": n_tokens, "unk_rate": unknown / max(n_tokens, 1),
+    out.metrics.update({"sentences": sentences, "tokens": n_tokens,
+                        "unk_rate": sum(unknown.values()) / max(n_tokens, 1),
+                        "held_out_coverage": held_out_coverage(per_split, unknown),
                         **{f"tokens_{split}": n for split, n in sorted(per_split.items())}})

@@ -146,3 +146,27 @@ def test_the_checks_stage_measures_the_data_and_records_each_result(tmp_path):
     coverage = results["tokenized_corpus.held_out_coverage"]
     assert (coverage["value"], coverage["released"], coverage["passed"]) == (0.5, 1.0, False)
     assert manifest["metrics"]["passed"] is False and manifest["metrics"]["blocking_failures"] == 3
+
+
+@pytest.mark.parametrize("pieces", [False, True])
+def test_a_tokenized_corpus_records_the_held_out_coverage_the_checks_would_measure(tmp_path, pieces):
+    from lexiflow.tasks.checks import MEASURE, figures
+    from lexiflow.tasks.corpus import ingest_corpus
+    from lexiflow.tasks.params import CorpusParams, ParallelParams, VocabularyParams
+    from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
+
+    from tests.stages import publish
+
+    source = tmp_path / "animals.txt"
+    words = "cat dog bird fish cow horse sheep goat mouse owl fox bear wolf deer hare lynx seal crab".split()
+    source.write_text("".join(" ".join(words[(i * 7 + j * (i % 5 + 1)) % len(words)] for j in range(3 + i % 6))
+                              + f" {'rare' if i % 9 == 0 else 'and'}{i % 13} .\n" for i in range(400)))
+    store = ArtifactStore(tmp_path / "store")
+    parallel = ParallelParams(runner="local", shard_rows=60, pieces=pieces)
+    docs = publish(store, ingest_corpus, params=CorpusParams(sources=[str(source)], valid_fraction=0.2,
+                                                             test_fraction=0.2), parallel=parallel)
+    vocabulary = publish(store, learn_vocabulary, corpus=docs, params=VocabularyParams(min_count=3), parallel=parallel)
+    tokens = publish(store, encode_corpus, corpus=docs, tokenizer=vocabulary, parallel=parallel)
+    recorded = read_manifest(tokens)["metrics"]["held_out_coverage"]
+    assert 0.5 < recorded < 1  # some held-out words are unknown to the train split's vocabulary
+    assert recorded == MEASURE["held_out_coverage"](tokens) == figures(tokens)["held_out_coverage"]
