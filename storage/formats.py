@@ -202,9 +202,9 @@ def row_groups(ref: ArtifactRef, name: str) -> list[tuple[int, int]]:
 
 
 @retry_transient
-def read_rows(ref: ArtifactRef, name: str, start: int, stop: int) -> pl.DataFrame:
-    """Rows [start, stop) of a Parquet file of an artifact, reading only the row groups that hold
-    them (a shard of a large table, on any store)."""
+def read_rows(ref: ArtifactRef, name: str, start: int, stop: int, columns: list[str] | None = None) -> pl.DataFrame:
+    """Rows [start, stop) of a Parquet file of an artifact (`columns` of them, or all), reading only the row
+    groups that hold them (a shard of a large table, on any store)."""
     store = ArtifactStore(ref.store)
     with store.open(ref.kind, ref.version, name) as f, store.damage_check(ref.kind, ref.version, name):
         parquet = pq.ParquetFile(f, page_checksum_verification=True)
@@ -216,6 +216,7 @@ def read_rows(ref: ArtifactRef, name: str, start: int, stop: int) -> pl.DataFram
                 first = row if first is None else first
             row += n
         if not groups:
-            return pl.from_arrow(parquet.schema_arrow.empty_table())
-        table = parquet.read_row_groups(groups)
+            empty = parquet.schema_arrow.empty_table()
+            return pl.from_arrow(empty.select(columns) if columns else empty)
+        table = parquet.read_row_groups(groups, columns=columns)
     return pl.from_arrow(table.slice(start - first, stop - start))

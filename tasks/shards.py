@@ -11,6 +11,7 @@ module on the Dask workers they start: shard results go through `tasks.parts`, w
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -75,14 +76,28 @@ def add_word_counts(results: list[tuple[pl.DataFrame, int]]) -> tuple[pl.DataFra
     return vocab.merge_counts([counts for counts, _ in results]), sum(n for _, n in results)
 
 
+def runs_to_count(corpus: ArtifactRef, start: int, stop: int, pieces: RunPieces
+                  ) -> Iterator[tuple[int, pl.DataFrame, str, Any]]:
+    """`pieces.runs` of documents [start, stop): (first row in the shard, the run's documents, key, its piece
+    or None), the runs without a piece with their documents' text. Only the keys' columns are read for every
+    run, the text once, from the first run without a piece to the last (a 1 % append to 300 MB decoded the
+    whole corpus's text twice, for the word counts and the encoding, to use 2 runs' worth of it)."""
+    runs = list(pieces.runs(read_rows(corpus, "documents.parquet", start, stop, ["doc_id", "split"])))
+    missing = [(a, a + rows.height) for a, rows, _, found in runs if found is None]
+    if missing:
+        first = missing[0][0]
+        text = read_rows(corpus, "documents.parquet", start + first, start + missing[-1][1], ["text"])["text"]
+    for a, rows, key, found in runs:
+        yield a, rows if found is not None else rows.with_columns(text.slice(a - first, rows.height)), key, found
+
+
 def count_words_pieces(corpus: ArtifactRef, start: int, stop: int, pieces: RunPieces,
                        part: str | None) -> tuple[Any, int, tuple[str, ...]]:
     """`count_words_shard` run by run of documents (`tasks.pieces.content_cuts`), each run's counts taken from
     the store's pieces when a corpus version before had the same run, else counted and left there; and the
     keys of the runs (the pieces the tokenizer is made of). The counts add up to the shard's, exactly."""
-    documents = read_rows(corpus, "documents.parquet", start, stop)
     results, keys = [], []
-    for _, rows, key, found in pieces.runs(documents):
+    for _, rows, key, found in runs_to_count(corpus, start, stop, pieces):
         if found is None:
             words = vocab.sentence_tokens(rows.filter(pl.col("split") == "train"))["words"]
             counts, n_words = vocab.token_counts(words), int(words.list.len().sum() or 0)
@@ -129,11 +144,10 @@ def encode_pieces(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop:
     a corpus version before had the run, else made and left there; then the run's words looked up in this
     vocabulary and its ids remapped (a new vocabulary costs a lookup of each run's distinct words, not a
     tokenization). The same table as `encode_shard`'s, row for row; and the keys of the runs."""
-    documents = read_rows(corpus, "documents.parquet", start, stop)
     with ArtifactStore(tokenizer.store).local_dir(tokenizer.kind, tokenizer.version) as folder:
         words = tokenizers.load(folder)
     tables, keys = [], []
-    for a, rows, key, found in pieces.runs(documents):
+    for a, rows, key, found in runs_to_count(corpus, start, stop, pieces):
         if found is None:
             run = vocab.sentence_tokens(rows)
             distinct = run["words"].explode().drop_nulls().unique(maintain_order=True)
