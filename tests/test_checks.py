@@ -149,7 +149,9 @@ def test_the_checks_stage_measures_the_data_and_records_each_result(tmp_path):
 
 
 @pytest.mark.parametrize("pieces", [False, True])
-def test_a_tokenized_corpus_records_the_held_out_coverage_the_checks_would_measure(tmp_path, pieces):
+def test_corpus_and_tokenized_corpus_record_the_figures_the_checks_would_measure(tmp_path, pieces):
+    """The odd-character share and the held-out coverage are counted as the corpus is read and encoded (a rebuild
+    from pieces adds them up), so the checks read them instead of scanning the data again: the same figures."""
     from lexiflow.tasks.checks import MEASURE, figures
     from lexiflow.tasks.corpus import ingest_corpus
     from lexiflow.tasks.params import CorpusParams, ParallelParams, VocabularyParams
@@ -160,13 +162,16 @@ def test_a_tokenized_corpus_records_the_held_out_coverage_the_checks_would_measu
     source = tmp_path / "animals.txt"
     words = "cat dog bird fish cow horse sheep goat mouse owl fox bear wolf deer hare lynx seal crab".split()
     source.write_text("".join(" ".join(words[(i * 7 + j * (i % 5 + 1)) % len(words)] for j in range(3 + i % 6))
-                              + f" {'rare' if i % 9 == 0 else 'and'}{i % 13} .\n" for i in range(400)))
+                              + f" {'rare' if i % 9 == 0 else 'and'}{i % 13} .\n" for i in range(400))
+                      + "a caf\ufffd sign \ue000 .\n")  # odd characters cleaning keeps
     store = ArtifactStore(tmp_path / "store")
     parallel = ParallelParams(runner="local", shard_rows=60, pieces=pieces)
     docs = publish(store, ingest_corpus, params=CorpusParams(sources=[str(source)], valid_fraction=0.2,
                                                              test_fraction=0.2), parallel=parallel)
     vocabulary = publish(store, learn_vocabulary, corpus=docs, params=VocabularyParams(min_count=3), parallel=parallel)
     tokens = publish(store, encode_corpus, corpus=docs, tokenizer=vocabulary, parallel=parallel)
+    odd = read_manifest(docs)["metrics"]["odd_character_share"]
+    assert odd > 0 and odd == MEASURE["odd_character_share"](docs) == figures(docs)["odd_character_share"]
     recorded = read_manifest(tokens)["metrics"]["held_out_coverage"]
     assert 0.5 < recorded < 1  # some held-out words are unknown to the train split's vocabulary
     assert recorded == MEASURE["held_out_coverage"](tokens) == figures(tokens)["held_out_coverage"]

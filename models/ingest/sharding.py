@@ -118,7 +118,8 @@ class ShardResult:
 
 
 _SHARD_SCHEMA = {"file": pl.UInt32, "doc_id": pl.String, "source": pl.String, "split": pl.String, "text": pl.String,
-                 "n_words": pl.UInt32, "n_sentences": pl.UInt32, "n_bytes": pl.UInt32}
+                 "n_words": pl.UInt32, "n_sentences": pl.UInt32, "n_bytes": pl.UInt32, "n_chars": pl.UInt32,
+                 "n_odd": pl.UInt32}
 _WORDS_SCHEMA = {"file": pl.UInt32, "word": pl.String}
 _PIECE_SCHEMA = {name: dtype for name, dtype in _SHARD_SCHEMA.items() if name != "file"}
 

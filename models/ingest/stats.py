@@ -33,11 +33,16 @@ def in_threads(fn: Callable, rows: pl.DataFrame | pl.Series, text: str = "text")
 
 def per_document() -> dict[str, pl.Expr]:
     """Each cleaned document's words (split at spaces and newlines, as `words_of` counts them), sentences
-    (lines) and bytes of text: columns a shard adds, so the merge only sums them (and needs no text)."""
+    (lines), bytes and characters of text, and odd characters (the release check's: `checks.ODD_CHARACTERS`):
+    columns a shard adds, so the merge only sums them (and needs no text), and a rebuild's check reads the sum."""
+    from lexiflow.models.checks import ODD_CHARACTERS
+
     text = pl.col("text")
     newlines = text.str.count_matches("\n", literal=True)
     return {"n_words": (text.str.count_matches(" ", literal=True) + newlines + 1).cast(pl.UInt32),
-            "n_sentences": (newlines + 1).cast(pl.UInt32), "n_bytes": text.str.len_bytes().cast(pl.UInt32)}
+            "n_sentences": (newlines + 1).cast(pl.UInt32), "n_bytes": text.str.len_bytes().cast(pl.UInt32),
+            "n_chars": text.str.len_chars().cast(pl.UInt32), "n_odd": text.str.count_matches(ODD_CHARACTERS)
+            .cast(pl.UInt32)}
 
 
 class DistinctWords:
@@ -72,7 +77,7 @@ class CorpusCounts:
     only adds them up."""
 
     def __init__(self) -> None:
-        self.documents = self.sentences = self.tokens = self.text_bytes = 0
+        self.documents = self.sentences = self.tokens = self.text_bytes = self.characters = self.odd = 0
         self.per_split: dict[str, int] = {}
         self.words = DistinctWords()
 
@@ -82,6 +87,8 @@ class CorpusCounts:
         self.sentences += int(docs["n_sentences"].cast(pl.UInt64).sum())
         self.tokens += int(docs["n_words"].cast(pl.UInt64).sum())
         self.text_bytes += int(docs["n_bytes"].cast(pl.UInt64).sum())
+        self.characters += int(docs["n_chars"].cast(pl.UInt64).sum())
+        self.odd += int(docs["n_odd"].cast(pl.UInt64).sum())
         for split, n in docs.group_by("split").len().iter_rows():
             self.per_split[split] = self.per_split.get(split, 0) + n
 
@@ -97,6 +104,8 @@ class CorpusCounts:
             "types": len(self.words),
             "bytes": int(sum(p.stat().st_size for p in files)),
             "text_bytes": self.text_bytes,
+            # the release check's figure (tasks/checks.py measures it only for a corpus made before)
+            "odd_character_share": self.odd / self.characters if self.characters else None,
             "files": len(files),
             "duplicates_removed": duplicates,
             "skipped_inputs": len(skipped),
