@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import polars as pl
 from gensim.models import KeyedVectors
 
 
@@ -20,6 +21,21 @@ def keyed_vectors(words: Sequence[str], vectors: np.ndarray, counts: np.ndarray 
     if counts is not None:
         kv.expandos["count"] = np.asarray(counts, dtype=np.int64)[keep]
     return kv
+
+
+def save_text(kv: KeyedVectors, path: str) -> None:
+    """`kv` in the word2vec text format, in the order gensim's `save_word2vec_format(binary=False)` writes
+    (most frequent first where counts are kept), each value the shortest decimal that reads back as the same
+    float32, as gensim's `str` of it (which writes 1e-05 where this writes 0.00001). gensim formats one value per
+    Python call: 2.8 s for 24 k words of 300 dimensions, the larger part of an SVD rebuild; polars 0.35 s."""
+    counts = kv.expandos.get("count")
+    order = np.argsort(-counts, kind="stable") if counts is not None else np.arange(len(kv))
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        f.write(f"{len(kv)} {kv.vector_size}\n")
+        if len(kv):
+            values = pl.Series(kv.vectors[order]).cast(pl.Array(pl.String, kv.vector_size)).arr.join(" ")
+            words = pl.Series([kv.index_to_key[i] for i in order], dtype=pl.String)
+            f.write("\n".join((words + " " + values).to_list()) + "\n")
 
 
 def reweight_spectrum(vectors: np.ndarray, power: float) -> np.ndarray:

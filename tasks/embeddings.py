@@ -31,7 +31,7 @@ def write_embeddings(out: ArtifactWriter, vocabulary: pl.DataFrame, word_vectors
     matrix = word_vectors[n_special:]
     write_vectors(out, vocabulary["id"].to_numpy()[n_special:], words, counts, matrix)
     kv = vectors.keyed_vectors(words, matrix, counts)
-    kv.save_word2vec_format(str(out.path("vectors.txt")), binary=False)
+    vectors.save_text(kv, str(out.path("vectors.txt")))
     kv.save_word2vec_format(str(out.path("vectors.bin")), binary=True)
     if context_vectors is not None:
         vectors.keyed_vectors(words, context_vectors[n_special:], counts).save_word2vec_format(

@@ -90,6 +90,27 @@ def test_untrained_zero_rows_change_no_figure():
                                                                                     "ws353")
 
 
+def test_text_export_reads_back_as_gensims_own(tmp_path):
+    """`save_text` against gensim's `save_word2vec_format(binary=False)` on the same vectors: the same words in
+    the same order (by count, ties kept, zero rows left out) and every value the same float32."""
+    from gensim.models import KeyedVectors
+    from lexiflow.models.vectors import save_text
+
+    rng = np.random.default_rng(3)
+    scale = rng.choice([1e-7, 1e-3, 1.0, 1e6], size=(7, 4))
+    vectors = (rng.standard_normal((7, 4)) * scale).astype(np.float32)
+    vectors[2] = 0  # dropped by keyed_vectors
+    vectors[4, 0] = -0.0
+    kv = keyed_vectors(["the", "é", "zero", "b", "c", "ties", "x"], vectors, np.array([9, 5, 5, 7, 5, 1, 5]))
+    save_text(kv, str(tmp_path / "ours.txt"))
+    kv.save_word2vec_format(str(tmp_path / "gensim.txt"), binary=False)
+    ours, theirs = (KeyedVectors.load_word2vec_format(str(tmp_path / name)) for name in ("ours.txt", "gensim.txt"))
+    assert ours.index_to_key == theirs.index_to_key == ["the", "b", "é", "c", "x", "ties"]
+    np.testing.assert_array_equal(ours.vectors, theirs.vectors)
+    lines = (tmp_path / "ours.txt").read_text(encoding="utf-8").splitlines()
+    assert lines[0] == "6 4" and len(lines) == 7 and all(len(line.split(" ")) == 5 for line in lines[1:])
+
+
 def test_report_lists_metrics_and_neighbours():
     words = [f"w{i}" for i in range(20)] + ["king"]  # no WS353/SimLex word but king: NaN, not a crash
     kv = keyed_vectors(words, np.random.default_rng(1).normal(size=(21, 5)))
