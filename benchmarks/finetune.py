@@ -330,7 +330,7 @@ def run(quick: bool = False, seeds: str = "3", pretrain_seeds: str = "3", worker
                 if cells is not None and (task, fraction) not in cells:
                     continue
                 train = label_fraction(data[task]["train"], fraction)
-                grid = [(lr, d) for lr in LR_GRID["full" if mode == "full" else mode] for d in body_dropouts(mode)] \
+                grid = [(lr, d) for lr in LR_GRID[mode] for d in body_dropouts(mode)] \
                     if candidates is None else candidates[(task, fraction, run_key)]
                 out += [dict(task=task, fraction=fraction, run=run_key, mode=mode, lr=lr, dropout=dropout, seed=seed,
                              pretrain_seed=pretrain_seed, n_labels=len(labels), body_class=configs[body][0],
@@ -472,7 +472,7 @@ def curve_rows(done: list[dict], n_seeds: int) -> list[Row]:
                 f"{'from scratch' if start == 'scratch' else 'pretrained'}, {mode}")
         rows.append(Row("finetune", case, f"accuracy, mean of {len(jobs)} seed{'s' * (len(jobs) > 1)}", mean,
                         notes=f"s.d. {sd:.4f}; lr {jobs[0]['lr']:g} chosen on dev from "
-                              + (f"{LR_GRID['full' if mode == 'full' else mode]}; " if fraction in SELECT_FRACTIONS
+                              + (f"{LR_GRID[mode]}; " if fraction in SELECT_FRACTIONS
                                  else f"the {FULL_DATA_RATES} best on dev at {SELECT_FRACTIONS[-1]:.0%}; ")
                               + ("" if mode != "lora" else
                                  f"body dropout {'its own' if dropout is None else f'{dropout:g}'} chosen on dev; ")
