@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import scipy.sparse as sp
@@ -127,19 +127,23 @@ class GloVe(Estimator):
         matrix: sp.spmatrix | sp.sparray,
         progress: Callable[[float | None], None] | None = None,
         on_epoch: Callable[[dict[str, float], np.ndarray], None] | None = None,
+        start: Sequence[np.ndarray] | None = None,
     ) -> GloVe:
         """Train on a (V × V) co-occurrence matrix whose rows/columns are vocabulary ids.
 
         `on_epoch(record, vectors)`, if given, sees each epoch's history record and the vectors so
         far (for learning curves / early-stopping studies; it costs a device-to-host copy per epoch).
+        `start`: w, w̃, b, b̃ to continue from (an earlier fit's `state_`, rows by vocabulary id), NaN rows
+        where a word starts at random as in a cold fit. `state_` holds them after the fit.
         """
         cfg = self.config
         cfg.validate()
         with limit_threads(cfg.threads, "glove.threads"):
-            return self._fit(cfg, matrix, progress, on_epoch)
+            return self._fit(cfg, matrix, progress, on_epoch, start)
 
     def _fit(self, cfg: GloVeConfig, matrix: sp.spmatrix | sp.sparray, progress: Callable[[float | None], None] | None,
-             on_epoch: Callable[[dict[str, float], np.ndarray], None] | None) -> GloVe:
+             on_epoch: Callable[[dict[str, float], np.ndarray], None] | None,
+             start: Sequence[np.ndarray] | None) -> GloVe:
         rows, cols, counts, vocab_size = _cells(matrix)
         dev = resolve_device(cfg.device, "glove.device")
         self.device_ = str(dev)
@@ -151,7 +155,11 @@ class GloVe(Estimator):
         log_x = torch.from_numpy(np.log(counts).astype(np.float32)).to(dev)
         f_x = torch.from_numpy(weighting(counts, cfg.x_max, cfg.alpha).astype(np.float32)).to(dev)
 
-        params = [torch.from_numpy(p).to(dev) for p in initial_parameters(vocab_size, d, cfg.seed)]
+        initial = initial_parameters(vocab_size, d, cfg.seed)
+        for ours, given in zip(initial, start or (), strict=False):
+            known = ~np.isnan(given.reshape(len(given), -1)).any(axis=1)
+            ours[known] = given[known]
+        params = [torch.from_numpy(p).to(dev) for p in initial]
         grads = [torch.zeros_like(p) for p in params]
         step = _AdaGrad(params, cfg.lr, cfg.adagrad_init) if cfg.optimizer == "adagrad" else _Adam(params, cfg.lr)
         w, w_ctx, b, b_ctx = params
@@ -227,6 +235,7 @@ class GloVe(Estimator):
                     on_epoch(self.history_[-1], _output(w, w_ctx, trained, cfg.spectrum_power))
 
         self.vectors_ = _output(w, w_ctx, trained, cfg.spectrum_power)
+        self.state_ = [p.cpu().numpy() for p in params]
         self.n_cells_ = n
         return self
 

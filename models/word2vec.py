@@ -109,8 +109,11 @@ class Word2Vec(Estimator):
                     min_count=c.min_count, compute_loss=True)
 
     def fit(self, sentences: Iterable[list[str]], vocabulary: Vocabulary,
-            progress: Callable[[float | None], None] | None = None) -> Word2Vec:
-        """Train on a restartable iterable of token lists; rows of `vectors_` are `vocabulary` ids."""
+            progress: Callable[[float | None], None] | None = None,
+            start: tuple[np.ndarray, np.ndarray] | None = None) -> Word2Vec:
+        """Train on a restartable iterable of token lists; rows of `vectors_` are `vocabulary` ids. `start`:
+        input and output vectors to start from (continued training), rows by `vocabulary` id, NaN rows where
+        a word starts as a cold model's do (random input, zero output vectors)."""
         cfg = self.config
         cfg.validate()
         if iter(sentences) is sentences:
@@ -142,6 +145,10 @@ class Word2Vec(Estimator):
         model.corpus_total_words = n_words
         if model.wv.index_to_key != words:  # guards the tie-order assumption above
             raise RuntimeError("gensim vocabulary order differs from lexiflow's ids (gensim version change?)")
+        for ours, theirs in zip(start or (), (model.wv.vectors, model.syn1neg), strict=False):
+            rows = ours[n_special:n_special + k]
+            known = ~np.isnan(rows).any(axis=1)
+            theirs[known] = rows[known]
 
         log = _EpochLog(n_words, Progress("word2vec", total=cfg.epochs * n_words, unit="words", callback=progress))
         model.train(sentences, total_examples=n_sentences, total_words=n_words, epochs=cfg.epochs,

@@ -8,11 +8,11 @@ import logging
 
 import numpy as np
 import polars as pl
-from lexiflow.models.errors import InputError
+from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter, Catalog
 from lexiflow.storage.formats import read_manifest, read_matrix, read_table, read_vectors, write_vectors
 from lexiflow.tasks.params import GloVeParams, LSIParams, SVDParams, Word2VecParams
-from lexiflow.tasks.stage import HOW_FIELDS, stage
+from lexiflow.tasks.stage import HOW_FIELDS, split_arguments, stage
 
 # The model modules import torch or gensim: the functions that use them import them (a cached run imports none).
 
@@ -116,7 +116,55 @@ def lsi_embeddings(out: ArtifactWriter, cooccurrence: ArtifactRef, params: LSIPa
                         "dim_requested": params.dim})
 
 
-@stage("embeddings")
+def continued_source(store: str, name: str, method: str, dim: int) -> str:
+    """The embeddings version `continue_from` names (a version, or a release alias), checked to be `method`
+    embeddings of `dim` dimensions."""
+    catalog = Catalog(ArtifactStore(store))
+    version = name if len(name) == 16 and all(c in "0123456789abcdef" for c in name) else \
+        catalog.released("embeddings", name)
+    if version is None or not catalog.store.exists("embeddings", version):
+        raise ParameterError(f"{method}.continue_from={name!r}: no embeddings version or release alias of that name "
+                             f"in {store}; `lexiflow artifacts list --kind embeddings` lists them")
+    metrics = catalog.get("embeddings", version)["metrics"]
+    if (metrics.get("method"), metrics.get("dim")) != (method, dim):
+        raise ParameterError(f"{method}.continue_from={name!r}: embeddings:{version} are {metrics.get('method')} "
+                             f"vectors of {metrics.get('dim')} dimensions, not {method} of {dim}: name {method} "
+                             f"embeddings of dim {dim}, or leave continue_from empty")
+    return version
+
+
+def continued_parameters(arguments: dict) -> dict:
+    """A trained method's versioned parameters; with `continue_from`, the version it names (an alias moves on)."""
+    params = split_arguments(arguments)[1]
+    section = arguments["params"]
+    if section.continue_from:
+        params["params"]["continue_from"] = continued_source(
+            arguments["store"], section.continue_from, arguments.get("method", "glove"), section.dim)
+    return params
+
+
+def continued_vectors(store: str, version: str, vocabulary: pl.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """word2vec embeddings' input (u) and output (v) vectors in this vocabulary's row order, NaN rows for words
+    they lack (u too where they kept only v)."""
+    from gensim.models import KeyedVectors
+
+    ref = ArtifactStore(store).ref("embeddings", version)
+    words, _counts, vectors = read_vectors(ref)
+    with ArtifactStore(store).local_copy("embeddings", version, "context_vectors.bin") as path:
+        context = KeyedVectors.load_word2vec_format(str(path), binary=True)
+    v = context.vectors[[context.key_to_index[w] for w in words]]
+    which = read_manifest(ref)["metrics"].get("vectors", "u")
+    u = vectors if which == "u" else vectors - v if which == "u+v" else np.full_like(v, np.nan)
+    index = {w: i for i, w in enumerate(words)}
+    rows = np.array([index.get(w, -1) for w in vocabulary["token"].to_list()])
+    found = rows >= 0
+    out = [np.full((vocabulary.height, v.shape[1]), np.nan, dtype=np.float32) for _ in range(2)]
+    for target, source in zip(out, (u, v), strict=True):
+        target[found] = source[rows[found]]
+    return out[0], out[1]
+
+
+@stage("embeddings", parameters=continued_parameters)
 def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactRef, method: str,
                         params: Word2VecParams) -> None:
     """Skip-gram (`sgns`) or CBOW (`cbow`) through gensim, streaming the corpus artifact's train text
@@ -131,25 +179,62 @@ def word2vec_embeddings(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: Art
                          "give it the word vocabulary's version "
                          "(`lexiflow artifacts list --kind tokenizer`, kind word)")
     vocabulary = vocab.Vocabulary(read_table(tokenizer, "vocab.parquet"))
-    model = word2vec.Word2Vec(sg=method == "sgns", **params.model_dump())
+    model = word2vec.Word2Vec(sg=method == "sgns", **params.model_dump(exclude={"continue_from"}))
+    store = getattr(out, "store_url", None) or corpus.store
+    source = continued_source(store, params.continue_from, method, params.dim) if params.continue_from else None
+    start = continued_vectors(store, source, vocabulary.frame) if source else None
     with ArtifactStore(corpus.store).local_copy(corpus.kind, corpus.version, "documents.parquet") as path:
         model.fit(word2vec.ParquetSentences(path, column="text", split="train"), vocabulary,
-                  progress=out.progress)
+                  progress=out.progress, start=start)
     write_embeddings(out, vocabulary.frame, model.vectors_, method, model.history_, model.output_vectors_)
     out.metrics["vectors"] = params.vectors
+    if source:
+        out.metrics["continued_from"] = source
     out.metrics["device"] = device.describe(torch.device("cpu"), "fp32")  # gensim trains on the CPU
 
 
-@stage("embeddings")
+GLOVE_STATE = ("w", "w_context", "b", "b_context")  # glove_state.parquet's columns beside `token`
+
+
+def glove_state(store: str, version: str, vocabulary: pl.DataFrame) -> list[np.ndarray]:
+    """GloVe embeddings' w, w̃, b, b̃ (`glove_state.parquet`) in this vocabulary's row order, NaN rows for words
+    they lack."""
+    if "glove_state.parquet" not in {f["name"] for f in ArtifactStore(store).manifest("embeddings", version)["files"]}:
+        raise ParameterError(f"glove.continue_from: embeddings:{version} were made before GloVe kept its state "
+                             "(glove_state.parquet); continue from a newer version, or leave continue_from empty")
+    state = read_table(ArtifactStore(store).ref("embeddings", version), "glove_state.parquet")
+    rows = vocabulary.select("token").join(state.with_row_index("row"), on="token", how="left",
+                                           maintain_order="left")["row"]
+    found, index = rows.is_not_null().to_numpy(), rows.fill_null(0).to_numpy()
+    out = []
+    for name in GLOVE_STATE:
+        values = state[name].to_numpy() if state[name].dtype.is_numeric() else np.stack(state[name].to_numpy())
+        start = np.full((vocabulary.height, *values.shape[1:]), np.nan, dtype=np.float32)
+        start[found] = values[index[found]]
+        out.append(start)
+    return out
+
+
+@stage("embeddings", parameters=continued_parameters)
 def glove_embeddings(out: ArtifactWriter, cooccurrence: ArtifactRef, params: GloVeParams) -> None:
     """GloVe on the co-occurrence artifact (on CUDA when the worker has one). Its speed is given in
     cells/s and, comparable with word2vec's, in corpus words/s: the train split's words (every one, in
-    the vocabulary or not, as word2vec counts them) per second of an epoch."""
+    the vocabulary or not, as word2vec counts them) per second of an epoch. Its parameters w, w̃, b, b̃ are
+    kept (`glove_state.parquet`) for a later build to continue from (`glove.continue_from`)."""
     import torch
     from lexiflow.models import device, glove
 
-    model = glove.GloVe(**params.model_dump()).fit(read_matrix(cooccurrence), progress=out.progress)
+    vocabulary = read_table(cooccurrence, "vocab.parquet")
+    store = getattr(out, "store_url", None) or cooccurrence.store
+    source = continued_source(store, params.continue_from, "glove", params.dim) if params.continue_from else None
+    model = glove.GloVe(**params.model_dump(exclude={"continue_from"})).fit(
+        read_matrix(cooccurrence), progress=out.progress, start=glove_state(store, source, vocabulary) if source
+        else None)
     n_tokens = read_manifest(cooccurrence)["metrics"]["corpus_tokens"]
     history = [{**h, "words_per_s": n_tokens / max(h["seconds"], 1e-12)} for h in model.history_]
-    write_embeddings(out, read_table(cooccurrence, "vocab.parquet"), model.vectors_, "glove", history)
+    write_embeddings(out, vocabulary, model.vectors_, "glove", history)
+    out.write_parquet("glove_state.parquet", pl.DataFrame({"token": vocabulary["token"], **{
+        name: pl.Series(name, array) for name, array in zip(GLOVE_STATE, model.state_, strict=True)}}))
     out.metrics["device"] = device.describe(torch.device(model.device_), "fp32")
+    if source:
+        out.metrics["continued_from"] = source

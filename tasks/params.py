@@ -173,8 +173,13 @@ SVDParams = section(
                                                "rebuild of a grown corpus: fewer power iterations); the artifact's "
                                                "version and manifest name the embeddings it started from.")))
 LSIParams = section("LSIParams", svd.svd_vectors, lsi.weigh)
-Word2VecParams = section("Word2VecParams", Word2VecConfig)
-GloVeParams = section("GloVeParams", GloVeConfig)
+# Trained embeddings start from random unless asked: a continued model is not the one a cold build makes
+CONTINUE_FROM = (str, Field("", description="Continue training from these embeddings of the same method and "
+                                            "dimensions: a version, or a release alias such as production-sgns "
+                                            "(a rebuild of a grown corpus); empty = from random. The artifact's "
+                                            "version and manifest name the version it continued."))
+Word2VecParams = section("Word2VecParams", Word2VecConfig, continue_from=CONTINUE_FROM)
+GloVeParams = section("GloVeParams", GloVeConfig, continue_from=CONTINUE_FROM)
 
 
 EvaluationParams = section(

@@ -155,7 +155,7 @@ def _is_refs(value: Any) -> bool:
     return isinstance(value, list | tuple) and bool(value) and all(isinstance(v, ArtifactRef) for v in value)
 
 
-def _split_arguments(arguments: dict[str, Any]) -> tuple[dict[str, ArtifactRef], dict[str, Any]]:
+def split_arguments(arguments: dict[str, Any]) -> tuple[dict[str, ArtifactRef], dict[str, Any]]:
     """Input artifacts (a ref; a list of refs named `name.0`, `name.1`, ...; a dict of refs named `name.key`)
     and parameters."""
     inputs: dict[str, ArtifactRef] = {}
@@ -269,7 +269,7 @@ def stage(kind: str, fingerprint: Callable[[dict], Any] | None = None,
             bound = signature.bind_partial(**arguments)
             bound.apply_defaults()
             arguments = bound.arguments
-            inputs, params = _split_arguments(arguments)
+            inputs, params = split_arguments(arguments)
             if parameters is not None:
                 params = parameters(arguments)
             if fingerprint is not None:

@@ -264,7 +264,8 @@ def test_pipeline_parameters_default_to_the_model_defaults():
 
     from lexiflow.tasks.params import GloVeParams
 
-    assert GloVeParams().model_dump() == asdict(GloVeConfig()) == GloVe().get_params()
+    assert GloVeParams().model_dump(exclude={"continue_from"}) == asdict(GloVeConfig()) == GloVe().get_params()
+    assert GloVeParams().continue_from == ""  # trained from random unless asked
     assert (GloVeConfig.x_max, GloVeConfig.epochs, GloVeConfig.lr, GloVeConfig.adagrad_init, GloVeConfig.negative,
             GloVeConfig.negative_weight, GloVeConfig.negative_bound, GloVeConfig.spectrum_power) == \
         (0.5, 20, 0.1, 1.0, 5, 1.0, 0.5, 1.5)
@@ -301,6 +302,62 @@ def test_glove_stage_reports_corpus_words_per_second_beside_cells_per_second(tmp
     assert metrics["cells_per_s"] == pytest.approx(
         2 * store.manifest(counts.kind, counts.version)["metrics"]["nonzeros"] / history["seconds"].sum())
     assert n_tokens > store.manifest(counts.kind, counts.version)["metrics"]["tokens"]  # <unk> counted too
+
+
+def test_a_fit_continues_from_the_state_given_and_starts_the_rest_at_random():
+    """`start`: w, w̃, b, b̃ per row, NaN rows left at the seeded random start. With a vanishing step the fit
+    ends where it started: the given rows hold the given values, the others a cold fit's start."""
+    cold = GloVe(dim=3, epochs=1, negative=0, seed=4).fit(X)
+    start = [p.copy() for p in cold.state_]
+    for p in start:
+        p[1] = np.nan  # word 1 unknown to the earlier model
+    still = GloVe(dim=3, epochs=1, negative=0, seed=7, lr=1e-12).fit(X, start=start)
+    random = initial_parameters(4, 3, 7)
+    for given, ended, drawn in zip(start, still.state_, random, strict=True):
+        np.testing.assert_allclose(ended[[0, 2, 3]], given[[0, 2, 3]], atol=1e-9)
+        np.testing.assert_allclose(ended[1], drawn[1], atol=1e-9)
+
+
+def test_glove_continued_from_a_released_version_says_so_and_keeps_its_state(tmp_path):
+    from lexiflow.storage import ArtifactStore, Catalog
+    from lexiflow.storage.formats import read_manifest, read_table
+    from lexiflow.tasks.corpus import ingest_corpus
+    from lexiflow.tasks.embeddings import GLOVE_STATE, glove_embeddings
+    from lexiflow.tasks.matrices import count_cooccurrence
+    from lexiflow.tasks.params import CooccurrenceParams, CorpusParams, GloVeParams, VocabularyParams
+    from lexiflow.tasks.vocabulary import encode_corpus, learn_vocabulary
+
+    from tests.stages import publish
+
+    store = ArtifactStore(str(tmp_path / "store"))
+    grown = tmp_path / "more.txt"
+    grown.write_text("\n".join(f"the new line {i} about the government and the police ." for i in range(200)) + "\n")
+
+    def glove(sources: list[str], **settings):
+        docs = publish(store, ingest_corpus, params=CorpusParams(sources=sources))
+        words = publish(store, learn_vocabulary, corpus=docs, params=VocabularyParams(min_count=3))
+        tokens = publish(store, encode_corpus, corpus=docs, tokenizer=words)
+        counts = publish(store, count_cooccurrence, tokens=tokens, tokenizer=words, params=CooccurrenceParams())
+        return publish(store, glove_embeddings, cooccurrence=counts,
+                       params=GloVeParams(dim=8, epochs=2, device="cpu", **settings))
+
+    first = glove(["builtin:lee"], seed=1)
+    state = read_table(first, "glove_state.parquet")
+    assert state.columns == ["token", *GLOVE_STATE] and state.height == read_manifest(first)["metrics"]["words"] + 4
+    Catalog(store).release("embeddings", first.version, "production-glove")
+    cold = glove(["builtin:lee", str(grown)])
+    continued = glove(["builtin:lee", str(grown)], continue_from="production-glove")
+    assert continued.version not in (cold.version, first.version)
+    assert read_manifest(continued)["metrics"]["continued_from"] == first.version
+    assert glove(["builtin:lee", str(grown)], continue_from=first.version).version == continued.version
+    # the continued model started from the released one: its shared words' w moved less from it than a cold start
+    before, after, fresh = (read_table(ref, "glove_state.parquet") for ref in (first, continued, cold))
+    shared = before.join(after, on="token", suffix="_after").join(fresh, on="token", suffix="_cold")
+    w, w_after, w_cold = (np.stack(shared[name].to_numpy()) for name in ("w", "w_after", "w_cold"))
+    def cosine(a: np.ndarray) -> float:  # the median over shared words of cos(w, w of `first`)
+        return float(np.median((a * w).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(w, axis=1)))
+
+    assert cosine(w_after) > 0.9 and abs(cosine(w_cold)) < 0.5  # measured: 0.99 and 0.18
 
 
 def test_a_fit_runs_on_its_threads_parameter_and_restores_the_setting():

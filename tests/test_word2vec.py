@@ -131,7 +131,9 @@ def test_pipeline_parameters_default_to_the_model_defaults():
     from lexiflow.tasks.params import Word2VecParams
 
     model = asdict(Word2Vec().config)
-    assert Word2VecParams().model_dump() == {k: model[k] for k in Word2VecParams.model_fields}
+    assert Word2VecParams().model_dump(exclude={"continue_from"}) == {
+        k: model[k] for k in Word2VecParams.model_fields if k != "continue_from"}
+    assert Word2VecParams().continue_from == ""  # trained from random unless asked
     assert model["epochs"] == 25 and gensim.models.Word2Vec().epochs == 5
 
 
@@ -170,3 +172,51 @@ def test_input_output_and_summed_vectors():
     np.testing.assert_array_equal(fits["v"].vectors_, v)  # same seed, same training: the same two sets
     np.testing.assert_allclose(fits["u+v"].vectors_, u + v)
     np.testing.assert_array_equal(fits["u+v"].keyed_vectors_["a0"], (u + v)[vocab.tokens.index("a0")])
+
+
+def test_continue_from_a_released_version_starts_from_its_vectors_and_says_so(tmp_path):
+    """Issue 62: a rebuild of a grown corpus may continue skip-gram from the released model (off by default). The
+    continued model starts from the released vectors (its shared words point where they did; a cold model's
+    point anywhere: word2vec's axes are arbitrary), and its version names the version it continued, whether
+    given by version or by alias."""
+    from lexiflow.storage import ArtifactStore, Catalog
+    from lexiflow.storage.formats import read_manifest, read_vectors
+    from lexiflow.tasks.corpus import ingest_corpus
+    from lexiflow.tasks.embeddings import word2vec_embeddings
+    from lexiflow.tasks.params import CorpusParams, VocabularyParams, Word2VecParams
+    from lexiflow.tasks.vocabulary import learn_vocabulary
+
+    from tests.stages import publish
+
+    store = ArtifactStore(str(tmp_path / "store"))
+    grown = tmp_path / "more.txt"
+    grown.write_text("\n".join(f"the new line {i} about the government and the police ." for i in range(200)) + "\n")
+
+    def embeddings(sources: list[str], method: str = "sgns", **settings):
+        docs = publish(store, ingest_corpus, params=CorpusParams(sources=sources))
+        words = publish(store, learn_vocabulary, corpus=docs, params=VocabularyParams(min_count=3))
+        return publish(store, word2vec_embeddings, corpus=docs, tokenizer=words, method=method,
+                       params=Word2VecParams(epochs=3, dim=16, **settings))
+
+    first = embeddings(["builtin:lee"], seed=1)  # another seed than the rebuilds': another random start
+    Catalog(store).release("embeddings", first.version, "production-sgns")
+    cold = embeddings(["builtin:lee", str(grown)])
+    continued = embeddings(["builtin:lee", str(grown)], continue_from="production-sgns")
+    assert continued.version not in (cold.version, first.version)
+    assert embeddings(["builtin:lee", str(grown)], continue_from=first.version).version == continued.version
+    manifest = read_manifest(continued)
+    assert manifest["metrics"]["continued_from"] == manifest["parameters"]["params"]["continue_from"] == \
+        first.version
+
+    def cosines(ref) -> np.ndarray:  # each frequent shared word's cosine with its vector in `first`
+        (words, _, before), (now_words, _, now) = read_vectors(first), read_vectors(ref)
+        index = {w: i for i, w in enumerate(now_words)}
+        a, b = before[:300], now[[index[w] for w in words[:300]]]
+        return (a * b).sum(axis=1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+
+    assert np.median(cosines(continued)) > 0.8 and abs(np.median(cosines(cold))) < 0.5  # measured: 0.94, -0.18
+    with pytest.raises(ParameterError, match="sgns.continue_from='nope': no embeddings version or release alias"):
+        embeddings(["builtin:lee", str(grown)], continue_from="nope")
+    with pytest.raises(ParameterError, match=f"embeddings:{first.version} are sgns vectors of 16 dimensions, not "
+                                             "cbow of 16"):
+        embeddings(["builtin:lee", str(grown)], method="cbow", continue_from=first.version)
