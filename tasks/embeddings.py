@@ -8,6 +8,7 @@ import logging
 
 import numpy as np
 import polars as pl
+import pyarrow as pa
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter, Catalog
 from lexiflow.storage.formats import read_manifest, read_matrix, read_table, read_vectors, write_vectors
@@ -233,8 +234,10 @@ def glove_embeddings(out: ArtifactWriter, cooccurrence: ArtifactRef, params: Glo
     n_tokens = read_manifest(cooccurrence)["metrics"]["corpus_tokens"]
     history = [{**h, "words_per_s": n_tokens / max(h["seconds"], 1e-12)} for h in model.history_]
     write_embeddings(out, vocabulary, model.vectors_, "glove", history)
-    out.write_parquet("glove_state.parquet", pl.DataFrame({"token": vocabulary["token"], **{
-        name: pl.Series(name, array) for name, array in zip(GLOVE_STATE, model.state_, strict=True)}}))
+    state = {name: pa.FixedSizeListArray.from_arrays(pa.array(array.ravel()), params.dim) if array.ndim == 2
+             else pa.array(array) for name, array in zip(GLOVE_STATE, model.state_, strict=True)}
+    out.write_parquet("glove_state.parquet", pa.table({"token": pa.array(vocabulary["token"].to_list(), pa.string()),
+                                                       **state}))
     out.metrics["device"] = device.describe(torch.device(model.device_), "fp32")
     if source:
         out.metrics["continued_from"] = source
