@@ -172,6 +172,42 @@ def tune_glove(grid: list[dict], path: Path | None = None, seeds: tuple[int, ...
     return pl.DataFrame(rows)
 
 
+def subsampling_study(windows: tuple[int, ...] = (5, 10, 15), seeds: tuple[int, ...] = (0, 1, 2),
+                      path: Path | None = None) -> pl.DataFrame:
+    """PPMI-SVD (dim 100) on the dev halves only, three ways of subsampling frequent words: none; in expectation
+    (every pair counted where it stands, its count weighed by keep(a)·keep(b): the counts are then sums over
+    the documents, which an incremental rebuild can keep per run; docs/design.md, "Incremental rebuilds"); and
+    the pipeline's dirty draws (`seeds`), whose windows close over the dropped words. One row per way, window
+    and seed. Run: `python -c "from benchmarks.embeddings import subsampling_study as s; print(s())"`."""
+    import scipy.sparse as sp
+    from lexiflow.models.cooccurrence import id_stream, keep_probabilities
+    from lexiflow.models.ppmi import ppmi_matrix
+    from lexiflow.models.svd import svd_vectors
+    from lexiflow.models.vocab import SPECIALS
+    from lexiflow.tasks.params import CooccurrenceParams
+
+    path = path or corpus_path()
+    sets = {k: v for k, v in split_eval_files().items() if k.endswith("-dev")}
+    rows = []
+
+    def scored(way: str, window: int, matrix, vocab, seed: int | None = None) -> None:
+        vectors, _ = svd_vectors(ppmi_matrix(matrix), DIM)
+        scores = {k: round(v, 4) for k, v in evaluate(vectors, vocab.tokens, sets).items() if "oov" not in k}
+        rows.append({"subsampling": way, "window": window, "seed": seed, **scores})
+        print(rows[-1], flush=True)
+
+    for window in windows:
+        vocab, _, plain = prepare(path, window=window, sample=0)
+        flat, _ = id_stream(vocab.encode_batch(pl.read_parquet(path)["tokens"], is_pretokenized=True),
+                            min_id=len(SPECIALS))
+        keep = sp.diags(keep_probabilities(np.bincount(flat, minlength=len(vocab)), CooccurrenceParams().subsample))
+        scored("none", window, plain, vocab)
+        scored("expected", window, sp.csr_matrix(keep @ plain @ keep), vocab)
+        for seed in seeds if window == WINDOW else ():
+            scored("dirty", window, prepare(path, window=window, seed=seed)[2], vocab, seed)
+    return pl.DataFrame(rows)
+
+
 def residual_ceiling(x_max: float, alpha: float = 0.75, clip: bool = False, path: Path | None = None,
                      dim: int = DIM) -> dict[str, float]:
     """Dev-half scores of what GloVe's objective leaves for its vectors (docs/embeddings.md).
