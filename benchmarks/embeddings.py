@@ -173,12 +173,14 @@ def tune_glove(grid: list[dict], path: Path | None = None, seeds: tuple[int, ...
 
 
 def subsampling_study(windows: tuple[int, ...] = (5, 10, 15), seeds: tuple[int, ...] = (0, 1, 2),
-                      path: Path | None = None) -> pl.DataFrame:
+                      path: Path | None = None, glove_seeds: tuple[int, ...] = ()) -> pl.DataFrame:
     """PPMI-SVD (dim 100) on the dev halves only, three ways of subsampling frequent words: none; in expectation
     (every pair counted where it stands, its count weighed by keep(a)·keep(b): the counts are then sums over
     the documents, which an incremental rebuild can keep per run; docs/design.md, "Incremental rebuilds"); and
     the pipeline's dirty draws (`seeds`), whose windows close over the dropped words. One row per way, window
-    and seed. Run: `python -c "from benchmarks.embeddings import subsampling_study as s; print(s())"`."""
+    and seed. `glove_seeds`: GloVe (its defaults) too, on the dirty counts at the benchmark's window and in
+    expectation at the widest, one fit per seed (~1.5 min each). Run:
+    `python -c "from benchmarks.embeddings import subsampling_study as s; print(s())"`."""
     import scipy.sparse as sp
     from lexiflow.models.cooccurrence import id_stream, keep_probabilities
     from lexiflow.models.ppmi import ppmi_matrix
@@ -190,10 +192,11 @@ def subsampling_study(windows: tuple[int, ...] = (5, 10, 15), seeds: tuple[int, 
     sets = {k: v for k, v in split_eval_files().items() if k.endswith("-dev")}
     rows = []
 
-    def scored(way: str, window: int, matrix, vocab, seed: int | None = None) -> None:
-        vectors, _ = svd_vectors(ppmi_matrix(matrix), DIM)
+    def scored(way: str, window: int, matrix, vocab, seed: int | None = None, model: str = "svd") -> None:
+        vectors = svd_vectors(ppmi_matrix(matrix), DIM)[0] if model == "svd" else \
+            train_glove(matrix, seed=seed, threads=2).vectors_
         scores = {k: round(v, 4) for k, v in evaluate(vectors, vocab.tokens, sets).items() if "oov" not in k}
-        rows.append({"subsampling": way, "window": window, "seed": seed, **scores})
+        rows.append({"model": model, "subsampling": way, "window": window, "seed": seed, **scores})
         print(rows[-1], flush=True)
 
     for window in windows:
@@ -205,6 +208,11 @@ def subsampling_study(windows: tuple[int, ...] = (5, 10, 15), seeds: tuple[int, 
         scored("expected", window, sp.csr_matrix(keep @ plain @ keep), vocab)
         for seed in seeds if window == WINDOW else ():
             scored("dirty", window, prepare(path, window=window, seed=seed)[2], vocab, seed)
+        for seed in glove_seeds if window in (WINDOW, max(windows)) else ():
+            if window == WINDOW:
+                scored("dirty", window, prepare(path, window=window, seed=seed)[2], vocab, seed, "glove")
+            if window == max(windows):
+                scored("expected", window, sp.csr_matrix(keep @ plain @ keep), vocab, seed, "glove")
     return pl.DataFrame(rows)
 
 
