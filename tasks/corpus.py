@@ -15,12 +15,12 @@ from lexiflow.models.config import from_section
 from lexiflow.storage import ArtifactStore, ArtifactWriter
 from lexiflow.storage.formats import DOCUMENTS, SHARDED_ROW_GROUP, TAGGED
 from lexiflow.storage.parquet_concat import Segment
-from lexiflow.storage.pieces import piece_key, record_uses
+from lexiflow.storage.pieces import piece_key, read_piece, record_uses
 from lexiflow.storage.store import read_segment, write_segment
 from lexiflow.tasks.parallel import stream_shards
 from lexiflow.tasks.params import CorpusParams, ParallelParams
 from lexiflow.tasks.parts import deliver, received
-from lexiflow.tasks.pieces import CORPUS, CorpusPieces
+from lexiflow.tasks.pieces import CORPUS, CorpusPieces, log_reuse
 from lexiflow.tasks.shards import corpus_shard
 from lexiflow.tasks.stage import stage
 
@@ -90,9 +90,11 @@ def corpus_pieces(out: ArtifactWriter, files: list[Path], opts: ingest.IngestOpt
         return None
     salt = piece_key(out.code_version, {"options": dataclasses.asdict(opts), "chunk_bytes": parallel.shard_bytes})
     pieces = CorpusPieces(store, salt, tuple(source_fingerprints(files)))
+    keys = [pieces.key(part) for shard in shards for part in shard]
+    log_reuse("corpus", sum(read_piece(ArtifactStore(store), CORPUS, key) is not None for key in keys), len(keys),
+              "source parts (files, byte ranges)")
     if version is not None:
-        record_uses(ArtifactStore(store), "corpus", version, {CORPUS: [pieces.key(part) for shard in shards
-                                                                       for part in shard]})
+        record_uses(ArtifactStore(store), "corpus", version, {CORPUS: keys})
     return pieces
 
 

@@ -12,7 +12,7 @@ from lexiflow.models import tokenizers, vocab
 from lexiflow.models.lm.ngram import NgramLM, sentence_arrays
 from lexiflow.storage import ArtifactRef, ArtifactStore
 from lexiflow.storage.pieces import piece_key, read_uses, record_uses
-from lexiflow.tasks.pieces import ENCODED, RunPieces, vocabulary_ids
+from lexiflow.tasks.pieces import ENCODED, RunPieces, log_reuse, vocabulary_ids
 
 NGRAMS = "ngrams"  # n-gram counts of a run's train sentences over its run-local ids, remapped to any vocabulary
 # Runs' counts summed at once: one group-by per MERGE_RUNS runs (one per run spent 7 s of a 300 MB rebuild),
@@ -57,9 +57,10 @@ def count_ngrams(out: Any, tokens: ArtifactRef, tokenizer: ArtifactRef,
     # An n-gram's ids packed into one integer where they fit 63 bits: one column to group on, not `order` of them
     bits = max(1, (max(lm.vocab_size or 0, len(words)) - 1).bit_length())
     group = ["key"] if bits * lm.order <= PACKED_BITS else columns
-    total, batch = None, []
+    total, batch, recounted = None, [], 0
     for i, (run, key) in enumerate(zip(runs, keys, strict=True)):
         found = counted.get(key)
+        recounted += found is None
         if found is None:
             made = encoded.get(run)
             if made is None:  # the run's encoding is gone from the store (copied without .pieces): count it all
@@ -80,6 +81,7 @@ def count_ngrams(out: Any, tokens: ArtifactRef, tokenizer: ArtifactRef,
         if len(batch) == MERGE_RUNS or i == len(runs) - 1:
             total = pl.concat(batch if total is None else [total, *batch]).group_by(group).agg(pl.col("count").sum())
             batch = []
+    log_reuse("lm", len(runs) - recounted, len(runs), "runs of documents' n-gram counts")
     if group == columns:
         return np.stack([total[c].to_numpy() for c in columns], axis=1), total["count"].to_numpy()
     key, mask = total["key"].to_numpy(), np.uint64((1 << bits) - 1)

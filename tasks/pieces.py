@@ -9,6 +9,7 @@ imports Prefect or the stage modules."""
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +20,8 @@ import pyarrow as pa
 from lexiflow.models.ingest.pieces import PieceRecord
 from lexiflow.storage import ArtifactStore
 from lexiflow.storage.pieces import commit_piece, new_file, piece_key, read_piece
+
+_log = logging.getLogger("lexiflow.pieces")
 
 CORPUS = "corpus"
 WORD_COUNTS = "word_counts"
@@ -78,6 +81,13 @@ class CorpusPieces:
         _write_ipc(store, words, [pa.table({"word": record.words.cast(pa.large_string())})], word_schema)
         commit_piece(store, CORPUS, key, {"chunks": record.chunks, "files": {
             "documents": documents.rsplit("/", 1)[1], "words": words.rsplit("/", 1)[1]}})
+
+
+def log_reuse(stage: str, reused: int, total: int, what: str) -> None:
+    """One line in the run's log: how much of a stage's work the store's pieces saved (an operator's check
+    that a scheduled rebuild was incremental)."""
+    _log.info("%s: %d of %d %s taken from the store's pieces, %d computed", stage, reused, total, what,
+              total - reused)
 
 
 # ---- word counts: runs of documents cut where their content says --------------------------------------

@@ -92,12 +92,14 @@ def runs_to_count(corpus: ArtifactRef, start: int, stop: int, pieces: RunPieces
 
 
 def count_words_pieces(corpus: ArtifactRef, start: int, stop: int, pieces: RunPieces,
-                       part: str | None) -> tuple[Any, int, tuple[str, ...]]:
+                       part: str | None) -> tuple[Any, int, tuple[str, ...], int]:
     """`count_words_shard` run by run of documents (`tasks.pieces.content_cuts`), each run's counts taken from
     the store's pieces when a corpus version before had the same run, else counted and left there; and the
-    keys of the runs (the pieces the tokenizer is made of). The counts add up to the shard's, exactly."""
-    results, keys = [], []
+    keys of the runs (the pieces the tokenizer is made of), and how many were counted here. The counts add up
+    to the shard's, exactly."""
+    results, keys, made = [], [], 0
     for _, rows, key, found in runs_to_count(corpus, start, stop, pieces):
+        made += found is None
         if found is None:
             words = vocab.sentence_tokens(rows.filter(pl.col("split") == "train"))["words"]
             counts, n_words = vocab.token_counts(words), int(words.list.len().sum() or 0)
@@ -108,14 +110,14 @@ def count_words_pieces(corpus: ArtifactRef, start: int, stop: int, pieces: RunPi
         keys.append(key)
     counts, n_words = add_word_counts(results) if results else (vocab.token_counts(pl.Series("words", [], pl.List(
         pl.String))), 0)
-    return deliver(counts, part), n_words, tuple(keys)
+    return deliver(counts, part), n_words, tuple(keys), made
 
 
-def add_keyed_word_counts(results: list[tuple[pl.DataFrame, int, tuple[str, ...]]]
-                          ) -> tuple[pl.DataFrame, int, tuple[str, ...]]:
-    """`add_word_counts` of `count_words_pieces` results, their piece keys joined."""
-    counts, n_words = add_word_counts([(counts, n) for counts, n, _ in results])
-    return counts, n_words, tuple(key for *_, keys in results for key in keys)
+def add_keyed_word_counts(results: list[tuple[pl.DataFrame, int, tuple[str, ...], int]]
+                          ) -> tuple[pl.DataFrame, int, tuple[str, ...], int]:
+    """`add_word_counts` of `count_words_pieces` results, their piece keys joined, the runs counted added."""
+    counts, n_words = add_word_counts([(counts, n) for counts, n, *_ in results])
+    return counts, n_words, tuple(key for *_, keys, _ in results for key in keys), sum(made for *_, made in results)
 
 
 def encode_shard(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: int,
@@ -138,16 +140,18 @@ def split_counts(table: pl.DataFrame) -> tuple[dict[str, int], dict[str, int]]:
 
 
 def encode_pieces(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop: int, pieces: RunPieces,
-                  part: str | None) -> tuple[Segment, int, dict[str, int], dict[str, int], tuple[str, ...]]:
+                  part: str | None) -> tuple[Segment, int, dict[str, int], dict[str, int], tuple[str, ...], int]:
     """`encode_shard` for a word vocabulary, run by run of documents (`tasks.pieces.content_cuts`): each run's
     sentences pre-tokenized into run-local ids over the run's distinct words, taken from the store's pieces when
     a corpus version before had the run, else made and left there; then the run's words looked up in this
     vocabulary and its ids remapped (a new vocabulary costs a lookup of each run's distinct words, not a
-    tokenization). The same table as `encode_shard`'s, row for row; and the keys of the runs."""
+    tokenization). The same table as `encode_shard`'s, row for row; and the keys of the runs, and how many were
+    encoded here."""
     with ArtifactStore(tokenizer.store).local_dir(tokenizer.kind, tokenizer.version) as folder:
         words = tokenizers.load(folder)
-    tables, keys = [], []
+    tables, keys, made = [], [], 0
     for a, rows, key, found in runs_to_count(corpus, start, stop, pieces):
+        made += found is None
         if found is None:
             run = vocab.sentence_tokens(rows)
             distinct = run["words"].explode().drop_nulls().unique(maintain_order=True)
@@ -162,7 +166,7 @@ def encode_pieces(corpus: ArtifactRef, tokenizer: ArtifactRef, start: int, stop:
         keys.append(key)
     table = pl.concat(tables).rechunk() if tables else pl.from_arrow(TOKENS.empty_table())
     return (deliver_row_groups(table, part, TOKENS, SHARDED_ROW_GROUP), table.height, *split_counts(table),
-            tuple(keys))
+            tuple(keys), made)
 
 
 def remap(local: pl.Series, ids: np.ndarray) -> pl.Series:

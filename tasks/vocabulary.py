@@ -26,7 +26,7 @@ from lexiflow.tasks.parallel import (
     stream_shards,
 )
 from lexiflow.tasks.params import ParallelParams, TokenizerParams, VocabularyParams
-from lexiflow.tasks.pieces import ENCODED, WORD_COUNTS, RunPieces, run_aligned
+from lexiflow.tasks.pieces import ENCODED, WORD_COUNTS, RunPieces, log_reuse, run_aligned
 from lexiflow.tasks.shards import (
     add_keyed_word_counts,
     add_word_counts,
@@ -65,8 +65,9 @@ def learn_vocabulary(out: ArtifactWriter, corpus: ArtifactRef, params: Vocabular
     if parallel.pieces and store is not None:  # counted run by run of documents, the runs seen before reused
         pieces = RunPieces(store, out.code_version, WORD_COUNTS)
         calls = [{"corpus": corpus, "start": a, "stop": b, "pieces": pieces} for a, b in run_aligned(corpus, ranges)]
-        counts, n_words, keys = reduce_shards(count_words_pieces, calls,
-                                              add_keyed_word_counts, parallel, "tokenizer", out)
+        counts, n_words, keys, made = reduce_shards(count_words_pieces, calls,
+                                                    add_keyed_word_counts, parallel, "tokenizer", out)
+        log_reuse("tokenizer", len(keys) - made, len(keys), "runs of documents' word counts")
         if version is not None:
             record_uses(ArtifactStore(store), "tokenizer", version, {WORD_COUNTS: keys})
     else:
@@ -109,19 +110,23 @@ def encode_corpus(out: ArtifactWriter, corpus: ArtifactRef, tokenizer: ArtifactR
         # run by run of documents, the runs seen before remapped to this vocabulary (tasks/pieces.py)
         pieces = RunPieces(store, out.code_version, ENCODED)
         encode, calls = encode_pieces, [{**call, "pieces": pieces} for call in calls]
-    sentences, unknown, per_split = 0, {}, {}
+    sentences, unknown, per_split, made = 0, {}, {}, 0
     # Shard by shard, in order, as they finish: their row groups appended while later shards run.
     with out.parquet_parts("tokens.parquet", TOKENS, SHARDED_ROW_GROUP) as write:
         for row_groups, shard_sentences, shard_unknown, shard_tokens, *shard_keys in stream_shards(
                 encode, calls, parallel, "tokenized_corpus", out, lazy=True):
             write(row_groups)
-            keys.extend(key for found in shard_keys for key in found)
+            if shard_keys:  # encoded by runs: their keys, and how many runs were encoded here
+                keys.extend(shard_keys[0])
+                made += shard_keys[1]
             sentences += shard_sentences
             for split, n in shard_tokens.items():
                 per_split[split] = per_split.get(split, 0) + n
                 unknown[split] = unknown.get(split, 0) + shard_unknown.get(split, 0)
-    if encode is encode_pieces and version is not None:
-        record_uses(ArtifactStore(store), "tokenized_corpus", version, {ENCODED: keys})
+    if encode is encode_pieces:
+        log_reuse("tokenized_corpus", len(keys) - made, len(keys), "runs of documents' encodings")
+        if version is not None:
+            record_uses(ArtifactStore(store), "tokenized_corpus", version, {ENCODED: keys})
     n_tokens = sum(per_split.values())
     out.metrics.update({"sentences": sentences, "tokens": n_tokens,
                         "unk_rate": sum(unknown.values()) / max(n_tokens, 1),

@@ -3,6 +3,7 @@ changed one (a file appended, removed or edited) from the pieces it has seen and
 every count-based artifact with the version and the bytes of a from-scratch build of the new corpus."""
 
 import itertools
+import re
 import shutil
 import time
 
@@ -115,7 +116,8 @@ SHARDS = {"shard_bytes": 2500, "shard_rows": 90, "pieces": True}  # pieces are o
 
 
 @pytest.mark.parametrize("how", CHANGES)
-def test_a_rebuild_after_a_change_publishes_what_a_full_build_does(tmp_path, corpus_folder, monkeypatch, how):
+def test_a_rebuild_after_a_change_publishes_what_a_full_build_does(tmp_path, corpus_folder, monkeypatch, how,
+                                                                   caplog):
     monkeypatch.setattr(pieces_module, "PIECE_DOCUMENTS", 8)  # runs of ~8 documents: several per shard
     monkeypatch.setattr(ngram_pieces, "MERGE_RUNS", 3)  # the runs' n-gram counts summed in several batches
     if how == "edit":  # the n-grams grouped on their columns, as those of a vocabulary too large to pack are
@@ -125,6 +127,7 @@ def test_a_rebuild_after_a_change_publishes_what_a_full_build_does(tmp_path, cor
     before = build(store, corpus_folder, parallel)
     change(corpus_folder, how)
     counting = Counting(monkeypatch)
+    caplog.clear()
     rebuilt = build(store, corpus_folder, parallel)
     assert rebuilt["corpus"].version != before["corpus"].version
     if how == "append":  # a new vocabulary: the encoded runs seen before are remapped to it
@@ -137,6 +140,12 @@ def test_a_rebuild_after_a_change_publishes_what_a_full_build_does(tmp_path, cor
     assert counting.reused["corpus"] == len(list(corpus_folder.iterdir())) - changed
     for stage in ("word_counts", "encoded", "ngrams"):  # n-gram counts of the runs seen before, remapped
         assert counting.reused[stage] > counting.made[stage] > 0 or how == "remove", stage
+    # and the run's log says so, stage by stage (what an operator checks after a scheduled rebuild)
+    for kind, folder in (("corpus", "corpus"), ("tokenizer", "word_counts"), ("tokenized_corpus", "encoded"),
+                         ("lm", "ngrams")):
+        total, made = len(read_uses(store, kind, rebuilt[kind].version)[folder]), counting.made[folder]
+        assert re.search(rf"{kind}: {total - made} of {total} .* taken from the store's pieces, {made} computed",
+                         caplog.text), kind
     fresh = build(ArtifactStore(tmp_path / "fresh"), corpus_folder, parallel)
     assert_identical(rebuilt, fresh)
     # And with no pieces at all: the path that keeps none gives the same artifacts.
