@@ -873,6 +873,9 @@ def test_corpus_rebuild_on_a_growing_folder_rebuilds_incrementally(box, tmp_path
         keys = uses[kind][stage]
         reused = [key for key in keys if key in kept[stage]]
         assert len(keys) > len(reused) >= len(keys) / 2, (kind, stage, keys, kept[stage])
+    # and the run's log, in the UI, says so
+    logs = box.logs(second["id"])
+    assert any("corpus: 3 of 4 source parts" in line and "pieces, 1 computed" in line for line in logs), logs
 
 
 @pytest.mark.slow
