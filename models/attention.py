@@ -202,7 +202,7 @@ class MultiHeadAttention(nn.Module):
         else:
             y, weights = _fused_attention(q, k, v, _combine(mask, causal, q.shape[-2], k.shape[-2], q.device), p), None
         B, _, T, _ = y.shape
-        return self.out_proj(y.transpose(1, 2).reshape(B, T, -1)), weights
+        return self.out_proj(y.transpose(1, 2).reshape(B, T, -1)), weights if need_weights else None
 
 
 # Every fused kernel but cuDNN's for masked attention: in bf16 on H100/H200 (the default backend since torch 2.11)

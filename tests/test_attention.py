@@ -203,3 +203,14 @@ def test_embeddings_and_config_errors():
         BlockConfig(norm="sandwich").validate()
     with pytest.raises(ParameterError, match="divisible"):
         BlockConfig(d_model=6, n_heads=4).validate()
+
+
+def test_weights_come_back_only_when_asked_whichever_path_runs():
+    """On the CPU, training with dropout takes the explicit attention (it draws the dropout faster), which
+    computes the weights anyway: they are returned only with `need_weights`, as on every other path."""
+    x = torch.randn(2, 5, 8)
+    mha = MultiHeadAttention(8, 2, dropout=0.1)
+    for training in (True, False):
+        mha.train(training)
+        assert mha(x)[1] is None
+        assert mha(x, need_weights=True)[1].shape == (2, 2, 5, 5)
