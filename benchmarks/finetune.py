@@ -50,6 +50,7 @@ from lexiflow.models.finetune import (
     label_fraction,
     merge_lora,
     prepare,
+    training_ids,
 )
 from lexiflow.models.ingest import IngestOptions, build_corpus, resolve_sources
 from lexiflow.models.lm.train import IGNORE, TrainConfig, Trainer, to_device
@@ -267,7 +268,8 @@ def fine_tune_job(job: dict) -> dict:
                                                  "epochs, %.0fs", job["task"], *job["run"], job["fraction"],
                                                  job["lr"], job["dropout"], job["seed"],
                                                  m["dev_accuracy"], m["epochs"], m["seconds"])
-    return {**job, "metrics": m, "state": numpy_state(model), "train": None, "dev": None, "weights": None}
+    return {**job, "metrics": m, "state": numpy_state(model), "train_ids": sorted(training_ids(job["train"])),
+            "train": None, "dev": None, "weights": None}
 
 
 def numpy_state(module: torch.nn.Module) -> dict[str, np.ndarray]:
@@ -276,9 +278,10 @@ def numpy_state(module: torch.nn.Module) -> dict[str, np.ndarray]:
 
 
 def rebuild(job: dict) -> Classifier:
-    """The trained classifier of a finished job, in this process (same structure: adapters added, LoRA merged)."""
+    """The trained classifier of a finished job, in this process (same structure: adapters added, LoRA over the
+    embedding rows of the job's training ids, as trained, then merged)."""
     model = _classifier(job["body_class"], job["body_config"], None, job["task"], job["n_labels"], job["seed"])
-    prepare(model, _finetune_config(job["mode"]))
+    prepare(model, _finetune_config(job["mode"]), job["train_ids"])
     if job["mode"] == "lora":
         merge_lora(model)
     model.load_state_dict({k: torch.from_numpy(v) for k, v in job["state"].items()})
