@@ -12,6 +12,7 @@ import pyarrow as pa
 from lexiflow.models.errors import InputError, ParameterError
 from lexiflow.storage import ArtifactRef, ArtifactStore, ArtifactWriter, Catalog
 from lexiflow.storage.formats import read_manifest, read_matrix, read_table, read_vectors, write_vectors
+from lexiflow.storage.manifests import VERSION_PATTERN
 from lexiflow.tasks.params import GloVeParams, LSIParams, SVDParams, Word2VecParams
 from lexiflow.tasks.stage import HOW_FIELDS, split_arguments, stage
 
@@ -69,14 +70,20 @@ def svd_parameters(arguments: dict) -> dict:
     return described
 
 
+def in_vocabulary_order(words: list[str], values: np.ndarray, vocabulary: pl.DataFrame, fill: float) -> np.ndarray:
+    """An earlier artifact's rows (`values`, one per word of `words`) in this vocabulary's row order (float32),
+    `fill` in the rows of words it lacks: where a warm start or a continued training starts."""
+    index = {word: i for i, word in enumerate(words)}
+    rows = np.array([index.get(token, -1) for token in vocabulary["token"].to_list()], dtype=np.int64)
+    out = np.full((vocabulary.height, *values.shape[1:]), fill, dtype=np.float32)
+    out[rows >= 0] = values[rows[rows >= 0]]
+    return out
+
+
 def warm_start_basis(store: str, version: str, vocabulary: pl.DataFrame) -> np.ndarray:
     """The earlier embeddings' vectors in this vocabulary's row order (zero rows for words they lack)."""
     words, _counts, earlier = read_vectors(ArtifactStore(store).ref("embeddings", version))
-    rows = vocabulary.select("token").with_row_index("row").join(
-        pl.DataFrame({"token": words, "earlier": np.arange(len(words))}), on="token", how="inner")
-    basis = np.zeros((vocabulary.height, earlier.shape[1]), dtype=np.float32)
-    basis[rows["row"].to_numpy()] = earlier[rows["earlier"].to_numpy()]
-    return basis
+    return in_vocabulary_order(words, earlier, vocabulary, 0.0)
 
 
 @stage("embeddings", parameters=svd_parameters)
@@ -121,8 +128,7 @@ def continued_source(store: str, name: str, method: str, dim: int) -> str:
     """The embeddings version `continue_from` names (a version, or a release alias), checked to be `method`
     embeddings of `dim` dimensions."""
     catalog = Catalog(ArtifactStore(store))
-    version = name if len(name) == 16 and all(c in "0123456789abcdef" for c in name) else \
-        catalog.released("embeddings", name)
+    version = name if VERSION_PATTERN.fullmatch(name) else catalog.released("embeddings", name)
     if version is None or not catalog.store.exists("embeddings", version):
         raise ParameterError(f"{method}.continue_from={name!r}: no embeddings version or release alias of that name "
                              f"in {store}; `lexiflow artifacts list --kind embeddings` lists them")
@@ -156,13 +162,7 @@ def continued_vectors(store: str, version: str, vocabulary: pl.DataFrame) -> tup
     v = context.vectors[[context.key_to_index[w] for w in words]]
     which = read_manifest(ref)["metrics"].get("vectors", "u")
     u = vectors if which == "u" else vectors - v if which == "u+v" else np.full_like(v, np.nan)
-    index = {w: i for i, w in enumerate(words)}
-    rows = np.array([index.get(w, -1) for w in vocabulary["token"].to_list()])
-    found = rows >= 0
-    out = [np.full((vocabulary.height, v.shape[1]), np.nan, dtype=np.float32) for _ in range(2)]
-    for target, source in zip(out, (u, v), strict=True):
-        target[found] = source[rows[found]]
-    return out[0], out[1]
+    return in_vocabulary_order(words, u, vocabulary, np.nan), in_vocabulary_order(words, v, vocabulary, np.nan)
 
 
 @stage("embeddings", parameters=continued_parameters)
@@ -204,16 +204,8 @@ def glove_state(store: str, version: str, vocabulary: pl.DataFrame) -> list[np.n
         raise ParameterError(f"glove.continue_from: embeddings:{version} were made before GloVe kept its state "
                              "(glove_state.parquet); continue from a newer version, or leave continue_from empty")
     state = read_table(ArtifactStore(store).ref("embeddings", version), "glove_state.parquet")
-    rows = vocabulary.select("token").join(state.with_row_index("row"), on="token", how="left",
-                                           maintain_order="left")["row"]
-    found, index = rows.is_not_null().to_numpy(), rows.fill_null(0).to_numpy()
-    out = []
-    for name in GLOVE_STATE:
-        values = state[name].to_numpy() if state[name].dtype.is_numeric() else np.stack(state[name].to_numpy())
-        start = np.full((vocabulary.height, *values.shape[1:]), np.nan, dtype=np.float32)
-        start[found] = values[index[found]]
-        out.append(start)
-    return out
+    words = state["token"].to_list()
+    return [in_vocabulary_order(words, state[name].to_numpy(), vocabulary, np.nan) for name in GLOVE_STATE]
 
 
 @stage("embeddings", parameters=continued_parameters)

@@ -18,7 +18,8 @@ import numpy as np
 import polars as pl
 import pyarrow as pa
 from lexiflow.models.ingest.pieces import PieceRecord
-from lexiflow.storage import ArtifactStore
+from lexiflow.storage import ArtifactRef, ArtifactStore
+from lexiflow.storage.formats import read_table
 from lexiflow.storage.pieces import commit_piece, new_file, piece_key, read_piece
 
 _log = logging.getLogger("lexiflow.pieces")
@@ -104,7 +105,7 @@ def content_cuts(doc_ids: pl.Series, start: int, stop: int) -> list[tuple[int, i
     return [(a, b) for a, b in zip(cuts, cuts[1:], strict=False) if b > a]
 
 
-def run_aligned(corpus: Any, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+def run_aligned(corpus: ArtifactRef, ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
     """A corpus's shard `ranges` with each cut between two moved to the nearest run cut (`content_cuts` over the
     whole corpus) within half a shard of it, so that no shard boundary splits a run: the runs are then the
     content's alone, and a rebuild after an append recounts the new documents' runs, not two runs at every shard
@@ -113,8 +114,7 @@ def run_aligned(corpus: Any, ranges: list[tuple[int, int]]) -> list[tuple[int, i
     parallelism; the runs it splits are recounted when it moves)."""
     if len(ranges) < 2:
         return ranges
-    doc_ids = ArtifactStore(corpus.store).read_parquet(corpus.kind, corpus.version, "documents.parquet",
-                                                        ["doc_id"])["doc_id"]
+    doc_ids = read_table(corpus, "documents.parquet", ["doc_id"])["doc_id"]
     run_ends = np.array([b for _, b in content_cuts(doc_ids, 0, len(doc_ids))[:-1]], dtype=np.int64)
     if not len(run_ends):
         return ranges
